@@ -1,0 +1,98 @@
+// gfd — the per-GPU transfer engine.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gfd/options.hpp"
+#include "gfd/types.hpp"
+
+namespace gfd {
+
+namespace detail {
+class EngineCore;
+class Device;
+struct TransferState;
+}  // namespace detail
+
+/// Handle of one submitted transfer. Cheap to copy; all copies refer to the same transfer.
+/// A default-constructed handle is complete.
+class Transfer {
+ public:
+  Transfer() = default;
+
+  /// True once every byte is in place on the GPU, or the transfer has failed. Never blocks.
+  bool done() const;
+  /// Blocks until done(); throws the transfer's gfd::Error if it failed.
+  void wait() const;
+  /// The failure of a completed transfer, or nullptr. Blocks like wait() but does not throw.
+  std::exception_ptr error() const;
+  /// Bytes this transfer moves.
+  std::uint64_t bytes() const;
+
+ private:
+  friend class detail::EngineCore;
+  explicit Transfer(std::shared_ptr<detail::TransferState> s) : state_(std::move(s)) {}
+  std::shared_ptr<detail::TransferState> state_;
+};
+
+/// Counters of one engine since it was created.
+struct EngineStats {
+  std::uint64_t bytes = 0;           ///< payload bytes submitted
+  std::uint64_t transfers = 0;       ///< transfers submitted
+  std::uint64_t blocks = 0;          ///< blocks submitted (before coalescing)
+  std::uint64_t chunks = 0;          ///< staged chunks moved (one DMA each)
+  std::uint64_t scattered_chunks = 0;///< chunks placed by the scatter kernel
+  std::uint64_t direct_copies = 0;   ///< blocks sent straight from pinned memory
+  double gather_seconds = 0;         ///< CPU time spent gathering, summed over threads
+  double dma_seconds = 0;            ///< copy-engine time of staged chunks (GPU clock)
+  double submit_wait_seconds = 0;    ///< time submitters waited for a free slot
+  HugepageKind hugepages = HugepageKind::kNone;  ///< pages the staging ring actually got
+  int numa_node = -1;                ///< node the ring and threads are bound to (-1: none)
+  int gather_threads = 0;            ///< gather threads running
+  std::size_t staging_bytes = 0;     ///< staging ring size
+  std::size_t slot_bytes = 0;        ///< slot size
+  std::vector<int> cpus;             ///< CPUs the gather threads may run on
+};
+
+/// A transfer engine bound to one GPU: a pinned staging ring, a pool of gather threads and
+/// dedicated copy streams, shared with no other engine. Thread-safe: many threads may submit
+/// at once. Destruction waits for every submitted transfer to complete.
+class Engine {
+ public:
+  /// An engine for `options.device` (options are used as given; see EngineOptions::from_env).
+  explicit Engine(const EngineOptions& options);
+  /// An engine for `device` with defaults and GFD_* environment overrides (GFD_DEVICE ignored).
+  explicit Engine(int device = 0);
+  ~Engine();
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Copies every block from host memory to this engine's GPU, ordered on `stream`: the copies
+  /// start only after work already queued on `stream`, and work queued on `stream` afterwards
+  /// sees the data (no host synchronisation needed). Every block is validated first; a bad one
+  /// throws gfd::Error naming its index and nothing is copied. Source blocks must stay
+  /// unchanged until the returned handle is done. May block while the staging ring is full.
+  Transfer copy_to_device(std::span<const BlockCopy> blocks, cudaStream_t stream);
+
+  /// Counters since creation.
+  EngineStats stats() const;
+  /// The options in force (with automatic choices resolved).
+  const EngineOptions& options() const;
+
+ private:
+  friend class detail::EngineCore;
+  explicit Engine(std::shared_ptr<detail::EngineCore> core);
+  std::shared_ptr<detail::EngineCore> core_;
+};
+
+}  // namespace gfd

@@ -1,0 +1,8 @@
+// gfd — fast scattered KV-cache block transfers between host memory and GPUs.
+// Umbrella header: include this one.
+#pragma once
+
+#include "gfd/engine.hpp"
+#include "gfd/error.hpp"
+#include "gfd/options.hpp"
+#include "gfd/types.hpp"

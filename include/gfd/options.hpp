@@ -1,0 +1,56 @@
+// gfd — engine options.
+#pragma once
+
+#include <cstddef>
+
+#include "gfd/types.hpp"
+
+namespace gfd {
+
+/// Options of one engine. Every field has a working default; zero or negative values mean
+/// "choose for me" where the comment says so. `from_env()` applies GFD_* overrides.
+struct EngineOptions {
+  /// CUDA device ordinal the engine serves.
+  int device = 0;
+  /// Pinned host staging ring size. The ring is cut into slots of `slot_bytes`.
+  std::size_t staging_bytes = std::size_t{64} << 20;
+  /// Largest chunk moved by one DMA (one staging slot). Must divide into `staging_bytes` at
+  /// least twice so that gathering and DMA can overlap.
+  std::size_t slot_bytes = std::size_t{2} << 20;
+  /// Size of the first chunk of a transfer; later chunks double up to `slot_bytes`. A small
+  /// first chunk gets the copy engine busy early (pipeline fill).
+  std::size_t first_chunk_bytes = std::size_t{512} << 10;
+  /// Work unit of one gather thread. Chunks are split into pieces of about this size so that
+  /// every thread helps to fill the chunk the copy engine needs next.
+  std::size_t piece_bytes = std::size_t{64} << 10;
+  /// Blocks (after coalescing) of at least this many bytes whose source is pinned are copied
+  /// by the copy engine straight from the source, with no staging.
+  std::size_t direct_min_bytes = std::size_t{1} << 20;
+  /// Transfers of at most this many bytes are gathered by the submitting thread itself:
+  /// waking the pool would cost more than the copy.
+  std::size_t inline_gather_bytes = std::size_t{128} << 10;
+  /// Gather threads; 0 = one per GPU-local CPU, less one for the submitting thread.
+  int gather_threads = 0;
+  /// Dedicated copy streams (copy-engine lanes).
+  int copy_streams = 2;
+  /// NUMA node for staging memory and gather threads; -1 = the GPU's own node (none if the
+  /// system reports no locality); -2 = do not bind.
+  int numa_node = -1;
+  /// How long an idle gather thread spins before it parks, in microseconds.
+  int spin_us = 50;
+  /// Check that no two destination ranges overlap (costs a sort of the block list when the
+  /// destinations are not already in ascending order).
+  bool check_overlaps = true;
+  /// How transfers are carried out.
+  Backend backend = Backend::kGather;
+
+  /// `base` with every field overridden by its GFD_* environment variable where one is set:
+  /// GFD_DEVICE, GFD_STAGING_BYTES, GFD_SLOT_BYTES, GFD_FIRST_CHUNK_BYTES, GFD_PIECE_BYTES,
+  /// GFD_DIRECT_MIN_BYTES, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
+  /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS. Sizes accept K, M and G suffixes.
+  /// Throws gfd::Error naming the variable when a value does not parse.
+  static EngineOptions from_env(EngineOptions base);
+  static EngineOptions from_env() { return from_env(EngineOptions{}); }
+};
+
+}  // namespace gfd

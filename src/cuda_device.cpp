@@ -1,0 +1,203 @@
+// The CUDA implementation of the device interface.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cctype>
+#include <mutex>
+#include <string>
+
+#include "cuda_check.hpp"
+#include "device.hpp"
+#include "kernels.cuh"
+
+namespace gfd::detail {
+namespace {
+
+// Driver entry points reached through the runtime (cudaGetDriverEntryPointByVersion), so that
+// libgfd never links libcuda directly and programs still start on machines without a driver.
+struct DriverApi {
+  using WriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  using WaitValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  using PointerGetAttribute = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
+  WriteValue64 write_value64 = nullptr;
+  WaitValue64 wait_value64 = nullptr;
+  PointerGetAttribute pointer_get_attribute = nullptr;
+};
+
+template <class F>
+void load(const char* name, F& fn) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  GFD_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q));
+  if (q != cudaDriverEntryPointSuccess || p == nullptr)
+    throw Error(ErrorCode::kCuda, std::string("CUDA driver entry point ") + name + " is missing");
+  fn = reinterpret_cast<F>(p);
+}
+
+const DriverApi& driver() {
+  static std::once_flag once;
+  static DriverApi api;
+  std::call_once(once, [] {
+    load("cuStreamWriteValue64", api.write_value64);
+    load("cuStreamWaitValue64", api.wait_value64);
+    load("cuPointerGetAttribute", api.pointer_get_attribute);
+  });
+  return api;
+}
+
+void check_cu(CUresult r, const char* call) {
+  if (r != CUDA_SUCCESS)
+    throw Error(ErrorCode::kCuda, std::string(call) + " failed: CUresult " + std::to_string(r));
+}
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+    int count = 0;
+    GFD_CUDA_CHECK(cudaGetDeviceCount(&count));
+    if (ordinal < 0 || ordinal >= count)
+      throw Error(ErrorCode::kInvalidArgument, "device: ordinal " + std::to_string(ordinal) +
+                                                   " is out of range (" + std::to_string(count) +
+                                                   " CUDA devices visible)");
+    GFD_CUDA_CHECK(cudaSetDevice(ordinal));
+    char bus[32] = {};
+    GFD_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, ordinal));
+    bus_id_ = bus;
+    std::transform(bus_id_.begin(), bus_id_.end(), bus_id_.begin(), ::tolower);
+    GFD_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&prio_low_, &prio_high_));
+    (void)driver();
+  }
+
+  int ordinal() const override { return ordinal_; }
+  std::string pci_bus_id() const override { return bus_id_; }
+  void make_current() override { GFD_CUDA_CHECK(cudaSetDevice(ordinal_)); }
+
+  PointerInfo query_pointer(const void* p) override {
+    PointerInfo info;
+    cudaPointerAttributes a{};
+    const cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return info;
+    }
+    switch (a.type) {
+      case cudaMemoryTypeUnregistered: return info;
+      case cudaMemoryTypeHost: info.kind = PointerKind::kPinnedHost; break;
+      case cudaMemoryTypeDevice:
+        info.kind = a.device == ordinal_ ? PointerKind::kDevice : PointerKind::kOtherDevice;
+        break;
+      case cudaMemoryTypeManaged: info.kind = PointerKind::kManaged; break;
+    }
+    info.device = a.device;
+    CUdeviceptr start = 0;
+    std::size_t size = 0;
+    const auto& d = driver();
+    if (d.pointer_get_attribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
+        d.pointer_get_attribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
+        size != 0) {
+      info.begin = static_cast<std::uintptr_t>(start);
+      info.end = info.begin + size;
+    }
+    return info;
+  }
+
+  void* alloc_device(std::size_t bytes) override {
+    void* p = nullptr;
+    GFD_CUDA_CHECK(cudaMalloc(&p, bytes));
+    return p;
+  }
+  void free_device(void* p) noexcept override { (void)cudaFree(p); }
+  void register_host(void* p, std::size_t bytes) override {
+    GFD_CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable));
+  }
+  void unregister_host(void* p) noexcept override { (void)cudaHostUnregister(p); }
+
+  StreamHandle create_stream() override {
+    cudaStream_t s = nullptr;
+    GFD_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, prio_high_));
+    return s;
+  }
+  void destroy_stream(StreamHandle s) noexcept override {
+    (void)cudaStreamDestroy(static_cast<cudaStream_t>(s));
+  }
+  void stream_sync(StreamHandle s) override {
+    GFD_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(s)));
+  }
+  EventHandle create_event(bool timing) override {
+    cudaEvent_t e = nullptr;
+    GFD_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    return e;
+  }
+  void destroy_event(EventHandle e) noexcept override {
+    (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  }
+  void record_event(EventHandle e, StreamHandle s) override {
+    GFD_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s)));
+  }
+  void stream_wait_event(StreamHandle s, EventHandle e) override {
+    GFD_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0));
+  }
+  bool event_done(EventHandle e) override {
+    const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e));
+    if (r == cudaErrorNotReady) return false;
+    GFD_CUDA_CHECK(r);
+    return true;
+  }
+  void event_sync(EventHandle e) override {
+    GFD_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e)));
+  }
+  float event_elapsed_ms(EventHandle a, EventHandle b) override {
+    float ms = 0;
+    GFD_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a), static_cast<cudaEvent_t>(b)));
+    return ms;
+  }
+  void copy_h2d(void* dst, const void* src, std::size_t bytes, StreamHandle s) override {
+    GFD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s)));
+  }
+  void copy_d2h(void* dst, const void* src, std::size_t bytes, StreamHandle s) override {
+    GFD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s)));
+  }
+  void memset_async(void* dst, int value, std::size_t bytes, StreamHandle s) override {
+    GFD_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(s)));
+  }
+  void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
+               StreamHandle s) override {
+    GFD_CUDA_CHECK(launch_scatter(entries, count, staging, static_cast<cudaStream_t>(s)));
+  }
+  void write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) override {
+    check_cu(driver().write_value64(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr),
+                                    value, CU_STREAM_WRITE_VALUE_DEFAULT),
+             "cuStreamWriteValue64");
+  }
+  void wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) override {
+    check_cu(driver().wait_value64(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr),
+                                   value, CU_STREAM_WAIT_VALUE_GEQ),
+             "cuStreamWaitValue64");
+  }
+  void delay_async(std::uint32_t microseconds, StreamHandle s) override {
+    GFD_CUDA_CHECK(launch_delay(microseconds, static_cast<cudaStream_t>(s)));
+  }
+
+ private:
+  int ordinal_;
+  std::string bus_id_;
+  int prio_low_ = 0, prio_high_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<Device> make_cuda_device(int ordinal) { return std::make_shared<CudaDevice>(ordinal); }
+
+int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace gfd::detail

@@ -1,0 +1,90 @@
+// The narrow device interface the engine is written against. Two implementations: CUDA
+// (cuda_device.cpp) and a host-emulated device (emulated_device.cpp) so that the whole pipeline
+// runs and is tested on machines without a GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace gfd::detail {
+
+// Opaque handles: cudaStream_t / cudaEvent_t for CUDA, emulator objects otherwise.
+using StreamHandle = void*;
+using EventHandle = void*;
+
+enum class PointerKind {
+  kPageableHost,  // ordinary host memory the device does not know
+  kPinnedHost,    // page-locked host memory (cudaHostAlloc / cudaHostRegister)
+  kDevice,        // device memory of this device
+  kOtherDevice,   // device memory of another device
+  kManaged,       // managed (unified) memory
+};
+
+struct PointerInfo {
+  PointerKind kind = PointerKind::kPageableHost;
+  int device = -1;
+  // The allocation the pointer lies in, [begin, end); both 0 when unknown (pageable memory).
+  std::uintptr_t begin = 0;
+  std::uintptr_t end = 0;
+};
+
+// One block placed by the scatter kernel: `bytes` bytes from staging offset `src_offset` to
+// device address `dst`. Lives in device memory, written by the host into the staging slot.
+struct ScatterEntry {
+  std::uint64_t dst;
+  std::uint64_t src_offset;
+  std::uint64_t bytes;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual int ordinal() const = 0;
+  // PCI bus id as "dddd:bb:dd.f" in lower case, or "" when there is none (emulated).
+  virtual std::string pci_bus_id() const = 0;
+  // Makes this device current for the calling thread.
+  virtual void make_current() = 0;
+
+  virtual PointerInfo query_pointer(const void* p) = 0;
+  virtual void* alloc_device(std::size_t bytes) = 0;
+  virtual void free_device(void* p) noexcept = 0;
+  virtual void register_host(void* p, std::size_t bytes) = 0;
+  virtual void unregister_host(void* p) noexcept = 0;
+
+  // Non-blocking (no implicit sync with the legacy stream), highest priority.
+  virtual StreamHandle create_stream() = 0;
+  virtual void destroy_stream(StreamHandle s) noexcept = 0;
+  virtual void stream_sync(StreamHandle s) = 0;
+  // timing = true: usable with event_elapsed_ms.
+  virtual EventHandle create_event(bool timing) = 0;
+  virtual void destroy_event(EventHandle e) noexcept = 0;
+  virtual void record_event(EventHandle e, StreamHandle s) = 0;
+  virtual void stream_wait_event(StreamHandle s, EventHandle e) = 0;
+  // True when the last record has completed; throws gfd::Error when it failed.
+  virtual bool event_done(EventHandle e) = 0;
+  virtual void event_sync(EventHandle e) = 0;
+  virtual float event_elapsed_ms(EventHandle start, EventHandle end) = 0;
+
+  virtual void copy_h2d(void* dst, const void* src, std::size_t bytes, StreamHandle s) = 0;
+  virtual void copy_d2h(void* dst, const void* src, std::size_t bytes, StreamHandle s) = 0;
+  virtual void memset_async(void* dst, int value, std::size_t bytes, StreamHandle s) = 0;
+  // Places `count` entries (device memory) from the device staging area `staging`.
+  virtual void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
+                       StreamHandle s) = 0;
+  // Stream memory operations on a 64-bit word of device memory.
+  virtual void write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) = 0;
+  virtual void wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) = 0;
+  // Test support: holds the stream for `microseconds` (a spin kernel on a GPU).
+  virtual void delay_async(std::uint32_t microseconds, StreamHandle s) = 0;
+};
+
+// The CUDA implementation for `ordinal`; throws gfd::Error when the device cannot be used.
+std::shared_ptr<Device> make_cuda_device(int ordinal);
+// Number of usable CUDA devices (0 when there is no driver or no GPU).
+int cuda_device_count() noexcept;
+
+}  // namespace gfd::detail

@@ -1,0 +1,311 @@
+#include "emulated_device.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <thread>
+
+#include "gfd/error.hpp"
+
+namespace gfd::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Process-wide registry of emulated allocations, so that emulated devices of several ordinals
+// recognise each other's memory (as CUDA's unified addressing does).
+struct Allocation {
+  std::uintptr_t end;
+  PointerKind kind;  // kDevice (of `device`) or kPinnedHost
+  int device;
+};
+
+std::shared_mutex& registry_mutex() {
+  static std::shared_mutex m;
+  return m;
+}
+std::map<std::uintptr_t, Allocation>& registry() {
+  static std::map<std::uintptr_t, Allocation> r;
+  return r;
+}
+
+// Stream memory operations wait on words that other streams write: one process-wide condition.
+std::mutex& value_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::condition_variable& value_cv() {
+  static std::condition_variable cv;
+  return cv;
+}
+
+struct EmuEvent {
+  std::mutex m;
+  std::condition_variable cv;
+  std::uint64_t recorded = 0;   // generation of the latest record call
+  std::uint64_t completed = 0;  // generation whose record has executed
+  Clock::time_point when{};
+};
+
+struct EmuStream {
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> ops;
+  std::uint64_t enqueued = 0, executed = 0;
+  bool stop = false;
+  std::thread thread;
+
+  void run() {
+    std::unique_lock lk(m);
+    for (;;) {
+      cv.wait(lk, [&] { return stop || !ops.empty(); });
+      if (ops.empty()) return;
+      auto op = std::move(ops.front());
+      ops.pop_front();
+      lk.unlock();
+      op();
+      lk.lock();
+      ++executed;
+      cv.notify_all();
+    }
+  }
+};
+
+EmuStream* stream_of(StreamHandle s) {
+  if (s == nullptr)
+    throw Error(ErrorCode::kInvalidArgument,
+                "stream: the emulated device has no default stream; pass one of its streams");
+  return static_cast<EmuStream*>(s);
+}
+
+}  // namespace
+
+struct EmulatedDevice::Impl {
+  std::mutex m;
+  std::set<EmuStream*> streams;
+};
+
+EmulatedDevice::EmulatedDevice(int ordinal, EmulatedDeviceOptions options)
+    : ordinal_(ordinal), options_(options), impl_(std::make_unique<Impl>()) {}
+
+EmulatedDevice::~EmulatedDevice() {
+  std::set<EmuStream*> left;
+  {
+    std::lock_guard lk(impl_->m);
+    left.swap(impl_->streams);
+  }
+  for (EmuStream* s : left) destroy_stream(s);
+}
+
+PointerInfo EmulatedDevice::query_pointer(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::shared_lock lk(registry_mutex());
+  auto& r = registry();
+  auto it = r.upper_bound(a);
+  if (it == r.begin()) return {};
+  --it;
+  if (a >= it->second.end) return {};
+  PointerInfo info;
+  info.kind = it->second.kind;
+  info.device = it->second.device;
+  if (info.kind == PointerKind::kDevice && info.device != ordinal_) info.kind = PointerKind::kOtherDevice;
+  info.begin = it->first;
+  info.end = it->second.end;
+  return info;
+}
+
+void* EmulatedDevice::alloc_device(std::size_t bytes) {
+  const std::size_t rounded = (bytes + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
+  if (p == nullptr) throw Error(ErrorCode::kSystem, "emulated device: out of memory");
+  std::unique_lock lk(registry_mutex());
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  registry()[a] = {a + bytes, PointerKind::kDevice, ordinal_};
+  return p;
+}
+
+void EmulatedDevice::free_device(void* p) noexcept {
+  if (p == nullptr) return;
+  {
+    std::unique_lock lk(registry_mutex());
+    registry().erase(reinterpret_cast<std::uintptr_t>(p));
+  }
+  std::free(p);
+}
+
+void EmulatedDevice::register_host(void* p, std::size_t bytes) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::unique_lock lk(registry_mutex());
+  auto& r = registry();
+  auto it = r.upper_bound(a);
+  if (it != r.begin() && std::prev(it)->second.end > a)
+    throw Error(ErrorCode::kCuda, "emulated cudaHostRegister: range is already registered");
+  r[a] = {a + bytes, PointerKind::kPinnedHost, -1};
+}
+
+void EmulatedDevice::unregister_host(void* p) noexcept {
+  std::unique_lock lk(registry_mutex());
+  registry().erase(reinterpret_cast<std::uintptr_t>(p));
+}
+
+StreamHandle EmulatedDevice::create_stream() {
+  auto* s = new EmuStream;
+  s->thread = std::thread([s] { s->run(); });
+  std::lock_guard lk(impl_->m);
+  impl_->streams.insert(s);
+  return s;
+}
+
+void EmulatedDevice::destroy_stream(StreamHandle h) noexcept {
+  auto* s = static_cast<EmuStream*>(h);
+  {
+    std::lock_guard lk(impl_->m);
+    impl_->streams.erase(s);
+  }
+  {
+    std::lock_guard lk(s->m);
+    s->stop = true;  // like cudaStreamDestroy: queued work still runs
+    s->cv.notify_all();
+  }
+  s->thread.join();
+  delete s;
+}
+
+void EmulatedDevice::enqueue(StreamHandle h, std::function<void()> op) {
+  EmuStream* s = stream_of(h);
+  std::lock_guard lk(s->m);
+  s->ops.push_back(std::move(op));
+  ++s->enqueued;
+  s->cv.notify_all();
+}
+
+void EmulatedDevice::stream_sync(StreamHandle h) {
+  EmuStream* s = stream_of(h);
+  std::unique_lock lk(s->m);
+  const std::uint64_t target = s->enqueued;
+  s->cv.wait(lk, [&] { return s->executed >= target; });
+}
+
+EventHandle EmulatedDevice::create_event(bool) { return new EmuEvent; }
+void EmulatedDevice::destroy_event(EventHandle e) noexcept { delete static_cast<EmuEvent*>(e); }
+
+void EmulatedDevice::record_event(EventHandle h, StreamHandle s) {
+  auto* e = static_cast<EmuEvent*>(h);
+  std::uint64_t gen;
+  {
+    std::lock_guard lk(e->m);
+    gen = ++e->recorded;
+  }
+  enqueue(s, [e, gen] {
+    std::lock_guard lk(e->m);
+    if (e->completed < gen) {
+      e->completed = gen;
+      e->when = Clock::now();
+    }
+    e->cv.notify_all();
+  });
+}
+
+void EmulatedDevice::stream_wait_event(StreamHandle s, EventHandle h) {
+  auto* e = static_cast<EmuEvent*>(h);
+  std::uint64_t gen;
+  {
+    std::lock_guard lk(e->m);
+    gen = e->recorded;  // CUDA semantics: the record current at the time of the call
+  }
+  if (gen == 0) return;
+  enqueue(s, [e, gen] {
+    std::unique_lock lk(e->m);
+    e->cv.wait(lk, [&] { return e->completed >= gen; });
+  });
+}
+
+bool EmulatedDevice::event_done(EventHandle h) {
+  auto* e = static_cast<EmuEvent*>(h);
+  std::lock_guard lk(e->m);
+  return e->completed >= e->recorded;
+}
+
+void EmulatedDevice::event_sync(EventHandle h) {
+  auto* e = static_cast<EmuEvent*>(h);
+  std::unique_lock lk(e->m);
+  const std::uint64_t gen = e->recorded;
+  e->cv.wait(lk, [&] { return e->completed >= gen; });
+}
+
+float EmulatedDevice::event_elapsed_ms(EventHandle a, EventHandle b) {
+  auto* x = static_cast<EmuEvent*>(a);
+  auto* y = static_cast<EmuEvent*>(b);
+  Clock::time_point ta, tb;
+  {
+    std::lock_guard lk(x->m);
+    ta = x->when;
+  }
+  {
+    std::lock_guard lk(y->m);
+    tb = y->when;
+  }
+  return std::chrono::duration<float, std::milli>(tb - ta).count();
+}
+
+void EmulatedDevice::copy_h2d(void* dst, const void* src, std::size_t bytes, StreamHandle s) {
+  const auto delay = options_.copy_delay;
+  enqueue(s, [=] {
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    std::memcpy(dst, src, bytes);
+  });
+}
+
+void EmulatedDevice::copy_d2h(void* dst, const void* src, std::size_t bytes, StreamHandle s) {
+  copy_h2d(dst, src, bytes, s);
+}
+
+void EmulatedDevice::memset_async(void* dst, int value, std::size_t bytes, StreamHandle s) {
+  enqueue(s, [=] { std::memset(dst, value, bytes); });
+}
+
+void EmulatedDevice::scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
+                             StreamHandle s) {
+  const auto delay = options_.copy_delay;
+  enqueue(s, [=] {
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    const auto* base = static_cast<const unsigned char*>(staging);
+    for (std::uint32_t i = 0; i < count; ++i)
+      std::memcpy(reinterpret_cast<void*>(entries[i].dst), base + entries[i].src_offset,
+                  entries[i].bytes);
+  });
+}
+
+void EmulatedDevice::write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) {
+  enqueue(s, [=] {
+    {
+      std::lock_guard lk(value_mutex());
+      std::atomic_ref<std::uint64_t>(*addr).store(value, std::memory_order_release);
+    }
+    value_cv().notify_all();
+  });
+}
+
+void EmulatedDevice::wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) {
+  auto* a = const_cast<std::uint64_t*>(addr);
+  enqueue(s, [=] {
+    std::unique_lock lk(value_mutex());
+    value_cv().wait(lk, [&] {
+      return std::atomic_ref<std::uint64_t>(*a).load(std::memory_order_acquire) >= value;
+    });
+  });
+}
+
+void EmulatedDevice::delay_async(std::uint32_t microseconds, StreamHandle s) {
+  enqueue(s, [=] { std::this_thread::sleep_for(std::chrono::microseconds(microseconds)); });
+}
+
+void EmulatedDevice::host_fn_async(std::function<void()> fn, StreamHandle s) { enqueue(s, std::move(fn)); }
+
+}  // namespace gfd::detail

@@ -1,0 +1,67 @@
+// A host-emulated device: "device memory" is host memory, streams are threads that run their
+// operations in order and asynchronously to the caller, events and stream memory operations
+// behave as CUDA's do. The engine's whole pipeline runs on it, so it is tested without a GPU.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "device.hpp"
+
+namespace gfd::detail {
+
+struct EmulatedDeviceOptions {
+  // Each copy or scatter sleeps this long before it runs, to widen race windows in tests.
+  std::chrono::microseconds copy_delay{0};
+};
+
+class EmulatedDevice final : public Device {
+ public:
+  explicit EmulatedDevice(int ordinal = 0, EmulatedDeviceOptions options = {});
+  ~EmulatedDevice() override;
+
+  int ordinal() const override { return ordinal_; }
+  std::string pci_bus_id() const override { return {}; }
+  void make_current() override {}
+
+  PointerInfo query_pointer(const void* p) override;
+  void* alloc_device(std::size_t bytes) override;
+  void free_device(void* p) noexcept override;
+  void register_host(void* p, std::size_t bytes) override;
+  void unregister_host(void* p) noexcept override;
+
+  StreamHandle create_stream() override;
+  void destroy_stream(StreamHandle s) noexcept override;
+  void stream_sync(StreamHandle s) override;
+  EventHandle create_event(bool timing) override;
+  void destroy_event(EventHandle e) noexcept override;
+  void record_event(EventHandle e, StreamHandle s) override;
+  void stream_wait_event(StreamHandle s, EventHandle e) override;
+  bool event_done(EventHandle e) override;
+  void event_sync(EventHandle e) override;
+  float event_elapsed_ms(EventHandle start, EventHandle end) override;
+
+  void copy_h2d(void* dst, const void* src, std::size_t bytes, StreamHandle s) override;
+  void copy_d2h(void* dst, const void* src, std::size_t bytes, StreamHandle s) override;
+  void memset_async(void* dst, int value, std::size_t bytes, StreamHandle s) override;
+  void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
+               StreamHandle s) override;
+  void write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) override;
+  void wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) override;
+  void delay_async(std::uint32_t microseconds, StreamHandle s) override;
+
+  // Test support: runs `fn` on the stream, in order with its other work.
+  void host_fn_async(std::function<void()> fn, StreamHandle s);
+
+  struct Impl;
+
+ private:
+  void enqueue(StreamHandle s, std::function<void()> op);
+  int ordinal_;
+  EmulatedDeviceOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gfd::detail

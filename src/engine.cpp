@@ -1,0 +1,58 @@
+// Public Engine / Transfer: thin forwarding to EngineCore.
+#include "gfd/engine.hpp"
+
+#include "device.hpp"
+#include "engine_core.hpp"
+#include "gfd/error.hpp"
+
+namespace gfd {
+
+bool Transfer::done() const { return !state_ || state_->core->poll(*state_); }
+
+void Transfer::wait() const {
+  if (!state_) return;
+  state_->core->wait(*state_);
+  if (auto e = state_->failure()) std::rethrow_exception(e);
+}
+
+std::exception_ptr Transfer::error() const {
+  if (!state_) return nullptr;
+  state_->core->wait(*state_);
+  return state_->failure();
+}
+
+std::uint64_t Transfer::bytes() const { return state_ ? state_->plan.total_bytes : 0; }
+
+Engine::Engine(const EngineOptions& options)
+    : core_(detail::EngineCore::create(options, detail::make_cuda_device(options.device))) {}
+
+Engine::Engine(int device) : Engine([device] {
+                                 EngineOptions o = EngineOptions::from_env();
+                                 o.device = device;
+                                 return o;
+                               }()) {}
+
+Engine::Engine(std::shared_ptr<detail::EngineCore> core) : core_(std::move(core)) {}
+
+Engine::~Engine() {
+  if (core_) core_->shutdown();
+}
+
+Engine::Engine(Engine&&) noexcept = default;
+
+Engine& Engine::operator=(Engine&& other) noexcept {
+  if (this != &other) {
+    if (core_) core_->shutdown();
+    core_ = std::move(other.core_);
+  }
+  return *this;
+}
+
+Transfer Engine::copy_to_device(std::span<const BlockCopy> blocks, cudaStream_t stream) {
+  return core_->submit(blocks, stream);
+}
+
+EngineStats Engine::stats() const { return core_->stats(); }
+const EngineOptions& Engine::options() const { return core_->options(); }
+
+}  // namespace gfd

@@ -1,0 +1,139 @@
+// The engine's pipeline: plan -> slot -> gather pieces (pool) -> in-order issue of DMAs on the
+// copy lanes -> completion token on the caller's stream.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "device.hpp"
+#include "gather_pool.hpp"
+#include "gfd/engine.hpp"
+#include "planner.hpp"
+#include "staging.hpp"
+
+namespace gfd::detail {
+
+class EngineCore;
+
+class EventPool {
+ public:
+  explicit EventPool(Device& d) : device_(d) {}
+  ~EventPool();
+  EventHandle get();
+  void put(EventHandle e);
+
+ private:
+  Device& device_;
+  std::mutex m_;
+  std::vector<EventHandle> free_;
+};
+
+struct TransferState {
+  std::shared_ptr<EngineCore> core;  // keeps the device and its events alive
+  Plan plan;
+  std::uint64_t token = 0;
+  EventHandle start_event = nullptr;
+  EventHandle done_event = nullptr;
+  std::vector<EventHandle> lane_events;  // one per lane, used when the transfer finalizes
+  std::uint32_t lanes_started = 0;       // bit per lane: waits on start_event issued (issuer only)
+  std::atomic<bool> finalized{false};
+  std::atomic<bool> complete{false};
+  std::mutex error_mutex;
+  std::exception_ptr error;
+
+  void fail(std::exception_ptr e);
+  std::exception_ptr failure();
+  ~TransferState();
+};
+
+class EngineCore : public std::enable_shared_from_this<EngineCore> {
+ public:
+  static std::shared_ptr<EngineCore> create(const EngineOptions& options, std::shared_ptr<Device> device);
+  // An Engine over any device implementation (the emulated one in tests).
+  static Engine make_engine(const EngineOptions& options, std::shared_ptr<Device> device);
+
+  ~EngineCore();
+  Transfer submit(std::span<const BlockCopy> blocks, StreamHandle stream);
+  EngineStats stats() const;
+  const EngineOptions& options() const { return options_; }
+  Device& device() { return *device_; }
+  EventPool& events() { return *events_; }
+  // Waits for every transfer to be issued and every lane to drain, then stops the threads.
+  void shutdown() noexcept;
+
+  // Waits for a transfer on the host (Transfer::wait).
+  void wait(TransferState& t);
+  bool poll(TransferState& t);
+
+ private:
+  enum SlotState : int { kFree = 0, kGathering = 1, kIssued = 2 };
+  struct Slot {
+    std::byte* host = nullptr;
+    std::byte* dev = nullptr;
+    EventHandle start = nullptr, done = nullptr;
+    bool timed = false;  // start/done hold an unaccounted DMA
+    std::atomic<int> state{kFree};
+  };
+  enum class ItemKind : std::uint8_t { kChunk, kDirect, kFinalize };
+  struct Item {
+    ItemKind kind = ItemKind::kChunk;
+    std::shared_ptr<TransferState> t;
+    std::uint32_t index = 0;  // chunk or direct copy index in the plan
+    std::uint32_t slot = 0;
+    std::atomic<std::uint32_t> pieces_left{0};
+    std::atomic<bool> ready{false};
+  };
+
+  EngineCore(const EngineOptions& options, std::shared_ptr<Device> device);
+  void start();
+  std::uint32_t acquire_slot();
+  void wait_slot_free(Slot& s);
+  Item& append_item(ItemKind kind, const std::shared_ptr<TransferState>& t, std::uint32_t index,
+                    std::uint32_t slot, bool ready);
+  void publish_item();
+  void run_piece(const PieceRef& p);
+  void gather_piece(const Item& item, std::uint32_t piece);
+  void try_issue();
+  void issue(Item& item);
+  void issue_chunk(Item& item);
+  void issue_direct(Item& item);
+  void issue_finalize(Item& item);
+  StreamHandle lane_for(TransferState& t, std::uint32_t lane);
+
+  EngineOptions options_;
+  std::shared_ptr<Device> device_;
+  PlanConfig plan_config_;
+  std::vector<int> cpus_;
+  int numa_node_ = -1;
+  std::unique_ptr<EventPool> events_;
+  std::unique_ptr<HostStaging> staging_;
+  std::byte* dev_staging_ = nullptr;
+  std::uint64_t* flag_ = nullptr;  // device word: token of the last finalized transfer
+  std::vector<StreamHandle> lanes_;
+  std::vector<Slot> slots_;
+  std::unique_ptr<GatherPool> pool_;
+
+  // Submission (serialised): slots and items are taken in ring order, one transfer at a time.
+  std::mutex submit_mutex_;
+  bool shutting_down_ = false;
+  std::uint64_t next_slot_ = 0;
+  std::uint64_t token_seq_ = 0;
+  std::vector<Item> items_;
+  std::atomic<std::uint64_t> tail_{0};    // items published
+  std::atomic<std::uint64_t> issued_{0};  // items issued to the device, in order
+  std::atomic<bool> issuing_{false};      // the issue baton
+  std::atomic<int> tail_waiters_{0};
+  std::uint64_t lane_rr_ = 0;             // issuer only
+
+  // Stats.
+  std::atomic<std::uint64_t> st_bytes_{0}, st_transfers_{0}, st_blocks_{0}, st_chunks_{0},
+      st_scattered_{0}, st_direct_{0}, st_gather_ns_{0}, st_submit_wait_ns_{0};
+  std::atomic<double> st_dma_ms_{0};
+};
+
+}  // namespace gfd::detail

@@ -1,0 +1,18 @@
+// Launchers for gfd's two small kernels (kernels.cu).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "device.hpp"
+
+namespace gfd::detail {
+
+// Places each entry's bytes from `staging` to its destination.
+cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
+                           cudaStream_t stream);
+// Holds `stream` for about `microseconds` (tests use it to prove stream ordering).
+cudaError_t launch_delay(std::uint32_t microseconds, cudaStream_t stream);
+
+}  // namespace gfd::detail

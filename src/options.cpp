@@ -1,0 +1,70 @@
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+
+#include "gfd/error.hpp"
+#include "gfd/options.hpp"
+
+namespace gfd {
+namespace {
+
+[[noreturn]] void bad_env(const char* name, const char* value, const char* want) {
+  throw Error(ErrorCode::kInvalidArgument,
+              std::string("environment variable ") + name + "='" + value + "': expected " + want);
+}
+
+long long parse_int(const char* name, const char* v) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0') bad_env(name, v, "an integer");
+  return x;
+}
+
+std::size_t parse_size(const char* name, const char* v) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long x = std::strtoull(v, &end, 10);
+  if (errno != 0 || end == v || v[0] == '-') bad_env(name, v, "a size such as 65536, 64K, 2M or 1G");
+  unsigned shift = 0;
+  if (*end == 'K' || *end == 'k') shift = 10;
+  else if (*end == 'M' || *end == 'm') shift = 20;
+  else if (*end == 'G' || *end == 'g') shift = 30;
+  if (shift != 0) ++end;
+  if (*end != '\0' || (shift != 0 && x > (~0ull >> shift)))
+    bad_env(name, v, "a size such as 65536, 64K, 2M or 1G");
+  return static_cast<std::size_t>(x << shift);
+}
+
+template <class T>
+void env_int(const char* name, T& field) {
+  if (const char* v = std::getenv(name)) field = static_cast<T>(parse_int(name, v));
+}
+void env_size(const char* name, std::size_t& field) {
+  if (const char* v = std::getenv(name)) field = parse_size(name, v);
+}
+
+}  // namespace
+
+EngineOptions EngineOptions::from_env(EngineOptions o) {
+  env_int("GFD_DEVICE", o.device);
+  env_size("GFD_STAGING_BYTES", o.staging_bytes);
+  env_size("GFD_SLOT_BYTES", o.slot_bytes);
+  env_size("GFD_FIRST_CHUNK_BYTES", o.first_chunk_bytes);
+  env_size("GFD_PIECE_BYTES", o.piece_bytes);
+  env_size("GFD_DIRECT_MIN_BYTES", o.direct_min_bytes);
+  env_size("GFD_INLINE_GATHER_BYTES", o.inline_gather_bytes);
+  env_int("GFD_GATHER_THREADS", o.gather_threads);
+  env_int("GFD_COPY_STREAMS", o.copy_streams);
+  env_int("GFD_NUMA_NODE", o.numa_node);
+  env_int("GFD_SPIN_US", o.spin_us);
+  if (const char* v = std::getenv("GFD_CHECK_OVERLAPS")) {
+    const std::string s = v;
+    if (s == "1" || s == "true" || s == "on") o.check_overlaps = true;
+    else if (s == "0" || s == "false" || s == "off") o.check_overlaps = false;
+    else bad_env("GFD_CHECK_OVERLAPS", v, "0 or 1");
+  }
+  return o;
+}
+
+}  // namespace gfd

@@ -1,0 +1,82 @@
+// Planning a transfer: validate every block (all-or-nothing), coalesce, choose the direct path
+// for large pinned blocks, pack the rest into staging chunks and cut chunks into gather pieces.
+// Pure host code with no device calls except through the pointer classifier.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "device.hpp"
+#include "gfd/types.hpp"
+
+namespace gfd::detail {
+
+struct PlanConfig {
+  int device = 0;                         // ordinal destinations must belong to
+  std::size_t slot_bytes = 2 << 20;       // capacity of one chunk (data + scatter entries)
+  std::size_t first_chunk_bytes = 512 << 10;
+  std::size_t piece_bytes = 64 << 10;
+  std::size_t direct_min_bytes = 1 << 20; // 0 disables the direct path
+  bool check_overlaps = true;
+};
+
+// One gather copy: `bytes` from host `src` to `slot_offset` in the chunk's staging slot; its
+// final place on the device is `dst`.
+struct GatherOp {
+  const std::byte* src;
+  std::byte* dst;
+  std::uint64_t slot_offset;
+  std::uint64_t bytes;
+};
+
+struct PlannedChunk {
+  std::uint32_t op_begin, op_end;        // range in Plan::ops
+  std::uint32_t piece_begin, piece_end;  // range in Plan::pieces
+  std::uint64_t data_bytes;              // payload bytes at the start of the slot
+  // True when the ops' destinations are consecutive: one DMA to ops[op_begin].dst lands it.
+  // Otherwise the data and the scatter entries (at scatter_offset) go to the device staging
+  // area and the scatter kernel places each op.
+  bool contiguous_dst;
+  std::uint64_t scatter_offset;          // 16-byte aligned, after the data
+  std::uint64_t dma_bytes() const {
+    return contiguous_dst ? data_bytes
+                          : scatter_offset + (op_end - op_begin) * sizeof(ScatterEntry);
+  }
+};
+
+struct PlannedPiece {
+  std::uint32_t op_begin, op_end;
+};
+
+// A block sent by the copy engine straight from pinned host memory.
+struct DirectCopy {
+  const std::byte* src;
+  std::byte* dst;
+  std::uint64_t bytes;
+};
+
+struct Plan {
+  std::vector<GatherOp> ops;
+  std::vector<PlannedChunk> chunks;
+  std::vector<PlannedPiece> pieces;
+  std::vector<DirectCopy> direct;
+  std::uint64_t total_bytes = 0;
+  std::size_t block_count = 0;
+};
+
+using PointerClassifier = std::function<PointerInfo(const void*)>;
+
+// Throws gfd::Error(kInvalidArgument) naming the first bad block; otherwise returns the plan.
+Plan make_plan(std::span<const BlockCopy> blocks, const PlanConfig& config,
+               const PointerClassifier& classify);
+
+// Checks the config itself (slot too small for the pieces, ...); throws gfd::Error.
+void validate_plan_config(const PlanConfig& config);
+
+// Human-readable kind ("pageable host memory", "device memory of GPU 1", ...).
+std::string describe(const PointerInfo& info);
+
+}  // namespace gfd::detail

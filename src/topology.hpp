@@ -1,0 +1,32 @@
+// Where a GPU sits: its NUMA node and the CPUs local to it, read from sysfs by PCI bus id.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace gfd::detail {
+
+struct GpuLocality {
+  int numa_node = -1;      // -1: the system reports no locality
+  std::vector<int> cpus;   // CPUs local to the GPU that this process may run on (never empty)
+  bool from_sysfs = false; // false when sysfs had nothing for the bus id
+};
+
+// "0-3,8,10-11" -> {0,1,2,3,8,10,11}. Throws gfd::Error on malformed input.
+std::vector<int> parse_cpulist(const std::string& text);
+
+// Reads <sysfs_root>/bus/pci/devices/<bus_id>/{numa_node,local_cpulist}. A missing file or
+// numa_node -1 means "no locality": all CPUs this process may use.
+GpuLocality read_gpu_locality(const std::string& pci_bus_id,
+                              const std::string& sysfs_root = "/sys");
+
+// CPUs this process may run on (sched_getaffinity), ascending.
+std::vector<int> allowed_cpus();
+
+// Pins the calling thread to `cpus` (no-op when empty). Returns false if the OS refused.
+bool pin_current_thread(const std::vector<int>& cpus);
+
+// "0-3,8" style text for logs and stats.
+std::string format_cpulist(const std::vector<int>& cpus);
+
+}  // namespace gfd::detail

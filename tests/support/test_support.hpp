@@ -1,0 +1,84 @@
+// Shared helpers of gfd's test suites: the device under test (emulated or CUDA), random data,
+// pinned host buffers and device read-back.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "device.hpp"
+#include "emulated_device.hpp"
+#include "engine_core.hpp"
+#include "gfd/gfd.hpp"
+
+namespace gfd::test {
+
+enum class DeviceKind { kEmulated, kCuda };
+std::string to_string(DeviceKind k);
+
+// Random bytes (never all zeros) from a fixed seed.
+void fill_random(void* p, std::size_t bytes, std::uint64_t seed);
+std::vector<std::byte> random_bytes(std::size_t bytes, std::uint64_t seed);
+
+// Page-aligned host memory, optionally registered (pinned) with the device.
+class HostBuffer {
+ public:
+  HostBuffer(detail::Device& d, std::size_t bytes, bool pinned);
+  ~HostBuffer();
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  std::byte* data() const { return data_; }
+  std::size_t size() const { return bytes_; }
+
+ private:
+  detail::Device& device_;
+  std::byte* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  bool pinned_ = false;
+};
+
+// Device memory freed on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(detail::Device& d, std::size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  std::byte* data() const { return data_; }
+  std::size_t size() const { return bytes_; }
+
+ private:
+  detail::Device& device_;
+  std::byte* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// The device a parameterised suite runs against, with one stream of the caller's.
+struct TestDevice {
+  DeviceKind kind;
+  std::shared_ptr<detail::Device> device;
+  detail::StreamHandle stream = nullptr;
+
+  ~TestDevice();
+  // Copies device memory back to the host (synchronously, through `stream`).
+  std::vector<std::byte> read(const void* dev, std::size_t bytes);
+  void fill(void* dev, int value, std::size_t bytes);
+  cudaStream_t cuda_stream() const { return static_cast<cudaStream_t>(stream); }
+  Engine make_engine(const EngineOptions& options);
+};
+
+// Returns nullptr (after GTEST_SKIP in the caller) when the kind is not available here.
+std::unique_ptr<TestDevice> open_test_device(DeviceKind kind, int ordinal = 0,
+                                             detail::EmulatedDeviceOptions emu = {});
+// Why a CUDA suite is skipped here, or "" when a GPU is present.
+std::string cuda_skip_reason(int needed_devices = 1);
+
+// Small engine options for tests: a small ring so that transfers cycle through it.
+EngineOptions small_options();
+
+}  // namespace gfd::test
