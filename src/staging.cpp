@@ -18,8 +18,9 @@ HostStaging::HostStaging(Device& device, std::size_t bytes, int numa_node)
     : device_(device), bytes_(bytes) {
   const std::size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
   // 1. Reserved hugetlb pages: fewest TLB misses for the DMA engine and the gather threads.
+  // No MAP_NORESERVE: without reserved pages the mmap must fail here, not SIGBUS on touch.
   void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | MAP_NORESERVE, -1, 0);
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
   if (p != MAP_FAILED) {
     mapping_ = p;
     mapped_ = rounded;

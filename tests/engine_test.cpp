@@ -1,1 +1,427 @@
-// engine tests
+// The engine's whole pipeline (plan, ring, pool, back-pressure, completion, stream ordering,
+// errors, concurrency), run against the emulated device everywhere and against CUDA where a
+// GPU exists.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "test_support.hpp"
+
+namespace gfd::test {
+namespace {
+
+class EngineTest : public ::testing::TestWithParam<DeviceKind> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == DeviceKind::kCuda) {
+      const std::string why = cuda_skip_reason();
+      if (!why.empty()) GTEST_SKIP() << why;
+    }
+    // Slow emulated copies widen the windows in which ordering bugs would show.
+    detail::EmulatedDeviceOptions emu;
+    emu.copy_delay = std::chrono::microseconds(100);
+    td_ = open_test_device(GetParam(), 0, emu);
+    ASSERT_NE(td_, nullptr);
+  }
+  detail::Device& dev() { return *td_->device; }
+
+  // n blocks of `size` bytes at random places of a pool 4x larger; destinations either
+  // consecutive or a random permutation of block-sized pages of `dst`.
+  std::vector<BlockCopy> make_blocks(const HostBuffer& pool, const DeviceBuffer& dst,
+                                     std::size_t n, std::size_t size, bool scattered,
+                                     std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    const std::size_t slots = pool.size() / size;
+    std::vector<std::size_t> src_idx(slots);
+    std::iota(src_idx.begin(), src_idx.end(), 0);
+    std::shuffle(src_idx.begin(), src_idx.end(), rng);
+    std::vector<std::size_t> dst_idx(n);
+    std::iota(dst_idx.begin(), dst_idx.end(), 0);
+    if (scattered) std::shuffle(dst_idx.begin(), dst_idx.end(), rng);
+    std::vector<BlockCopy> blocks(n);
+    for (std::size_t i = 0; i < n; ++i)
+      blocks[i] = {pool.data() + src_idx[i] * size, dst.data() + dst_idx[i] * size, size};
+    return blocks;
+  }
+
+  void expect_landed(const std::vector<BlockCopy>& blocks, const DeviceBuffer& dst) {
+    const std::vector<std::byte> got = td_->read(dst.data(), dst.size());
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      const std::size_t off = static_cast<const std::byte*>(blocks[i].dst) - dst.data();
+      if (std::memcmp(got.data() + off, blocks[i].src, blocks[i].bytes) != 0 && bad++ < 5)
+        ADD_FAILURE() << "block " << i << " (" << blocks[i].bytes << " bytes at device offset "
+                      << off << ") differs";
+    }
+    EXPECT_EQ(bad, 0u) << "blocks that differ";
+  }
+
+  std::unique_ptr<TestDevice> td_;
+};
+
+TEST_P(EngineTest, OneByte) {
+  Engine engine = td_->make_engine(small_options());
+  HostBuffer src(dev(), 4096, false);
+  fill_random(src.data(), 1, 1);
+  DeviceBuffer dst(dev(), 64);
+  td_->fill(dst.data(), 0, 64);
+  const BlockCopy b{src.data(), dst.data() + 7, 1};
+  engine.copy_to_device({&b, 1}, td_->cuda_stream()).wait();
+  const auto got = td_->read(dst.data(), 64);
+  EXPECT_EQ(got[7], src.data()[0]);
+  EXPECT_EQ(got[6], std::byte{0});
+  EXPECT_EQ(got[8], std::byte{0});
+}
+
+TEST_P(EngineTest, ScatteredSourcesContiguousDestination) {
+  Engine engine = td_->make_engine(small_options());
+  HostBuffer pool(dev(), 4 << 20, false);
+  fill_random(pool.data(), pool.size(), 2);
+  DeviceBuffer dst(dev(), 256 * 4096);
+  const auto blocks = make_blocks(pool, dst, 256, 4096, false, 3);
+  engine.copy_to_device(blocks, td_->cuda_stream()).wait();
+  expect_landed(blocks, dst);
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.bytes, 256u * 4096);
+  EXPECT_EQ(st.scattered_chunks, 0u);
+  EXPECT_GT(st.chunks, 1u);
+}
+
+TEST_P(EngineTest, ScatteredDestinationsUseScatterKernel) {
+  Engine engine = td_->make_engine(small_options());
+  HostBuffer pool(dev(), 4 << 20, false);
+  fill_random(pool.data(), pool.size(), 4);
+  DeviceBuffer dst(dev(), 300 * 2048);
+  const auto blocks = make_blocks(pool, dst, 300, 2048, true, 5);
+  engine.copy_to_device(blocks, td_->cuda_stream()).wait();
+  expect_landed(blocks, dst);
+  EXPECT_GT(engine.stats().scattered_chunks, 0u);
+}
+
+TEST_P(EngineTest, RandomSizesAndAlignments) {
+  Engine engine = td_->make_engine(small_options());
+  std::mt19937_64 rng(6);
+  HostBuffer pool(dev(), 8 << 20, false);
+  fill_random(pool.data(), pool.size(), 7);
+  DeviceBuffer dst(dev(), 8 << 20);
+  for (int round = 0; round < 6; ++round) {
+    td_->fill(dst.data(), 0, dst.size());
+    std::vector<BlockCopy> blocks;
+    std::size_t d = 0, s = 0;
+    while (true) {
+      const std::size_t size = 1 + rng() % (round % 2 ? 70000 : 5000);
+      d += rng() % 64;  // unaligned gaps: scattered destinations of odd sizes
+      s += rng() % 4096;
+      if (d + size > dst.size() || s + size > pool.size()) break;
+      blocks.push_back({pool.data() + s, dst.data() + d, size});
+      d += size;
+      s += size;
+    }
+    std::shuffle(blocks.begin(), blocks.end(), rng);
+    engine.copy_to_device(blocks, td_->cuda_stream()).wait();
+    expect_landed(blocks, dst);
+  }
+}
+
+TEST_P(EngineTest, TotalFarLargerThanRingCyclesThroughSlots) {
+  EngineOptions o = small_options();  // 1 MB ring of 4 slots
+  Engine engine = td_->make_engine(o);
+  HostBuffer pool(dev(), 24 << 20, false);
+  fill_random(pool.data(), pool.size(), 8);
+  DeviceBuffer dst(dev(), 1536 * 4096);  // 6 MB: six times the ring
+  const auto blocks = make_blocks(pool, dst, 1536, 4096, true, 9);
+  engine.copy_to_device(blocks, td_->cuda_stream()).wait();
+  expect_landed(blocks, dst);
+  EXPECT_GE(engine.stats().chunks, 24u);
+}
+
+TEST_P(EngineTest, OneHugePageableBlockIsSplit) {
+  Engine engine = td_->make_engine(small_options());
+  const std::size_t n = (5 << 20) + 123;
+  HostBuffer src(dev(), n, false);
+  fill_random(src.data(), n, 10);
+  DeviceBuffer dst(dev(), n);
+  const BlockCopy b{src.data(), dst.data(), n};
+  engine.copy_to_device({&b, 1}, td_->cuda_stream()).wait();
+  expect_landed({b}, dst);
+  EXPECT_EQ(engine.stats().direct_copies, 0u);
+}
+
+TEST_P(EngineTest, LargePinnedBlocksGoDirect) {
+  Engine engine = td_->make_engine(small_options());  // direct_min_bytes = 512 KB
+  HostBuffer src(dev(), 3 << 20, true);
+  fill_random(src.data(), src.size(), 11);
+  DeviceBuffer dst(dev(), 3 << 20);
+  // Two large pinned blocks (direct) and small ones (staged) in one transfer.
+  std::vector<BlockCopy> blocks = {{src.data(), dst.data() + (2 << 20), 1 << 20},
+                                   {src.data() + (1 << 20), dst.data(), 1 << 20}};
+  for (std::size_t i = 0; i < 64; ++i)
+    blocks.push_back({src.data() + (2 << 20) + i * 8192, dst.data() + (1 << 20) + i * 8192, 4096});
+  engine.copy_to_device(blocks, td_->cuda_stream()).wait();
+  expect_landed(blocks, dst);
+  EXPECT_EQ(engine.stats().direct_copies, 2u);
+}
+
+TEST_P(EngineTest, WorkQueuedBeforeOnTheStreamRunsFirst) {
+  Engine engine = td_->make_engine(small_options());
+  HostBuffer pool(dev(), 2 << 20, false);
+  fill_random(pool.data(), pool.size(), 12);
+  DeviceBuffer dst(dev(), 128 * 4096);
+  const auto blocks = make_blocks(pool, dst, 128, 4096, true, 13);
+  // The stream is busy for 50 ms and then overwrites the destination: the transfer must land
+  // after that, so its data wins.
+  dev().delay_async(50000, td_->stream);
+  dev().memset_async(dst.data(), 0xEE, dst.size(), td_->stream);
+  engine.copy_to_device(blocks, td_->cuda_stream()).wait();
+  expect_landed(blocks, dst);
+}
+
+TEST_P(EngineTest, WorkQueuedAfterOnTheStreamSeesTheData) {
+  Engine engine = td_->make_engine(small_options());
+  HostBuffer pool(dev(), 16 << 20, false);
+  fill_random(pool.data(), pool.size(), 14);
+  DeviceBuffer dst(dev(), 1024 * 4096);
+  HostBuffer back(dev(), dst.size(), true);
+  const auto blocks = make_blocks(pool, dst, 1024, 4096, true, 15);
+  // No host wait between the transfer and the read-back queued behind it on the stream.
+  Transfer t = engine.copy_to_device(blocks, td_->cuda_stream());
+  dev().copy_d2h(back.data(), dst.data(), dst.size(), td_->stream);
+  dev().stream_sync(td_->stream);
+  EXPECT_TRUE(t.done());
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const std::size_t off = static_cast<const std::byte*>(blocks[i].dst) - dst.data();
+    ASSERT_EQ(std::memcmp(back.data() + off, blocks[i].src, 4096), 0) << "block " << i;
+  }
+}
+
+TEST_P(EngineTest, HandleCanBePolledAndDefaultHandleIsDone) {
+  Engine engine = td_->make_engine(small_options());
+  Transfer none;
+  EXPECT_TRUE(none.done());
+  EXPECT_NO_THROW(none.wait());
+  EXPECT_EQ(none.error(), nullptr);
+  HostBuffer pool(dev(), 2 << 20, false);
+  fill_random(pool.data(), pool.size(), 16);
+  DeviceBuffer dst(dev(), 256 * 4096);
+  const auto blocks = make_blocks(pool, dst, 256, 4096, false, 17);
+  Transfer t = engine.copy_to_device(blocks, td_->cuda_stream());
+  while (!t.done()) std::this_thread::yield();
+  EXPECT_EQ(t.error(), nullptr);
+  EXPECT_EQ(t.bytes(), 256u * 4096);
+  expect_landed(blocks, dst);
+  // An empty transfer is complete at once.
+  EXPECT_TRUE(engine.copy_to_device({}, td_->cuda_stream()).done());
+}
+
+TEST_P(EngineTest, ConcurrentSubmittersWithTinyRing) {
+  EngineOptions o = small_options();
+  o.staging_bytes = 128 << 10;  // two slots: constant back-pressure
+  o.slot_bytes = 64 << 10;
+  o.first_chunk_bytes = 16 << 10;
+  Engine engine = td_->make_engine(o);
+  constexpr int kThreads = 8, kRounds = 12;
+  constexpr std::size_t kBlocks = 96, kSize = 3000;
+  HostBuffer pool(dev(), 8 << 20, false);
+  fill_random(pool.data(), pool.size(), 18);
+  DeviceBuffer dst(dev(), kThreads * kBlocks * kSize);
+  std::vector<std::vector<BlockCopy>> per(kThreads);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(100 + t);
+      // Each thread owns a disjoint destination region and its own stream.
+      detail::StreamHandle s = dev().create_stream();
+      for (int r = 0; r < kRounds; ++r) {
+        std::vector<BlockCopy> blocks(kBlocks);
+        std::vector<std::size_t> order(kBlocks);
+        std::iota(order.begin(), order.end(), 0);
+        std::shuffle(order.begin(), order.end(), rng);
+        for (std::size_t i = 0; i < kBlocks; ++i)
+          blocks[i] = {pool.data() + (rng() % (pool.size() / kSize)) * kSize,
+                       dst.data() + (t * kBlocks + order[i]) * kSize, kSize};
+        try {
+          engine.copy_to_device(blocks, static_cast<cudaStream_t>(s)).wait();
+        } catch (const std::exception& e) {
+          ++failures;
+          ADD_FAILURE() << e.what();
+        }
+        per[t] = blocks;
+      }
+      dev().destroy_stream(s);
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  std::vector<BlockCopy> all;
+  for (auto& v : per) all.insert(all.end(), v.begin(), v.end());
+  expect_landed(all, dst);
+  EXPECT_EQ(engine.stats().transfers, std::uint64_t{kThreads} * kRounds);
+}
+
+TEST_P(EngineTest, DestroyingEngineWithTransfersInFlightDrainsThem) {
+  HostBuffer pool(dev(), 8 << 20, false);
+  fill_random(pool.data(), pool.size(), 19);
+  DeviceBuffer dst(dev(), 1024 * 4096);
+  const auto blocks = make_blocks(pool, dst, 1024, 4096, true, 20);
+  Transfer t;
+  {
+    Engine engine = td_->make_engine(small_options());
+    t = engine.copy_to_device(blocks, td_->cuda_stream());
+  }  // no wait: the destructor drains
+  EXPECT_TRUE(t.done());
+  EXPECT_NO_THROW(t.wait());
+  expect_landed(blocks, dst);
+}
+
+// ---- bad input: each is rejected whole, copies nothing and leaves the engine usable ----------
+struct BadCase {
+  const char* name;
+  std::size_t block;  // expected offending index
+  const char* needle; // expected in the message
+};
+
+TEST_P(EngineTest, BadInputIsRejectedWholeAndEngineStaysUsable) {
+  Engine engine = td_->make_engine(small_options());
+  HostBuffer pool(dev(), 1 << 20, false);
+  fill_random(pool.data(), pool.size(), 21);
+  HostBuffer pinned(dev(), 1 << 16, true);
+  DeviceBuffer dst(dev(), 64 * 4096);
+  DeviceBuffer other(dev(), 4096);
+  std::vector<std::byte> host_dst(4096);
+
+  auto good = [&] {
+    std::vector<BlockCopy> v;
+    for (std::size_t i = 0; i < 16; ++i) v.push_back({pool.data() + i * 8192, dst.data() + i * 4096, 4096});
+    return v;
+  };
+  struct Case {
+    std::string name;
+    std::vector<BlockCopy> blocks;
+    std::size_t block;
+    std::string needle;
+  };
+  std::vector<Case> cases;
+  auto with = [&](std::string name, std::size_t i, BlockCopy b, std::string needle) {
+    auto v = good();
+    v[i] = b;
+    cases.push_back({std::move(name), std::move(v), i, std::move(needle)});
+  };
+  with("null source", 3, {nullptr, dst.data() + 3 * 4096, 4096}, "source pointer is null");
+  with("null destination", 4, {pool.data(), nullptr, 4096}, "destination pointer is null");
+  with("zero size", 5, {pool.data(), dst.data() + 5 * 4096, 0}, "size is zero");
+  with("source overflow", 6, {reinterpret_cast<void*>(UINTPTR_MAX - 10), dst.data() + 6 * 4096, 4096}, "overflows");
+  with("destination overflow", 7, {pool.data(), reinterpret_cast<void*>(UINTPTR_MAX - 10), 4096}, "overflows");
+  with("host destination", 8, {pool.data(), host_dst.data(), 4096}, "not device memory");
+  with("pinned host destination", 9, {pool.data(), pinned.data(), 4096}, "not device memory");
+  with("runs past allocation", 10, {pool.data(), dst.data() + 63 * 4096 + 1, 4096}, "past the end");
+  with("device source", 11, {other.data(), dst.data() + 11 * 4096, 4096}, "needs a host source");
+  with("overlapping destinations", 12, {pool.data(), dst.data() + 2 * 4096 + 100, 4096}, "overlaps block 2");
+
+  std::unique_ptr<TestDevice> second;
+  std::unique_ptr<DeviceBuffer> foreign;
+  if (GetParam() == DeviceKind::kEmulated || cuda_skip_reason(2).empty()) {
+    second = open_test_device(GetParam(), 1);
+    foreign = std::make_unique<DeviceBuffer>(*second->device, 4096);
+    with("destination on another GPU", 13, {pool.data(), foreign->data(), 4096}, "GPU 1");
+  }
+
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    td_->fill(dst.data(), 0x5A, dst.size());
+    try {
+      engine.copy_to_device(c.blocks, td_->cuda_stream());
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(e.block(), c.block);
+      EXPECT_NE(std::string(e.what()).find("block " + std::to_string(c.block)), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << e.what();
+    }
+    dev().stream_sync(td_->stream);
+    const auto got = td_->read(dst.data(), dst.size());
+    EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](std::byte b) { return b == std::byte{0x5A}; }))
+        << "something was copied";
+    const auto ok = good();
+    engine.copy_to_device(ok, td_->cuda_stream()).wait();
+    expect_landed(ok, dst);
+  }
+}
+
+TEST_P(EngineTest, AbsurdOptionsAreRejectedNamingTheOption) {
+  struct Case {
+    const char* needle;
+    EngineOptions o;
+  };
+  std::vector<Case> cases;
+  auto add = [&](const char* needle, auto&& mutate) {
+    EngineOptions o = small_options();
+    mutate(o);
+    cases.push_back({needle, o});
+  };
+  add("staging_bytes", [](EngineOptions& o) { o.staging_bytes = o.slot_bytes; });
+  add("staging_bytes", [](EngineOptions& o) { o.staging_bytes = 0; });
+  add("slot_bytes", [](EngineOptions& o) { o.slot_bytes = 100; });
+  add("copy_streams", [](EngineOptions& o) { o.copy_streams = 0; });
+  add("gather_threads", [](EngineOptions& o) { o.gather_threads = 100000; });
+  add("gather_threads", [](EngineOptions& o) { o.gather_threads = -3; });
+  add("piece_bytes", [](EngineOptions& o) { o.piece_bytes = 1; });
+  add("numa_node", [](EngineOptions& o) { o.numa_node = 4096; });
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.needle);
+    try {
+      Engine e = td_->make_engine(c.o);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST_P(EngineTest, StatsDescribeTheEngine) {
+  EngineOptions o = small_options();
+  Engine engine = td_->make_engine(o);
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.gather_threads, 2);
+  EXPECT_EQ(st.staging_bytes, o.staging_bytes);
+  EXPECT_EQ(st.slot_bytes, o.slot_bytes);
+  EXPECT_FALSE(st.cpus.empty());
+  EXPECT_EQ(st.transfers, 0u);
+  HostBuffer pool(dev(), 2 << 20, false);
+  fill_random(pool.data(), pool.size(), 22);
+  DeviceBuffer dst(dev(), 200 * 4096);
+  const auto blocks = make_blocks(pool, dst, 200, 4096, true, 23);
+  engine.copy_to_device(blocks, td_->cuda_stream()).wait();
+  const EngineStats after = engine.stats();
+  EXPECT_EQ(after.transfers, 1u);
+  EXPECT_EQ(after.blocks, 200u);
+  EXPECT_EQ(after.bytes, 200u * 4096);
+  EXPECT_GT(after.gather_seconds, 0.0);
+  EXPECT_GT(after.dma_seconds, 0.0);
+}
+
+TEST_P(EngineTest, CudaEngineByOrdinalRejectsOutOfRangeDevice) {
+  if (GetParam() != DeviceKind::kCuda) GTEST_SKIP() << "CUDA-only: the ordinal is checked by the driver";
+  EngineOptions o = small_options();
+  o.device = 4096;
+  try {
+    Engine e(o);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, EngineTest,
+                         ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
+                         [](const auto& info) { return to_string(info.param); });
+
+}  // namespace
+}  // namespace gfd::test
