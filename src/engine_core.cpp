@@ -267,8 +267,10 @@ void EngineCore::publish_item() {
 }
 
 Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stream) {
+  const auto t_plan = Clock::now();
   Plan plan = make_plan(blocks, plan_config_,
                         [this](const void* p) { return device_->query_pointer(p); });
+  st_plan_ns_.fetch_add(ns_since(t_plan), std::memory_order_relaxed);
   st_blocks_.fetch_add(blocks.size(), std::memory_order_relaxed);
   st_transfers_.fetch_add(1, std::memory_order_relaxed);
   if (plan.total_bytes == 0) return Transfer{};
@@ -508,6 +510,7 @@ EngineStats EngineCore::stats() const {
   st.gather_seconds = static_cast<double>(st_gather_ns_.load()) * 1e-9;
   st.dma_seconds = st_dma_ms_.load() * 1e-3;
   st.submit_wait_seconds = static_cast<double>(st_submit_wait_ns_.load()) * 1e-9;
+  st.plan_seconds = static_cast<double>(st_plan_ns_.load()) * 1e-9;
   st.hugepages = staging_ ? staging_->hugepages() : HugepageKind::kNone;
   st.numa_node = numa_node_;
   st.gather_threads = pool_ ? pool_->threads() : 0;

@@ -132,7 +132,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   // Stats.
   std::atomic<std::uint64_t> st_bytes_{0}, st_transfers_{0}, st_blocks_{0}, st_chunks_{0},
-      st_scattered_{0}, st_direct_{0}, st_gather_ns_{0}, st_submit_wait_ns_{0};
+      st_scattered_{0}, st_direct_{0}, st_gather_ns_{0}, st_submit_wait_ns_{0}, st_plan_ns_{0};
   std::atomic<double> st_dma_ms_{0};
 };
 

@@ -54,6 +54,7 @@ struct EngineStats {
   double gather_seconds = 0;         ///< CPU time spent gathering, summed over threads
   double dma_seconds = 0;            ///< copy-engine time of staged chunks (GPU clock)
   double submit_wait_seconds = 0;    ///< time submitters waited for a free slot
+  double plan_seconds = 0;           ///< time spent validating and planning transfers
   HugepageKind hugepages = HugepageKind::kNone;  ///< pages the staging ring actually got
   int numa_node = -1;                ///< node the ring and threads are bound to (-1: none)
   int gather_threads = 0;            ///< gather threads running

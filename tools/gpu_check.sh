@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Build, test and benchmark gfd on a GPU machine in one go (the lent H200: nothing can be
+# installed there, everything gfd needs is present). Full logs go to $OUT (or ./gpu_out);
+# a short summary is printed last.
+#   tools/gpu_check.sh [quick|full]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+MODE=${1:-quick}
+JOBS=$(nproc)
+summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
+
+{ nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
+  nproc; lscpu | grep -E "Model name|L3|NUMA"; git log --oneline -1; } > "$OUT/machine.txt" 2>&1
+
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 &&
+  cmake --build build-gpu -j"$JOBS" >> "$OUT/build.log" 2>&1
+summary "build: rc=$?"
+
+(cd build-gpu && ctest --output-on-failure -j1 --timeout 600) > "$OUT/ctest.log" 2>&1
+summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
+grep -hE "Skipped|SKIPPED" -A1 "$OUT/ctest.log" | head -5 >> "$OUT/summary.txt"
+
+B=build-gpu/bench/gfd_benchmark
+run_bench() {  # name, args...
+  local name=$1; shift
+  "$B" "$@" --csv "$OUT/$name.csv" > "$OUT/$name.log" 2>&1
+  summary "== $name ($*): rc=$?"
+  grep -E "^(blocks|[0-9])" "$OUT/$name.log" | tee -a "$OUT/summary.txt" >/dev/null
+  grep -E "^engine:|^device:" "$OUT/$name.log" >> "$OUT/summary.txt"
+}
+run_bench quick_cold --quick
+run_bench quick_warm --quick --warm
+if [ "$MODE" = tune ] || [ "$MODE" = full ]; then
+  for cfg in "2M 512K 64K 2" "2M 256K 64K 2" "4M 512K 64K 2" "2M 512K 32K 2" "2M 512K 128K 2" \
+             "2M 512K 64K 1" "1M 256K 64K 2" "4M 1M 64K 1" "8M 1M 64K 1"; do
+    set -- $cfg
+    GFD_SLOT_BYTES=$1 GFD_FIRST_CHUNK_BYTES=$2 GFD_PIECE_BYTES=$3 GFD_COPY_STREAMS=$4 GFD_STAGING_BYTES=64M \
+      run_bench "tune_${1}_${2}_${3}_${4}" --quick --dst both
+  done
+fi
+if [ "$MODE" = full ]; then
+  run_bench sweep_cold
+  run_bench sweep_warm --warm
+fi
+echo; cat "$OUT/summary.txt"
