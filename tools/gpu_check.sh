@@ -15,7 +15,7 @@ summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
   nproc; lscpu | grep -E "Model name|L3|NUMA"; git log --oneline -1; } > "$OUT/machine.txt" 2>&1
 
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 &&
-  cmake --build build-gpu -j"$JOBS" >> "$OUT/build.log" 2>&1
+  cmake --build build-gpu -j"$JOBS" -- -k >> "$OUT/build.log" 2>&1
 summary "build: rc=$?"
 
 (cd build-gpu && ctest --output-on-failure -j1 --timeout 600) > "$OUT/ctest.log" 2>&1
