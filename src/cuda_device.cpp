@@ -66,6 +66,7 @@ class CudaDevice final : public Device {
     bus_id_ = bus;
     std::transform(bus_id_.begin(), bus_id_.end(), bus_id_.begin(), ::tolower);
     GFD_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&prio_low_, &prio_high_));
+    GFD_CUDA_CHECK(preload_kernels());
     (void)driver();
   }
 

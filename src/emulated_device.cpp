@@ -121,8 +121,9 @@ PointerInfo EmulatedDevice::query_pointer(const void* p) {
 }
 
 void* EmulatedDevice::alloc_device(std::size_t bytes) {
-  const std::size_t rounded = (bytes + 255) / 256 * 256;
-  void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
+  // Whole pages, like cudaMalloc: device memory never shares a page with host memory.
+  const std::size_t rounded = (bytes + 4095) / 4096 * 4096;
+  void* p = std::aligned_alloc(4096, rounded == 0 ? 4096 : rounded);
   if (p == nullptr) throw Error(ErrorCode::kSystem, "emulated device: out of memory");
   std::unique_lock lk(registry_mutex());
   const auto a = reinterpret_cast<std::uintptr_t>(p);

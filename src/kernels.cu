@@ -46,6 +46,16 @@ cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, con
   return cudaGetLastError();
 }
 
+cudaError_t preload_kernels() {
+  // Load the module now: with lazy loading (CUDA's default) the first launch would load it and
+  // that synchronises the context, which deadlocks while a caller's stream waits for a transfer
+  // whose scatter kernel is being launched.
+  cudaFuncAttributes a{};
+  cudaError_t e = cudaFuncGetAttributes(&a, scatter_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, delay_kernel);
+  return e;
+}
+
 cudaError_t launch_delay(std::uint32_t microseconds, cudaStream_t stream) {
   delay_kernel<<<1, 1, 0, stream>>>(std::uint64_t{microseconds} * 1000);
   return cudaGetLastError();

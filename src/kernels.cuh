@@ -12,6 +12,8 @@ namespace gfd::detail {
 // Places each entry's bytes from `staging` to its destination.
 cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                            cudaStream_t stream);
+// Loads both kernels into the current context (call once per device, before any transfer).
+cudaError_t preload_kernels();
 // Holds `stream` for about `microseconds` (tests use it to prove stream ordering).
 cudaError_t launch_delay(std::uint32_t microseconds, cudaStream_t stream);
 

@@ -1,4 +1,5 @@
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <string>
 
@@ -25,7 +26,7 @@ std::size_t parse_size(const char* name, const char* v) {
   char* end = nullptr;
   errno = 0;
   const unsigned long long x = std::strtoull(v, &end, 10);
-  if (errno != 0 || end == v || v[0] == '-') bad_env(name, v, "a size such as 65536, 64K, 2M or 1G");
+  if (errno != 0 || end == v || std::string(v).find('-') != std::string::npos) bad_env(name, v, "a size such as 65536, 64K, 2M or 1G");
   unsigned shift = 0;
   if (*end == 'K' || *end == 'k') shift = 10;
   else if (*end == 'M' || *end == 'm') shift = 20;
@@ -36,9 +37,12 @@ std::size_t parse_size(const char* name, const char* v) {
   return static_cast<std::size_t>(x << shift);
 }
 
-template <class T>
-void env_int(const char* name, T& field) {
-  if (const char* v = std::getenv(name)) field = static_cast<T>(parse_int(name, v));
+void env_int(const char* name, int& field) {
+  if (const char* v = std::getenv(name)) {
+    const long long x = parse_int(name, v);
+    if (x < INT_MIN || x > INT_MAX) bad_env(name, v, "an integer that fits in an int");
+    field = static_cast<int>(x);
+  }
 }
 void env_size(const char* name, std::size_t& field) {
   if (const char* v = std::getenv(name)) field = parse_size(name, v);

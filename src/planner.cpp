@@ -10,7 +10,9 @@ namespace gfd::detail {
 namespace {
 
 constexpr std::uint64_t kAlign = 16;
-constexpr std::uintptr_t kGranule = std::uintptr_t{2} << 20;
+// CUDA registers and allocates host memory in whole pages and keeps device allocations in their
+// own address ranges, so a 4 KB page the driver does not know holds no CUDA memory at all.
+constexpr std::uintptr_t kGranule = 4096;
 
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 std::uint64_t align_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
@@ -27,8 +29,8 @@ std::string hex(const void* p) {
 
 // Classifies pointers with as few device queries as possible: blocks of one transfer mostly
 // live in a few large allocations (the KV pool, the device cache), so remember each range the
-// driver reports, and remember 2 MB granules the driver does not know (pageable memory; CUDA
-// allocations never share a granule with ordinary host mappings). Lives for one plan only, so
+// driver reports, and remember pages the driver does not know (pageable memory). Lives for one
+// plan only, so
 // memory freed and reused between transfers is never misclassified.
 class RangeCache {
  public:

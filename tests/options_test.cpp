@@ -1,1 +1,263 @@
-// placeholder: written by the test author
+// Unit tests of EngineOptions::from_env: GFD_* environment overrides. Every test runs under an
+// EnvGuard that clears the GFD_* variables first and restores the original environment after.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gfd/gfd.hpp"
+
+namespace {
+
+const std::vector<std::string>& gfd_variables() {
+  static const std::vector<std::string> names = {
+      "GFD_DEVICE",           "GFD_STAGING_BYTES",       "GFD_SLOT_BYTES",
+      "GFD_FIRST_CHUNK_BYTES", "GFD_PIECE_BYTES",        "GFD_DIRECT_MIN_BYTES",
+      "GFD_INLINE_GATHER_BYTES", "GFD_GATHER_THREADS",   "GFD_COPY_STREAMS",
+      "GFD_NUMA_NODE",        "GFD_SPIN_US",             "GFD_CHECK_OVERLAPS"};
+  return names;
+}
+
+// Saves and clears every GFD_* variable; restores them on destruction.
+class EnvGuard {
+ public:
+  EnvGuard() {
+    for (const auto& name : gfd_variables()) {
+      const char* v = std::getenv(name.c_str());
+      saved_.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
+      ::unsetenv(name.c_str());
+    }
+  }
+  ~EnvGuard() {
+    for (const auto& [name, value] : saved_) {
+      if (value) ::setenv(name.c_str(), value->c_str(), 1);
+      else ::unsetenv(name.c_str());
+    }
+  }
+  EnvGuard(const EnvGuard&) = delete;
+  EnvGuard& operator=(const EnvGuard&) = delete;
+
+  void set(const std::string& name, const std::string& value) {
+    ASSERT_EQ(::setenv(name.c_str(), value.c_str(), 1), 0) << name;
+  }
+  void unset(const std::string& name) { ::unsetenv(name.c_str()); }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// A base that differs from the defaults in every field, so that "unchanged" means something.
+gfd::EngineOptions custom_base() {
+  gfd::EngineOptions o;
+  o.device = 3;
+  o.staging_bytes = std::size_t{32} << 20;
+  o.slot_bytes = std::size_t{1} << 20;
+  o.first_chunk_bytes = std::size_t{128} << 10;
+  o.piece_bytes = std::size_t{16} << 10;
+  o.direct_min_bytes = std::size_t{3} << 20;
+  o.inline_gather_bytes = std::size_t{8} << 10;
+  o.gather_threads = 5;
+  o.copy_streams = 4;
+  o.numa_node = 1;
+  o.spin_us = 7;
+  o.check_overlaps = false;
+  return o;
+}
+
+void expect_same(const gfd::EngineOptions& a, const gfd::EngineOptions& b) {
+  EXPECT_EQ(a.device, b.device);
+  EXPECT_EQ(a.staging_bytes, b.staging_bytes);
+  EXPECT_EQ(a.slot_bytes, b.slot_bytes);
+  EXPECT_EQ(a.first_chunk_bytes, b.first_chunk_bytes);
+  EXPECT_EQ(a.piece_bytes, b.piece_bytes);
+  EXPECT_EQ(a.direct_min_bytes, b.direct_min_bytes);
+  EXPECT_EQ(a.inline_gather_bytes, b.inline_gather_bytes);
+  EXPECT_EQ(a.gather_threads, b.gather_threads);
+  EXPECT_EQ(a.copy_streams, b.copy_streams);
+  EXPECT_EQ(a.numa_node, b.numa_node);
+  EXPECT_EQ(a.spin_us, b.spin_us);
+  EXPECT_EQ(a.check_overlaps, b.check_overlaps);
+  EXPECT_EQ(a.backend, b.backend);
+}
+
+// Expects from_env to reject `value` for `name` with a message naming the variable.
+void expect_rejected(EnvGuard& env, const std::string& name, const std::string& value) {
+  SCOPED_TRACE(name + "='" + value + "'");
+  env.set(name, value);
+  try {
+    const gfd::EngineOptions o = gfd::EngineOptions::from_env(custom_base());
+    ADD_FAILURE() << "accepted; slot_bytes=" << o.slot_bytes << " device=" << o.device;
+  } catch (const gfd::Error& e) {
+    EXPECT_EQ(e.code(), gfd::ErrorCode::kInvalidArgument);
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, name, e.what());
+  }
+  env.unset(name);
+}
+
+const std::vector<std::string> kSizeVariables = {
+    "GFD_STAGING_BYTES", "GFD_SLOT_BYTES", "GFD_FIRST_CHUNK_BYTES", "GFD_PIECE_BYTES",
+    "GFD_DIRECT_MIN_BYTES", "GFD_INLINE_GATHER_BYTES"};
+const std::vector<std::string> kIntVariables = {"GFD_DEVICE", "GFD_GATHER_THREADS",
+                                                "GFD_COPY_STREAMS", "GFD_NUMA_NODE",
+                                                "GFD_SPIN_US"};
+
+TEST(OptionsFromEnvTest, NoVariablesLeavesBaseUnchanged) {
+  EnvGuard env;
+  expect_same(gfd::EngineOptions::from_env(custom_base()), custom_base());
+  expect_same(gfd::EngineOptions::from_env(), gfd::EngineOptions{});
+}
+
+TEST(OptionsFromEnvTest, UnrelatedVariablesAreIgnored) {
+  EnvGuard env;
+  ::setenv("GFD_NOT_AN_OPTION", "garbage", 1);
+  const gfd::EngineOptions o = gfd::EngineOptions::from_env(custom_base());
+  ::unsetenv("GFD_NOT_AN_OPTION");
+  expect_same(o, custom_base());
+}
+
+TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
+  struct Case {
+    const char* name;
+    const char* value;
+    std::function<void(gfd::EngineOptions&)> apply;  // the expected change to the base
+  };
+  const std::vector<Case> cases = {
+      {"GFD_DEVICE", "1", [](auto& o) { o.device = 1; }},
+      {"GFD_STAGING_BYTES", "128M", [](auto& o) { o.staging_bytes = std::size_t{128} << 20; }},
+      {"GFD_SLOT_BYTES", "2M", [](auto& o) { o.slot_bytes = std::size_t{2} << 20; }},
+      {"GFD_FIRST_CHUNK_BYTES", "256K",
+       [](auto& o) { o.first_chunk_bytes = std::size_t{256} << 10; }},
+      {"GFD_PIECE_BYTES", "32k", [](auto& o) { o.piece_bytes = std::size_t{32} << 10; }},
+      {"GFD_DIRECT_MIN_BYTES", "1G", [](auto& o) { o.direct_min_bytes = std::size_t{1} << 30; }},
+      {"GFD_INLINE_GATHER_BYTES", "4096", [](auto& o) { o.inline_gather_bytes = 4096; }},
+      {"GFD_GATHER_THREADS", "9", [](auto& o) { o.gather_threads = 9; }},
+      {"GFD_COPY_STREAMS", "3", [](auto& o) { o.copy_streams = 3; }},
+      {"GFD_NUMA_NODE", "-2", [](auto& o) { o.numa_node = -2; }},
+      {"GFD_SPIN_US", "0", [](auto& o) { o.spin_us = 0; }},
+      {"GFD_CHECK_OVERLAPS", "1", [](auto& o) { o.check_overlaps = true; }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.name) + "=" + c.value);
+    EnvGuard env;
+    env.set(c.name, c.value);
+    gfd::EngineOptions expected = custom_base();
+    c.apply(expected);
+    expect_same(gfd::EngineOptions::from_env(custom_base()), expected);
+  }
+}
+
+TEST(OptionsFromEnvTest, AllVariablesTogether) {
+  EnvGuard env;
+  env.set("GFD_DEVICE", "2");
+  env.set("GFD_STAGING_BYTES", "1g");
+  env.set("GFD_SLOT_BYTES", "4m");
+  env.set("GFD_FIRST_CHUNK_BYTES", "65536");
+  env.set("GFD_PIECE_BYTES", "8K");
+  env.set("GFD_DIRECT_MIN_BYTES", "0");
+  env.set("GFD_INLINE_GATHER_BYTES", "0K");
+  env.set("GFD_GATHER_THREADS", "0");
+  env.set("GFD_COPY_STREAMS", "1");
+  env.set("GFD_NUMA_NODE", "-1");
+  env.set("GFD_SPIN_US", "1000");
+  env.set("GFD_CHECK_OVERLAPS", "0");
+  const gfd::EngineOptions o = gfd::EngineOptions::from_env(custom_base());
+  EXPECT_EQ(o.device, 2);
+  EXPECT_EQ(o.staging_bytes, std::size_t{1} << 30);
+  EXPECT_EQ(o.slot_bytes, std::size_t{4} << 20);
+  EXPECT_EQ(o.first_chunk_bytes, 65536u);
+  EXPECT_EQ(o.piece_bytes, std::size_t{8} << 10);
+  EXPECT_EQ(o.direct_min_bytes, 0u);
+  EXPECT_EQ(o.inline_gather_bytes, 0u);
+  EXPECT_EQ(o.gather_threads, 0);
+  EXPECT_EQ(o.copy_streams, 1);
+  EXPECT_EQ(o.numa_node, -1);
+  EXPECT_EQ(o.spin_us, 1000);
+  EXPECT_FALSE(o.check_overlaps);
+  EXPECT_EQ(o.backend, custom_base().backend);
+}
+
+TEST(OptionsFromEnvTest, CheckOverlapsAcceptsBooleanSpellings) {
+  EnvGuard env;
+  for (const char* v : {"0", "false", "off"}) {
+    env.set("GFD_CHECK_OVERLAPS", v);
+    gfd::EngineOptions base;
+    base.check_overlaps = true;
+    EXPECT_FALSE(gfd::EngineOptions::from_env(base).check_overlaps) << v;
+  }
+  for (const char* v : {"1", "true", "on"}) {
+    env.set("GFD_CHECK_OVERLAPS", v);
+    gfd::EngineOptions base;
+    base.check_overlaps = false;
+    EXPECT_TRUE(gfd::EngineOptions::from_env(base).check_overlaps) << v;
+  }
+}
+
+TEST(OptionsFromEnvTest, CheckOverlapsRejectsOtherValues) {
+  EnvGuard env;
+  for (const char* v : {"", "yes", "2", "TRUE ", "-1"})
+    expect_rejected(env, "GFD_CHECK_OVERLAPS", v);
+}
+
+TEST(OptionsFromEnvTest, BadSizesAreRejected) {
+  EnvGuard env;
+  for (const auto& name : kSizeVariables) {
+    for (const char* v : {"abc", "12X", "-5", "", "1KB", "2M ", "1.5M", "K", "0x10",
+                          "99999999999999999999", "17179869184G"})
+      expect_rejected(env, name, v);
+  }
+}
+
+TEST(OptionsFromEnvTest, BadIntegersAreRejected) {
+  EnvGuard env;
+  for (const auto& name : kIntVariables) {
+    for (const char* v : {"abc", "", "12X", "1.5", "3 ", "1K", "99999999999999999999"})
+      expect_rejected(env, name, v);
+  }
+}
+
+TEST(OptionsFromEnvTest, ErrorLeavesNothingHalfApplied) {
+  // One bad variable makes the whole call throw; a later call with it fixed works.
+  EnvGuard env;
+  env.set("GFD_DEVICE", "1");
+  env.set("GFD_PIECE_BYTES", "lots");
+  EXPECT_THROW((void)gfd::EngineOptions::from_env(custom_base()), gfd::Error);
+  env.set("GFD_PIECE_BYTES", "16K");
+  const gfd::EngineOptions o = gfd::EngineOptions::from_env(custom_base());
+  EXPECT_EQ(o.device, 1);
+  EXPECT_EQ(o.piece_bytes, std::size_t{16} << 10);
+}
+
+TEST(OptionsFromEnvTest, GuardRestoresEnvironment) {
+  const char* before = std::getenv("GFD_SLOT_BYTES");
+  const std::optional<std::string> saved = before ? std::optional<std::string>(before)
+                                                  : std::nullopt;
+  {
+    EnvGuard env;
+    env.set("GFD_SLOT_BYTES", "8M");
+    EXPECT_EQ(gfd::EngineOptions::from_env().slot_bytes, std::size_t{8} << 20);
+  }
+  const char* after = std::getenv("GFD_SLOT_BYTES");
+  EXPECT_EQ(after != nullptr, saved.has_value());
+  if (after && saved) EXPECT_EQ(std::string(after), *saved);
+}
+
+// strtoull skips leading blanks and accepts a minus sign: such sizes must still be rejected.
+TEST(OptionsFromEnvTest, NegativeSizeWithLeadingSpaceIsRejected) {
+  EnvGuard env;
+  expect_rejected(env, "GFD_SLOT_BYTES", " -5");
+  expect_rejected(env, "GFD_STAGING_BYTES", "\t-1");
+}
+
+// Integers that do not fit the field are rejected, not silently wrapped.
+TEST(OptionsFromEnvTest, OutOfRangeIntegerIsRejected) {
+  EnvGuard env;
+  expect_rejected(env, "GFD_COPY_STREAMS", "4294967298");
+  expect_rejected(env, "GFD_DEVICE", "4294967296");
+}
+
+}  // namespace

@@ -191,7 +191,9 @@ void check_coverage(const std::vector<BlockCopy>& blocks, const Plan& plan) {
   std::vector<std::size_t> order(blocks.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::sort(order.begin(), order.end(),
-            [&](std::size_t a, std::size_t b) { return addr(blocks[a].dst) < addr(blocks[b].dst); });
+            [&](std::size_t a, std::size_t b) {
+              return addr(blocks[a].dst) < addr(blocks[b].dst);
+            });
   std::size_t j = 0;
   for (std::size_t i : order) {
     SCOPED_TRACE("block " + std::to_string(i));
@@ -786,14 +788,9 @@ TEST(PlannerConfigTest, RejectsTinySizes) {
 // ---------------------------------------------------------------------------------------------
 // Pointer classification cache
 
-// BUG (planner.cpp, RangeCache): the cache remembers 2 MB granules that held pageable memory
-// and afterwards reports *every* address in such a granule as pageable without asking the
-// classifier. That assumes no device or pinned allocation shares a granule with pageable
-// memory, which is false for the emulated device (alloc_device uses std::aligned_alloc on the
-// ordinary heap) and for cudaHostRegister'ed heap memory. This test models the emulated device:
-// two small device allocations and a pageable source in the same 2 MB granule. Expected: a
-// valid plan. Actual: gfd::Error "block 1: destination ... is not device memory of GPU 0 (it is
-// pageable host memory)".
+// The range cache remembers pages the driver does not know (pageable memory). Device and
+// pinned allocations are page-granular, so they may sit right next to pageable memory in the
+// same 2 MB region and must still be recognised (an earlier 2 MB granule cache got this wrong).
 TEST(PlannerRangeCacheTest, DeviceAllocationSharingGranuleWithPageableSourceIsAccepted) {
   constexpr std::uintptr_t kHeap = 0x6000'0000'0000;  // one 2 MB granule of "heap"
   constexpr std::uintptr_t kAllocA = kHeap + 0x1000, kAllocB = kHeap + 0x10000;
@@ -819,9 +816,8 @@ TEST(PlannerRangeCacheTest, DeviceAllocationSharingGranuleWithPageableSourceIsAc
   ASSERT_NO_FATAL_FAILURE(check_plan(blocks, plan, cfg));
 }
 
-// Same root cause as above, for a pinned (registered) source next to pageable memory: the
-// large pinned block should take the direct path but is staged because its granule was
-// remembered as pageable.
+// Likewise for a pinned (registered) source next to pageable memory: the large pinned block
+// takes the direct path.
 TEST(PlannerRangeCacheTest, PinnedSourceSharingGranuleWithPageableSourceGoesDirect) {
   constexpr std::uintptr_t kHeap = 0x6000'0000'0000;
   constexpr std::uintptr_t kRegistered = kHeap + 0x10000;  // registered 1 MB + 64 KB
@@ -942,7 +938,10 @@ RandomTransfer random_transfer(std::uint64_t seed) {
   // Order: 0 as laid out; 1 a few swaps; 2 fully shuffled.
   const int order_mode = static_cast<int>(uniform(0, 2));
   if (order_mode == 1) {
-    for (int s = 0; s < 10; ++s) std::swap(t.blocks[uniform(0, n - 1)], t.blocks[uniform(0, n - 1)]);
+    for (int s = 0; s < 10; ++s) {
+      const std::size_t i = uniform(0, n - 1), j = uniform(0, n - 1);
+      std::swap(t.blocks[i], t.blocks[j]);
+    }
   } else if (order_mode == 2) {
     std::shuffle(t.blocks.begin(), t.blocks.end(), rng);
   }

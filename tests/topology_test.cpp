@@ -1,1 +1,241 @@
-// placeholder: written by the test author
+// Unit tests of the topology helpers: CPU list parsing and formatting, and GPU locality read
+// from a fake sysfs tree. Expectations are built from allowed_cpus(), never from a particular
+// CPU count.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gfd/gfd.hpp"
+#include "topology.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+void expect_malformed(const std::string& text) {
+  try {
+    const std::vector<int> cpus = gfd::detail::parse_cpulist(text);
+    ADD_FAILURE() << "parse_cpulist accepted '" << text << "' (" << cpus.size() << " CPUs)";
+  } catch (const gfd::Error& e) {
+    EXPECT_EQ(e.code(), gfd::ErrorCode::kInvalidArgument) << "input '" << text << "'";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// parse_cpulist / format_cpulist
+
+TEST(ParseCpulistTest, RangesAndSingles) {
+  EXPECT_EQ(gfd::detail::parse_cpulist("0-3,8,10-11"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+}
+
+TEST(ParseCpulistTest, Single) {
+  EXPECT_EQ(gfd::detail::parse_cpulist("5"), (std::vector<int>{5}));
+  EXPECT_EQ(gfd::detail::parse_cpulist("0"), (std::vector<int>{0}));
+  EXPECT_EQ(gfd::detail::parse_cpulist("7-7"), (std::vector<int>{7}));
+}
+
+TEST(ParseCpulistTest, WhitespaceAndNewline) {
+  EXPECT_EQ(gfd::detail::parse_cpulist("0-3,8\n"), (std::vector<int>{0, 1, 2, 3, 8}));
+  EXPECT_EQ(gfd::detail::parse_cpulist("  0-1 , 4 \n"), (std::vector<int>{0, 1, 4}));
+  EXPECT_EQ(gfd::detail::parse_cpulist("\t2\r\n"), (std::vector<int>{2}));
+}
+
+TEST(ParseCpulistTest, DuplicatesAndOrderAreNormalized) {
+  EXPECT_EQ(gfd::detail::parse_cpulist("3,1,2,1,0-2"), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(gfd::detail::parse_cpulist("8-9,0-1,8"), (std::vector<int>{0, 1, 8, 9}));
+}
+
+TEST(ParseCpulistTest, EmptyGivesEmpty) {
+  EXPECT_TRUE(gfd::detail::parse_cpulist("").empty());
+  EXPECT_TRUE(gfd::detail::parse_cpulist("\n").empty());
+  EXPECT_TRUE(gfd::detail::parse_cpulist("   ").empty());
+}
+
+TEST(ParseCpulistTest, MalformedThrows) {
+  expect_malformed("3-1");
+  expect_malformed("a");
+  expect_malformed("1-");
+  expect_malformed("-1");
+  expect_malformed("1,,2");
+  expect_malformed("0-3,x");
+  expect_malformed("1-2-3");
+  expect_malformed("1.5");
+  expect_malformed("12345678");  // absurdly large CPU number
+}
+
+TEST(FormatCpulistTest, Formats) {
+  EXPECT_EQ(gfd::detail::format_cpulist({}), "");
+  EXPECT_EQ(gfd::detail::format_cpulist({5}), "5");
+  EXPECT_EQ(gfd::detail::format_cpulist({1, 2}), "1-2");
+  EXPECT_EQ(gfd::detail::format_cpulist({0, 2}), "0,2");
+  EXPECT_EQ(gfd::detail::format_cpulist({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+}
+
+TEST(FormatCpulistTest, RoundTrip) {
+  for (const std::string text : {"0-3,8,10-11", "0", "1-2", "0,2,4,6", "0-63", "5,7-9,100"})
+    EXPECT_EQ(gfd::detail::format_cpulist(gfd::detail::parse_cpulist(text)), text);
+
+  std::mt19937 rng(1234);
+  for (int round = 0; round < 50; ++round) {
+    std::vector<int> cpus;
+    for (int c = 0; c < 128; ++c)
+      if (rng() % 3 == 0) cpus.push_back(c);
+    const std::string text = gfd::detail::format_cpulist(cpus);
+    EXPECT_EQ(gfd::detail::parse_cpulist(text), cpus) << text;
+  }
+}
+
+TEST(AllowedCpusTest, NonEmptyAscendingUnique) {
+  const std::vector<int> cpus = gfd::detail::allowed_cpus();
+  ASSERT_FALSE(cpus.empty());
+  EXPECT_TRUE(std::is_sorted(cpus.begin(), cpus.end()));
+  EXPECT_EQ(std::adjacent_find(cpus.begin(), cpus.end()), cpus.end());
+  EXPECT_GE(cpus.front(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// read_gpu_locality against a fake sysfs tree
+
+// A temporary directory, removed on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    std::random_device rd;
+    path_ = fs::temp_directory_path() /
+            ("gfd_topology_test_" + std::to_string(::getpid()) + "_" +
+             std::to_string(counter++) + "_" + std::to_string(rd()));
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+class GpuLocalityTest : public ::testing::Test {
+ protected:
+  static constexpr const char* kBusId = "0000:3b:00.0";
+
+  // Creates <root>/bus/pci/devices/<bus_id>/ with the given files ("" leaves a file out).
+  void make_device(const std::string& bus_id, const std::string& numa_node,
+                   const std::string& local_cpulist) {
+    const fs::path dir = root_.path() / "bus" / "pci" / "devices" / bus_id;
+    fs::create_directories(dir);
+    if (!numa_node.empty()) std::ofstream(dir / "numa_node") << numa_node;
+    if (!local_cpulist.empty()) std::ofstream(dir / "local_cpulist") << local_cpulist;
+  }
+  gfd::detail::GpuLocality read(const std::string& bus_id) {
+    return gfd::detail::read_gpu_locality(bus_id, root_.path().string());
+  }
+
+  TempDir root_;
+  const std::vector<int> allowed_ = gfd::detail::allowed_cpus();
+};
+
+TEST_F(GpuLocalityTest, NoLocalityReported) {
+  make_device(kBusId, "-1\n", gfd::detail::format_cpulist(allowed_) + "\n");
+  const auto loc = read(kBusId);
+  EXPECT_EQ(loc.numa_node, -1);
+  EXPECT_EQ(loc.cpus, allowed_);
+  EXPECT_TRUE(loc.from_sysfs);
+}
+
+TEST_F(GpuLocalityTest, LocalCpusIntersectedWithAllowed) {
+  // The GPU's CPUs: the first allowed CPU plus two CPUs this process may not use.
+  const int not_allowed = allowed_.back() + 1000;
+  make_device(kBusId, "1\n",
+              gfd::detail::format_cpulist({allowed_.front(), not_allowed, not_allowed + 1}) + "\n");
+  const auto loc = read(kBusId);
+  EXPECT_EQ(loc.numa_node, 1);
+  EXPECT_EQ(loc.cpus, (std::vector<int>{allowed_.front()}));
+  EXPECT_TRUE(loc.from_sysfs);
+}
+
+TEST_F(GpuLocalityTest, AllButOneAllowedCpuIsLocal) {
+  if (allowed_.size() < 2) GTEST_SKIP() << "needs at least two allowed CPUs";
+  const std::vector<int> local(allowed_.begin(), allowed_.end() - 1);
+  make_device(kBusId, "0\n", gfd::detail::format_cpulist(local) + "\n");
+  const auto loc = read(kBusId);
+  EXPECT_EQ(loc.numa_node, 0);
+  EXPECT_EQ(loc.cpus, local);
+}
+
+TEST_F(GpuLocalityTest, LocalCpusDisjointFromAllowedFallsBackToAllowed) {
+  const int not_allowed = allowed_.back() + 1000;
+  make_device(kBusId, "0\n", std::to_string(not_allowed) + "\n");
+  const auto loc = read(kBusId);
+  EXPECT_EQ(loc.numa_node, 0);
+  EXPECT_EQ(loc.cpus, allowed_);
+  EXPECT_TRUE(loc.from_sysfs);
+}
+
+TEST_F(GpuLocalityTest, MissingLocalCpulistFallsBackToAllowed) {
+  make_device(kBusId, "2\n", "");
+  const auto loc = read(kBusId);
+  EXPECT_EQ(loc.numa_node, 2);
+  EXPECT_EQ(loc.cpus, allowed_);
+  EXPECT_TRUE(loc.from_sysfs);
+}
+
+TEST_F(GpuLocalityTest, MalformedLocalCpulistFallsBackToAllowed) {
+  make_device(kBusId, "0\n", "garbage\n");
+  const auto loc = read(kBusId);
+  EXPECT_EQ(loc.numa_node, 0);
+  EXPECT_EQ(loc.cpus, allowed_);
+}
+
+TEST_F(GpuLocalityTest, MalformedNumaNodeMeansNoLocality) {
+  make_device(kBusId, "none\n", gfd::detail::format_cpulist({allowed_.front()}) + "\n");
+  const auto loc = read(kBusId);
+  EXPECT_EQ(loc.numa_node, -1);
+  EXPECT_EQ(loc.cpus, allowed_);
+}
+
+TEST_F(GpuLocalityTest, MissingDeviceDirectory) {
+  make_device("0000:01:00.0", "0\n", "0\n");  // some other device exists
+  const auto loc = read(kBusId);
+  EXPECT_EQ(loc.numa_node, -1);
+  EXPECT_EQ(loc.cpus, allowed_);
+  EXPECT_FALSE(loc.from_sysfs);
+}
+
+TEST_F(GpuLocalityTest, MissingSysfsRoot) {
+  const auto loc =
+      gfd::detail::read_gpu_locality(kBusId, (root_.path() / "does_not_exist").string());
+  EXPECT_EQ(loc.numa_node, -1);
+  EXPECT_EQ(loc.cpus, allowed_);
+  EXPECT_FALSE(loc.from_sysfs);
+}
+
+TEST_F(GpuLocalityTest, EmptyBusId) {
+  make_device(kBusId, "0\n", "0\n");
+  const auto loc = read("");
+  EXPECT_EQ(loc.numa_node, -1);
+  EXPECT_EQ(loc.cpus, allowed_);
+  EXPECT_FALSE(loc.from_sysfs);
+}
+
+TEST_F(GpuLocalityTest, UpperCaseBusIdIsFound) {
+  make_device("0000:af:00.0", "1\n", gfd::detail::format_cpulist({allowed_.front()}) + "\n");
+  const auto loc = read("0000:AF:00.0");
+  EXPECT_TRUE(loc.from_sysfs);
+  EXPECT_EQ(loc.numa_node, 1);
+  EXPECT_EQ(loc.cpus, (std::vector<int>{allowed_.front()}));
+}
+
+}  // namespace
