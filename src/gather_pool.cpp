@@ -43,6 +43,11 @@ void GatherPool::push(std::span<const PieceRef> pieces) {
   if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
 }
 
+void GatherPool::help() {
+  PieceRef p{};
+  while (queue_.pop(p)) run_(p);
+}
+
 void GatherPool::loop() {
   if (!pin_current_thread(cpus_)) pinned_.store(false);
   if (init_) init_();

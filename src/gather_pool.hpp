@@ -29,6 +29,8 @@ class GatherPool {
   GatherPool& operator=(const GatherPool&) = delete;
 
   void push(std::span<const PieceRef> pieces);
+  // The calling thread runs queued pieces until the queue is empty.
+  void help();
   int threads() const { return static_cast<int>(threads_.size()); }
   // False when some thread could not be pinned to the requested CPUs.
   bool pinned() const { return pinned_.load(); }

@@ -44,6 +44,15 @@ void env_int(const char* name, int& field) {
     field = static_cast<int>(x);
   }
 }
+void env_bool(const char* name, bool& field) {
+  if (const char* v = std::getenv(name)) {
+    const std::string s = v;
+    if (s == "1" || s == "true" || s == "on") field = true;
+    else if (s == "0" || s == "false" || s == "off") field = false;
+    else bad_env(name, v, "0 or 1");
+  }
+}
+
 void env_size(const char* name, std::size_t& field) {
   if (const char* v = std::getenv(name)) field = parse_size(name, v);
 }
@@ -62,12 +71,8 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
   env_int("GFD_COPY_STREAMS", o.copy_streams);
   env_int("GFD_NUMA_NODE", o.numa_node);
   env_int("GFD_SPIN_US", o.spin_us);
-  if (const char* v = std::getenv("GFD_CHECK_OVERLAPS")) {
-    const std::string s = v;
-    if (s == "1" || s == "true" || s == "on") o.check_overlaps = true;
-    else if (s == "0" || s == "false" || s == "off") o.check_overlaps = false;
-    else bad_env("GFD_CHECK_OVERLAPS", v, "0 or 1");
-  }
+  env_bool("GFD_CHECK_OVERLAPS", o.check_overlaps);
+  env_bool("GFD_SUBMITTER_GATHERS", o.submitter_gathers);
   return o;
 }
 

@@ -66,6 +66,7 @@ gfd::EngineOptions custom_base() {
   o.numa_node = 1;
   o.spin_us = 7;
   o.check_overlaps = false;
+  o.submitter_gathers = false;
   return o;
 }
 
@@ -82,6 +83,7 @@ void expect_same(const gfd::EngineOptions& a, const gfd::EngineOptions& b) {
   EXPECT_EQ(a.numa_node, b.numa_node);
   EXPECT_EQ(a.spin_us, b.spin_us);
   EXPECT_EQ(a.check_overlaps, b.check_overlaps);
+  EXPECT_EQ(a.submitter_gathers, b.submitter_gathers);
   EXPECT_EQ(a.backend, b.backend);
 }
 
@@ -140,6 +142,7 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
       {"GFD_NUMA_NODE", "-2", [](auto& o) { o.numa_node = -2; }},
       {"GFD_SPIN_US", "0", [](auto& o) { o.spin_us = 0; }},
       {"GFD_CHECK_OVERLAPS", "1", [](auto& o) { o.check_overlaps = true; }},
+      {"GFD_SUBMITTER_GATHERS", "on", [](auto& o) { o.submitter_gathers = true; }},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.name) + "=" + c.value);

@@ -30,12 +30,14 @@ run_bench() {  # name, args...
   grep -E "^(blocks|[0-9])" "$OUT/$name.log" | tee -a "$OUT/summary.txt" >/dev/null
   grep -E "^engine:|^device:" "$OUT/$name.log" >> "$OUT/summary.txt"
 }
+build-gpu/bench/gfd_gather_bench > "$OUT/gather_bench.log" 2>&1; summary "== gather_bench: rc=$?"
+cat "$OUT/gather_bench.log" >> "$OUT/summary.txt"
 run_bench quick_cold --quick
 run_bench quick_warm --quick --warm
 if [ "$MODE" = tune ] || [ "$MODE" = full ]; then
-  for cfg in "2M 256K 64K 1" "4M 512K 64K 1" "2M 512K 32K 2" "1M 256K 64K 2"; do
+  for cfg in "2M 512K 32K 0" "2M 512K 16K 1" "2M 256K 32K 1" "4M 512K 32K 1"; do
     set -- $cfg
-    GFD_SLOT_BYTES=$1 GFD_FIRST_CHUNK_BYTES=$2 GFD_PIECE_BYTES=$3 GFD_COPY_STREAMS=$4 GFD_STAGING_BYTES=64M \
+    GFD_SLOT_BYTES=$1 GFD_FIRST_CHUNK_BYTES=$2 GFD_PIECE_BYTES=$3 GFD_SUBMITTER_GATHERS=$4 \
       run_bench "tune_${1}_${2}_${3}_${4}" --quick --dst both
   done
 fi

@@ -37,7 +37,10 @@ struct EngineOptions {
   /// system reports no locality); -2 = do not bind.
   int numa_node = -1;
   /// How long an idle gather thread spins before it parks, in microseconds.
-  int spin_us = 50;
+  int spin_us = 200;
+  /// The submitting thread gathers too, until its pieces are all taken, instead of only
+  /// waiting for the pool to wake up. copy_to_device then returns once the data is staged.
+  bool submitter_gathers = true;
   /// Check that no two destination ranges overlap (costs a sort of the block list when the
   /// destinations are not already in ascending order).
   bool check_overlaps = true;
@@ -47,7 +50,7 @@ struct EngineOptions {
   /// `base` with every field overridden by its GFD_* environment variable where one is set:
   /// GFD_DEVICE, GFD_STAGING_BYTES, GFD_SLOT_BYTES, GFD_FIRST_CHUNK_BYTES, GFD_PIECE_BYTES,
   /// GFD_DIRECT_MIN_BYTES, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
-  /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS. Sizes accept K, M and G suffixes.
+  /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS, GFD_SUBMITTER_GATHERS. Sizes accept K, M and G suffixes.
   /// Throws gfd::Error naming the variable when a value does not parse.
   static EngineOptions from_env(EngineOptions base);
   static EngineOptions from_env() { return from_env(EngineOptions{}); }
