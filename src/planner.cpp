@@ -1,6 +1,8 @@
 #include "planner.hpp"
 
 #include <algorithm>
+#include <deque>
+#include <unordered_set>
 #include <cstdio>
 #include <string>
 
@@ -36,28 +38,32 @@ class RangeCache {
  public:
   explicit RangeCache(const PointerClassifier& classify) : classify_(classify) {}
 
-  PointerInfo lookup(const void* p) {
+  // The returned pointer stays valid for the cache's life.
+  const PointerInfo* lookup(const void* p) {
     const auto a = reinterpret_cast<std::uintptr_t>(p);
-    if (last_ && a >= last_->begin && a < last_->end) return *last_;
     for (const auto& r : ranges_)
-      if (a >= r.begin && a < r.end) return *(last_ = &r, last_);
-    const std::uintptr_t g = a / kGranule;
-    if (std::find(pageable_.begin(), pageable_.end(), g) != pageable_.end()) return {};
+      if (a >= r.begin && a < r.end) return &r;
+    const std::uintptr_t page = a / kGranule;
+    if (pageable_.count(page) != 0) return &kPageable;
     PointerInfo info = classify_(p);
     if (info.begin < info.end) {
       ranges_.push_back(info);
-      last_ = nullptr;  // the vector may have moved
-    } else if (info.kind == PointerKind::kPageableHost && pageable_.size() < 4096) {
-      pageable_.push_back(g);
+      return &ranges_.back();
     }
-    return info;
+    if (info.kind == PointerKind::kPageableHost) {
+      pageable_.insert(page);
+      return &kPageable;
+    }
+    others_.push_back(info);
+    return &others_.back();
   }
 
  private:
+  static constexpr PointerInfo kPageable{};
   const PointerClassifier& classify_;
-  std::vector<PointerInfo> ranges_;
-  std::vector<std::uintptr_t> pageable_;
-  const PointerInfo* last_ = nullptr;
+  std::deque<PointerInfo> ranges_;  // deque: pointers into it stay valid as it grows
+  std::deque<PointerInfo> others_;
+  std::unordered_set<std::uintptr_t> pageable_;
 };
 
 struct Segment {
@@ -68,15 +74,19 @@ struct Segment {
 };
 
 void validate_blocks(std::span<const BlockCopy> blocks, const PlanConfig& cfg, RangeCache& cache,
-                     std::vector<bool>& pinned) {
-  pinned.assign(blocks.size(), false);
+                     std::vector<std::uint8_t>& pinned) {
+  pinned.assign(blocks.size(), 0);
+  // Blocks of one transfer mostly come from one host pool and go to one device cache: test each
+  // block against the ranges of the previous one before asking the cache.
+  const PointerInfo* dr = nullptr;
+  const PointerInfo* sr = nullptr;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const BlockCopy& b = blocks[i];
+    const auto s = reinterpret_cast<std::uintptr_t>(b.src);
+    const auto d = reinterpret_cast<std::uintptr_t>(b.dst);
     if (b.src == nullptr) bad_block(i, "source pointer is null");
     if (b.dst == nullptr) bad_block(i, "destination pointer is null");
     if (b.bytes == 0) bad_block(i, "size is zero");
-    const auto s = reinterpret_cast<std::uintptr_t>(b.src);
-    const auto d = reinterpret_cast<std::uintptr_t>(b.dst);
     if (b.bytes > UINTPTR_MAX - s)
       bad_block(i, "source " + hex(b.src) + " + " + std::to_string(b.bytes) +
                        " bytes overflows the address space");
@@ -84,54 +94,88 @@ void validate_blocks(std::span<const BlockCopy> blocks, const PlanConfig& cfg, R
       bad_block(i, "destination " + hex(b.dst) + " + " + std::to_string(b.bytes) +
                        " bytes overflows the address space");
 
-    const PointerInfo di = cache.lookup(b.dst);
-    if (di.kind != PointerKind::kDevice || di.device != cfg.device)
-      bad_block(i, "destination " + hex(b.dst) + " is not device memory of GPU " +
-                       std::to_string(cfg.device) + " (it is " + describe(di) + ")");
-    if (di.end != 0 && d + b.bytes > di.end)
-      bad_block(i, "destination " + hex(b.dst) + " + " + std::to_string(b.bytes) +
-                       " bytes runs past the end of its device allocation (" +
-                       std::to_string(di.end - d) + " bytes left)");
+    if (dr == nullptr || d < dr->begin || d + b.bytes > dr->end) {
+      dr = cache.lookup(b.dst);
+      if (dr->kind != PointerKind::kDevice || dr->device != cfg.device)
+        bad_block(i, "destination " + hex(b.dst) + " is not device memory of GPU " +
+                         std::to_string(cfg.device) + " (it is " + describe(*dr) + ")");
+      if (dr->end != 0 && d + b.bytes > dr->end)
+        bad_block(i, "destination " + hex(b.dst) + " + " + std::to_string(b.bytes) +
+                         " bytes runs past the end of its device allocation (" +
+                         std::to_string(dr->end - d) + " bytes left)");
+    }
+    if (sr == nullptr || s < sr->begin || s >= sr->end) {
+      sr = cache.lookup(b.src);
+      if (sr->kind == PointerKind::kDevice || sr->kind == PointerKind::kOtherDevice)
+        bad_block(i, "source " + hex(b.src) + " is " + describe(*sr) +
+                         "; a host-to-device transfer needs a host source");
+    }
+    pinned[i] = sr->kind == PointerKind::kPinnedHost && sr->end != 0 && s + b.bytes <= sr->end;
+  }
+}
 
-    const PointerInfo si = cache.lookup(b.src);
-    if (si.kind == PointerKind::kDevice || si.kind == PointerKind::kOtherDevice)
-      bad_block(i, "source " + hex(b.src) + " is " + describe(si) +
-                       "; a host-to-device transfer needs a host source");
-    pinned[i] = si.kind == PointerKind::kPinnedHost && si.end != 0 && s + b.bytes <= si.end;
+// Sorts (key, index) pairs by key: LSD radix sort on the keys' offsets from the smallest, in
+// 11-bit digits. A few passes over the array instead of n log n comparisons: this runs for
+// every transfer with scattered destinations (a paged KV cache), before any data moves.
+void radix_sort(std::vector<std::pair<std::uintptr_t, std::uint32_t>>& v) {
+  if (v.size() < 2) return;
+  std::uintptr_t lo = v[0].first, hi = v[0].first;
+  for (const auto& e : v) {
+    lo = std::min(lo, e.first);
+    hi = std::max(hi, e.first);
+  }
+  std::vector<std::pair<std::uintptr_t, std::uint32_t>> tmp(v.size());
+  constexpr unsigned kBits = 11;
+  constexpr std::size_t kBuckets = std::size_t{1} << kBits;
+  std::vector<std::uint32_t> count(kBuckets);
+  for (unsigned shift = 0; shift < 64 && ((hi - lo) >> shift) != 0; shift += kBits) {
+    std::fill(count.begin(), count.end(), 0);
+    for (const auto& e : v) ++count[((e.first - lo) >> shift) & (kBuckets - 1)];
+    std::uint32_t sum = 0;
+    for (auto& c : count) {
+      const std::uint32_t x = c;
+      c = sum;
+      sum += x;
+    }
+    for (const auto& e : v) tmp[count[((e.first - lo) >> shift) & (kBuckets - 1)]++] = e;
+    v.swap(tmp);
   }
 }
 
 void check_overlaps(std::span<const BlockCopy> blocks) {
-  auto end_of = [&](std::size_t i) {
-    return reinterpret_cast<std::uintptr_t>(blocks[i].dst) + blocks[i].bytes;
-  };
   auto begin_of = [&](std::size_t i) { return reinterpret_cast<std::uintptr_t>(blocks[i].dst); };
+  auto end_of = [&](std::size_t i) { return begin_of(i) + blocks[i].bytes; };
+  auto report = [&](std::size_t a, std::size_t b) {
+    const std::size_t lo = std::min(a, b), hi = std::max(a, b);
+    throw Error(ErrorCode::kInvalidArgument,
+                "block " + std::to_string(hi) + ": destination range overlaps block " +
+                    std::to_string(lo) + " (" + hex(blocks[hi].dst) + " and " +
+                    hex(blocks[lo].dst) + ")",
+                hi);
+  };
   bool ascending = true;
   for (std::size_t i = 1; i < blocks.size() && ascending; ++i)
     ascending = begin_of(i) >= begin_of(i - 1);
-  std::vector<std::uint32_t> order;
-  if (!ascending) {
-    order.resize(blocks.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::uint32_t>(i);
-    std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
-      return begin_of(a) < begin_of(b) || (begin_of(a) == begin_of(b) && a < b);
-    });
+  if (ascending) {
+    for (std::size_t i = 1; i < blocks.size(); ++i)
+      if (begin_of(i) < end_of(i - 1)) report(i - 1, i);
+    return;
   }
-  auto at = [&](std::size_t k) -> std::size_t { return ascending ? k : order[k]; };
-  for (std::size_t k = 1; k < blocks.size(); ++k) {
-    const std::size_t prev = at(k - 1), cur = at(k);
-    if (begin_of(cur) < end_of(prev)) {
-      const std::size_t lo = std::min(prev, cur), hi = std::max(prev, cur);
-      throw Error(ErrorCode::kInvalidArgument,
-                  "block " + std::to_string(hi) + ": destination range overlaps block " +
-                      std::to_string(lo) + " (" + hex(blocks[hi].dst) + " and " +
-                      hex(blocks[lo].dst) + ")",
-                  hi);
-    }
+  std::vector<std::pair<std::uintptr_t, std::uint32_t>> order(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    order[i] = {begin_of(i), static_cast<std::uint32_t>(i)};
+  radix_sort(order);  // stable: equal addresses stay in index order
+  // Keep the block reaching furthest so far: a long block can overlap several later ones.
+  std::size_t far = order[0].second;
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    const std::size_t cur = order[k].second;
+    if (begin_of(cur) < end_of(far)) report(far, cur);
+    if (end_of(cur) > end_of(far)) far = cur;
   }
 }
 
-std::vector<Segment> coalesce(std::span<const BlockCopy> blocks, const std::vector<bool>& pinned) {
+std::vector<Segment> coalesce(std::span<const BlockCopy> blocks,
+                              const std::vector<std::uint8_t>& pinned) {
   std::vector<Segment> segs;
   segs.reserve(blocks.size());
   for (std::size_t i = 0; i < blocks.size(); ++i) {
@@ -141,11 +185,11 @@ std::vector<Segment> coalesce(std::span<const BlockCopy> blocks, const std::vect
       Segment& l = segs.back();
       if (l.src + l.bytes == s && l.dst + l.bytes == d) {
         l.bytes += blocks[i].bytes;
-        l.pinned_src = l.pinned_src && pinned[i];
+        l.pinned_src = l.pinned_src && pinned[i] != 0;
         continue;
       }
     }
-    segs.push_back({s, d, blocks[i].bytes, pinned[i]});
+    segs.push_back({s, d, blocks[i].bytes, pinned[i] != 0});
   }
   return segs;
 }
@@ -253,11 +297,13 @@ Plan make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
     throw Error(ErrorCode::kInvalidArgument,
                 "blocks: " + std::to_string(blocks.size()) + " blocks is more than one transfer takes");
   RangeCache cache(classify);
-  std::vector<bool> pinned;
+  std::vector<std::uint8_t> pinned;
   validate_blocks(blocks, cfg, cache, pinned);
   if (cfg.check_overlaps) check_overlaps(blocks);
 
   const std::vector<Segment> segs = coalesce(blocks, pinned);
+  plan.ops.reserve(segs.size() + segs.size() / 8 + 64);
+  plan.pieces.reserve(segs.size() / 4 + 64);
   Packer packer(cfg, plan);
   for (const Segment& s : segs) {
     plan.total_bytes += s.bytes;

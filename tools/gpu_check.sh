@@ -35,7 +35,7 @@ cat "$OUT/gather_bench.log" >> "$OUT/summary.txt"
 run_bench quick_cold --quick
 run_bench quick_warm --quick --warm
 if [ "$MODE" = tune ] || [ "$MODE" = full ]; then
-  for cfg in "2M 512K 32K 0" "2M 512K 16K 1" "2M 256K 32K 1" "4M 512K 32K 1"; do
+  for cfg in "2M 512K 32K 0" "2M 256K 32K 0" "4M 512K 32K 0" "4M 512K 32K 1" "2M 512K 64K 0"; do
     set -- $cfg
     GFD_SLOT_BYTES=$1 GFD_FIRST_CHUNK_BYTES=$2 GFD_PIECE_BYTES=$3 GFD_SUBMITTER_GATHERS=$4 \
       run_bench "tune_${1}_${2}_${3}_${4}" --quick --dst both

@@ -22,7 +22,7 @@ struct EngineOptions {
   std::size_t first_chunk_bytes = std::size_t{512} << 10;
   /// Work unit of one gather thread. Chunks are split into pieces of about this size so that
   /// every thread helps to fill the chunk the copy engine needs next.
-  std::size_t piece_bytes = std::size_t{64} << 10;
+  std::size_t piece_bytes = std::size_t{32} << 10;
   /// Blocks (after coalescing) of at least this many bytes whose source is pinned are copied
   /// by the copy engine straight from the source, with no staging.
   std::size_t direct_min_bytes = std::size_t{1} << 20;
