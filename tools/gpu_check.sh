@@ -25,7 +25,7 @@ grep -hE "Skipped|SKIPPED" -A1 "$OUT/ctest.log" | head -5 >> "$OUT/summary.txt"
 B=build-gpu/bench/gfd_benchmark
 run_bench() {  # name, args...
   local name=$1; shift
-  timeout 150 "$B" "$@" --csv "$OUT/$name.csv" > "$OUT/$name.log" 2>&1
+  timeout 150 "$B" "$@" --csv "$OUT/$name.csv" --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
   summary "== $name ($*): rc=$?"
   grep -E "^(blocks|[0-9])" "$OUT/$name.log" | tee -a "$OUT/summary.txt" >/dev/null
   grep -E "^engine:|^device:" "$OUT/$name.log" >> "$OUT/summary.txt"
@@ -41,7 +41,9 @@ if [ "$MODE" = tune ] || [ "$MODE" = full ]; then
       run_bench "tune_${1}_${2}_${3}_${4}" --quick --dst both
   done
 fi
-if [ "$MODE" = full ]; then
+if [ "$MODE" = full ] || [ "$MODE" = final ]; then
+  run_bench batch8_cold --quick --batch 8
+  run_bench batch8_warm --quick --warm --batch 8
   run_bench sweep_cold
   run_bench sweep_warm --warm
 fi
