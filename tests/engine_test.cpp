@@ -406,6 +406,33 @@ TEST_P(EngineTest, StatsDescribeTheEngine) {
   EXPECT_GT(after.dma_seconds, 0.0);
 }
 
+// A serving runtime allocates and frees device memory from other threads while transfers are
+// in flight. cudaFree synchronises the device, including the caller's stream, which is held on
+// the GPU until the engine issues the transfer's last DMA: the engine's threads must still be
+// able to issue it, or this would hang (ctest's timeout would then fail the test).
+TEST_P(EngineTest, AllocationsAndFreesElsewhereDuringTransfersDoNotHang) {
+  EngineOptions o = small_options();  // 1 MB ring: the 24 MB transfer cycles through it
+  Engine engine = td_->make_engine(o);
+  HostBuffer pool(dev(), 48 << 20, false);
+  fill_random(pool.data(), pool.size(), 24);
+  DeviceBuffer dst(dev(), 6144 * 4096);
+  const auto blocks = make_blocks(pool, dst, 6144, 4096, true, 25);
+  std::atomic<bool> submitted{false};
+  std::thread submitter([&] {
+    Transfer t = engine.copy_to_device(blocks, td_->cuda_stream());
+    submitted = true;
+    t.wait();
+  });
+  int cycles = 0;
+  while (!submitted.load() || cycles < 20) {
+    void* p = dev().alloc_device(1 << 20);
+    dev().free_device(p);
+    ++cycles;
+  }
+  submitter.join();
+  expect_landed(blocks, dst);
+}
+
 TEST_P(EngineTest, CudaEngineByOrdinalRejectsOutOfRangeDevice) {
   if (GetParam() != DeviceKind::kCuda) GTEST_SKIP() << "CUDA-only: the ordinal is checked by the driver";
   EngineOptions o = small_options();
