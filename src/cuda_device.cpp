@@ -17,11 +17,7 @@ namespace {
 // Driver entry points reached through the runtime (cudaGetDriverEntryPointByVersion), so that
 // libgfd never links libcuda directly and programs still start on machines without a driver.
 struct DriverApi {
-  using WriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-  using WaitValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
   using PointerGetAttribute = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
-  WriteValue64 write_value64 = nullptr;
-  WaitValue64 wait_value64 = nullptr;
   PointerGetAttribute pointer_get_attribute = nullptr;
 };
 
@@ -39,16 +35,9 @@ const DriverApi& driver() {
   static std::once_flag once;
   static DriverApi api;
   std::call_once(once, [] {
-    load("cuStreamWriteValue64", api.write_value64);
-    load("cuStreamWaitValue64", api.wait_value64);
     load("cuPointerGetAttribute", api.pointer_get_attribute);
   });
   return api;
-}
-
-void check_cu(CUresult r, const char* call) {
-  if (r != CUDA_SUCCESS)
-    throw Error(ErrorCode::kCuda, std::string(call) + " failed: CUresult " + std::to_string(r));
 }
 
 class CudaDevice final : public Device {
@@ -167,16 +156,6 @@ class CudaDevice final : public Device {
   void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                StreamHandle s) override {
     GFD_CUDA_CHECK(launch_scatter(entries, count, staging, static_cast<cudaStream_t>(s)));
-  }
-  void write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) override {
-    check_cu(driver().write_value64(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr),
-                                    value, CU_STREAM_WRITE_VALUE_DEFAULT),
-             "cuStreamWriteValue64");
-  }
-  void wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) override {
-    check_cu(driver().wait_value64(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr),
-                                   value, CU_STREAM_WAIT_VALUE_GEQ),
-             "cuStreamWaitValue64");
   }
   void delay_async(std::uint32_t microseconds, StreamHandle s) override {
     GFD_CUDA_CHECK(launch_delay(microseconds, static_cast<cudaStream_t>(s)));

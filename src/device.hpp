@@ -75,9 +75,6 @@ class Device {
   // Places `count` entries (device memory) from the device staging area `staging`.
   virtual void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                        StreamHandle s) = 0;
-  // Stream memory operations on a 64-bit word of device memory.
-  virtual void write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) = 0;
-  virtual void wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) = 0;
   // Test support: holds the stream for `microseconds` (a spin kernel on a GPU).
   virtual void delay_async(std::uint32_t microseconds, StreamHandle s) = 0;
 };

@@ -35,16 +35,6 @@ std::map<std::uintptr_t, Allocation>& registry() {
   return r;
 }
 
-// Stream memory operations wait on words that other streams write: one process-wide condition.
-std::mutex& value_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::condition_variable& value_cv() {
-  static std::condition_variable cv;
-  return cv;
-}
-
 struct EmuEvent {
   std::mutex m;
   std::condition_variable cv;
@@ -280,26 +270,6 @@ void EmulatedDevice::scatter(const ScatterEntry* entries, std::uint32_t count, c
     for (std::uint32_t i = 0; i < count; ++i)
       std::memcpy(reinterpret_cast<void*>(entries[i].dst), base + entries[i].src_offset,
                   entries[i].bytes);
-  });
-}
-
-void EmulatedDevice::write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) {
-  enqueue(s, [=] {
-    {
-      std::lock_guard lk(value_mutex());
-      std::atomic_ref<std::uint64_t>(*addr).store(value, std::memory_order_release);
-    }
-    value_cv().notify_all();
-  });
-}
-
-void EmulatedDevice::wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) {
-  auto* a = const_cast<std::uint64_t*>(addr);
-  enqueue(s, [=] {
-    std::unique_lock lk(value_mutex());
-    value_cv().wait(lk, [&] {
-      return std::atomic_ref<std::uint64_t>(*a).load(std::memory_order_acquire) >= value;
-    });
   });
 }
 

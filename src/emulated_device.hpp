@@ -1,6 +1,5 @@
 // A host-emulated device: "device memory" is host memory, streams are threads that run their
-// operations in order and asynchronously to the caller, events and stream memory operations
-// behave as CUDA's do. The engine's whole pipeline runs on it, so it is tested without a GPU.
+// operations in order and asynchronously to the caller, events behave as CUDA's do. The engine's whole pipeline runs on it, so it is tested without a GPU.
 #pragma once
 
 #include <chrono>
@@ -48,8 +47,6 @@ class EmulatedDevice final : public Device {
   void memset_async(void* dst, int value, std::size_t bytes, StreamHandle s) override;
   void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                StreamHandle s) override;
-  void write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) override;
-  void wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) override;
   void delay_async(std::uint32_t microseconds, StreamHandle s) override;
 
   // Test support: runs `fn` on the stream, in order with its other work.

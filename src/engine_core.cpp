@@ -166,9 +166,6 @@ void EngineCore::start() {
   for (int i = 0; i < options_.copy_streams; ++i) lanes_.push_back(d.create_stream());
   staging_ = std::make_unique<HostStaging>(d, ring, numa_node_);
   dev_staging_ = static_cast<std::byte*>(d.alloc_device(ring));
-  flag_ = static_cast<std::uint64_t*>(d.alloc_device(sizeof(std::uint64_t)));
-  d.memset_async(flag_, 0, sizeof(std::uint64_t), lanes_[0]);
-  d.stream_sync(lanes_[0]);
   slots_ = std::vector<Slot>(nslots);
   for (std::size_t i = 0; i < nslots; ++i) {
     slots_[i].host = staging_->data() + i * options_.slot_bytes;
@@ -191,7 +188,6 @@ EngineCore::~EngineCore() {
   }
   events_.reset();
   for (StreamHandle l : lanes_) d.destroy_stream(l);
-  if (flag_ != nullptr) d.free_device(flag_);
   if (dev_staging_ != nullptr) d.free_device(dev_staging_);
   staging_.reset();
 }
@@ -292,11 +288,7 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
     std::unique_lock lk(submit_mutex_);
     if (shutting_down_) throw Error(ErrorCode::kShutdown, "copy_to_device: the engine is shutting down");
     device_->record_event(t->start_event, stream);
-    // The caller's stream waits, on the GPU, until this transfer's token is written after its
-    // last DMA. Tokens are written in submission order on lane 0, so ">=" is exact.
-    device_->wait_value_geq(flag_, token_seq_ + 1, stream);
-    t->token = ++token_seq_;
-    // From here a finalize item must be published whatever happens, or the stream would hang.
+    // From here a finalize item must be published whatever happens, or submit would not return.
     try {
       for (std::uint32_t i = 0; i < p.direct.size(); ++i) {
         append_item(ItemKind::kDirect, t, i, 0, true);
@@ -333,6 +325,16 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
   // wake up (a futex wake-up costs tens of microseconds, a 4 KB block a microsecond).
   if (!inline_gather && options_.submitter_gathers) pool_->help();
   try_issue();
+  // The caller's stream must not wait on the GPU for anything the host has yet to do: cudaFree,
+  // lazy module loading and other implicit device synchronisations on any thread would then
+  // deadlock with the threads that still have to issue this transfer's DMAs. So return once the
+  // last DMA is enqueued (gathering is done by then) and make the stream wait on its event.
+  t->finalized.wait(false, std::memory_order_acquire);
+  try {
+    device_->stream_wait_event(stream, t->done_event);
+  } catch (...) {
+    t->fail(std::current_exception());
+  }
   st_bytes_.fetch_add(p.total_bytes, std::memory_order_relaxed);
   return Transfer(t);
 }
@@ -465,7 +467,6 @@ void EngineCore::issue_finalize(Item& item) {
       device_->record_event(t.lane_events[l], lanes_[l]);
       device_->stream_wait_event(l0, t.lane_events[l]);
     }
-    device_->write_value(flag_, t.token, l0);
     device_->record_event(t.done_event, l0);
   } catch (...) {
     t.fail(std::current_exception());

@@ -1,5 +1,5 @@
 // The engine's pipeline: plan -> slot -> gather pieces (pool) -> in-order issue of DMAs on the
-// copy lanes -> completion token on the caller's stream.
+// copy lanes -> the caller's stream waits on the transfer's last event.
 #pragma once
 
 #include <atomic>
@@ -36,7 +36,6 @@ class EventPool {
 struct TransferState {
   std::shared_ptr<EngineCore> core;  // keeps the device and its events alive
   Plan plan;
-  std::uint64_t token = 0;
   EventHandle start_event = nullptr;
   EventHandle done_event = nullptr;
   std::vector<EventHandle> lane_events;  // one per lane, used when the transfer finalizes
@@ -113,7 +112,6 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::unique_ptr<EventPool> events_;
   std::unique_ptr<HostStaging> staging_;
   std::byte* dev_staging_ = nullptr;
-  std::uint64_t* flag_ = nullptr;  // device word: token of the last finalized transfer
   std::vector<StreamHandle> lanes_;
   std::vector<Slot> slots_;
   std::unique_ptr<GatherPool> pool_;
@@ -122,7 +120,6 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::mutex submit_mutex_;
   bool shutting_down_ = false;
   std::uint64_t next_slot_ = 0;
-  std::uint64_t token_seq_ = 0;
   std::vector<Item> items_;
   std::atomic<std::uint64_t> tail_{0};    // items published
   std::atomic<std::uint64_t> issued_{0};  // items issued to the device, in order

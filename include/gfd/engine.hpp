@@ -81,8 +81,10 @@ class Engine {
   /// Copies every block from host memory to this engine's GPU, ordered on `stream`: the copies
   /// start only after work already queued on `stream`, and work queued on `stream` afterwards
   /// sees the data (no host synchronisation needed). Every block is validated first; a bad one
-  /// throws gfd::Error naming its index and nothing is copied. Source blocks must stay
-  /// unchanged until the returned handle is done. May block while the staging ring is full.
+  /// throws gfd::Error naming its index and nothing is copied. Returns once every block is
+  /// gathered into staging (the calling thread helps) and every DMA is enqueued; it never waits
+  /// for a DMA to finish except to reuse a staging slot when the ring is full. Source blocks
+  /// must stay unchanged until the returned handle is done.
   Transfer copy_to_device(std::span<const BlockCopy> blocks, cudaStream_t stream);
 
   /// Counters since creation.
