@@ -7,12 +7,9 @@ function(gfd_add_test name)
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES TIMEOUT 600)
 endfunction()
 
-# gfd_add_bench(name SOURCES ... [GBENCH]): a benchmark program; GBENCH links Google Benchmark.
+# gfd_add_bench(name SOURCES ...): a benchmark program.
 function(gfd_add_bench name)
-  cmake_parse_arguments(ARG "GBENCH" "" "SOURCES" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE gfd_internal)
-  if(ARG_GBENCH)
-    target_link_libraries(${name} PRIVATE benchmark::benchmark)
-  endif()
 endfunction()

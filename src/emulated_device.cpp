@@ -277,6 +277,4 @@ void EmulatedDevice::delay_async(std::uint32_t microseconds, StreamHandle s) {
   enqueue(s, [=] { std::this_thread::sleep_for(std::chrono::microseconds(microseconds)); });
 }
 
-void EmulatedDevice::host_fn_async(std::function<void()> fn, StreamHandle s) { enqueue(s, std::move(fn)); }
-
 }  // namespace gfd::detail

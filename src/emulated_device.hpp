@@ -49,9 +49,6 @@ class EmulatedDevice final : public Device {
                StreamHandle s) override;
   void delay_async(std::uint32_t microseconds, StreamHandle s) override;
 
-  // Test support: runs `fn` on the stream, in order with its other work.
-  void host_fn_async(std::function<void()> fn, StreamHandle s);
-
   struct Impl;
 
  private:

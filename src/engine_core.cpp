@@ -222,11 +222,15 @@ void EngineCore::wait_slot_free(Slot& s) {
   }
   if (st == kIssued) {
     wait_event(*device_, s.done);  // no slot is reused before its DMA has completed
-    if (s.timed) {
-      s.timed = false;
-      st_dma_ms_.fetch_add(device_->event_elapsed_ms(s.start, s.done));
-    }
+    account_dma(s);
   }
+}
+
+// Adds a completed chunk's copy-engine time to the stats, once (caller holds submit_mutex_).
+void EngineCore::account_dma(Slot& s) {
+  if (!s.timed) return;
+  s.timed = false;
+  st_dma_ms_.fetch_add(device_->event_elapsed_ms(s.start, s.done));
 }
 
 std::uint32_t EngineCore::acquire_slot() {
@@ -508,10 +512,10 @@ EngineStats EngineCore::stats() const {
       if (s.state.load(std::memory_order_acquire) != kIssued || !s.timed) continue;
       try {
         if (!device_->event_done(s.done)) continue;
-        self->st_dma_ms_.fetch_add(device_->event_elapsed_ms(s.start, s.done));
+        self->account_dma(s);
       } catch (...) {
+        s.timed = false;
       }
-      s.timed = false;
     }
   }
   EngineStats st;

@@ -92,6 +92,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void start();
   std::uint32_t acquire_slot();
   void wait_slot_free(Slot& s);
+  void account_dma(Slot& s);
   Item& append_item(ItemKind kind, const std::shared_ptr<TransferState>& t, std::uint32_t index,
                     std::uint32_t slot, bool ready);
   void publish_item();

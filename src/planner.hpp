@@ -18,7 +18,7 @@ struct PlanConfig {
   int device = 0;                         // ordinal destinations must belong to
   std::size_t slot_bytes = 2 << 20;       // capacity of one chunk (data + scatter entries)
   std::size_t first_chunk_bytes = 512 << 10;
-  std::size_t piece_bytes = 64 << 10;
+  std::size_t piece_bytes = 32 << 10;
   std::size_t direct_min_bytes = 1 << 20; // 0 disables the direct path
   bool check_overlaps = true;
 };
