@@ -6,6 +6,7 @@
 #include <cctype>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "cuda_check.hpp"
 #include "device.hpp"
@@ -55,6 +56,11 @@ class CudaDevice final : public Device {
     bus_id_ = bus;
     std::transform(bus_id_.begin(), bus_id_.end(), bus_id_.begin(), ::tolower);
     GFD_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&prio_low_, &prio_high_));
+    GFD_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, ordinal));
+    int host_ptr = 0, uva = 0;
+    GFD_CUDA_CHECK(cudaDeviceGetAttribute(&host_ptr, cudaDevAttrCanUseHostPointerForRegisteredMem, ordinal));
+    GFD_CUDA_CHECK(cudaDeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, ordinal));
+    host_pointers_usable_ = host_ptr != 0 && uva != 0;
     GFD_CUDA_CHECK(preload_kernels());
     (void)driver();
   }
@@ -157,6 +163,28 @@ class CudaDevice final : public Device {
                StreamHandle s) override {
     GFD_CUDA_CHECK(launch_scatter(entries, count, staging, static_cast<cudaStream_t>(s)));
   }
+  void copy_batch_h2d(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                      std::size_t count, StreamHandle s) override {
+    if (count == 0) return;
+    // One attribute per copy (all alike): sources are read in stream order, as a KV pool that
+    // earlier work on the stream may still write requires.
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.srcLocHint.type = cudaMemLocationTypeHost;
+    attr.dstLocHint.type = cudaMemLocationTypeDevice;
+    attr.dstLocHint.id = ordinal_;
+    thread_local std::vector<cudaMemcpyAttributes> attrs;
+    thread_local std::vector<std::size_t> idx;
+    attrs.assign(count, attr);
+    idx.resize(count);
+    for (std::size_t i = 0; i < count; ++i) idx[i] = i;
+    GFD_CUDA_CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, count, attrs.data(), idx.data(), count,
+                                        static_cast<cudaStream_t>(s)));
+  }
+  void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) override {
+    GFD_CUDA_CHECK(launch_zero_copy(entries, count, sm_count_, static_cast<cudaStream_t>(s)));
+  }
+  bool host_pointers_usable() const override { return host_pointers_usable_; }
   void delay_async(std::uint32_t microseconds, StreamHandle s) override {
     GFD_CUDA_CHECK(launch_delay(microseconds, static_cast<cudaStream_t>(s)));
   }
@@ -165,6 +193,8 @@ class CudaDevice final : public Device {
   int ordinal_;
   std::string bus_id_;
   int prio_low_ = 0, prio_high_ = 0;
+  int sm_count_ = 1;
+  bool host_pointers_usable_ = false;
 };
 
 }  // namespace

@@ -39,6 +39,15 @@ struct ScatterEntry {
   std::uint64_t bytes;
 };
 
+// One block copied by the zero-copy kernel: an SM kernel reads `bytes` from pinned host memory
+// `src` (through unified addressing) and writes them to device memory `dst`. The entries
+// themselves lie in pinned host memory and are read by the kernel the same way.
+struct ZeroCopyEntry {
+  std::uint64_t src;
+  std::uint64_t dst;
+  std::uint64_t bytes;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -75,6 +84,14 @@ class Device {
   // Places `count` entries (device memory) from the device staging area `staging`.
   virtual void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                        StreamHandle s) = 0;
+  // Copies `count` blocks host to device with one cudaMemcpyBatchAsync (sources read in stream
+  // order). The arrays are read during the call only.
+  virtual void copy_batch_h2d(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                              std::size_t count, StreamHandle s) = 0;
+  // Copies `count` entries (in pinned host memory) with the zero-copy kernel.
+  virtual void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) = 0;
+  // Whether kernels may read pinned host memory at its host address (zero_copy needs it).
+  virtual bool host_pointers_usable() const = 0;
   // Test support: holds the stream for `microseconds` (a spin kernel on a GPU).
   virtual void delay_async(std::uint32_t microseconds, StreamHandle s) = 0;
 };

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -270,6 +271,32 @@ void EmulatedDevice::scatter(const ScatterEntry* entries, std::uint32_t count, c
     for (std::uint32_t i = 0; i < count; ++i)
       std::memcpy(reinterpret_cast<void*>(entries[i].dst), base + entries[i].src_offset,
                   entries[i].bytes);
+  });
+}
+
+void EmulatedDevice::copy_batch_h2d(void* const* dsts, const void* const* srcs,
+                                    const std::size_t* sizes, std::size_t count, StreamHandle s) {
+  // Like CUDA, take the arrays during the call: the caller may reuse them at once.
+  std::vector<ZeroCopyEntry> copies(count);
+  for (std::size_t i = 0; i < count; ++i)
+    copies[i] = {reinterpret_cast<std::uint64_t>(srcs[i]), reinterpret_cast<std::uint64_t>(dsts[i]),
+                 sizes[i]};
+  const auto delay = options_.copy_delay;
+  enqueue(s, [delay, copies = std::move(copies)] {
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    for (const ZeroCopyEntry& c : copies)
+      std::memcpy(reinterpret_cast<void*>(c.dst), reinterpret_cast<const void*>(c.src), c.bytes);
+  });
+}
+
+void EmulatedDevice::zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) {
+  // The entries are read when the "kernel" runs, as on the GPU.
+  const auto delay = options_.copy_delay;
+  enqueue(s, [=] {
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    for (std::uint32_t i = 0; i < count; ++i)
+      std::memcpy(reinterpret_cast<void*>(entries[i].dst),
+                  reinterpret_cast<const void*>(entries[i].src), entries[i].bytes);
   });
 }
 

@@ -47,6 +47,10 @@ class EmulatedDevice final : public Device {
   void memset_async(void* dst, int value, std::size_t bytes, StreamHandle s) override;
   void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                StreamHandle s) override;
+  void copy_batch_h2d(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                      std::size_t count, StreamHandle s) override;
+  void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) override;
+  bool host_pointers_usable() const override { return true; }
   void delay_async(std::uint32_t microseconds, StreamHandle s) override;
 
   struct Impl;

@@ -38,6 +38,14 @@ void wait_event(Device& d, EventHandle e) {
 }
 
 constexpr int kMaxLanes = 16;
+constexpr std::uint64_t kClaimOne = std::uint64_t{1} << 16;  // one piece in an Item's claim word
+
+thread_local int tl_gather_thread = -1;  // index of a gather thread, -1 elsewhere
+
+std::uint64_t now_ns() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+}
 constexpr int kAutoThreadCap = 16;  // host memory bandwidth is saturated well before this
 
 }  // namespace
@@ -113,6 +121,12 @@ EngineCore::EngineCore(const EngineOptions& options, std::shared_ptr<Device> dev
   if (o.staging_bytes / o.slot_bytes > 65536)
     bad_option("staging_bytes: " + std::to_string(o.staging_bytes / o.slot_bytes) +
                " slots is more than 65536; use larger slots");
+  if (o.slot_bytes / std::max<std::size_t>(o.piece_bytes, 1) > 32768)
+    bad_option("piece_bytes: " + std::to_string(o.piece_bytes) + " cuts a slot of " +
+               std::to_string(o.slot_bytes) + " bytes into more than 32768 pieces");
+  if ((o.backend == Backend::kZeroCopyKernel) && !device_->host_pointers_usable())
+    bad_option("backend: zero_copy_kernel needs a GPU that reads pinned host memory at its host "
+               "address (unified addressing); this one does not");
   if (o.spin_us < 0) bad_option("spin_us: " + std::to_string(o.spin_us) + " is negative");
   if (o.numa_node < -2) bad_option("numa_node: " + std::to_string(o.numa_node) + " is below -2");
 
@@ -122,6 +136,12 @@ EngineCore::EngineCore(const EngineOptions& options, std::shared_ptr<Device> dev
   plan_config_.piece_bytes = o.piece_bytes;
   plan_config_.direct_min_bytes = o.direct_min_bytes;
   plan_config_.check_overlaps = o.check_overlaps;
+  pass_config_ = plan_config_;
+  pass_config_.mode = PlanConfig::Mode::kPassThrough;
+  pass_config_.require_pinned_src = o.backend == Backend::kZeroCopyKernel;
+  pass_config_.pinned_reason = "the zero_copy_kernel backend reads sources with SM loads over PCIe and";
+  store_kind_ = o.nontemporal_stores && nontemporal_supported() ? StoreKind::kNonTemporal
+                                                               : StoreKind::kNormal;
   try {
     validate_plan_config(plan_config_);
   } catch (const Error& e) {
@@ -155,6 +175,7 @@ EngineCore::EngineCore(const EngineOptions& options, std::shared_ptr<Device> dev
                                 ? o.gather_threads
                                 : std::clamp(static_cast<int>(cpus_.size()) - 1, 1, kAutoThreadCap);
   options_.numa_node = numa_node_;
+  if (o.backend != Backend::kGather) options_.gather_threads = 0;  // no pool: nothing to gather
 }
 
 void EngineCore::start() {
@@ -163,20 +184,29 @@ void EngineCore::start() {
   events_ = std::make_unique<EventPool>(d);
   const std::size_t nslots = options_.staging_bytes / options_.slot_bytes;
   const std::size_t ring = nslots * options_.slot_bytes;
-  for (int i = 0; i < options_.copy_streams; ++i) lanes_.push_back(d.create_stream());
+  const Backend b = options_.backend;
+  if (b == Backend::kBatchAsync || b == Backend::kPerBlock) return;  // caller's stream only
+  // The zero-copy kernel reads its block lists from staging slots; the pipeline stages data.
   staging_ = std::make_unique<HostStaging>(d, ring, numa_node_);
-  dev_staging_ = static_cast<std::byte*>(d.alloc_device(ring));
   slots_ = std::vector<Slot>(nslots);
+  if (b == Backend::kGather) {
+    for (int i = 0; i < options_.copy_streams; ++i) lanes_.push_back(d.create_stream());
+    dev_staging_ = static_cast<std::byte*>(d.alloc_device(ring));
+  }
   for (std::size_t i = 0; i < nslots; ++i) {
     slots_[i].host = staging_->data() + i * options_.slot_bytes;
-    slots_[i].dev = dev_staging_ + i * options_.slot_bytes;
+    slots_[i].dev = dev_staging_ != nullptr ? dev_staging_ + i * options_.slot_bytes : nullptr;
     slots_[i].start = d.create_event(true);
     slots_[i].done = d.create_event(true);
   }
+  if (b != Backend::kGather) return;
   items_ = std::vector<Item>(nslots + 4096);
   pool_ = std::make_unique<GatherPool>(
-      options_.gather_threads, cpus_, options_.spin_us,
-      [this](const PieceRef& p) { run_piece(p); }, [this] { device_->make_current(); });
+      options_.gather_threads, cpus_, options_.spin_us, [this] { return run_next_piece(); },
+      [this](int index) {
+        tl_gather_thread = index;
+        device_->make_current();
+      });
 }
 
 EngineCore::~EngineCore() {
@@ -210,6 +240,25 @@ void EngineCore::shutdown() noexcept {
       // A failed lane was reported to the transfers it carried; nothing more to do here.
     }
   }
+  // Slots whose zero-copy kernel runs on a caller's stream: the kernel reads the slot.
+  for (Slot& s : slots_) {
+    if (s.state.load(std::memory_order_acquire) != kIssued) continue;
+    try {
+      device_->event_sync(s.done);
+    } catch (...) {
+      // Reported to the transfer that launched the kernel.
+    }
+  }
+  // Transfers of the block-by-block backends run on callers' streams: wait for those whose
+  // handles are still held, as the engine promises.
+  std::vector<std::shared_ptr<TransferState>> live;
+  {
+    std::lock_guard lk(live_mutex_);
+    for (auto& w : live_)
+      if (auto t = w.lock()) live.push_back(std::move(t));
+    live_.clear();
+  }
+  for (auto& t : live) wait(*t);
   pool_.reset();
 }
 
@@ -258,46 +307,103 @@ EngineCore::Item& EngineCore::append_item(ItemKind kind, const std::shared_ptr<T
   it.t = t;
   it.index = index;
   it.slot = slot;
+  it.piece_begin = 0;
   it.ready.store(ready, std::memory_order_relaxed);
   return it;
 }
 
-void EngineCore::publish_item() {
-  tail_.store(tail_.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
+// Makes `item` visible to the issuer and its `pieces` claimable by the gather threads.
+void EngineCore::publish_item(Item& item, std::uint32_t pieces) {
+  const std::uint64_t n = tail_.load(std::memory_order_relaxed);
+  item.claim.store((n << 32) | pieces, std::memory_order_release);
+  tail_.store(n + 1, std::memory_order_seq_cst);
+}
+
+void EngineCore::trace(std::uint32_t transfer, TraceEvent::What what, std::uint32_t a,
+                       std::uint32_t b) {
+  if (!trace_on_.load(std::memory_order_relaxed)) return;
+  const std::size_t i = trace_n_.fetch_add(1, std::memory_order_relaxed);
+  if (i < trace_.size())
+    trace_[i] = {now_ns(), transfer, what, static_cast<std::int16_t>(tl_gather_thread), a, b};
+}
+
+void EngineCore::start_trace(std::size_t capacity) {
+  std::lock_guard lk(trace_mutex_);
+  trace_on_.store(false);
+  trace_.assign(capacity, TraceEvent{});
+  trace_n_.store(0);
+  trace_on_.store(capacity > 0);
+}
+
+std::vector<TraceEvent> EngineCore::take_trace() {
+  std::lock_guard lk(trace_mutex_);
+  trace_on_.store(false);
+  std::vector<TraceEvent> out(trace_.begin(),
+                              trace_.begin() + static_cast<std::ptrdiff_t>(
+                                                   std::min(trace_n_.load(), trace_.size())));
+  trace_.clear();
+  return out;
 }
 
 Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stream) {
+  const bool gather = options_.backend == Backend::kGather;
+  // Wake parked gather threads first: they are back and spinning by the time planning has
+  // produced pieces (a futex wake-up costs tens of microseconds, planning about as much).
+  if (gather && !blocks.empty() &&
+      blocks.size() * std::min<std::size_t>(blocks[0].bytes, 1u << 30) > options_.inline_gather_bytes)
+    pool_->wake();
+  const auto id = static_cast<std::uint32_t>(st_transfers_.fetch_add(1, std::memory_order_relaxed));
+  trace(id, TraceEvent::kSubmit);
   const auto t_plan = Clock::now();
-  Plan plan = make_plan(blocks, plan_config_,
+  Plan plan = make_plan(blocks, gather ? plan_config_ : pass_config_,
                         [this](const void* p) { return device_->query_pointer(p); });
   st_plan_ns_.fetch_add(ns_since(t_plan), std::memory_order_relaxed);
   st_blocks_.fetch_add(blocks.size(), std::memory_order_relaxed);
-  st_transfers_.fetch_add(1, std::memory_order_relaxed);
+  trace(id, TraceEvent::kPlanned);
   if (plan.total_bytes == 0) return Transfer{};
 
   auto t = std::make_shared<TransferState>();
   t->core = shared_from_this();
+  t->id = id;
   t->plan = std::move(plan);
-  t->start_event = events_->get();
   t->done_event = events_->get();
+  device_->make_current();
+  const Plan& p = t->plan;
+  if (gather) {
+    const bool small = options_.kernel_max_bytes != 0 && p.total_bytes <= options_.kernel_max_bytes &&
+                       p.all_pinned_src && device_->host_pointers_usable();
+    if (small) submit_kernel(t, stream);
+    else submit_gather(t, stream);
+  } else if (options_.backend == Backend::kZeroCopyKernel) {
+    submit_kernel(t, stream);
+  } else {
+    submit_copies(t, stream);
+  }
+  if (!gather) {
+    std::lock_guard lk(live_mutex_);
+    std::erase_if(live_, [](const std::weak_ptr<TransferState>& w) { return w.expired(); });
+    live_.push_back(t);
+  }
+  st_bytes_.fetch_add(p.total_bytes, std::memory_order_relaxed);
+  trace(id, TraceEvent::kReturn);
+  return Transfer(t);
+}
+
+void EngineCore::submit_gather(const std::shared_ptr<TransferState>& t, StreamHandle stream) {
+  t->start_event = events_->get();
   t->lane_events.resize(lanes_.size(), nullptr);
   for (std::size_t l = 1; l < lanes_.size(); ++l) t->lane_events[l] = events_->get();
   const Plan& p = t->plan;
   const bool inline_gather = p.direct.empty() && p.chunks.size() == 1 &&
                              p.total_bytes <= options_.inline_gather_bytes;
-  device_->make_current();
-
-  std::vector<PieceRef> refs;
   {
     std::unique_lock lk(submit_mutex_);
     if (shutting_down_) throw Error(ErrorCode::kShutdown, "copy_to_device: the engine is shutting down");
     device_->record_event(t->start_event, stream);
     // From here a finalize item must be published whatever happens, or submit would not return.
     try {
-      for (std::uint32_t i = 0; i < p.direct.size(); ++i) {
-        append_item(ItemKind::kDirect, t, i, 0, true);
-        publish_item();
-      }
+      for (std::uint32_t i = 0; i < p.direct.size(); ++i)
+        publish_item(append_item(ItemKind::kDirect, t, i, 0, true), 0);
       for (std::uint32_t k = 0; k < p.chunks.size(); ++k) {
         const std::uint32_t slot = acquire_slot();
         Item& it = append_item(ItemKind::kChunk, t, k, slot, false);
@@ -308,26 +414,29 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
             entries[i - c.op_begin] = {reinterpret_cast<std::uint64_t>(p.ops[i].dst),
                                        p.ops[i].slot_offset, p.ops[i].bytes};
         }
-        it.pieces_left.store(c.piece_end - c.piece_begin, std::memory_order_relaxed);
-        publish_item();
+        const std::uint32_t pieces = c.piece_end - c.piece_begin;
+        it.piece_begin = c.piece_begin;
+        it.pieces_left.store(pieces, std::memory_order_relaxed);
         if (inline_gather) {
+          publish_item(it, 0);
           for (std::uint32_t q = c.piece_begin; q < c.piece_end; ++q) gather_piece(it, q);
           it.ready.store(true, std::memory_order_seq_cst);
         } else {
-          refs.clear();
-          for (std::uint32_t q = c.piece_begin; q < c.piece_end; ++q) refs.push_back({&it, q});
-          pool_->push(refs);
+          publish_item(it, pieces);
+          pool_->wake();
         }
+        trace(t->id, TraceEvent::kChunkPublished, k, pieces);
       }
     } catch (...) {
       t->fail(std::current_exception());
     }
-    append_item(ItemKind::kFinalize, t, 0, 0, true);
-    publish_item();
+    publish_item(append_item(ItemKind::kFinalize, t, 0, 0, true), 0);
   }
-  // The submitting thread would only wait now: it gathers too, while the parked pool threads
-  // wake up (a futex wake-up costs tens of microseconds, a 4 KB block a microsecond).
-  if (!inline_gather && options_.submitter_gathers) pool_->help();
+  // The submitting thread would only wait now: it gathers too, while parked pool threads wake
+  // up (a futex wake-up costs tens of microseconds, a 4 KB block a microsecond).
+  if (!inline_gather && options_.submitter_gathers)
+    while (run_next_piece()) {
+    }
   try_issue();
   // The caller's stream must not wait on the GPU for anything the host has yet to do: cudaFree,
   // lazy module loading and other implicit device synchronisations on any thread would then
@@ -339,37 +448,124 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
   } catch (...) {
     t->fail(std::current_exception());
   }
-  st_bytes_.fetch_add(p.total_bytes, std::memory_order_relaxed);
-  return Transfer(t);
+}
+
+// The zero-copy kernel, for its backend and for the gather backend's small transfers. The block
+// list goes into staging slots (pinned, read by the kernel over PCIe); each slot is reused only
+// after the kernel that reads it has finished.
+void EngineCore::submit_kernel(const std::shared_ptr<TransferState>& t, StreamHandle stream) {
+  const Plan& p = t->plan;
+  const std::size_t total = p.ops.size() + p.direct.size();
+  const std::size_t per_slot = options_.slot_bytes / sizeof(ZeroCopyEntry);
+  auto entry = [&](std::size_t i) -> ZeroCopyEntry {
+    if (i < p.ops.size())
+      return {reinterpret_cast<std::uint64_t>(p.ops[i].src),
+              reinterpret_cast<std::uint64_t>(p.ops[i].dst), p.ops[i].bytes};
+    const DirectCopy& d = p.direct[i - p.ops.size()];
+    return {reinterpret_cast<std::uint64_t>(d.src), reinterpret_cast<std::uint64_t>(d.dst), d.bytes};
+  };
+  {
+    std::unique_lock lk(submit_mutex_);
+    if (shutting_down_) throw Error(ErrorCode::kShutdown, "copy_to_device: the engine is shutting down");
+    try {
+      for (std::size_t i = 0; i < total; i += per_slot) {
+        const auto n = static_cast<std::uint32_t>(std::min(per_slot, total - i));
+        Slot& s = slots_[acquire_slot()];
+        auto* entries = reinterpret_cast<ZeroCopyEntry*>(s.host);
+        for (std::uint32_t k = 0; k < n; ++k) entries[k] = entry(i + k);
+        s.timed = false;
+        try {
+          device_->zero_copy(entries, n, stream);
+          device_->record_event(s.done, stream);
+        } catch (...) {
+          s.state.store(kIssued, std::memory_order_release);
+          throw;
+        }
+        s.state.store(kIssued, std::memory_order_release);
+      }
+      device_->record_event(t->done_event, stream);
+    } catch (...) {
+      t->fail(std::current_exception());
+    }
+  }
+  t->finalized.store(true, std::memory_order_release);
+  t->finalized.notify_all();
+}
+
+// batch_async and per_block: the caller's stream carries the copies itself.
+void EngineCore::submit_copies(const std::shared_ptr<TransferState>& t, StreamHandle stream) {
+  const std::vector<DirectCopy>& c = t->plan.direct;
+  try {
+    if (options_.backend == Backend::kPerBlock) {
+      for (const DirectCopy& d : c) device_->copy_h2d(d.dst, d.src, d.bytes, stream);
+    } else {
+      // One cudaMemcpyBatchAsync per slot_bytes of blocks (at least one block each).
+      thread_local std::vector<void*> dsts;
+      thread_local std::vector<const void*> srcs;
+      thread_local std::vector<std::size_t> sizes;
+      for (std::size_t i = 0; i < c.size();) {
+        dsts.clear();
+        srcs.clear();
+        sizes.clear();
+        std::size_t bytes = 0;
+        do {
+          dsts.push_back(c[i].dst);
+          srcs.push_back(c[i].src);
+          sizes.push_back(c[i].bytes);
+          bytes += c[i].bytes;
+          ++i;
+        } while (i < c.size() && bytes + c[i].bytes <= options_.slot_bytes);
+        device_->copy_batch_h2d(dsts.data(), srcs.data(), sizes.data(), dsts.size(), stream);
+        st_chunks_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    device_->record_event(t->done_event, stream);
+  } catch (...) {
+    t->fail(std::current_exception());
+  }
+  t->finalized.store(true, std::memory_order_release);
+  t->finalized.notify_all();
 }
 
 // ---------------------------------------------------------------------------------------------
+// The gather threads (and submitters, when they help) take pieces in publication order: the
+// first unclaimed piece of the earliest item that has one. A claim is one compare-and-swap on
+// the item's claim word, whose sequence number makes a stale claim on a reused item fail.
+bool EngineCore::run_next_piece() {
+  for (;;) {
+    std::uint64_t h = gather_head_.load(std::memory_order_acquire);
+    if (h >= tail_.load(std::memory_order_acquire)) return false;
+    Item& it = items_[h % items_.size()];
+    std::uint64_t c = it.claim.load(std::memory_order_acquire);
+    const std::uint32_t next = static_cast<std::uint32_t>(c >> 16) & 0xffff;
+    const std::uint32_t count = static_cast<std::uint32_t>(c) & 0xffff;
+    if ((c >> 32) != (h & 0xffffffff) || next >= count) {
+      // Every piece of item h is taken (or it was reused, which means the same): move on.
+      gather_head_.compare_exchange_weak(h, h + 1, std::memory_order_acq_rel);
+      continue;
+    }
+    if (!it.claim.compare_exchange_weak(c, c + kClaimOne, std::memory_order_acq_rel)) continue;
+    run_piece(it, it.piece_begin + next);
+    return true;
+  }
+}
+
 void EngineCore::gather_piece(const Item& item, std::uint32_t piece) {
   const Plan& p = item.t->plan;
   const PlannedPiece& pc = p.pieces[piece];
-  std::byte* base = slots_[item.slot].host;
   const auto t0 = Clock::now();
-  // Cold KV blocks are scattered over a pool far larger than the caches, and the hardware
-  // prefetcher does not cross pages: start the loads of the blocks two ahead while copying.
-  auto prefetch = [&](std::uint32_t i) {
-    const auto* src = reinterpret_cast<const char*>(p.ops[i].src);
-    const std::uint64_t n = std::min<std::uint64_t>(p.ops[i].bytes, 1024);
-    for (std::uint64_t l = 0; l < n; l += 64) __builtin_prefetch(src + l);
-  };
-  for (std::uint32_t i = pc.op_begin; i < pc.op_end && i < pc.op_begin + 2; ++i) prefetch(i);
-  for (std::uint32_t i = pc.op_begin; i < pc.op_end; ++i) {
-    if (i + 2 < pc.op_end) prefetch(i + 2);
-    std::memcpy(base + p.ops[i].slot_offset, p.ops[i].src, p.ops[i].bytes);
-  }
+  gather_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, slots_[item.slot].host, store_kind_);
   st_gather_ns_.fetch_add(ns_since(t0), std::memory_order_relaxed);
 }
 
-void EngineCore::run_piece(const PieceRef& ref) {
-  auto* item = static_cast<Item*>(ref.item);
-  gather_piece(*item, ref.piece);
+void EngineCore::run_piece(Item& item, std::uint32_t piece) {
+  const std::uint32_t id = item.t->id, chunk = item.index;
+  trace(id, TraceEvent::kPieceStart, chunk, piece);
+  gather_piece(item, piece);
+  trace(id, TraceEvent::kPieceEnd, chunk, piece);
   // The thread that completes a chunk's last piece issues it (or hands it to the issuer).
-  if (item->pieces_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    item->ready.store(true, std::memory_order_seq_cst);
+  if (item.pieces_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    item.ready.store(true, std::memory_order_seq_cst);
     try_issue();
   }
 }
@@ -443,6 +639,7 @@ void EngineCore::issue_chunk(Item& item) {
     device_->record_event(s.done, l);
     s.timed = true;
     st_chunks_.fetch_add(1, std::memory_order_relaxed);
+    trace(t.id, TraceEvent::kChunkIssued, item.index, static_cast<std::uint32_t>(c.data_bytes));
   } catch (...) {
     t.fail(std::current_exception());
   }
@@ -475,6 +672,7 @@ void EngineCore::issue_finalize(Item& item) {
   } catch (...) {
     t.fail(std::current_exception());
   }
+  trace(t.id, TraceEvent::kFinalized);
   t.finalized.store(true, std::memory_order_release);
   t.finalized.notify_all();
 }

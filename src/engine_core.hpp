@@ -1,5 +1,7 @@
-// The engine's pipeline: plan -> slot -> gather pieces (pool) -> in-order issue of DMAs on the
-// copy lanes -> the caller's stream waits on the transfer's last event.
+// The engine: validation and planning, then one of the backends. The gather pipeline:
+// plan -> slot -> pieces claimed in order by the pool -> in-order issue of DMAs on the copy
+// lanes -> the caller's stream waits on the transfer's last event. The other backends issue
+// on the caller's stream directly.
 #pragma once
 
 #include <atomic>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "device.hpp"
+#include "gather_copy.hpp"
 #include "gather_pool.hpp"
 #include "gfd/engine.hpp"
 #include "planner.hpp"
@@ -33,8 +36,28 @@ class EventPool {
   std::vector<EventHandle> free_;
 };
 
+// What the engine records when tracing is on (benchmarks use it to find pipeline bubbles).
+struct TraceEvent {
+  enum What : std::uint16_t {
+    kSubmit,          // copy_to_device entered
+    kPlanned,         // validation and planning done
+    kChunkPublished,  // a = chunk, b = pieces
+    kPieceStart,      // a = chunk, b = piece
+    kPieceEnd,        // a = chunk, b = piece
+    kChunkIssued,     // a = chunk, b = bytes
+    kFinalized,       // the last DMA is enqueued
+    kReturn,          // copy_to_device returns
+  };
+  std::uint64_t ns;          // steady clock
+  std::uint32_t transfer;    // engine-wide transfer number
+  std::uint16_t what;
+  std::int16_t thread;       // gather thread index, -1 for other threads
+  std::uint32_t a, b;
+};
+
 struct TransferState {
   std::shared_ptr<EngineCore> core;  // keeps the device and its events alive
+  std::uint32_t id = 0;
   Plan plan;
   EventHandle start_event = nullptr;
   EventHandle done_event = nullptr;
@@ -65,6 +88,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // Waits for every transfer to be issued and every lane to drain, then stops the threads.
   void shutdown() noexcept;
 
+  // Tracing: records up to `capacity` events from now on (0 stops); take_trace returns them.
+  void start_trace(std::size_t capacity);
+  std::vector<TraceEvent> take_trace();
+
   // Waits for a transfer on the host (Transfer::wait).
   void wait(TransferState& t);
   bool poll(TransferState& t);
@@ -84,6 +111,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     std::shared_ptr<TransferState> t;
     std::uint32_t index = 0;  // chunk or direct copy index in the plan
     std::uint32_t slot = 0;
+    std::uint32_t piece_begin = 0;
+    // Claim word of the pool: item sequence (32 bits) | next piece (16) | pieces (16).
+    std::atomic<std::uint64_t> claim{0};
     std::atomic<std::uint32_t> pieces_left{0};
     std::atomic<bool> ready{false};
   };
@@ -95,9 +125,14 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void account_dma(Slot& s);
   Item& append_item(ItemKind kind, const std::shared_ptr<TransferState>& t, std::uint32_t index,
                     std::uint32_t slot, bool ready);
-  void publish_item();
-  void run_piece(const PieceRef& p);
+  void publish_item(Item& item, std::uint32_t pieces);
+  bool run_next_piece();
+  void run_piece(Item& item, std::uint32_t piece);
   void gather_piece(const Item& item, std::uint32_t piece);
+  void submit_gather(const std::shared_ptr<TransferState>& t, StreamHandle stream);
+  void submit_kernel(const std::shared_ptr<TransferState>& t, StreamHandle stream);
+  void submit_copies(const std::shared_ptr<TransferState>& t, StreamHandle stream);
+  void trace(std::uint32_t transfer, TraceEvent::What what, std::uint32_t a = 0, std::uint32_t b = 0);
   void try_issue();
   void issue(Item& item);
   void issue_chunk(Item& item);
@@ -116,6 +151,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::vector<StreamHandle> lanes_;
   std::vector<Slot> slots_;
   std::unique_ptr<GatherPool> pool_;
+  StoreKind store_kind_ = StoreKind::kNormal;
+  PlanConfig pass_config_;  // pass-through planning for the block-by-block backends
 
   // Submission (serialised): slots and items are taken in ring order, one transfer at a time.
   std::mutex submit_mutex_;
@@ -124,6 +161,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::vector<Item> items_;
   std::atomic<std::uint64_t> tail_{0};    // items published
   std::atomic<std::uint64_t> issued_{0};  // items issued to the device, in order
+  std::atomic<std::uint64_t> gather_head_{0};  // first item that may have unclaimed pieces
   std::atomic<bool> issuing_{false};      // the issue baton
   std::atomic<int> tail_waiters_{0};
   std::uint64_t lane_rr_ = 0;             // issuer only
@@ -132,6 +170,16 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::atomic<std::uint64_t> st_bytes_{0}, st_transfers_{0}, st_blocks_{0}, st_chunks_{0},
       st_scattered_{0}, st_direct_{0}, st_gather_ns_{0}, st_submit_wait_ns_{0}, st_plan_ns_{0};
   std::atomic<double> st_dma_ms_{0};
+
+  // Transfers of the non-gather backends, for shutdown to wait on.
+  std::mutex live_mutex_;
+  std::vector<std::weak_ptr<TransferState>> live_;
+
+  // Trace.
+  std::atomic<bool> trace_on_{false};
+  std::atomic<std::size_t> trace_n_{0};
+  std::vector<TraceEvent> trace_;
+  std::mutex trace_mutex_;
 };
 
 }  // namespace gfd::detail

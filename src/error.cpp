@@ -18,8 +18,22 @@ const char* to_string(ErrorCode code) noexcept {
 const char* to_string(Backend backend) noexcept {
   switch (backend) {
     case Backend::kGather: return "gather";
+    case Backend::kBatchAsync: return "batch_async";
+    case Backend::kPerBlock: return "per_block";
+    case Backend::kZeroCopyKernel: return "zero_copy_kernel";
   }
   return "unknown";
+}
+
+Backend backend_from_string(std::string_view name) {
+  std::string known;
+  for (Backend b : kAllBackends) {
+    if (name == to_string(b)) return b;
+    known += known.empty() ? "" : ", ";
+    known += to_string(b);
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              "backend: '" + std::string(name) + "' is not a backend (known: " + known + ")");
 }
 
 const char* to_string(HugepageKind kind) noexcept {

@@ -13,16 +13,14 @@
 
 namespace gfd::detail {
 
-GatherPool::GatherPool(int threads, std::vector<int> cpus, int spin_us, Runner run, ThreadInit init)
-    : queue_(1024), cpus_(std::move(cpus)), spin_us_(spin_us), run_(std::move(run)),
-      init_(std::move(init)) {
+GatherPool::GatherPool(int threads, std::vector<int> cpus, int spin_us, Work work, ThreadInit init)
+    : cpus_(std::move(cpus)), spin_us_(spin_us), work_(std::move(work)), init_(std::move(init)) {
   threads_.reserve(static_cast<std::size_t>(threads));
   try {
-    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { loop(); });
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this, i] { loop(i); });
   } catch (...) {
     stop_.store(true);
-    epoch_.fetch_add(1);
-    epoch_.notify_all();
+    wake();
     for (auto& t : threads_) t.join();
     throw;
   }
@@ -30,49 +28,40 @@ GatherPool::GatherPool(int threads, std::vector<int> cpus, int spin_us, Runner r
 
 GatherPool::~GatherPool() {
   stop_.store(true, std::memory_order_seq_cst);
-  epoch_.fetch_add(1, std::memory_order_seq_cst);
-  epoch_.notify_all();
+  wake();
   for (auto& t : threads_) t.join();
 }
 
-void GatherPool::push(std::span<const PieceRef> pieces) {
-  for (const PieceRef& p : pieces) queue_.push(p);
+void GatherPool::wake() {
   // Pairs with loop(): a thread that registered as a sleeper either sees the new epoch (and
-  // through it the pushed pieces) or is woken by this notify.
+  // through it the work published before this call) or is woken by this notify.
   epoch_.fetch_add(1, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
 }
 
-void GatherPool::help() {
-  PieceRef p{};
-  while (queue_.pop(p)) run_(p);
-}
-
-void GatherPool::loop() {
+void GatherPool::loop(int index) {
   if (!pin_current_thread(cpus_)) pinned_.store(false);
-  if (init_) init_();
+  if (init_) init_(index);
   using Clock = std::chrono::steady_clock;
-  PieceRef p{};
-  while (true) {
-    if (queue_.pop(p)) {
-      run_(p);
-      continue;
-    }
-    if (stop_.load(std::memory_order_acquire)) return;
+  while (!stop_.load(std::memory_order_acquire)) {
+    if (work_()) continue;
     // Spin briefly: back-to-back transfers should not pay a futex wake-up each.
     const auto deadline = Clock::now() + std::chrono::microseconds(spin_us_);
     bool got = false;
     while (!got && Clock::now() < deadline && !stop_.load(std::memory_order_relaxed)) {
-      for (int i = 0; i < 32; ++i) GFD_PAUSE();
-      got = queue_.pop(p);
+      for (int i = 0; i < 16; ++i) GFD_PAUSE();
+      got = work_();
     }
-    if (got) {
-      run_(p);
-      continue;
-    }
+    if (got) continue;
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     const std::uint32_t e = epoch_.load(std::memory_order_seq_cst);
-    if (queue_.empty() && !stop_.load(std::memory_order_seq_cst)) epoch_.wait(e, std::memory_order_seq_cst);
+    if (!stop_.load(std::memory_order_seq_cst)) {
+      if (work_()) {
+        sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+        continue;
+      }
+      epoch_.wait(e, std::memory_order_seq_cst);
+    }
     sleepers_.fetch_sub(1, std::memory_order_seq_cst);
   }
 }

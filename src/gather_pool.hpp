@@ -1,47 +1,41 @@
-// The gather threads of one engine. Work arrives through a lock-free queue; idle threads spin
-// for a short while (a transfer usually follows another) and then park on a futex, so an idle
-// engine costs no CPU.
+// The gather threads of one engine. They take work from the engine (a callable that runs one
+// waiting piece and says whether there was one); idle threads spin for a short while (a
+// transfer usually follows another) and then park on a futex, so an idle engine costs no CPU.
 #pragma once
 
 #include <atomic>
-#include <boost/lockfree/queue.hpp>
 #include <cstdint>
 #include <functional>
-#include <span>
 #include <thread>
 #include <vector>
 
 namespace gfd::detail {
 
-struct PieceRef {
-  void* item;            // the chunk's issue item
-  std::uint32_t piece;   // index into the transfer's plan
-};
-
 class GatherPool {
  public:
-  using Runner = std::function<void(const PieceRef&)>;
-  using ThreadInit = std::function<void()>;
+  // Runs one waiting unit of work; false when there was none.
+  using Work = std::function<bool()>;
+  // Runs once on each thread before it takes work (argument: the thread's index).
+  using ThreadInit = std::function<void(int)>;
 
-  GatherPool(int threads, std::vector<int> cpus, int spin_us, Runner run, ThreadInit init);
+  GatherPool(int threads, std::vector<int> cpus, int spin_us, Work work, ThreadInit init);
   ~GatherPool();
   GatherPool(const GatherPool&) = delete;
   GatherPool& operator=(const GatherPool&) = delete;
 
-  void push(std::span<const PieceRef> pieces);
-  // The calling thread runs queued pieces until the queue is empty.
-  void help();
+  // New work is published, or about to be: parked threads come back and spin while they look
+  // for it. Cheap when no thread is parked.
+  void wake();
   int threads() const { return static_cast<int>(threads_.size()); }
   // False when some thread could not be pinned to the requested CPUs.
   bool pinned() const { return pinned_.load(); }
 
  private:
-  void loop();
-  boost::lockfree::queue<PieceRef> queue_;
+  void loop(int index);
   std::vector<std::thread> threads_;
   std::vector<int> cpus_;
   int spin_us_;
-  Runner run_;
+  Work work_;
   ThreadInit init_;
   std::atomic<std::uint32_t> epoch_{0};
   std::atomic<int> sleepers_{0};

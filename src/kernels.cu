@@ -24,6 +24,47 @@ __global__ void scatter_kernel(const ScatterEntry* __restrict__ entries, std::ui
   }
 }
 
+// Zero-copy gather, as serving runtimes do it today: the SMs read pinned host memory over PCIe
+// through unified addressing. One thread block per entry (grid-stride over entries); every
+// thread keeps kUnroll independent 16-byte loads in flight, because a PCIe read takes a
+// microsecond or more and only many outstanding loads fill the link.
+constexpr int kZeroCopyThreads = 256;
+constexpr int kUnroll = 4;
+
+__global__ void __launch_bounds__(kZeroCopyThreads)
+    zero_copy_kernel(const ZeroCopyEntry* __restrict__ entries, std::uint32_t count) {
+  __shared__ ZeroCopyEntry en;
+  for (std::uint32_t e = blockIdx.x; e < count; e += gridDim.x) {
+    if (threadIdx.x == 0) en = entries[e];  // one read over PCIe per entry, not one per warp
+    __syncthreads();
+    const auto* src = reinterpret_cast<const unsigned char*>(en.src);
+    auto* dst = reinterpret_cast<unsigned char*>(en.dst);
+    const std::uint64_t n = en.bytes;
+    std::uint64_t done = 0;
+    if (((en.src | en.dst) & 15) == 0) {
+      const std::uint64_t n16 = n / 16;
+      const uint4* s4 = reinterpret_cast<const uint4*>(src);
+      uint4* d4 = reinterpret_cast<uint4*>(dst);
+      for (std::uint64_t base = threadIdx.x; base < n16; base += kUnroll * kZeroCopyThreads) {
+        uint4 v[kUnroll];
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) {
+          const std::uint64_t i = base + k * kZeroCopyThreads;
+          if (i < n16) v[k] = s4[i];
+        }
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) {
+          const std::uint64_t i = base + k * kZeroCopyThreads;
+          if (i < n16) d4[i] = v[k];
+        }
+      }
+      done = n16 * 16;
+    }
+    for (std::uint64_t i = done + threadIdx.x; i < n; i += kZeroCopyThreads) dst[i] = src[i];
+    __syncthreads();  // `en` is rewritten by the next iteration
+  }
+}
+
 __global__ void delay_kernel(std::uint64_t nanoseconds) {
   std::uint64_t start;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -46,13 +87,24 @@ cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, con
   return cudaGetLastError();
 }
 
+cudaError_t launch_zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, int sm_count,
+                             cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  // Eight blocks of 256 threads fill an SM (2048 resident threads on Hopper and Ampere).
+  const std::uint32_t full = static_cast<std::uint32_t>(sm_count > 0 ? sm_count : 1) * 8;
+  const std::uint32_t grid = count < full ? count : full;
+  zero_copy_kernel<<<grid, kZeroCopyThreads, 0, stream>>>(entries, count);
+  return cudaGetLastError();
+}
+
 cudaError_t preload_kernels() {
   // Load the module now: with lazy loading (CUDA's default) the first launch would load it and
   // that synchronises the context, which deadlocks while a caller's stream waits for a transfer
-  // whose scatter kernel is being launched.
+  // whose kernel is being launched.
   cudaFuncAttributes a{};
   cudaError_t e = cudaFuncGetAttributes(&a, scatter_kernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, delay_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, zero_copy_kernel);
   return e;
 }
 

@@ -1,4 +1,4 @@
-// Launchers for gfd's two small kernels (kernels.cu).
+// Launchers of gfd's kernels (kernels.cu).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,7 +12,11 @@ namespace gfd::detail {
 // Places each entry's bytes from `staging` to its destination.
 cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                            cudaStream_t stream);
-// Loads both kernels into the current context (call once per device, before any transfer).
+// Copies each entry from pinned host memory to device memory, reading through unified
+// addressing; the grid is sized from `sm_count`.
+cudaError_t launch_zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, int sm_count,
+                             cudaStream_t stream);
+// Loads the kernels into the current context (call once per device, before any transfer).
 cudaError_t preload_kernels();
 // Holds `stream` for about `microseconds` (tests use it to prove stream ordering).
 cudaError_t launch_delay(std::uint32_t microseconds, cudaStream_t stream);

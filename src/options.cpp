@@ -73,6 +73,15 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
   env_int("GFD_SPIN_US", o.spin_us);
   env_bool("GFD_CHECK_OVERLAPS", o.check_overlaps);
   env_bool("GFD_SUBMITTER_GATHERS", o.submitter_gathers);
+  env_bool("GFD_NONTEMPORAL_STORES", o.nontemporal_stores);
+  env_size("GFD_KERNEL_MAX_BYTES", o.kernel_max_bytes);
+  if (const char* v = std::getenv("GFD_BACKEND")) {
+    try {
+      o.backend = backend_from_string(v);
+    } catch (const Error&) {
+      bad_env("GFD_BACKEND", v, "gather, batch_async, per_block or zero_copy_kernel");
+    }
+  }
   return o;
 }
 

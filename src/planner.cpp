@@ -111,6 +111,12 @@ void validate_blocks(std::span<const BlockCopy> blocks, const PlanConfig& cfg, R
                          "; a host-to-device transfer needs a host source");
     }
     pinned[i] = sr->kind == PointerKind::kPinnedHost && sr->end != 0 && s + b.bytes <= sr->end;
+    if (cfg.require_pinned_src && pinned[i] == 0)
+      bad_block(i, "source " + hex(b.src) + " is " +
+                       (sr->kind == PointerKind::kPinnedHost ? std::string("only partly pinned")
+                                                             : describe(*sr)) +
+                       "; " + cfg.pinned_reason + " needs pinned host memory (cudaHostAlloc or "
+                       "cudaHostRegister)");
   }
 }
 
@@ -301,6 +307,15 @@ Plan make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
   validate_blocks(blocks, cfg, cache, pinned);
   if (cfg.check_overlaps) check_overlaps(blocks);
 
+  for (std::uint8_t p : pinned) plan.all_pinned_src = plan.all_pinned_src && p != 0;
+  if (cfg.mode == PlanConfig::Mode::kPassThrough) {
+    plan.direct.reserve(blocks.size());
+    for (const BlockCopy& b : blocks) {
+      plan.direct.push_back({static_cast<const std::byte*>(b.src), static_cast<std::byte*>(b.dst), b.bytes});
+      plan.total_bytes += b.bytes;
+    }
+    return plan;
+  }
   const std::vector<Segment> segs = coalesce(blocks, pinned);
   plan.ops.reserve(segs.size() + segs.size() / 8 + 64);
   plan.pieces.reserve(segs.size() / 4 + 64);

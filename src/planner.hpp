@@ -21,6 +21,12 @@ struct PlanConfig {
   std::size_t piece_bytes = 32 << 10;
   std::size_t direct_min_bytes = 1 << 20; // 0 disables the direct path
   bool check_overlaps = true;
+  // Staged: coalesce and pack into chunks (the gather pipeline). Pass-through: validate only and
+  // list every block, as given, in Plan::direct (the backends that copy block by block).
+  enum class Mode : std::uint8_t { kStaged, kPassThrough } mode = Mode::kStaged;
+  // Refuse pageable sources; `pinned_reason` says who needs them (for the error message).
+  bool require_pinned_src = false;
+  const char* pinned_reason = "";
 };
 
 // One gather copy: `bytes` from host `src` to `slot_offset` in the chunk's staging slot; its
@@ -51,7 +57,8 @@ struct PlannedPiece {
   std::uint32_t op_begin, op_end;
 };
 
-// A block sent by the copy engine straight from pinned host memory.
+// A block sent by the copy engine straight from pinned host memory (and, in pass-through plans,
+// every block as the caller gave it).
 struct DirectCopy {
   const std::byte* src;
   std::byte* dst;
@@ -65,6 +72,7 @@ struct Plan {
   std::vector<DirectCopy> direct;
   std::uint64_t total_bytes = 0;
   std::size_t block_count = 0;
+  bool all_pinned_src = true;  // every source lies in pinned host memory
 };
 
 using PointerClassifier = std::function<PointerInfo(const void*)>;

@@ -15,17 +15,30 @@
 namespace gfd::test {
 namespace {
 
-class EngineTest : public ::testing::TestWithParam<DeviceKind> {
+// Every case runs on each device kind with each backend: the backends share the validation,
+// the handle and the stream semantics, so they share the correctness suite too.
+class EngineTest : public ::testing::TestWithParam<std::tuple<DeviceKind, Backend>> {
  protected:
+  DeviceKind kind() const { return std::get<0>(GetParam()); }
+  Backend backend() const { return std::get<1>(GetParam()); }
+  bool gather() const { return backend() == Backend::kGather; }
+  // The zero-copy kernel reads sources with SM loads, which needs pinned memory.
+  bool pinned_sources() const { return backend() == Backend::kZeroCopyKernel; }
+  EngineOptions options() const {
+    EngineOptions o = small_options();
+    o.backend = backend();
+    return o;
+  }
+
   void SetUp() override {
-    if (GetParam() == DeviceKind::kCuda) {
+    if (kind() == DeviceKind::kCuda) {
       const std::string why = cuda_skip_reason();
       if (!why.empty()) GTEST_SKIP() << why;
     }
     // Slow emulated copies widen the windows in which ordering bugs would show.
     detail::EmulatedDeviceOptions emu;
     emu.copy_delay = std::chrono::microseconds(100);
-    td_ = open_test_device(GetParam(), 0, emu);
+    td_ = open_test_device(kind(), 0, emu);
     ASSERT_NE(td_, nullptr);
   }
   detail::Device& dev() { return *td_->device; }
@@ -65,8 +78,8 @@ class EngineTest : public ::testing::TestWithParam<DeviceKind> {
 };
 
 TEST_P(EngineTest, OneByte) {
-  Engine engine = td_->make_engine(small_options());
-  HostBuffer src(dev(), 4096, false);
+  Engine engine = td_->make_engine(options());
+  HostBuffer src(dev(), 4096, pinned_sources());
   fill_random(src.data(), 1, 1);
   DeviceBuffer dst(dev(), 64);
   td_->fill(dst.data(), 0, 64);
@@ -79,8 +92,8 @@ TEST_P(EngineTest, OneByte) {
 }
 
 TEST_P(EngineTest, ScatteredSourcesContiguousDestination) {
-  Engine engine = td_->make_engine(small_options());
-  HostBuffer pool(dev(), 4 << 20, false);
+  Engine engine = td_->make_engine(options());
+  HostBuffer pool(dev(), 4 << 20, pinned_sources());
   fill_random(pool.data(), pool.size(), 2);
   DeviceBuffer dst(dev(), 256 * 4096);
   const auto blocks = make_blocks(pool, dst, 256, 4096, false, 3);
@@ -88,25 +101,27 @@ TEST_P(EngineTest, ScatteredSourcesContiguousDestination) {
   expect_landed(blocks, dst);
   const EngineStats st = engine.stats();
   EXPECT_EQ(st.bytes, 256u * 4096);
-  EXPECT_EQ(st.scattered_chunks, 0u);
-  EXPECT_GT(st.chunks, 1u);
+  if (gather()) {
+    EXPECT_EQ(st.scattered_chunks, 0u);
+    EXPECT_GT(st.chunks, 1u);
+  }
 }
 
 TEST_P(EngineTest, ScatteredDestinationsUseScatterKernel) {
-  Engine engine = td_->make_engine(small_options());
-  HostBuffer pool(dev(), 4 << 20, false);
+  Engine engine = td_->make_engine(options());
+  HostBuffer pool(dev(), 4 << 20, pinned_sources());
   fill_random(pool.data(), pool.size(), 4);
   DeviceBuffer dst(dev(), 300 * 2048);
   const auto blocks = make_blocks(pool, dst, 300, 2048, true, 5);
   engine.copy_to_device(blocks, td_->cuda_stream()).wait();
   expect_landed(blocks, dst);
-  EXPECT_GT(engine.stats().scattered_chunks, 0u);
+  if (gather()) EXPECT_GT(engine.stats().scattered_chunks, 0u);
 }
 
 TEST_P(EngineTest, RandomSizesAndAlignments) {
-  Engine engine = td_->make_engine(small_options());
+  Engine engine = td_->make_engine(options());
   std::mt19937_64 rng(6);
-  HostBuffer pool(dev(), 8 << 20, false);
+  HostBuffer pool(dev(), 8 << 20, pinned_sources());
   fill_random(pool.data(), pool.size(), 7);
   DeviceBuffer dst(dev(), 8 << 20);
   for (int round = 0; round < 6; ++round) {
@@ -129,31 +144,31 @@ TEST_P(EngineTest, RandomSizesAndAlignments) {
 }
 
 TEST_P(EngineTest, TotalFarLargerThanRingCyclesThroughSlots) {
-  EngineOptions o = small_options();  // 1 MB ring of 4 slots
+  EngineOptions o = options();  // 1 MB ring of 4 slots
   Engine engine = td_->make_engine(o);
-  HostBuffer pool(dev(), 24 << 20, false);
+  HostBuffer pool(dev(), 24 << 20, pinned_sources());
   fill_random(pool.data(), pool.size(), 8);
   DeviceBuffer dst(dev(), 1536 * 4096);  // 6 MB: six times the ring
   const auto blocks = make_blocks(pool, dst, 1536, 4096, true, 9);
   engine.copy_to_device(blocks, td_->cuda_stream()).wait();
   expect_landed(blocks, dst);
-  EXPECT_GE(engine.stats().chunks, 24u);
+  if (gather()) EXPECT_GE(engine.stats().chunks, 24u);
 }
 
 TEST_P(EngineTest, OneHugePageableBlockIsSplit) {
-  Engine engine = td_->make_engine(small_options());
+  Engine engine = td_->make_engine(options());
   const std::size_t n = (5 << 20) + 123;
-  HostBuffer src(dev(), n, false);
+  HostBuffer src(dev(), n, pinned_sources());
   fill_random(src.data(), n, 10);
   DeviceBuffer dst(dev(), n);
   const BlockCopy b{src.data(), dst.data(), n};
   engine.copy_to_device({&b, 1}, td_->cuda_stream()).wait();
   expect_landed({b}, dst);
-  EXPECT_EQ(engine.stats().direct_copies, 0u);
+  if (gather()) EXPECT_EQ(engine.stats().direct_copies, 0u);
 }
 
 TEST_P(EngineTest, LargePinnedBlocksGoDirect) {
-  Engine engine = td_->make_engine(small_options());  // direct_min_bytes = 512 KB
+  Engine engine = td_->make_engine(options());  // direct_min_bytes = 512 KB
   HostBuffer src(dev(), 3 << 20, true);
   fill_random(src.data(), src.size(), 11);
   DeviceBuffer dst(dev(), 3 << 20);
@@ -164,12 +179,12 @@ TEST_P(EngineTest, LargePinnedBlocksGoDirect) {
     blocks.push_back({src.data() + (2 << 20) + i * 8192, dst.data() + (1 << 20) + i * 8192, 4096});
   engine.copy_to_device(blocks, td_->cuda_stream()).wait();
   expect_landed(blocks, dst);
-  EXPECT_EQ(engine.stats().direct_copies, 2u);
+  if (gather()) EXPECT_EQ(engine.stats().direct_copies, 2u);
 }
 
 TEST_P(EngineTest, WorkQueuedBeforeOnTheStreamRunsFirst) {
-  Engine engine = td_->make_engine(small_options());
-  HostBuffer pool(dev(), 2 << 20, false);
+  Engine engine = td_->make_engine(options());
+  HostBuffer pool(dev(), 2 << 20, pinned_sources());
   fill_random(pool.data(), pool.size(), 12);
   DeviceBuffer dst(dev(), 128 * 4096);
   const auto blocks = make_blocks(pool, dst, 128, 4096, true, 13);
@@ -182,8 +197,8 @@ TEST_P(EngineTest, WorkQueuedBeforeOnTheStreamRunsFirst) {
 }
 
 TEST_P(EngineTest, WorkQueuedAfterOnTheStreamSeesTheData) {
-  Engine engine = td_->make_engine(small_options());
-  HostBuffer pool(dev(), 16 << 20, false);
+  Engine engine = td_->make_engine(options());
+  HostBuffer pool(dev(), 16 << 20, pinned_sources());
   fill_random(pool.data(), pool.size(), 14);
   DeviceBuffer dst(dev(), 1024 * 4096);
   HostBuffer back(dev(), dst.size(), true);
@@ -200,12 +215,12 @@ TEST_P(EngineTest, WorkQueuedAfterOnTheStreamSeesTheData) {
 }
 
 TEST_P(EngineTest, HandleCanBePolledAndDefaultHandleIsDone) {
-  Engine engine = td_->make_engine(small_options());
+  Engine engine = td_->make_engine(options());
   Transfer none;
   EXPECT_TRUE(none.done());
   EXPECT_NO_THROW(none.wait());
   EXPECT_EQ(none.error(), nullptr);
-  HostBuffer pool(dev(), 2 << 20, false);
+  HostBuffer pool(dev(), 2 << 20, pinned_sources());
   fill_random(pool.data(), pool.size(), 16);
   DeviceBuffer dst(dev(), 256 * 4096);
   const auto blocks = make_blocks(pool, dst, 256, 4096, false, 17);
@@ -219,14 +234,14 @@ TEST_P(EngineTest, HandleCanBePolledAndDefaultHandleIsDone) {
 }
 
 TEST_P(EngineTest, ConcurrentSubmittersWithTinyRing) {
-  EngineOptions o = small_options();
+  EngineOptions o = options();
   o.staging_bytes = 128 << 10;  // two slots: constant back-pressure
   o.slot_bytes = 64 << 10;
   o.first_chunk_bytes = 16 << 10;
   Engine engine = td_->make_engine(o);
   constexpr int kThreads = 8, kRounds = 12;
   constexpr std::size_t kBlocks = 96, kSize = 3000;
-  HostBuffer pool(dev(), 8 << 20, false);
+  HostBuffer pool(dev(), 8 << 20, pinned_sources());
   fill_random(pool.data(), pool.size(), 18);
   DeviceBuffer dst(dev(), kThreads * kBlocks * kSize);
   std::vector<std::vector<BlockCopy>> per(kThreads);
@@ -265,13 +280,13 @@ TEST_P(EngineTest, ConcurrentSubmittersWithTinyRing) {
 }
 
 TEST_P(EngineTest, DestroyingEngineWithTransfersInFlightDrainsThem) {
-  HostBuffer pool(dev(), 8 << 20, false);
+  HostBuffer pool(dev(), 8 << 20, pinned_sources());
   fill_random(pool.data(), pool.size(), 19);
   DeviceBuffer dst(dev(), 1024 * 4096);
   const auto blocks = make_blocks(pool, dst, 1024, 4096, true, 20);
   Transfer t;
   {
-    Engine engine = td_->make_engine(small_options());
+    Engine engine = td_->make_engine(options());
     t = engine.copy_to_device(blocks, td_->cuda_stream());
   }  // no wait: the destructor drains
   EXPECT_TRUE(t.done());
@@ -287,8 +302,8 @@ struct BadCase {
 };
 
 TEST_P(EngineTest, BadInputIsRejectedWholeAndEngineStaysUsable) {
-  Engine engine = td_->make_engine(small_options());
-  HostBuffer pool(dev(), 1 << 20, false);
+  Engine engine = td_->make_engine(options());
+  HostBuffer pool(dev(), 1 << 20, pinned_sources());
   fill_random(pool.data(), pool.size(), 21);
   HostBuffer pinned(dev(), 1 << 16, true);
   DeviceBuffer dst(dev(), 64 * 4096);
@@ -322,11 +337,15 @@ TEST_P(EngineTest, BadInputIsRejectedWholeAndEngineStaysUsable) {
   with("runs past allocation", 10, {pool.data(), dst.data() + 63 * 4096 + 1, 4096}, "past the end");
   with("device source", 11, {other.data(), dst.data() + 11 * 4096, 4096}, "needs a host source");
   with("overlapping destinations", 12, {pool.data(), dst.data() + 2 * 4096 + 100, 4096}, "overlaps block 2");
+  HostBuffer pageable(dev(), 1 << 16, false);
+  if (backend() == Backend::kZeroCopyKernel)
+    with("pageable source for the zero-copy kernel", 14, {pageable.data(), dst.data() + 14 * 4096, 4096},
+         "needs pinned host memory");
 
   std::unique_ptr<TestDevice> second;
   std::unique_ptr<DeviceBuffer> foreign;
-  if (GetParam() == DeviceKind::kEmulated || cuda_skip_reason(2).empty()) {
-    second = open_test_device(GetParam(), 1);
+  if (kind() == DeviceKind::kEmulated || cuda_skip_reason(2).empty()) {
+    second = open_test_device(kind(), 1);
     foreign = std::make_unique<DeviceBuffer>(*second->device, 4096);
     with("destination on another GPU", 13, {pool.data(), foreign->data(), 4096}, "GPU 1");
   }
@@ -360,7 +379,7 @@ TEST_P(EngineTest, AbsurdOptionsAreRejectedNamingTheOption) {
   };
   std::vector<Case> cases;
   auto add = [&](const char* needle, auto&& mutate) {
-    EngineOptions o = small_options();
+    EngineOptions o = options();
     mutate(o);
     cases.push_back({needle, o});
   };
@@ -385,15 +404,14 @@ TEST_P(EngineTest, AbsurdOptionsAreRejectedNamingTheOption) {
 }
 
 TEST_P(EngineTest, StatsDescribeTheEngine) {
-  EngineOptions o = small_options();
+  EngineOptions o = options();
   Engine engine = td_->make_engine(o);
   const EngineStats st = engine.stats();
-  EXPECT_EQ(st.gather_threads, 2);
-  EXPECT_EQ(st.staging_bytes, o.staging_bytes);
-  EXPECT_EQ(st.slot_bytes, o.slot_bytes);
+  EXPECT_EQ(st.gather_threads, gather() ? 2 : 0);
+  EXPECT_EQ(engine.options().backend, backend());
   EXPECT_FALSE(st.cpus.empty());
   EXPECT_EQ(st.transfers, 0u);
-  HostBuffer pool(dev(), 2 << 20, false);
+  HostBuffer pool(dev(), 2 << 20, pinned_sources());
   fill_random(pool.data(), pool.size(), 22);
   DeviceBuffer dst(dev(), 200 * 4096);
   const auto blocks = make_blocks(pool, dst, 200, 4096, true, 23);
@@ -402,8 +420,39 @@ TEST_P(EngineTest, StatsDescribeTheEngine) {
   EXPECT_EQ(after.transfers, 1u);
   EXPECT_EQ(after.blocks, 200u);
   EXPECT_EQ(after.bytes, 200u * 4096);
-  EXPECT_GT(after.gather_seconds, 0.0);
-  EXPECT_GT(after.dma_seconds, 0.0);
+  if (gather()) {
+    EXPECT_EQ(after.staging_bytes, o.staging_bytes);
+    EXPECT_EQ(after.slot_bytes, o.slot_bytes);
+    EXPECT_GT(after.gather_seconds, 0.0);
+    EXPECT_GT(after.dma_seconds, 0.0);
+  }
+}
+
+// The gather backend hands small all-pinned transfers to the zero-copy kernel when asked to;
+// pageable ones still go through staging.
+TEST_P(EngineTest, SmallPinnedTransfersCanTakeTheKernel) {
+  if (!gather()) GTEST_SKIP() << "a gather-backend option";
+  EngineOptions o = options();
+  o.kernel_max_bytes = 64 << 10;
+  Engine engine = td_->make_engine(o);
+  HostBuffer pinned(dev(), 1 << 20, true);
+  HostBuffer pageable(dev(), 1 << 20, false);
+  fill_random(pinned.data(), pinned.size(), 26);
+  fill_random(pageable.data(), pageable.size(), 27);
+  DeviceBuffer dst(dev(), 32 * 4096);
+  const auto small = make_blocks(pinned, dst, 16, 4096, true, 28);
+  engine.copy_to_device(small, td_->cuda_stream()).wait();
+  expect_landed(small, dst);
+  EXPECT_EQ(engine.stats().chunks, 0u) << "went through staging";
+  const auto paged = make_blocks(pageable, dst, 16, 4096, true, 29);
+  engine.copy_to_device(paged, td_->cuda_stream()).wait();
+  expect_landed(paged, dst);
+  const std::uint64_t staged = engine.stats().chunks;
+  EXPECT_GE(staged, 1u);
+  const auto large = make_blocks(pinned, dst, 32, 4096, false, 30);  // 128 KB: over the limit
+  engine.copy_to_device(large, td_->cuda_stream()).wait();
+  expect_landed(large, dst);
+  EXPECT_GT(engine.stats().chunks, staged);
 }
 
 // A serving runtime allocates and frees device memory from other threads while transfers are
@@ -411,9 +460,9 @@ TEST_P(EngineTest, StatsDescribeTheEngine) {
 // the GPU until the engine issues the transfer's last DMA: the engine's threads must still be
 // able to issue it, or this would hang (ctest's timeout would then fail the test).
 TEST_P(EngineTest, AllocationsAndFreesElsewhereDuringTransfersDoNotHang) {
-  EngineOptions o = small_options();  // 1 MB ring: the 24 MB transfer cycles through it
+  EngineOptions o = options();  // 1 MB ring: the 24 MB transfer cycles through it
   Engine engine = td_->make_engine(o);
-  HostBuffer pool(dev(), 48 << 20, false);
+  HostBuffer pool(dev(), 48 << 20, pinned_sources());
   fill_random(pool.data(), pool.size(), 24);
   DeviceBuffer dst(dev(), 6144 * 4096);
   const auto blocks = make_blocks(pool, dst, 6144, 4096, true, 25);
@@ -434,8 +483,8 @@ TEST_P(EngineTest, AllocationsAndFreesElsewhereDuringTransfersDoNotHang) {
 }
 
 TEST_P(EngineTest, CudaEngineByOrdinalRejectsOutOfRangeDevice) {
-  if (GetParam() != DeviceKind::kCuda) GTEST_SKIP() << "CUDA-only: the ordinal is checked by the driver";
-  EngineOptions o = small_options();
+  if (kind() != DeviceKind::kCuda) GTEST_SKIP() << "CUDA-only: the ordinal is checked by the driver";
+  EngineOptions o = options();
   o.device = 4096;
   try {
     Engine e(o);
@@ -447,8 +496,12 @@ TEST_P(EngineTest, CudaEngineByOrdinalRejectsOutOfRangeDevice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, EngineTest,
-                         ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
-                         [](const auto& info) { return to_string(info.param); });
+                         ::testing::Combine(::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
+                                            ::testing::ValuesIn(kAllBackends)),
+                         [](const auto& info) {
+                           return to_string(std::get<0>(info.param)) + "_" +
+                                  to_string(std::get<1>(info.param));
+                         });
 
 }  // namespace
 }  // namespace gfd::test

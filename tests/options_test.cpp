@@ -19,7 +19,9 @@ const std::vector<std::string>& gfd_variables() {
       "GFD_DEVICE",           "GFD_STAGING_BYTES",       "GFD_SLOT_BYTES",
       "GFD_FIRST_CHUNK_BYTES", "GFD_PIECE_BYTES",        "GFD_DIRECT_MIN_BYTES",
       "GFD_INLINE_GATHER_BYTES", "GFD_GATHER_THREADS",   "GFD_COPY_STREAMS",
-      "GFD_NUMA_NODE",        "GFD_SPIN_US",             "GFD_CHECK_OVERLAPS"};
+      "GFD_NUMA_NODE",        "GFD_SPIN_US",             "GFD_CHECK_OVERLAPS",
+      "GFD_SUBMITTER_GATHERS", "GFD_NONTEMPORAL_STORES", "GFD_KERNEL_MAX_BYTES",
+      "GFD_BACKEND"};
   return names;
 }
 
@@ -67,6 +69,9 @@ gfd::EngineOptions custom_base() {
   o.spin_us = 7;
   o.check_overlaps = false;
   o.submitter_gathers = false;
+  o.nontemporal_stores = false;
+  o.kernel_max_bytes = std::size_t{24} << 10;
+  o.backend = gfd::Backend::kPerBlock;
   return o;
 }
 
@@ -84,6 +89,8 @@ void expect_same(const gfd::EngineOptions& a, const gfd::EngineOptions& b) {
   EXPECT_EQ(a.spin_us, b.spin_us);
   EXPECT_EQ(a.check_overlaps, b.check_overlaps);
   EXPECT_EQ(a.submitter_gathers, b.submitter_gathers);
+  EXPECT_EQ(a.nontemporal_stores, b.nontemporal_stores);
+  EXPECT_EQ(a.kernel_max_bytes, b.kernel_max_bytes);
   EXPECT_EQ(a.backend, b.backend);
 }
 
@@ -103,7 +110,7 @@ void expect_rejected(EnvGuard& env, const std::string& name, const std::string& 
 
 const std::vector<std::string> kSizeVariables = {
     "GFD_STAGING_BYTES", "GFD_SLOT_BYTES", "GFD_FIRST_CHUNK_BYTES", "GFD_PIECE_BYTES",
-    "GFD_DIRECT_MIN_BYTES", "GFD_INLINE_GATHER_BYTES"};
+    "GFD_DIRECT_MIN_BYTES", "GFD_INLINE_GATHER_BYTES", "GFD_KERNEL_MAX_BYTES"};
 const std::vector<std::string> kIntVariables = {"GFD_DEVICE", "GFD_GATHER_THREADS",
                                                 "GFD_COPY_STREAMS", "GFD_NUMA_NODE",
                                                 "GFD_SPIN_US"};
@@ -143,6 +150,9 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
       {"GFD_SPIN_US", "0", [](auto& o) { o.spin_us = 0; }},
       {"GFD_CHECK_OVERLAPS", "1", [](auto& o) { o.check_overlaps = true; }},
       {"GFD_SUBMITTER_GATHERS", "on", [](auto& o) { o.submitter_gathers = true; }},
+      {"GFD_NONTEMPORAL_STORES", "true", [](auto& o) { o.nontemporal_stores = true; }},
+      {"GFD_KERNEL_MAX_BYTES", "256K", [](auto& o) { o.kernel_max_bytes = std::size_t{256} << 10; }},
+      {"GFD_BACKEND", "zero_copy_kernel", [](auto& o) { o.backend = gfd::Backend::kZeroCopyKernel; }},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.name) + "=" + c.value);
@@ -261,6 +271,33 @@ TEST(OptionsFromEnvTest, OutOfRangeIntegerIsRejected) {
   EnvGuard env;
   expect_rejected(env, "GFD_COPY_STREAMS", "4294967298");
   expect_rejected(env, "GFD_DEVICE", "4294967296");
+}
+
+}  // namespace
+
+namespace {
+
+TEST(BackendNamesTest, EveryBackendRoundTripsThroughItsName) {
+  for (gfd::Backend b : gfd::kAllBackends) EXPECT_EQ(gfd::backend_from_string(gfd::to_string(b)), b);
+  EXPECT_STREQ(gfd::to_string(gfd::Backend::kBatchAsync), "batch_async");
+}
+
+TEST(BackendNamesTest, UnknownNameListsTheKnownOnes) {
+  try {
+    (void)gfd::backend_from_string("memcpy");
+    ADD_FAILURE() << "accepted";
+  } catch (const gfd::Error& e) {
+    EXPECT_EQ(e.code(), gfd::ErrorCode::kInvalidArgument);
+    for (gfd::Backend b : gfd::kAllBackends)
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring, gfd::to_string(b), e.what());
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "memcpy", e.what());
+  }
+}
+
+TEST(OptionsFromEnvTest, UnknownBackendIsRejectedNamingTheVariable) {
+  EnvGuard env;
+  expect_rejected(env, "GFD_BACKEND", "fast");
+  expect_rejected(env, "GFD_NONTEMPORAL_STORES", "maybe");
 }
 
 }  // namespace

@@ -41,6 +41,13 @@ struct EngineOptions {
   /// The submitting thread gathers too, until its pieces are all taken, instead of only
   /// waiting for the pool to wake up. copy_to_device then returns once the data is staged.
   bool submitter_gathers = true;
+  /// Write staging with non-temporal (streaming) stores where the CPU has them: the copy engine
+  /// reads the slot from memory right after, so caching its lines first only costs bandwidth.
+  bool nontemporal_stores = true;
+  /// Gather backend: transfers of at most this many bytes whose sources are all pinned are
+  /// copied by the zero-copy SM kernel in one launch instead of the staging pipeline (a small
+  /// transfer is dominated by fixed costs there). 0 disables this.
+  std::size_t kernel_max_bytes = 0;
   /// Check that no two destination ranges overlap (costs a sort of the block list when the
   /// destinations are not already in ascending order).
   bool check_overlaps = true;
@@ -50,7 +57,9 @@ struct EngineOptions {
   /// `base` with every field overridden by its GFD_* environment variable where one is set:
   /// GFD_DEVICE, GFD_STAGING_BYTES, GFD_SLOT_BYTES, GFD_FIRST_CHUNK_BYTES, GFD_PIECE_BYTES,
   /// GFD_DIRECT_MIN_BYTES, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
-  /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS, GFD_SUBMITTER_GATHERS. Sizes accept K, M and G suffixes.
+  /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS, GFD_SUBMITTER_GATHERS,
+  /// GFD_NONTEMPORAL_STORES, GFD_KERNEL_MAX_BYTES, GFD_BACKEND (a backend name such as
+  /// "batch_async"). Sizes accept K, M and G suffixes.
   /// Throws gfd::Error naming the variable when a value does not parse.
   static EngineOptions from_env(EngineOptions base);
   static EngineOptions from_env() { return from_env(EngineOptions{}); }

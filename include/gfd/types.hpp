@@ -16,10 +16,18 @@ struct BlockCopy {
   std::size_t bytes = 0;
 };
 
-/// How a transfer is carried out.
+/// How a transfer is carried out. Every backend goes through the same validation, returns the
+/// same Transfer handle and keeps the same stream semantics; only the mechanism differs.
 enum class Backend {
-  kGather,  ///< gfd's pipeline: CPU gather into a pinned staging ring, large DMAs (default)
+  kGather,          ///< gfd's pipeline: CPU gather into a pinned staging ring, large DMAs (default)
+  kBatchAsync,      ///< cudaMemcpyBatchAsync over the blocks, one call per slot_bytes of blocks
+  kPerBlock,        ///< one cudaMemcpyAsync per block
+  kZeroCopyKernel,  ///< an SM kernel reading pinned host memory directly (sources must be pinned)
 };
+
+/// Every backend, in the order above.
+inline constexpr Backend kAllBackends[] = {Backend::kGather, Backend::kBatchAsync,
+                                           Backend::kPerBlock, Backend::kZeroCopyKernel};
 
 /// What kind of pages back the staging ring.
 enum class HugepageKind {
@@ -28,7 +36,10 @@ enum class HugepageKind {
   kNone,         ///< ordinary 4 KB pages
 };
 
+/// "gather", "batch_async", "per_block", "zero_copy_kernel".
 const char* to_string(Backend backend) noexcept;
+/// The backend named `name` (as to_string gives it); throws gfd::Error listing the names.
+Backend backend_from_string(std::string_view name);
 const char* to_string(HugepageKind kind) noexcept;
 
 }  // namespace gfd

@@ -1,0 +1,51 @@
+// The gather threads' copy loop: scattered host blocks into a staging slot.
+//
+// Cold KV blocks lie scattered over a pool far larger than the caches and the hardware
+// prefetcher does not cross pages, so the loads of the next blocks are started while the
+// current one is copied. Staging is written with non-temporal stores where the CPU has them:
+// the copy engine reads the slot from memory right after, so pulling its lines into the cache
+// first (read-for-ownership) and having the DMA snoop them out again only costs bandwidth.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gfd::detail {
+
+enum class StoreKind : std::uint8_t {
+  kNormal,       // memcpy
+  kNonTemporal,  // streaming stores (falls back to memcpy where unsupported or unaligned)
+};
+
+// True when this CPU can stream-store (AVX2).
+bool nontemporal_supported() noexcept;
+
+// Copies `count` ops (any struct with src, slot_offset and bytes, such as the planner's
+// GatherOp) into `base + slot_offset`, the sources of the next ops prefetched, and fences the
+// streaming stores at the end. Inline so the copy loop has no indirect call per block.
+template <class Op>
+void gather_ops(const Op* ops, std::size_t count, std::byte* base, StoreKind kind) noexcept;
+
+// Copies one block (no prefetch, no fence): memcpy or streaming stores.
+void copy_block(void* dst, const void* src, std::size_t bytes, StoreKind kind) noexcept;
+// Orders the streaming stores before what follows (sfence on x86).
+void store_fence() noexcept;
+// Starts the loads of the first `bytes` (at most 1 KB) of `p`.
+inline void prefetch_block(const void* p, std::size_t bytes) noexcept {
+  const auto* c = static_cast<const char*>(p);
+  const std::size_t n = bytes < 1024 ? bytes : 1024;
+  for (std::size_t l = 0; l < n; l += 64) __builtin_prefetch(c + l);
+}
+
+template <class Op>
+void gather_ops(const Op* ops, std::size_t count, std::byte* base, StoreKind kind) noexcept {
+  constexpr std::size_t kAhead = 2;
+  for (std::size_t i = 0; i < count && i < kAhead; ++i) prefetch_block(ops[i].src, ops[i].bytes);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (i + kAhead < count) prefetch_block(ops[i + kAhead].src, ops[i + kAhead].bytes);
+    copy_block(base + ops[i].slot_offset, ops[i].src, ops[i].bytes, kind);
+  }
+  if (kind == StoreKind::kNonTemporal) store_fence();
+}
+
+}  // namespace gfd::detail
