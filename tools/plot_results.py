@@ -1,0 +1,474 @@
+#!/usr/bin/env python3
+"""Draw the charts of gfd_benchmark's CSV output.
+
+    python3 tools/plot_results.py RESULTS.csv [MORE.csv ...] --out DIR
+        [--metric p50_gbps|ratio_p50|p90_gbps|ratio_p90] [--title TEXT]
+
+Expected CSV header (one row per configuration and backend; extra columns are ignored):
+
+    mode,sources,direction,load,blocks,block_size,dst,backend,p50_us,p90_us,p50_gbps,p90_gbps,
+    ref_gbps,ratio_p50,ratio_p90,cpu_s_per_gb,threads,compute_slowdown,verified
+
+Several CSVs (e.g. a cold and a warm run) are merged. Colour shows the backend, line style the
+sources (solid cold, dashed warm) and a black dotted line the contiguous pinned
+cudaMemcpyAsync reference (ref_gbps) of the same bytes. Only rows with load == "none" go into
+the two sweeps; rows with load == "sm" (measured while a compute kernel keeps every SM busy)
+go into the under-load bar chart. Rows whose `verified` is not 1/true/yes are skipped.
+
+Charts written (PREFIX is "gbps" for the GB/s metrics, "ratio" for the ratio metrics):
+  DIR/PREFIX_vs_blocks_<dst>.png      metric against block count at block size 4096
+  DIR/PREFIX_vs_block_size_<dst>.png  metric against block size at the size sweep's block count
+  DIR/under_load[_ratio].png          unloaded vs under SM load, per backend (if "sm" rows exist)
+If the merged input holds more than one mode or direction, "_<mode>" / "_<direction>" is
+appended to the sweep charts' names as well (and each chart holds one mode and direction).
+
+Only the standard library and matplotlib are needed. Exit status: 0 when at least one chart
+was written, 1 on a data error (missing columns, no usable rows, nothing to draw), 2 on usage.
+"""
+
+import argparse
+import csv
+import math
+import os
+import statistics
+import sys
+from collections import defaultdict
+
+PROG = "plot_results.py"
+
+METRICS = {
+    # column: (file prefix, y label, is a ratio to the contiguous reference)
+    "p50_gbps": ("gbps", "p50 throughput (GB/s, 1 GB = 10^9 B)", False),
+    "p90_gbps": ("gbps_p90", "p90 throughput (GB/s, 1 GB = 10^9 B)", False),
+    "ratio_p50": ("ratio", "p50 rate / contiguous pinned cudaMemcpyAsync rate", True),
+    "ratio_p90": ("ratio_p90", "p90 rate / contiguous pinned cudaMemcpyAsync rate", True),
+}
+
+# Columns every input CSV must have (the chosen metric column is added at run time).
+REQUIRED = ["mode", "sources", "direction", "load", "blocks", "block_size", "dst", "backend",
+            "ref_gbps", "verified"]
+
+BACKEND_ORDER = ["gather", "batch_async", "per_block", "zero_copy_kernel"]
+BACKEND_COLOURS = {"gather": "tab:blue", "batch_async": "tab:orange", "per_block": "tab:green",
+                   "zero_copy_kernel": "tab:red"}
+EXTRA_COLOURS = ["tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray"]
+SOURCES_STYLE = {"cold": "-", "warm": "--"}
+SOURCES_ORDER = ["cold", "warm"]
+DST_ORDER = ["contiguous", "scattered"]
+MARKERS = {"gather": "o", "batch_async": "s", "per_block": "^", "zero_copy_kernel": "D"}
+TRUE_WORDS = {"1", "true", "yes"}
+
+
+def warn(msg):
+    print(f"{PROG}: warning: {msg}", file=sys.stderr)
+
+
+def die(msg):
+    print(f"{PROG}: error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def ordered(values, preferred):
+    """`values` sorted with the `preferred` ones first, in that order, then the rest by name."""
+    values = set(values)
+    return [v for v in preferred if v in values] + sorted(values - set(preferred))
+
+
+def size_label(n):
+    """512 -> '512', 4096 -> '4K', 262144 -> '256K', 1048576 -> '1M'."""
+    for div, suffix in ((1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")):
+        if n >= div and n % div == 0:
+            return f"{n // div}{suffix}"
+    return str(n)
+
+
+def parse_float(text):
+    text = (text or "").strip()
+    if text == "":
+        return None
+    v = float(text)  # ValueError is handled by the caller
+    return v if math.isfinite(v) else None
+
+
+def read_csvs(paths, metric):
+    """Reads and validates every CSV; returns the usable rows as dicts with typed fields."""
+    required = REQUIRED + [metric]
+    rows = []
+    for path in paths:
+        name = os.path.basename(path)
+        try:
+            f = open(path, newline="")
+        except OSError as e:
+            die(f"cannot read {path}: {e.strerror}")
+        with f:
+            reader = csv.DictReader(f)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            reader.fieldnames = header
+            missing = [c for c in required if c not in header]
+            if missing:
+                die(f"{path}: missing required column(s): {', '.join(missing)}\n"
+                    f"  expected at least: {','.join(required)}\n"
+                    f"  found: {','.join(header) if header else '(empty file)'}")
+            if "compute_slowdown" not in header:
+                warn(f"{path}: no compute_slowdown column; the under-load chart is not annotated")
+            unverified, bad = [], []
+            for line_no, raw in enumerate(reader, start=2):
+                if not any((v or "").strip() for v in raw.values() if isinstance(v, str)):
+                    continue  # blank line
+                r = {k: (v or "").strip() if isinstance(v, str) else "" for k, v in raw.items()
+                     if k is not None}
+                if r["verified"].lower() not in TRUE_WORDS:
+                    unverified.append(line_no)
+                    continue
+                try:
+                    row = {
+                        "file": name,
+                        "mode": r["mode"], "sources": r["sources"], "direction": r["direction"],
+                        "load": r["load"], "dst": r["dst"], "backend": r["backend"],
+                        "blocks": int(float(r["blocks"])),
+                        "block_size": int(float(r["block_size"])),
+                        "value": parse_float(r[metric]),
+                        "ref_gbps": parse_float(r["ref_gbps"]),
+                        "compute_slowdown": parse_float(r.get("compute_slowdown", "")),
+                    }
+                except ValueError:
+                    bad.append(line_no)
+                    continue
+                if row["value"] is None or row["blocks"] <= 0 or row["block_size"] <= 0:
+                    bad.append(line_no)
+                    continue
+                rows.append(row)
+            if unverified:
+                warn(f"{path}: skipped {len(unverified)} row(s) whose 'verified' is not 1/true "
+                     f"(line(s) {_lines(unverified)})")
+            if bad:
+                warn(f"{path}: skipped {len(bad)} row(s) with an empty or unreadable {metric}, "
+                     f"blocks or block_size (line(s) {_lines(bad)})")
+    if not rows:
+        die("no usable rows (every row was unverified or unreadable, or the files are empty)")
+    return rows
+
+
+def _lines(nums, limit=8):
+    s = ", ".join(str(n) for n in nums[:limit])
+    return s + (", ..." if len(nums) > limit else "")
+
+
+def aggregate(rows):
+    """Merges rows of the same configuration (a point measured twice, or the same run given
+    twice) into one: the median of their values. Key -> dict(value, ref_gbps, slowdown, files)."""
+    groups = defaultdict(list)
+    for r in rows:
+        key = (r["mode"], r["direction"], r["load"], r["sources"], r["dst"], r["backend"],
+               r["blocks"], r["block_size"])
+        groups[key].append(r)
+    dup = sum(1 for g in groups.values() if len(g) > 1)
+    if dup:
+        warn(f"{dup} configuration(s) appear more than once; the median of their rows is drawn")
+    out = {}
+    for key, g in groups.items():
+        refs = [r["ref_gbps"] for r in g if r["ref_gbps"] is not None and r["ref_gbps"] > 0]
+        slows = [r["compute_slowdown"] for r in g if r["compute_slowdown"] is not None]
+        out[key] = {
+            "value": statistics.median(r["value"] for r in g),
+            "ref_gbps": statistics.median(refs) if refs else None,
+            "slowdown": statistics.median(slows) if slows else None,
+            "files": {r["file"] for r in g},
+        }
+    return out
+
+
+def sources_text(points):
+    """'sources: cold (a.csv), warm (b.csv)' for the points drawn in one chart."""
+    by_src = defaultdict(set)
+    for key, p in points:
+        by_src[key[3]].update(p["files"])
+    parts = [f"{s} ({', '.join(sorted(by_src[s]))})" for s in ordered(by_src, SOURCES_ORDER)]
+    return "sources: " + "; ".join(parts)
+
+
+def backend_colour(backend, all_backends):
+    if backend in BACKEND_COLOURS:
+        return BACKEND_COLOURS[backend]
+    extra = [b for b in all_backends if b not in BACKEND_COLOURS]
+    return EXTRA_COLOURS[extra.index(backend) % len(EXTRA_COLOURS)]
+
+
+def finish(fig, ax, path, title, subtitle):
+    ax.grid(True, which="major", alpha=0.4)
+    ax.set_title(subtitle, fontsize=9)
+    fig.suptitle(title, fontsize=12)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    print(path)
+
+
+def draw_sweep(plt, points, x_of, x_values, x_tick_labels, x_label, ref_at, metric, path,
+               title, subtitle, all_backends):
+    """One line per (backend, sources) of `points` ([(key, point)]) against x_of(key), plus the
+    black dotted contiguous reference `ref_at[x]`."""
+    _, y_label, is_ratio = METRICS[metric]
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    lines = defaultdict(list)
+    for key, p in points:
+        lines[(key[5], key[3])].append((x_of(key), p["value"]))
+    backends = ordered({b for b, _ in lines}, BACKEND_ORDER)
+    sources = ordered({s for _, s in lines}, SOURCES_ORDER)
+    for b in backends:
+        for s in sources:
+            pts = sorted(lines.get((b, s), []))
+            if not pts:
+                continue
+            ax.plot([x for x, _ in pts], [y for _, y in pts],
+                    linestyle=SOURCES_STYLE.get(s, "-."),
+                    marker=MARKERS.get(b, "o"), markersize=4, linewidth=1.6,
+                    color=backend_colour(b, all_backends), label=f"{b} ({s})")
+    if is_ratio:
+        ax.axhline(1.0, color="black", linestyle=":", linewidth=1.5,
+                   label="contiguous pinned cudaMemcpyAsync (= 1)")
+        from matplotlib.ticker import PercentFormatter
+        ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+    else:
+        ref = sorted((x, v) for x, v in ref_at.items() if v is not None)
+        if ref:
+            ax.plot([x for x, _ in ref], [v for _, v in ref], color="black", linestyle=":",
+                    linewidth=1.8, marker=".", label="contiguous pinned cudaMemcpyAsync (ref_gbps)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(x_values)
+    ax.set_xticklabels(x_tick_labels, fontsize=8)
+    ax.minorticks_off()
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=True)
+    finish(fig, ax, path, title, subtitle)
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        prog=PROG, description="Draw the charts of gfd_benchmark's CSV output (see the module "
+        "docstring for the CSV columns and the files written).")
+    ap.add_argument("csv", nargs="+", help="gfd_benchmark --csv output(s); several are merged")
+    ap.add_argument("--out", required=True, help="directory for the PNGs (created if needed)")
+    ap.add_argument("--metric", default="p50_gbps", choices=sorted(METRICS),
+                    help="y value (default p50_gbps); ratio_* are fractions of ref_gbps")
+    ap.add_argument("--title", default=None, help="headline of every chart")
+    ap.add_argument("--sweep-block-size", type=int, default=4096,
+                    help="block size of the block-count sweep (default 4096)")
+    ap.add_argument("--slowdown-format", choices=["fraction", "ratio", "percent"],
+                    default="fraction",
+                    help="how compute_slowdown is written: fraction (0.12 = +12%%, default), "
+                    "ratio (1.12 = +12%%) or percent (12 = +12%%)")
+    args = ap.parse_args()
+
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        die("matplotlib is not installed (python3 -m pip install --user matplotlib)")
+
+    rows = read_csvs(args.csv, args.metric)
+    data = aggregate(rows)
+    prefix, y_label, is_ratio = METRICS[args.metric]
+    headline = args.title or "gfd_benchmark"
+    all_backends = ordered({k[5] for k in data}, BACKEND_ORDER)
+    modes = ordered({k[0] for k in data}, ["gpu", "host-only"])
+    directions = ordered({k[1] for k in data}, ["h2d", "d2h"])
+    loads = {k[2] for k in data}
+    unknown_loads = loads - {"none", "sm"}
+    if unknown_loads:
+        warn(f"rows with load {', '.join(sorted(unknown_loads))} are not drawn "
+             "(only 'none' and 'sm' are known)")
+    os.makedirs(args.out, exist_ok=True)
+    written = 0
+
+    for mode in modes:
+        for direction in directions:
+            suffix_md = (f"_{mode}" if len(modes) > 1 else "") + \
+                        (f"_{direction}" if len(directions) > 1 else "")
+            unloaded = [(k, p) for k, p in data.items()
+                        if k[0] == mode and k[1] == direction and k[2] == "none"]
+            for dst in ordered({k[4] for k, _ in unloaded}, DST_ORDER):
+                pts = [(k, p) for k, p in unloaded if k[4] == dst]
+                meta = f"mode {mode}, {direction}, destinations {dst}; {sources_text(pts)}"
+
+                # 1. Block-count sweep at the fixed block size.
+                bs = args.sweep_block_size
+                sweep = [(k, p) for k, p in pts if k[7] == bs]
+                xs = sorted({k[6] for k, _ in sweep})
+                if len(xs) >= 2:
+                    ref_at = {x: _median([p["ref_gbps"] for k, p in sweep if k[6] == x])
+                              for x in xs}
+                    path = os.path.join(args.out, f"{prefix}_vs_blocks_{dst}{suffix_md}.png")
+                    draw_sweep(plt, sweep, lambda k: k[6], xs, [str(x) for x in xs],
+                               f"blocks per transfer (block size {bs} B)", ref_at,
+                               args.metric, path, headline,
+                               f"{_short(y_label)} vs block count, {bs} B blocks\n"
+                               f"{meta}", all_backends)
+                    written += 1
+                else:
+                    warn(f"{mode}/{direction}/{dst}: fewer than two block counts at block size "
+                         f"{bs}; no block-count chart")
+
+                # 2. Block-size sweep. The default sweep uses one block count (2048) for every
+                # size except the largest ones, where fewer blocks cap a transfer at 256 MB; the
+                # block-count sweep adds other counts at 4096 B (16..16384). So per block size
+                # there can be several counts. The sweep's count is taken to be the one present
+                # at the most block sizes (ties: the larger count); a size that has it uses it.
+                # A size without it (the capped largest sizes, or a custom grid) uses the largest
+                # count present at that size, i.e. the one closest to the sweep's
+                # "as many blocks as the cap allows" rule, and its tick label shows that count.
+                # (Plainly taking the largest count everywhere would pick 16384 at 4096 B, a
+                # point of the other sweep, 8x the bytes of its neighbours.)
+                counts_at = defaultdict(set)
+                for k, _ in pts:
+                    counts_at[k[7]].add(k[6])
+                sizes = sorted(counts_at)
+                if len(sizes) >= 2:
+                    popularity = defaultdict(int)
+                    for s in sizes:
+                        for n in counts_at[s]:
+                            popularity[n] += 1
+                    n_sweep = max(popularity, key=lambda n: (popularity[n], n))
+                    chosen = {s: (n_sweep if n_sweep in counts_at[s] else max(counts_at[s]))
+                              for s in sizes}
+                    sweep = [(k, p) for k, p in pts if chosen[k[7]] == k[6]]
+                    ref_at = {s: _median([p["ref_gbps"] for k, p in sweep if k[7] == s])
+                              for s in sizes}
+                    labels = [size_label(s) + ("" if chosen[s] == n_sweep else f"\nN={chosen[s]}")
+                              for s in sizes]
+                    path = os.path.join(args.out, f"{prefix}_vs_block_size_{dst}{suffix_md}.png")
+                    other = any(chosen[s] != n_sweep for s in sizes)
+                    draw_sweep(plt, sweep, lambda k: k[7], sizes, labels,
+                               f"block size (bytes); {n_sweep} blocks per transfer"
+                               + (" (N = blocks where marked)" if other else ""),
+                               ref_at, args.metric, path, headline,
+                               f"{_short(y_label)} vs block size, {n_sweep} blocks\n{meta}",
+                               all_backends)
+                    written += 1
+                else:
+                    warn(f"{mode}/{direction}/{dst}: fewer than two block sizes; "
+                         "no block-size chart")
+
+    # 3. Under SM load.
+    loaded = [(k, p) for k, p in data.items() if k[2] == "sm"]
+    if loaded:
+        path = os.path.join(args.out, "under_load" + ("" if prefix == "gbps" else f"_{prefix}")
+                            + ".png")
+        draw_under_load(plt, data, loaded, args, path, headline, all_backends)
+        written += 1
+
+    if not written:
+        die("nothing to draw: no sweep has two or more points and there are no load == 'sm' rows")
+    return 0
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _short(y_label):
+    return y_label.split(" (")[0]
+
+
+def slowdown_pct(v, fmt):
+    if v is None:
+        return None
+    if fmt == "fraction":
+        return 100.0 * v
+    if fmt == "ratio":
+        return 100.0 * (v - 1.0)
+    return v
+
+
+def draw_under_load(plt, data, loaded, args, path, headline, all_backends):
+    """One panel per configuration (mode, direction, sources, dst, blocks, block size) measured
+    under SM load; in each, per backend, a bar unloaded and a bar under load, the latter
+    annotated with the compute kernel's slowdown."""
+    _, y_label, is_ratio = METRICS[args.metric]
+    configs = defaultdict(dict)
+    for k, p in loaded:
+        cfg = (k[0], k[1], k[3], k[4], k[6], k[7])
+        configs[cfg][k[5]] = (data.get((k[0], k[1], "none", k[3], k[4], k[5], k[6], k[7])), p)
+
+    def cfg_order(c):
+        mode, direction, sources, dst, blocks, bsize = c
+        rank = lambda v, pref: pref.index(v) if v in pref else len(pref)
+        return (rank(mode, ["gpu", "host-only"]), mode, rank(direction, ["h2d", "d2h"]),
+                direction, rank(dst, DST_ORDER), dst, rank(sources, SOURCES_ORDER), sources,
+                blocks, bsize)
+    cfgs = sorted(configs, key=cfg_order)
+    n = len(cfgs)
+    size = (9, 3.6 * n + 0.8)
+    try:  # constrained layout keeps the headline clear of the first panel
+        fig, axes = plt.subplots(n, 1, figsize=size, squeeze=False, layout="constrained")
+    except TypeError:  # matplotlib < 3.5
+        fig, axes = plt.subplots(n, 1, figsize=size, squeeze=False, constrained_layout=True)
+    missing_unloaded = 0
+    files = set()
+    for ax, cfg in zip(axes[:, 0], cfgs):
+        mode, direction, sources, dst, blocks, bsize = cfg
+        per_b = configs[cfg]
+        backends = ordered(per_b, BACKEND_ORDER)
+        width = 0.38
+        ymax = 0.0
+        for i, b in enumerate(backends):
+            unl, ld = per_b[b]
+            files |= ld["files"] | (unl["files"] if unl else set())
+            colour = backend_colour(b, all_backends)
+            if unl is not None:
+                ax.bar(i - width / 2, unl["value"], width, color=colour, edgecolor="black",
+                       linewidth=0.6)
+                ax.text(i - width / 2, unl["value"], _fmt(unl["value"], is_ratio),
+                        ha="center", va="bottom", fontsize=7)
+                ymax = max(ymax, unl["value"])
+            else:
+                missing_unloaded += 1
+                ax.text(i - width / 2, 0, "no\nunloaded\nrow", ha="center", va="bottom",
+                        fontsize=7, color="gray")
+            ax.bar(i + width / 2, ld["value"], width, color=colour, edgecolor="black",
+                   linewidth=0.6, hatch="///", alpha=0.75)
+            pct = slowdown_pct(ld["slowdown"], args.slowdown_format)
+            if pct is None and unl is not None:
+                pct = slowdown_pct(unl["slowdown"], args.slowdown_format)
+            note = _fmt(ld["value"], is_ratio)
+            note += f"\ncompute {pct:+.1f}%" if pct is not None else "\ncompute n/a"
+            ax.text(i + width / 2, ld["value"], note, ha="center", va="bottom", fontsize=7)
+            ymax = max(ymax, ld["value"])
+        ax.set_xticks(range(len(backends)))
+        ax.set_xlim(-0.6, max(len(backends), 4) - 0.4)  # same bar width with fewer backends
+        ax.set_xticklabels(backends)
+        ax.set_xlabel("backend")
+        ax.set_ylabel(_short(y_label) + (" (GB/s)" if not is_ratio else ""))
+        if is_ratio:
+            from matplotlib.ticker import PercentFormatter
+            ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+        ax.set_ylim(0, ymax * 1.3 if ymax > 0 else 1)
+        ax.set_title(f"mode {mode}, {direction}, {sources} sources, destinations {dst}, "
+                     f"{blocks} blocks x {bsize} B", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.4)
+        ax.set_axisbelow(True)
+        from matplotlib.patches import Patch
+        ax.legend(handles=[Patch(facecolor="white", edgecolor="black", label="unloaded"),
+                           Patch(facecolor="white", edgecolor="black", hatch="///",
+                                 label="under SM load")], fontsize=8, loc="upper right")
+    if missing_unloaded:
+        warn(f"under_load: {missing_unloaded} loaded row(s) without a matching unloaded row")
+    fig.suptitle(f"{headline}\n{_short(y_label)}: unloaded vs every SM busy with a compute kernel "
+                 f"(hatched; label: compute kernel slowdown)\nfiles: {', '.join(sorted(files))}",
+                 fontsize=10)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    print(path)
+
+
+def _fmt(v, is_ratio):
+    return f"{100 * v:.0f}%" if is_ratio else f"{v:.1f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
