@@ -1,6 +1,7 @@
-// gfd_benchmark: scattered host blocks -> GPU, gfd's engine against the contiguous pinned DMA
-// of the same bytes measured in the same run. Cold sources by default (fresh random blocks of a
-// pool several times the L3 each repetition); --warm reuses the same blocks.
+// gfd_benchmark: scattered host blocks -> GPU through every backend, each against the
+// contiguous pinned DMA of the same bytes measured in the same run. Cold sources by default
+// (fresh random blocks of a pool several times the L3 each repetition); --warm reuses the same
+// blocks. Every byte is verified once per configuration and backend, outside the timed region.
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,9 +10,11 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,8 +22,9 @@
 #include "device.hpp"
 #include "emulated_device.hpp"
 #include "engine_core.hpp"
-#include "topology.hpp"
 #include "gfd/gfd.hpp"
+#include "load_kernel.cuh"
+#include "topology.hpp"
 
 namespace {
 
@@ -29,52 +33,339 @@ using namespace gfd::bench;
 using Clock = std::chrono::steady_clock;
 
 const std::map<std::string, std::string> kFlags = {
-    {"blocks", "=N[,N...]   block counts (default sweep 16..16384 at 4K)"},
+    {"blocks", "=N[,N...]    block counts (default sweep 16..16384 at 4K)"},
     {"block-sizes", "=S[,S...] block sizes, e.g. 512,4K,64K (default sweep 512..256K at N=2048)"},
-    {"iters", "=N          timed repetitions per configuration (default 30, at least 20)"},
-    {"warmup", "=N         untimed repetitions first (default 5)"},
-    {"warm", "             reuse the same source blocks every repetition (default: cold)"},
-    {"dst", "=MODE         contiguous | scattered | both (default both)"},
-    {"device", "=N         CUDA device (default 0)"},
-    {"pool-bytes", "=S     source pool size (default max(8 x L3, 32 x largest transfer))"},
-    {"csv", "=FILE         write results as CSV"},
-    {"json", "=FILE        write results as JSON"},
-    {"quick", "            a short grid: 2048 x 4K only"},
-    {"batch", "=K          submit K transfers back to back per repetition, one sync (default 1)"},
-    {"help", "             this text"},
+    {"backends", "=B[,B...]  gather, batch_async, per_block, zero_copy_kernel (default all)"},
+    {"iters", "=N           timed repetitions per configuration (default 30, at least 20)"},
+    {"warmup", "=N          untimed repetitions first (default 5)"},
+    {"warm", "              reuse the same source blocks every repetition (default: cold)"},
+    {"dst", "=MODE          contiguous | scattered | both (default contiguous)"},
+    {"device", "=N          CUDA device (default 0)"},
+    {"pool-bytes", "=S      source pool size (default max(8 x L3, 32 x largest transfer))"},
+    {"csv", "=FILE          write results as CSV"},
+    {"json", "=FILE         write results as JSON"},
+    {"quick", "             a short grid: 2048 x 4K only"},
+    {"batch", "=K           submit K transfers back to back per repetition, one sync (default 1)"},
+    {"under-load", "        also measure each backend while a compute kernel fills every SM"},
+    {"trace", "             print the gather pipeline's timeline of the median transfer"},
+    {"help", "              this text"},
 };
 
 struct Row {
-  std::size_t n, size;
-  std::string dst, method;
+  std::size_t n = 0, size = 0;
+  std::string dst, backend, load = "none";
   Percentiles us;
-  double gbps = 0, ratio = 0, ref_gbps = 0, cpu_s_per_gb = 0, submit_us = 0;
+  double ref_gbps = 0, cpu_s_per_gb = 0, submit_us = 0, slowdown = -1;
   int threads = 0;
   bool verified = false;
-};
-
-struct Ctx {
-  std::shared_ptr<detail::Device> dev;
-  detail::StreamHandle stream = nullptr;
-  bool host_only = false;
-  int iters = 30, warmup = 5;
-  bool warm = false;
+  double p50_gbps() const { return us.p50 > 0 ? n * size / (us.p50 * 1e3) : 0; }
+  double p90_gbps() const { return us.p90 > 0 ? n * size / (us.p90 * 1e3) : 0; }  // slower tail
 };
 
 double gbps(std::size_t bytes, double us) { return us > 0 ? bytes / (us * 1e3) : 0; }
+double since_us(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
 
-// Times `fn` (which must return only when the data is on the device): warm-up, then iters.
-template <class Prepare, class Run>
-std::vector<double> time_it(const Ctx& c, Prepare&& prepare, Run&& run) {
-  std::vector<double> us;
-  for (int i = 0; i < c.warmup + c.iters; ++i) {
-    prepare(i);
-    const auto t0 = Clock::now();
-    run();
-    const double t = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-    if (i >= c.warmup) us.push_back(t);
+struct BackendEngine {
+  Backend backend;
+  Engine engine;
+};
+
+class Bench {
+ public:
+  std::shared_ptr<detail::Device> dev;
+  detail::StreamHandle stream = nullptr;
+  bool host_only = false, warm = false, trace = false;
+  int iters = 30, warmup = 5;
+  std::size_t batch = 1;
+  std::unique_ptr<Pool> pool;
+  std::byte* ref_src = nullptr;
+  std::byte* dst = nullptr;
+  std::size_t max_bytes = 0;
+  int failures = 0;
+
+  // One contiguous pinned cudaMemcpyAsync of `bytes`, timed like the backends (call to sync).
+  Percentiles reference(std::size_t bytes) {
+    std::vector<double> us;
+    for (int i = 0; i < warmup + iters; ++i) {
+      const auto t0 = Clock::now();
+      dev->copy_h2d(dst, ref_src, bytes, stream);
+      dev->stream_sync(stream);
+      if (i >= warmup) us.push_back(since_us(t0));
+    }
+    return percentiles(us);
   }
-  return us;
+
+  // Block lists of one configuration: fresh random sources each call unless warm.
+  struct Blocks {
+    SourcePicker picker;
+    std::mt19937_64 rng;
+    std::vector<std::size_t> dst_pages;
+    std::vector<std::vector<BlockCopy>> sets;
+  };
+  Blocks make_blocks(std::size_t n, std::size_t size, std::size_t sets) {
+    Blocks b{SourcePicker(pool->bytes, size, 0xC0FFEE + n * 31 + size), std::mt19937_64(n ^ size),
+             std::vector<std::size_t>(2 * n), std::vector<std::vector<BlockCopy>>(sets, std::vector<BlockCopy>(n))};
+    std::iota(b.dst_pages.begin(), b.dst_pages.end(), 0);
+    return b;
+  }
+  void refill(Blocks& b, std::size_t size, bool scattered) {
+    for (auto& blocks : b.sets) {
+      const auto src = b.picker.pick(blocks.size());
+      if (scattered) std::shuffle(b.dst_pages.begin(), b.dst_pages.end(), b.rng);
+      for (std::size_t i = 0; i < blocks.size(); ++i)
+        blocks[i] = {pool->data + src[i], dst + (scattered ? b.dst_pages[i] : i) * size, size};
+    }
+  }
+
+  // Clears the destination, moves one fresh set and compares every byte on the GPU.
+  bool verify(Engine& engine, Blocks& b, std::size_t size, bool scattered) {
+    const std::size_t span = 2 * b.sets[0].size() * size;
+    dev->memset_async(dst, 0, span, stream);
+    refill(b, size, scattered);
+    const std::vector<BlockCopy>& blocks = b.sets[0];
+    engine.copy_to_device(blocks, static_cast<cudaStream_t>(stream)).wait();
+    std::vector<std::byte> back(span);
+    dev->copy_d2h(back.data(), dst, span, stream);
+    dev->stream_sync(stream);
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      if (std::memcmp(back.data() + (static_cast<std::byte*>(blocks[i].dst) - dst), blocks[i].src, size) != 0)
+        return false;
+    return true;
+  }
+
+  // Times one backend on one configuration.
+  Row measure(BackendEngine& be, std::size_t n, std::size_t size, const std::string& mode, double ref_gbps) {
+    const bool scattered = mode == "scattered";
+    Blocks b = make_blocks(n, size, batch);
+    refill(b, size, scattered);
+    auto& core = detail::EngineCore::of(be.engine);
+    std::vector<double> us, submit_us;
+    double cpu0 = 0;
+    for (int i = 0; i < warmup + iters; ++i) {
+      if (!warm && i > 0) refill(b, size, scattered);
+      if (i == warmup) {
+        cpu0 = process_cpu_seconds();
+        if (trace && be.backend == Backend::kGather) core.start_trace(1 << 20);
+      }
+      const auto t0 = Clock::now();
+      for (const auto& set : b.sets) be.engine.copy_to_device(set, static_cast<cudaStream_t>(stream));
+      const double sub = since_us(t0);
+      dev->stream_sync(stream);  // the stream waits for the transfers: the data is on the GPU
+      if (i >= warmup) {
+        us.push_back(since_us(t0) / static_cast<double>(batch));
+        submit_us.push_back(sub / static_cast<double>(batch));
+      }
+    }
+    const double cpu = process_cpu_seconds() - cpu0;
+    Row r;
+    r.n = n;
+    r.size = size;
+    r.dst = mode;
+    r.backend = to_string(be.backend);
+    r.us = percentiles(us);
+    r.ref_gbps = ref_gbps;
+    r.submit_us = percentiles(submit_us).p50;
+    r.threads = be.engine.stats().gather_threads;
+    r.cpu_s_per_gb = cpu / (static_cast<double>(n * size) * batch * iters * 1e-9);
+    if (trace && be.backend == Backend::kGather) print_trace(core.take_trace(), us, n, size, mode);
+    r.verified = verify(be.engine, b, size, scattered);
+    if (!r.verified) {
+      ++failures;
+      std::fprintf(stderr, "VERIFY FAILED: %s, %zu x %zu (%s destinations): data on the GPU differs\n",
+                   r.backend.c_str(), n, size, mode.c_str());
+    }
+    return r;
+  }
+
+  // The pipeline timeline of the median timed transfer: where the time goes.
+  void print_trace(const std::vector<detail::TraceEvent>& ev, const std::vector<double>& us, std::size_t n,
+                   std::size_t size, const std::string& mode) {
+    using E = detail::TraceEvent;
+    std::vector<std::uint32_t> ids;
+    for (const E& e : ev)
+      if (e.what == E::kSubmit) ids.push_back(e.transfer);
+    if (ids.empty() || batch != 1 || ids.size() != us.size()) {
+      std::printf("trace: unusable (%zu transfers traced for %zu repetitions)\n", ids.size(), us.size());
+      return;
+    }
+    std::vector<std::size_t> order(us.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](auto a, auto b) { return us[a] < us[b]; });
+    const std::size_t rep = order[order.size() / 2];
+    const std::uint32_t id = ids[rep];
+    std::uint64_t t0 = 0;
+    struct Chunk {
+      double published = -1, first = 1e18, last = 0, issued = -1;
+      std::uint32_t bytes = 0, pieces = 0;
+      std::set<int> threads;
+    };
+    std::map<std::uint32_t, Chunk> chunks;
+    std::map<int, double> busy;
+    std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint64_t> open;
+    double planned = 0, finalized = 0, returned = 0, first_piece = 1e18, last_piece = 0;
+    for (const E& e : ev)
+      if (e.transfer == id && e.what == E::kSubmit) t0 = e.ns;
+    for (const E& e : ev) {
+      if (e.transfer != id) continue;
+      const double t = (static_cast<double>(e.ns) - static_cast<double>(t0)) * 1e-3;
+      switch (e.what) {
+        case E::kPlanned: planned = t; break;
+        case E::kChunkPublished: chunks[e.a].published = t; chunks[e.a].pieces = e.b; break;
+        case E::kPieceStart:
+          open[{e.a, e.b}] = e.ns;
+          chunks[e.a].first = std::min(chunks[e.a].first, t);
+          chunks[e.a].threads.insert(e.thread);
+          first_piece = std::min(first_piece, t);
+          break;
+        case E::kPieceEnd:
+          chunks[e.a].last = std::max(chunks[e.a].last, t);
+          last_piece = std::max(last_piece, t);
+          busy[e.thread] += (static_cast<double>(e.ns) - static_cast<double>(open[{e.a, e.b}])) * 1e-3;
+          break;
+        case E::kChunkIssued: chunks[e.a].issued = t; chunks[e.a].bytes = e.b; break;
+        case E::kFinalized: finalized = t; break;
+        case E::kReturn: returned = t; break;
+        default: break;
+      }
+    }
+    double busy_sum = 0;
+    for (auto& [th, b] : busy) busy_sum += b;
+    const double window = last_piece - first_piece;
+    std::printf("\ntrace: gather, %zu x %s, %s destinations, median timed repetition (%.1f us call to sync)\n",
+                n, format_size(size).c_str(), mode.c_str(), us[rep]);
+    std::printf("  planned %.1f us | first piece starts %.1f | last piece ends %.1f | last DMA enqueued %.1f | "
+                "call returns %.1f\n",
+                planned, first_piece, last_piece, finalized, returned);
+    std::printf("  threads that gathered: %zu (-1 = the submitting thread); busy %.1f us in total = %.1f threads "
+                "on average over the %.1f us gather window\n",
+                busy.size(), busy_sum, window > 0 ? busy_sum / window : 0, window);
+    std::printf("  %-6s %-7s %-7s %10s %10s %10s %10s %8s\n", "chunk", "bytes", "pieces", "published",
+                "1st_piece", "last_piece", "issued", "threads");
+    for (auto& [k, c] : chunks)
+      std::printf("  %-6u %-7s %-7u %10.1f %10.1f %10.1f %10.1f %8zu\n", k, (std::to_string(c.bytes >> 10) + "K").c_str(), c.pieces,
+                  c.published, c.first < 1e17 ? c.first : -1.0, c.last, c.issued, c.threads.size());
+  }
+
+  // Each backend while a compute kernel keeps every SM busy: its rate, and how much longer the
+  // compute kernel takes than alone.
+  std::vector<Row> under_load(std::vector<BackendEngine>& engines, std::size_t n, std::size_t size,
+                              double ref_gbps, int device) {
+    std::vector<Row> rows;
+    const int sms = sm_count(device);
+    int lo = 0, hi = 0;
+    cudaDeviceGetStreamPriorityRange(&lo, &hi);
+    cudaStream_t load_stream = nullptr;
+    cudaStreamCreateWithPriority(&load_stream, cudaStreamNonBlocking, lo);  // lowest priority
+    float* sink = static_cast<float*>(dev->alloc_device(sizeof(float) * 8 * sms * 4096));
+    cudaEvent_t a = nullptr, z = nullptr;
+    cudaEventCreate(&a);
+    cudaEventCreate(&z);
+    auto run_load = [&](std::uint32_t rounds, std::uint32_t waves) {
+      cudaEventRecord(a, load_stream);
+      if (launch_fma_load(sink, rounds, waves, sms, load_stream) != cudaSuccess)
+        throw std::runtime_error("compute load kernel failed to launch");
+      cudaEventRecord(z, load_stream);
+    };
+    auto elapsed_ms = [&] {
+      cudaEventSynchronize(z);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, z);
+      return static_cast<double>(ms);
+    };
+    // Calibrate: thread blocks of about 20 us, waves for about 300 ms in all.
+    std::uint32_t rounds = 1000;
+    run_load(rounds, 1);
+    const double one = elapsed_ms();
+    rounds = static_cast<std::uint32_t>(std::max(1.0, rounds * 0.020 / std::max(one, 1e-3)));
+    run_load(rounds, 10);
+    const double wave_ms = elapsed_ms() / 10;
+    const auto waves = static_cast<std::uint32_t>(std::clamp(300.0 / std::max(wave_ms, 1e-3), 20.0, 4096.0));
+    run_load(rounds, waves);
+    const double alone_ms = elapsed_ms();
+    std::printf("\nunder load: %d SMs x 8 blocks of 256 threads per wave, %u waves of %.3f ms; %.1f ms alone\n",
+                sms, waves, wave_ms, alone_ms);
+    for (BackendEngine& be : engines) {
+      Blocks b = make_blocks(n, size, 1);
+      refill(b, size, false);
+      for (int i = 0; i < warmup; ++i) {
+        be.engine.copy_to_device(b.sets[0], static_cast<cudaStream_t>(stream));
+        dev->stream_sync(stream);
+      }
+      std::vector<double> us;
+      run_load(rounds, waves);
+      // Transfers back to back for as long as the load runs (at least `iters` of them).
+      while (cudaEventQuery(z) == cudaErrorNotReady || static_cast<int>(us.size()) < iters) {
+        if (!warm) refill(b, size, false);
+        const auto t0 = Clock::now();
+        be.engine.copy_to_device(b.sets[0], static_cast<cudaStream_t>(stream));
+        dev->stream_sync(stream);
+        us.push_back(since_us(t0));
+        if (us.size() > 100000) break;
+      }
+      const double loaded_ms = elapsed_ms();
+      Row r;
+      r.n = n;
+      r.size = size;
+      r.dst = "contiguous";
+      r.backend = to_string(be.backend);
+      r.load = "sm";
+      r.us = percentiles(us);
+      r.ref_gbps = ref_gbps;
+      r.threads = be.engine.stats().gather_threads;
+      r.slowdown = loaded_ms / alone_ms - 1;
+      r.verified = verify(be.engine, b, size, false);
+      if (!r.verified) {
+        ++failures;
+        std::fprintf(stderr, "VERIFY FAILED under load: %s\n", r.backend.c_str());
+      }
+      std::fprintf(stderr, "under load: %-16s %8.2f GB/s over %zu transfers, compute kernel %.1f ms (%+.1f%%)\n",
+                   r.backend.c_str(), r.p50_gbps(), us.size(), loaded_ms, 100 * r.slowdown);
+      rows.push_back(r);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(z);
+    dev->free_device(sink);
+    cudaStreamDestroy(load_stream);
+    return rows;
+  }
+};
+
+void print_rows(const std::vector<Row>& rows) {
+  std::printf("\n%-6s %-5s %-10s %-16s %-5s %9s %9s %9s %9s %9s %7s %7s %8s %8s %s\n", "blocks", "size", "dst",
+              "backend", "load", "p50_us", "p90_us", "p50_GB/s", "p90_GB/s", "ref_GB/s", "ratio", "thr",
+              "cpu_s/GB", "slowdown", "verified");
+  for (const Row& r : rows) {
+    char slow[16] = "-";
+    if (r.slowdown >= -0.5) std::snprintf(slow, sizeof slow, "%+.1f%%", 100 * r.slowdown);
+    std::printf("%-6zu %-5s %-10s %-16s %-5s %9.1f %9.1f %9.2f %9.2f %9.2f %6.1f%% %7d %8.3f %8s %s\n", r.n,
+                format_size(r.size).c_str(), r.dst.c_str(), r.backend.c_str(), r.load.c_str(), r.us.p50, r.us.p90,
+                r.p50_gbps(), r.p90_gbps(), r.ref_gbps, r.ref_gbps > 0 ? 100 * r.p50_gbps() / r.ref_gbps : 0,
+                r.threads, r.cpu_s_per_gb, slow, r.verified ? "yes" : "NO");
+  }
+}
+
+void print_latency(const std::vector<Row>& rows) {
+  bool any = false;
+  for (const Row& r : rows) any = any || (r.size == 4096 && r.n <= 256 && r.load == "none");
+  if (!any) return;
+  std::printf("\nsmall-request latency (4 KB blocks, call to stream sync returning), us:\n");
+  std::printf("%-16s %-10s %12s %12s %12s\n", "backend", "dst", "16 p50/p90", "64 p50/p90", "256 p50/p90");
+  std::set<std::pair<std::string, std::string>> keys;
+  for (const Row& r : rows)
+    if (r.load == "none") keys.insert({r.backend, r.dst});
+  for (const auto& [backend, dst] : keys) {
+    std::printf("%-16s %-10s", backend.c_str(), dst.c_str());
+    for (std::size_t n : {16, 64, 256}) {
+      const Row* hit = nullptr;
+      for (const Row& r : rows)
+        if (r.backend == backend && r.dst == dst && r.n == n && r.size == 4096 && r.load == "none") hit = &r;
+      if (hit) std::printf(" %5.1f/%-6.1f", hit->us.p50, hit->us.p90);
+      else std::printf(" %12s", "-");
+    }
+    std::printf("\n");
+  }
 }
 
 }  // namespace
@@ -82,19 +373,31 @@ std::vector<double> time_it(const Ctx& c, Prepare&& prepare, Run&& run) {
 int main(int argc, char** argv) try {
   Flags flags(argc, argv, kFlags);
   if (flags.has("help")) {
-    std::cout << "gfd_benchmark: scattered host-to-GPU block copies, gfd vs the contiguous DMA\n"
+    std::cout << "gfd_benchmark: scattered host-to-GPU block copies, every backend against the contiguous DMA\n"
               << Flags::usage(kFlags);
     return 0;
   }
-  Ctx c;
-  c.iters = static_cast<int>(std::max<long long>(20, flags.get_int("iters", 30)));
-  c.warmup = static_cast<int>(std::max<long long>(1, flags.get_int("warmup", 5)));
-  c.warm = flags.has("warm");
-  const std::size_t batch = static_cast<std::size_t>(std::max<long long>(1, flags.get_int("batch", 1)));
+  Bench bench;
+  bench.iters = static_cast<int>(std::max<long long>(20, flags.get_int("iters", 30)));
+  bench.warmup = static_cast<int>(std::max<long long>(1, flags.get_int("warmup", 5)));
+  bench.warm = flags.has("warm");
+  bench.trace = flags.has("trace");
+  bench.batch = static_cast<std::size_t>(std::max<long long>(1, flags.get_int("batch", 1)));
   const int device = static_cast<int>(flags.get_int("device", 0));
-  const std::string dst_mode = flags.get("dst", "both");
+  const std::string dst_mode = flags.get("dst", "contiguous");
   if (dst_mode != "contiguous" && dst_mode != "scattered" && dst_mode != "both")
     throw std::invalid_argument("--dst must be contiguous, scattered or both");
+  std::vector<Backend> backends;
+  if (flags.has("backends")) {
+    std::string list = flags.get("backends");
+    for (std::size_t pos = 0; pos <= list.size();) {
+      const std::size_t comma = std::min(list.find(',', pos), list.size());
+      backends.push_back(backend_from_string(list.substr(pos, comma - pos)));
+      pos = comma + 1;
+    }
+  } else {
+    backends.assign(std::begin(kAllBackends), std::end(kAllBackends));
+  }
 
   // The grid: N sweep at 4 KB, then a block-size sweep at N = 2048 (capped at 256 MB a transfer).
   std::vector<std::pair<std::size_t, std::size_t>> grid;
@@ -108,173 +411,142 @@ int main(int argc, char** argv) try {
     for (std::size_t s : {512, 1024, 16384, 65536, 262144})
       grid.push_back({std::min<std::size_t>(2048, (std::size_t{256} << 20) / s), s});
   }
-  std::size_t max_bytes = 0;
-  for (auto [n, s] : grid) max_bytes = std::max(max_bytes, n * s);
+  for (auto [n, s] : grid) bench.max_bytes = std::max(bench.max_bytes, n * s);
 
   if (detail::cuda_device_count() == 0) {
-    c.host_only = true;
+    bench.host_only = true;
     std::printf("No CUDA GPU is visible here: measuring the host side only (gather threads into the\n"
                 "real staging ring; the emulated device's 'DMA' is a host memcpy). These figures are\n"
-                "labelled host-only and say nothing about PCIe.\n");
-    c.dev = std::make_shared<detail::EmulatedDevice>(0);
+                "labelled host-only and say nothing about PCIe; only the gather backend is run.\n");
+    bench.dev = std::make_shared<detail::EmulatedDevice>(0);
+    backends = {Backend::kGather};
+    if (flags.has("under-load")) std::printf("--under-load needs a GPU: skipped.\n");
   } else {
-    c.dev = detail::make_cuda_device(device);
+    bench.dev = detail::make_cuda_device(device);
   }
-  detail::Device& d = *c.dev;
+  detail::Device& d = *bench.dev;
   d.make_current();
-  c.stream = d.create_stream();
+  bench.stream = d.create_stream();
 
-  EngineOptions eo = EngineOptions::from_env();
-  eo.device = d.ordinal();
-  Engine engine = detail::EngineCore::make_engine(eo, c.dev);
-  const EngineStats st0 = engine.stats();
-
-  const long phys = sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGE_SIZE);
-  std::size_t pool_bytes = flags.has("pool-bytes")
-                               ? parse_size(flags.get("pool-bytes"))
-                               : std::max(8 * l3_bytes(), 32 * max_bytes);
-  if (c.host_only) pool_bytes = std::min(pool_bytes, static_cast<std::size_t>(phys / 4));
-  pool_bytes = std::min(pool_bytes, static_cast<std::size_t>(phys / 2));
-  std::printf("device: %s | engine: %d gather threads on CPUs %s, NUMA node %d, ring %s in %s slots, "
-              "hugepages %s, %d copy streams\n",
-              c.host_only ? "emulated (host-only)" : ("CUDA " + std::to_string(d.ordinal())).c_str(),
-              st0.gather_threads, detail::format_cpulist(st0.cpus).c_str(), st0.numa_node,
-              format_size(st0.staging_bytes).c_str(), format_size(st0.slot_bytes).c_str(),
-              to_string(st0.hugepages), eo.copy_streams);
-  std::printf("sources: %s, pool %s (L3 %s), 2x block stride | %d timed reps after %d warm-up\n",
-              c.warm ? "warm (same blocks every rep)" : "cold (fresh random blocks every rep)",
-              format_size(pool_bytes).c_str(), format_size(l3_bytes()).c_str(), c.iters, c.warmup);
-
-  Pool pool(pool_bytes);
-  d.register_host(pool.data, pool.bytes);  // pinned, as a serving runtime's KV pool is
-  std::vector<std::byte> ref_init(max_bytes);
-  std::byte* ref_src = nullptr;
-  {
-    // Contiguous pinned source for the reference DMA.
-    void* p = nullptr;
-    if (posix_memalign(&p, 1 << 21, max_bytes) != 0) throw std::bad_alloc();
-    ref_src = static_cast<std::byte*>(p);
-    std::memcpy(ref_src, pool.data, max_bytes);
-    d.register_host(ref_src, max_bytes);
+  std::vector<BackendEngine> engines;
+  for (Backend b : backends) {
+    EngineOptions eo = EngineOptions::from_env();
+    eo.device = d.ordinal();
+    eo.backend = b;
+    engines.push_back({b, detail::EngineCore::make_engine(eo, bench.dev)});
   }
-  auto* dst = static_cast<std::byte*>(d.alloc_device(2 * max_bytes));
+  const long phys = sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGE_SIZE);
+  std::size_t pool_bytes = flags.has("pool-bytes") ? parse_size(flags.get("pool-bytes"))
+                                                   : std::max(8 * l3_bytes(), 32 * bench.max_bytes);
+  if (bench.host_only) pool_bytes = std::min(pool_bytes, static_cast<std::size_t>(phys / 4));
+  pool_bytes = std::min(pool_bytes, static_cast<std::size_t>(phys / 2));
+  for (const BackendEngine& be : engines) {
+    const EngineStats st = be.engine.stats();
+    const EngineOptions& o = be.engine.options();
+    if (be.backend == Backend::kGather)
+      std::printf("engine gather: %d gather threads on CPUs %s, NUMA node %d, ring %s in %s slots, hugepages %s, "
+                  "%d copy streams, first chunk %s, pieces %s, %s stores, kernel for <= %s\n",
+                  st.gather_threads, detail::format_cpulist(st.cpus).c_str(), st.numa_node,
+                  format_size(st.staging_bytes).c_str(), format_size(st.slot_bytes).c_str(),
+                  to_string(st.hugepages), o.copy_streams, format_size(o.first_chunk_bytes).c_str(),
+                  format_size(o.piece_bytes).c_str(), o.nontemporal_stores ? "streaming" : "normal",
+                  format_size(o.kernel_max_bytes).c_str());
+  }
+  std::printf("device: %s | sources: %s, pool %s (L3 %s), 2x block stride | %d timed reps after %d warm-up\n",
+              bench.host_only ? "emulated (host-only)" : ("CUDA " + std::to_string(d.ordinal())).c_str(),
+              bench.warm ? "warm (same blocks every rep)" : "cold (fresh random blocks every rep)",
+              format_size(pool_bytes).c_str(), format_size(l3_bytes()).c_str(), bench.iters, bench.warmup);
+
+  bench.pool = std::make_unique<Pool>(pool_bytes);
+  d.register_host(bench.pool->data, bench.pool->bytes);  // pinned, as a serving runtime's KV pool is
+  {
+    void* p = nullptr;
+    if (posix_memalign(&p, 1 << 21, bench.max_bytes) != 0) throw std::bad_alloc();
+    bench.ref_src = static_cast<std::byte*>(p);
+    std::memcpy(bench.ref_src, bench.pool->data, bench.max_bytes);
+    d.register_host(bench.ref_src, bench.max_bytes);
+  }
+  bench.dst = static_cast<std::byte*>(d.alloc_device(2 * bench.max_bytes));
 
   std::vector<Row> rows;
   std::vector<std::string> dst_modes;
   if (dst_mode != "scattered") dst_modes.push_back("contiguous");
   if (dst_mode != "contiguous") dst_modes.push_back("scattered");
-  const std::size_t total = grid.size() * dst_modes.size();
+  const std::size_t total = grid.size() * dst_modes.size() * engines.size();
   std::size_t done = 0;
-  int failures = 0;
-
+  const auto start = Clock::now();
+  std::map<std::pair<std::size_t, std::size_t>, double> ref_rates;
   for (auto [n, size] : grid) {
     const std::size_t bytes = n * size;
-    // Reference: one contiguous pinned DMA of the same bytes, timed the same way.
-    const auto ref_us = percentiles(time_it(c, [](int) {}, [&] {
-      d.copy_h2d(dst, ref_src, bytes, c.stream);
-      d.stream_sync(c.stream);
-    }));
-    const double ref_gbps = gbps(bytes, ref_us.p50);
+    const double ref_gbps = gbps(bytes, bench.reference(bytes).p50);
+    ref_rates[{n, size}] = ref_gbps;
     for (const std::string& mode : dst_modes) {
-      ++done;
-      std::fprintf(stderr, "[%zu/%zu] %zu x %s, %s destinations ...\n", done, total, n,
-                   format_size(size).c_str(), mode.c_str());
-      SourcePicker picker(pool.bytes, size, 0xC0FFEE + n * 31 + size);
-      std::mt19937_64 rng(n ^ size);
-      std::vector<std::size_t> dst_pages(2 * n);
-      std::iota(dst_pages.begin(), dst_pages.end(), 0);
-      std::vector<std::vector<BlockCopy>> sets(batch, std::vector<BlockCopy>(n));
-      auto build = [&](bool fresh) {
-        if (!fresh) return;
-        for (auto& blocks : sets) {
-          const auto src = picker.pick(n);
-          if (mode == "scattered") std::shuffle(dst_pages.begin(), dst_pages.end(), rng);
-          for (std::size_t i = 0; i < n; ++i)
-            blocks[i] = {pool.data + src[i], dst + (mode == "scattered" ? dst_pages[i] : i) * size, size};
-        }
-      };
-      build(true);
-      const std::vector<BlockCopy>& blocks = sets.back();
-      std::vector<double> submit_us;
-      const double cpu0 = process_cpu_seconds();
-      auto us = time_it(c, [&](int i) { build(!c.warm || i == 0); }, [&] {
-        const auto t0 = Clock::now();
-        for (const auto& set : sets) engine.copy_to_device(set, static_cast<cudaStream_t>(c.stream));
-        submit_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / batch);
-        d.stream_sync(c.stream);  // the stream waits for the transfers: the data is on the GPU
-      });
-      for (double& u : us) u /= static_cast<double>(batch);
-      const double cpu = process_cpu_seconds() - cpu0;
-      // Verify every byte of the last repetition, outside the timed region.
-      Row r{n, size, mode, "gather", percentiles(us)};
-      r.submit_us = percentiles(std::vector<double>(submit_us.begin() + c.warmup, submit_us.end())).p50;
-      bool ok = true;
-      {
-        std::vector<std::byte> back(2 * bytes);
-        d.copy_d2h(back.data(), dst, 2 * bytes, c.stream);
-        d.stream_sync(c.stream);
-        for (std::size_t i = 0; i < n && ok; ++i)
-          ok = std::memcmp(back.data() + (static_cast<std::byte*>(blocks[i].dst) - dst), blocks[i].src, size) == 0;
+      for (BackendEngine& be : engines) {
+        ++done;
+        Row r = bench.measure(be, n, size, mode, ref_gbps);
+        std::fprintf(stderr, "[%zu/%zu %5.1fs] %5zu x %-4s %-10s %-16s %8.2f GB/s (%5.1f%% of %.2f)%s\n", done,
+                     total, since_us(start) * 1e-6, n, format_size(size).c_str(), mode.c_str(), r.backend.c_str(),
+                     r.p50_gbps(), 100 * r.p50_gbps() / ref_gbps, ref_gbps, r.verified ? "" : " VERIFY FAILED");
+        rows.push_back(r);
       }
-      if (!ok) {
-        ++failures;
-        std::fprintf(stderr, "VERIFY FAILED: %zu x %zu (%s destinations): data on the GPU differs\n", n, size,
-                     mode.c_str());
-      }
-      r.verified = ok;
-      r.gbps = gbps(bytes, r.us.p50);
-      r.ref_gbps = ref_gbps;
-      r.ratio = ref_gbps > 0 ? r.gbps / ref_gbps : 0;
-      r.threads = engine.stats().gather_threads;
-      r.cpu_s_per_gb = cpu / (static_cast<double>(bytes) * batch * (c.warmup + c.iters) * 1e-9);
-      rows.push_back(r);
     }
   }
+  if (flags.has("under-load") && !bench.host_only) {
+    const auto [n, size] = flags.has("blocks") || flags.has("block-sizes") ? grid.front()
+                                                                          : std::pair<std::size_t, std::size_t>{2048, 4096};
+    if (!ref_rates.count({n, size})) ref_rates[{n, size}] = gbps(n * size, bench.reference(n * size).p50);
+    for (Row& r : bench.under_load(engines, n, size, ref_rates[{n, size}], d.ordinal())) rows.push_back(r);
+  }
 
-  if (batch > 1) std::printf("\n(%zu transfers back to back per repetition; times are per transfer)", batch);
-  std::printf("\n%-7s %-6s %-10s %-8s %9s %9s %9s %9s %7s %8s %9s %s\n", "blocks", "size", "dst", "method",
-              "p50_us", "p90_us", "GB/s", "ref_GB/s", "ratio", "cpu_s/GB", "submit_us", "verified");
-  for (const Row& r : rows)
-    std::printf("%-7zu %-6s %-10s %-8s %9.1f %9.1f %9.2f %9.2f %6.1f%% %8.3f %9.1f %s\n", r.n,
-                format_size(r.size).c_str(), r.dst.c_str(), r.method.c_str(), r.us.p50, r.us.p90, r.gbps,
-                r.ref_gbps, 100 * r.ratio, r.cpu_s_per_gb, r.submit_us, r.verified ? "yes" : "NO");
-  const EngineStats st = engine.stats();
-  std::printf("engine: %llu transfers, %llu chunks (%llu scattered), gather %.3f s CPU, DMA %.3f s, "
-              "planning %.3f s, submit waited %.3f s%s\n",
-              (unsigned long long)st.transfers, (unsigned long long)st.chunks,
-              (unsigned long long)st.scattered_chunks, st.gather_seconds, st.dma_seconds,
-              st.plan_seconds, st.submit_wait_seconds, c.host_only ? " [host-only]" : "");
+  if (bench.batch > 1) std::printf("\n(%zu transfers back to back per repetition; times are per transfer)", bench.batch);
+  print_rows(rows);
+  print_latency(rows);
+  for (BackendEngine& be : engines) {
+    if (be.backend != Backend::kGather) continue;
+    const EngineStats st = be.engine.stats();
+    std::printf("\nengine gather: %llu transfers, %llu chunks (%llu scattered), gather %.3f s CPU, DMA %.3f s, "
+                "planning %.3f s, submit waited %.3f s%s\n",
+                (unsigned long long)st.transfers, (unsigned long long)st.chunks,
+                (unsigned long long)st.scattered_chunks, st.gather_seconds, st.dma_seconds, st.plan_seconds,
+                st.submit_wait_seconds, bench.host_only ? " [host-only]" : "");
+  }
 
-  const std::string label = c.host_only ? "host-only" : "gpu";
+  const std::string label = bench.host_only ? "host-only" : "gpu";
+  const char* sources = bench.warm ? "warm" : "cold";
+  auto slowdown = [](const Row& r) { return r.slowdown >= -0.5 ? std::to_string(r.slowdown) : std::string(); };
   if (flags.has("csv")) {
     std::ofstream f(flags.get("csv"));
-    f << "mode,sources,blocks,block_size,dst,method,p50_us,p90_us,gbps,ref_gbps,ratio,cpu_s_per_gb,threads,verified\n";
+    f << "mode,sources,direction,load,blocks,block_size,dst,backend,p50_us,p90_us,p50_gbps,p90_gbps,ref_gbps,"
+         "ratio_p50,ratio_p90,cpu_s_per_gb,threads,compute_slowdown,verified\n";
     for (const Row& r : rows)
-      f << label << ',' << (c.warm ? "warm" : "cold") << ',' << r.n << ',' << r.size << ',' << r.dst << ','
-        << r.method << ',' << r.us.p50 << ',' << r.us.p90 << ',' << r.gbps << ',' << r.ref_gbps << ','
-        << r.ratio << ',' << r.cpu_s_per_gb << ',' << r.threads << ',' << (r.verified ? 1 : 0) << '\n';
+      f << label << ',' << sources << ",h2d," << r.load << ',' << r.n << ',' << r.size << ',' << r.dst << ','
+        << r.backend << ',' << r.us.p50 << ',' << r.us.p90 << ',' << r.p50_gbps() << ',' << r.p90_gbps() << ','
+        << r.ref_gbps << ',' << r.p50_gbps() / r.ref_gbps << ',' << r.p90_gbps() / r.ref_gbps << ','
+        << r.cpu_s_per_gb << ',' << r.threads << ',' << slowdown(r) << ',' << (r.verified ? 1 : 0) << '\n';
   }
   if (flags.has("json")) {
     std::ofstream f(flags.get("json"));
-    f << "{\"mode\":\"" << label << "\",\"sources\":\"" << (c.warm ? "warm" : "cold") << "\",\"rows\":[";
+    f << "{\"mode\":\"" << label << "\",\"sources\":\"" << sources << "\",\"direction\":\"h2d\",\"rows\":[";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       f << (i ? "," : "") << "{\"blocks\":" << r.n << ",\"block_size\":" << r.size << ",\"dst\":\"" << r.dst
-        << "\",\"method\":\"" << r.method << "\",\"p50_us\":" << r.us.p50 << ",\"p90_us\":" << r.us.p90
-        << ",\"gbps\":" << r.gbps << ",\"ref_gbps\":" << r.ref_gbps << ",\"ratio\":" << r.ratio
-        << ",\"cpu_s_per_gb\":" << r.cpu_s_per_gb << ",\"threads\":" << r.threads
+        << "\",\"backend\":\"" << r.backend << "\",\"load\":\"" << r.load << "\",\"p50_us\":" << r.us.p50
+        << ",\"p90_us\":" << r.us.p90 << ",\"p50_gbps\":" << r.p50_gbps() << ",\"p90_gbps\":" << r.p90_gbps()
+        << ",\"ref_gbps\":" << r.ref_gbps << ",\"cpu_s_per_gb\":" << r.cpu_s_per_gb << ",\"threads\":" << r.threads
+        << ",\"compute_slowdown\":" << (r.slowdown >= -0.5 ? std::to_string(r.slowdown) : "null")
         << ",\"verified\":" << (r.verified ? "true" : "false") << "}";
     }
     f << "]}\n";
   }
 
-  d.free_device(dst);
-  d.unregister_host(ref_src);
-  free(ref_src);
-  d.unregister_host(pool.data);
-  d.destroy_stream(c.stream);
-  if (failures != 0) {
-    std::fprintf(stderr, "%d configuration(s) failed verification\n", failures);
+  engines.clear();
+  d.free_device(bench.dst);
+  d.unregister_host(bench.ref_src);
+  free(bench.ref_src);
+  d.unregister_host(bench.pool->data);
+  d.destroy_stream(bench.stream);
+  if (bench.failures != 0) {
+    std::fprintf(stderr, "%d measurement(s) failed verification\n", bench.failures);
     return 2;
   }
   return 0;

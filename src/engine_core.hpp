@@ -78,6 +78,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   static std::shared_ptr<EngineCore> create(const EngineOptions& options, std::shared_ptr<Device> device);
   // An Engine over any device implementation (the emulated one in tests).
   static Engine make_engine(const EngineOptions& options, std::shared_ptr<Device> device);
+  // The core behind an Engine (benchmarks trace it).
+  static EngineCore& of(Engine& engine) { return *engine.core_; }
 
   ~EngineCore();
   Transfer submit(std::span<const BlockCopy> blocks, StreamHandle stream);

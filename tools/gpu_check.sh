@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Build, test and benchmark gfd on a GPU machine in one go (the lent H200: nothing can be
-# installed there, everything gfd needs is present). Full logs go to $OUT (or ./gpu_out);
-# a short summary is printed last.
-#   tools/gpu_check.sh [quick|full]
+# installed there, everything gfd needs is present). Full logs, CSVs and charts go to
+# $OUT/logs.tgz (the device tool brings back few files), the summary to $OUT/summary.txt and
+# to the terminal, last.
+#   tools/gpu_check.sh quick   build, ctest, the 2048 x 4 KB comparison of every backend
+#   tools/gpu_check.sh tune    quick + gather-engine variants (GFD_* settings) with pipeline traces,
+#                              small-request latency, under-load
+#   tools/gpu_check.sh final   build, ctest, the default sweeps (cold, warm), scattered
+#                              destinations, back to back, latency, under load, microbenchmarks
+#                              and the charts
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
+FINAL=${OUT:-$PWD/gpu_out}
+OUT=$(mktemp -d /tmp/gfd_gpu.XXXXXX)  # everything is written here, then packed into $FINAL
+mkdir -p "$FINAL"
 MODE=${1:-quick}
 JOBS=$(nproc)
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
@@ -14,37 +21,59 @@ summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
 { nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
   nproc; lscpu | grep -E "Model name|L3|NUMA"; git log --oneline -1; } > "$OUT/machine.txt" 2>&1
 
+SECONDS=0
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 &&
   cmake --build build-gpu -j"$JOBS" -- -k >> "$OUT/build.log" 2>&1
-summary "build: rc=$?"
+summary "build: rc=$? (${SECONDS}s)"
 
-(cd build-gpu && timeout 240 ctest --output-on-failure -j1 --timeout 60) > "$OUT/ctest.log" 2>&1
-summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
-grep -hE "Skipped|SKIPPED" -A1 "$OUT/ctest.log" | head -5 >> "$OUT/summary.txt"
+SECONDS=0
+(cd build-gpu && timeout 420 ctest --output-on-failure -j4 --timeout 90) > "$OUT/ctest.log" 2>&1
+summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log") (${SECONDS}s)"
+grep -E "\*\*\*Failed|Timeout|Exception" "$OUT/ctest.log" | head -20 >> "$OUT/summary.txt"
 
 B=build-gpu/bench/gfd_benchmark
-run_bench() {  # name, args...
+run_bench() {  # name, args... (GFD_* settings come from the environment)
   local name=$1; shift
-  timeout 150 "$B" "$@" --csv "$OUT/$name.csv" --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
-  summary "== $name ($*): rc=$?"
-  grep -E "^(blocks|[0-9])" "$OUT/$name.log" | tee -a "$OUT/summary.txt" >/dev/null
-  grep -E "^engine:|^device:" "$OUT/$name.log" >> "$OUT/summary.txt"
+  SECONDS=0
+  timeout 240 "$B" "$@" --csv "$OUT/$name.csv" --json "$OUT/$name.json" > "$OUT/$name.log" 2>"$OUT/$name.err"
+  local rc=$?
+  summary "== $name ($*) $(env | grep -E '^GFD_' | tr '\n' ' '): rc=$rc (${SECONDS}s)"
+  # The result table, the latency table, the trace and the engine line.
+  sed -n '/^blocks /,/^$/p;/^small-request/,/^$/p;/^trace:/,/^$/p;/^engine gather: [0-9]/p;/^under load:/p' \
+    "$OUT/$name.log" >> "$OUT/summary.txt"
+  grep -E "VERIFY|gfd_benchmark:" "$OUT/$name.err" >> "$OUT/summary.txt"
 }
-build-gpu/bench/gfd_gather_bench > "$OUT/gather_bench.log" 2>&1; summary "== gather_bench: rc=$?"
-cat "$OUT/gather_bench.log" >> "$OUT/summary.txt"
-run_bench quick_cold --quick
-run_bench quick_warm --quick --warm
-if [ "$MODE" = tune ] || [ "$MODE" = full ]; then
-  for cfg in "2M 512K 32K 0" "2M 256K 32K 0" "4M 512K 32K 0" "4M 512K 32K 1" "2M 512K 64K 0"; do
-    set -- $cfg
-    GFD_SLOT_BYTES=$1 GFD_FIRST_CHUNK_BYTES=$2 GFD_PIECE_BYTES=$3 GFD_SUBMITTER_GATHERS=$4 \
-      run_bench "tune_${1}_${2}_${3}_${4}" --quick --dst both
+
+run_bench quick_cold --quick --trace
+if [ "$MODE" = tune ]; then
+  # Gather-engine variants, one setting changed at a time from the defaults.
+  for v in GFD_NONTEMPORAL_STORES=0 GFD_PIECE_BYTES=16K GFD_PIECE_BYTES=64K GFD_FIRST_CHUNK_BYTES=128K \
+           GFD_FIRST_CHUNK_BYTES=256K GFD_SLOT_BYTES=4M GFD_SUBMITTER_GATHERS=0 GFD_GATHER_THREADS=8; do
+    export "${v?}"
+    run_bench "tune_${v#GFD_}" --quick --backends gather --trace
+    unset "${v%%=*}"
   done
+  run_bench latency --blocks 16,64,256
+  GFD_KERNEL_MAX_BYTES=1M run_bench latency_kernel1M --blocks 16,64,256 --backends gather
+  GFD_INLINE_GATHER_BYTES=0 run_bench latency_noinline --blocks 16,64,256 --backends gather
+  run_bench under_load --quick --under-load
+  run_bench quick_scattered --quick --dst scattered --trace --backends gather,zero_copy_kernel
+  run_bench quick_warm --quick --warm --backends gather
 fi
-if [ "$MODE" = full ] || [ "$MODE" = final ]; then
-  run_bench batch8_cold --quick --batch 8
-  run_bench batch8_warm --quick --warm --batch 8
+if [ "$MODE" = final ]; then
   run_bench sweep_cold
   run_bench sweep_warm --warm
+  run_bench scattered_cold --quick --dst scattered
+  run_bench batch8_cold --quick --batch 8 --backends gather,zero_copy_kernel
+  run_bench under_load --quick --under-load
+  for m in micro_planner micro_ring micro_gather; do
+    timeout 120 build-gpu/bench/$m --benchmark_min_time=0.1s > "$OUT/$m.log" 2>&1
+    summary "== $m: rc=$?"
+  done
+  python3 tools/plot_results.py "$OUT/sweep_cold.csv" "$OUT/sweep_warm.csv" "$OUT/under_load.csv" \
+    --out "$OUT/charts" > "$OUT/plot.log" 2>&1
+  summary "== charts: rc=$? $(ls "$OUT/charts" 2>/dev/null | tr '\n' ' ')"
 fi
+tar czf "$FINAL/logs.tgz" -C "$OUT" .
+cp "$OUT/summary.txt" "$FINAL/summary.txt"
 echo; cat "$OUT/summary.txt"
