@@ -107,7 +107,8 @@ class CudaDevice final : public Device {
   }
   void free_device(void* p) noexcept override { (void)cudaFree(p); }
   void register_host(void* p, std::size_t bytes) override {
-    GFD_CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable));
+    // Mapped: the zero-copy kernel reads registered memory at its host address.
+    GFD_CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped));
   }
   void unregister_host(void* p) noexcept override { (void)cudaHostUnregister(p); }
 

@@ -26,11 +26,6 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90
   cmake --build build-gpu -j"$JOBS" -- -k >> "$OUT/build.log" 2>&1
 summary "build: rc=$? (${SECONDS}s)"
 
-SECONDS=0
-(cd build-gpu && timeout 420 ctest --output-on-failure -j4 --timeout 90) > "$OUT/ctest.log" 2>&1
-summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log") (${SECONDS}s)"
-grep -E "\*\*\*Failed|Timeout|Exception" "$OUT/ctest.log" | head -20 >> "$OUT/summary.txt"
-
 B=build-gpu/bench/gfd_benchmark
 run_bench() {  # name, args... (GFD_* settings come from the environment)
   local name=$1; shift
@@ -74,6 +69,10 @@ if [ "$MODE" = final ]; then
     --out "$OUT/charts" > "$OUT/plot.log" 2>&1
   summary "== charts: rc=$? $(ls "$OUT/charts" 2>/dev/null | tr '\n' ' ')"
 fi
+SECONDS=0
+(cd build-gpu && timeout ${CTEST_TIMEOUT:-420} ctest --output-on-failure -j4 --timeout 90) > "$OUT/ctest.log" 2>&1
+summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log") (${SECONDS}s)"
+grep -E "\*\*\*Failed|Timeout|Exception" "$OUT/ctest.log" | head -20 >> "$OUT/summary.txt"
 tar czf "$FINAL/logs.tgz" -C "$OUT" .
 cp "$OUT/summary.txt" "$FINAL/summary.txt"
 echo; cat "$OUT/summary.txt"
