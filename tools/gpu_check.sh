@@ -62,7 +62,7 @@ if [ "$MODE" = final ]; then
   run_bench batch8_cold --quick --batch 8 --backends gather,zero_copy_kernel
   run_bench under_load --quick --under-load
   for m in micro_planner micro_ring micro_gather; do
-    timeout 120 build-gpu/bench/$m --benchmark_min_time=0.1s > "$OUT/$m.log" 2>&1
+    timeout 120 build-gpu/bench/$m --benchmark_min_time=0.1 > "$OUT/$m.log" 2>&1
     summary "== $m: rc=$?"
   done
   python3 tools/plot_results.py "$OUT/sweep_cold.csv" "$OUT/sweep_warm.csv" "$OUT/under_load.csv" \

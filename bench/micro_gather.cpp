@@ -1,0 +1,159 @@
+// micro_gather: host gather throughput against the number of threads and the store kind (no GPU
+// needed). Replaces the plain program gfd_gather_bench.
+//
+// One iteration gathers 2048 random cold 4 KB blocks (8 MB), picked at a 2x-block stride from a
+// pool of 8 x the L3 size (env GFD_MICRO_POOL_BYTES, e.g. 1G, overrides the size), into an 8 MB
+// staging area, as the engine's gather threads fill a staging slot: T persistent threads each
+// copy a contiguous share of the blocks with the engine's copy loop (gfd::detail::gather_ops,
+// which prefetches the next sources), storing with memcpy (normal) or streaming stores
+// (nontemporal). The threads meet at a barrier before and after each iteration; wall-clock
+// time. Several sets of picks are cycled so that a set's blocks have left the caches when it
+// comes round again. Reports bytes_per_second (payload bytes gathered).
+#include <benchmark/benchmark.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "gather_copy.hpp"
+
+namespace {
+
+using gfd::detail::StoreKind;
+
+constexpr std::size_t kBlock = 4096;
+constexpr std::size_t kStagingBytes = std::size_t{8} << 20;
+constexpr std::size_t kBlocksPerIteration = kStagingBytes / kBlock;
+constexpr std::size_t kPickSets = 16;
+
+// What gather_ops needs of an op.
+struct CopyOp {
+  const std::byte* src;
+  std::uint64_t slot_offset;
+  std::uint64_t bytes;
+};
+
+std::size_t pool_bytes() {
+  std::size_t bytes = 8 * gfd::bench::l3_bytes();
+  if (const char* env = std::getenv("GFD_MICRO_POOL_BYTES"); env != nullptr && *env != '\0') {
+    try {
+      bytes = gfd::bench::parse_size(env);
+    } catch (const std::exception&) {
+      throw std::invalid_argument(std::string("GFD_MICRO_POOL_BYTES=") + env +
+                                  ": not a size (such as 512M or 1G)");
+    }
+  }
+  // SourcePicker draws from every other block and wants at most half of those per set.
+  const std::size_t least = 4 * kStagingBytes;
+  if (bytes < least)
+    throw std::invalid_argument("pool of " + gfd::bench::format_size(bytes) +
+                                " is too small: at least " + gfd::bench::format_size(least) +
+                                " (GFD_MICRO_POOL_BYTES)");
+  return bytes;
+}
+
+// The source pool, the staging area and the sets of picked blocks, made once for all runs.
+struct Fixture {
+  gfd::bench::Pool pool;
+  std::byte* staging = nullptr;
+  std::vector<std::vector<CopyOp>> sets;
+
+  explicit Fixture(std::size_t bytes) : pool(bytes) {
+    // 2 MB aligned and on huge pages where the kernel gives them, like the engine's ring.
+    staging = static_cast<std::byte*>(std::aligned_alloc(std::size_t{2} << 20, kStagingBytes));
+    if (staging == nullptr) throw std::bad_alloc();
+    madvise(staging, kStagingBytes, MADV_HUGEPAGE);
+    std::memset(staging, 1, kStagingBytes);
+    gfd::bench::SourcePicker picker(bytes, kBlock, 42);
+    for (std::size_t s = 0; s < kPickSets; ++s) {
+      const std::vector<std::size_t> offs = picker.pick(kBlocksPerIteration);
+      std::vector<CopyOp> ops(offs.size());
+      for (std::size_t i = 0; i < offs.size(); ++i)
+        ops[i] = {pool.data + offs[i], i * kBlock, kBlock};
+      sets.push_back(std::move(ops));
+    }
+  }
+  ~Fixture() { std::free(staging); }
+  Fixture(const Fixture&) = delete;
+  Fixture& operator=(const Fixture&) = delete;
+};
+
+Fixture& fixture() {
+  static Fixture f(pool_bytes());
+  return f;
+}
+
+void BM_Gather(benchmark::State& state, StoreKind kind) {
+  Fixture* f = nullptr;
+  try {
+    f = &fixture();
+  } catch (const std::exception& e) {
+    state.SkipWithError((std::string("setup failed: ") + e.what()).c_str());
+    return;
+  }
+  const auto threads = static_cast<std::size_t>(state.range(0));
+  const std::size_t n = kBlocksPerIteration;
+
+  std::barrier sync(static_cast<std::ptrdiff_t>(threads + 1));
+  std::size_t set = 0;  // written by the timing thread before the first barrier of a round
+  bool stop = false;    // likewise
+  std::vector<std::thread> workers;
+  for (std::size_t w = 0; w < threads; ++w) {
+    workers.emplace_back([&, w] {
+      const std::size_t lo = n * w / threads, hi = n * (w + 1) / threads;
+      for (;;) {
+        sync.arrive_and_wait();
+        if (stop) return;
+        gfd::detail::gather_ops(f->sets[set].data() + lo, hi - lo, f->staging, kind);
+        sync.arrive_and_wait();
+      }
+    });
+  }
+  for (auto _ : state) {
+    set = (set + 1) % f->sets.size();
+    sync.arrive_and_wait();  // go
+    sync.arrive_and_wait();  // every share copied
+  }
+  stop = true;
+  sync.arrive_and_wait();
+  for (auto& t : workers) t.join();
+
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(n * kBlock));
+  std::string label = "pool " + gfd::bench::format_size(f->pool.bytes);
+  if (kind == StoreKind::kNonTemporal && !gfd::detail::nontemporal_supported())
+    label += ", no AVX2: memcpy";
+  state.SetLabel(label);
+}
+
+// 1, 2, 4, 8, 12, 15 threads, capped at the CPUs of this machine, without repeats.
+void ThreadCounts(benchmark::internal::Benchmark* b) {
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  std::set<unsigned> seen;
+  b->ArgName("threads");
+  for (unsigned t : {1u, 2u, 4u, 8u, 12u, 15u}) {
+    const unsigned c = std::min(t, hw);
+    if (seen.insert(c).second) b->Arg(c);
+  }
+}
+
+BENCHMARK_CAPTURE(BM_Gather, normal, StoreKind::kNormal)->Apply(ThreadCounts)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gather, nontemporal, StoreKind::kNonTemporal)
+    ->Apply(ThreadCounts)
+    ->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
