@@ -197,7 +197,7 @@ class Bench {
     const std::uint32_t id = ids[rep];
     std::uint64_t t0 = 0;
     struct Chunk {
-      double published = -1, first = 1e18, last = 0, issued = -1;
+      double published = -1, first = 1e18, last = 0, issued = -1, dma_done = -1;
       std::uint32_t bytes = 0, pieces = 0;
       std::set<int> threads;
     };
@@ -226,6 +226,7 @@ class Bench {
           break;
         case E::kChunkIssued: chunks[e.a].issued = t; chunks[e.a].bytes = e.b; break;
         case E::kFinalized: finalized = t; break;
+        case E::kDmaDone: chunks[e.a].dma_done = t; break;
         case E::kReturn: returned = t; break;
         default: break;
       }
@@ -241,11 +242,13 @@ class Bench {
     std::printf("  threads that gathered: %zu (-1 = the submitting thread); busy %.1f us in total = %.1f threads "
                 "on average over the %.1f us gather window\n",
                 busy.size(), busy_sum, window > 0 ? busy_sum / window : 0, window);
-    std::printf("  %-6s %-7s %-7s %10s %10s %10s %10s %8s\n", "chunk", "bytes", "pieces", "published",
-                "1st_piece", "last_piece", "issued", "threads");
+    std::printf("  (times in us from the call; dma_done is read on the GPU clock, a few us early)\n");
+    std::printf("  %-6s %-7s %-7s %10s %10s %10s %10s %10s %8s\n", "chunk", "bytes", "pieces", "published",
+                "1st_piece", "last_piece", "issued", "dma_done", "threads");
     for (auto& [k, c] : chunks)
-      std::printf("  %-6u %-7s %-7u %10.1f %10.1f %10.1f %10.1f %8zu\n", k, (std::to_string(c.bytes >> 10) + "K").c_str(), c.pieces,
-                  c.published, c.first < 1e17 ? c.first : -1.0, c.last, c.issued, c.threads.size());
+      std::printf("  %-6u %-7s %-7u %10.1f %10.1f %10.1f %10.1f %10.1f %8zu\n", k,
+                  (std::to_string(c.bytes >> 10) + "K").c_str(), c.pieces, c.published,
+                  c.first < 1e17 ? c.first : -1.0, c.last, c.issued, c.dma_done, c.threads.size());
   }
 
   // Each backend while a compute kernel keeps every SM busy: its rate, and how much longer the

@@ -96,7 +96,7 @@ Fixture& fixture() {
   return f;
 }
 
-void BM_Gather(benchmark::State& state, StoreKind kind) {
+void BM_Gather(benchmark::State& state, StoreKind kind, gfd::detail::Prefetch pf) {
   Fixture* f = nullptr;
   try {
     f = &fixture();
@@ -117,7 +117,7 @@ void BM_Gather(benchmark::State& state, StoreKind kind) {
       for (;;) {
         sync.arrive_and_wait();
         if (stop) return;
-        gfd::detail::gather_ops(f->sets[set].data() + lo, hi - lo, f->staging, kind);
+        gfd::detail::gather_ops(f->sets[set].data() + lo, hi - lo, f->staging, kind, pf);
         sync.arrive_and_wait();
       }
     });
@@ -149,8 +149,31 @@ void ThreadCounts(benchmark::internal::Benchmark* b) {
   }
 }
 
-BENCHMARK_CAPTURE(BM_Gather, normal, StoreKind::kNormal)->Apply(ThreadCounts)->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gather, nontemporal, StoreKind::kNonTemporal)
+// The engine's copy loop (defaults), then its two choices changed one at a time: the store
+// kind, and how much of which later block is prefetched (bytes, ops ahead).
+constexpr gfd::detail::Prefetch kDefault{};
+BENCHMARK_CAPTURE(BM_Gather, nontemporal, StoreKind::kNonTemporal, kDefault)
+    ->Apply(ThreadCounts)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gather, normal, StoreKind::kNormal, kDefault)->Apply(ThreadCounts)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gather, nontemporal_no_prefetch, StoreKind::kNonTemporal, gfd::detail::Prefetch{0, 0})
+    ->Apply(ThreadCounts)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gather, nontemporal_prefetch_1K_2, StoreKind::kNonTemporal, gfd::detail::Prefetch{1024, 2})
+    ->Apply(ThreadCounts)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gather, nontemporal_prefetch_4K_4, StoreKind::kNonTemporal, gfd::detail::Prefetch{4096, 4})
+    ->Apply(ThreadCounts)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gather, nontemporal_prefetch_1K_2_l1, StoreKind::kNonTemporal,
+                  gfd::detail::Prefetch{1024, 2, true})
+    ->Apply(ThreadCounts)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gather, nontemporal_prefetch_4K_2_l1, StoreKind::kNonTemporal,
+                  gfd::detail::Prefetch{4096, 2, true})
+    ->Apply(ThreadCounts)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gather, nontemporal_prefetch_4K_1, StoreKind::kNonTemporal, gfd::detail::Prefetch{4096, 1})
     ->Apply(ThreadCounts)
     ->UseRealTime();
 

@@ -18,8 +18,8 @@ namespace {
 // Driver entry points reached through the runtime (cudaGetDriverEntryPointByVersion), so that
 // libgfd never links libcuda directly and programs still start on machines without a driver.
 struct DriverApi {
-  using PointerGetAttribute = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
-  PointerGetAttribute pointer_get_attribute = nullptr;
+  using PointerGetAttributes = CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
+  PointerGetAttributes pointer_get_attributes = nullptr;
 };
 
 template <class F>
@@ -36,7 +36,7 @@ const DriverApi& driver() {
   static std::once_flag once;
   static DriverApi api;
   std::call_once(once, [] {
-    load("cuPointerGetAttribute", api.pointer_get_attribute);
+    load("cuPointerGetAttributes", api.pointer_get_attributes);
   });
   return api;
 }
@@ -69,33 +69,31 @@ class CudaDevice final : public Device {
   std::string pci_bus_id() const override { return bus_id_; }
   void make_current() override { GFD_CUDA_CHECK(cudaSetDevice(ordinal_)); }
 
+  // One driver call per pointer (it runs for every transfer, on the latency path): kind, device,
+  // managed or not, and the allocation's range. Memory the driver does not know reads as all
+  // zeros (cuPointerGetAttributes succeeds and leaves defaults).
   PointerInfo query_pointer(const void* p) override {
     PointerInfo info;
-    cudaPointerAttributes a{};
-    const cudaError_t e = cudaPointerGetAttributes(&a, p);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                   CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    // Every value in zeroed 8-byte storage: the driver writes 4 bytes for some, 8 for others.
+    std::uint64_t v[5] = {0, 0, 0, 0, 0};
+    void* data[5] = {&v[0], &v[1], &v[2], &v[3], &v[4]};
+    if (driver().pointer_get_attributes(5, attrs, data, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS)
       return info;
-    }
-    switch (a.type) {
-      case cudaMemoryTypeUnregistered: return info;
-      case cudaMemoryTypeHost: info.kind = PointerKind::kPinnedHost; break;
-      case cudaMemoryTypeDevice:
-        info.kind = a.device == ordinal_ ? PointerKind::kDevice : PointerKind::kOtherDevice;
-        break;
-      case cudaMemoryTypeManaged: info.kind = PointerKind::kManaged; break;
-    }
-    info.device = a.device;
-    CUdeviceptr start = 0;
-    std::size_t size = 0;
-    const auto& d = driver();
-    if (d.pointer_get_attribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
-        d.pointer_get_attribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                                reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
-        size != 0) {
-      info.begin = static_cast<std::uintptr_t>(start);
-      info.end = info.begin + size;
+    const auto type = static_cast<std::uint32_t>(v[0]);
+    const auto ordinal = static_cast<std::int32_t>(static_cast<std::uint32_t>(v[1]));
+    const bool managed = static_cast<std::uint32_t>(v[2]) != 0;
+    if (managed) info.kind = PointerKind::kManaged;
+    else if (type == CU_MEMORYTYPE_HOST) info.kind = PointerKind::kPinnedHost;
+    else if (type == CU_MEMORYTYPE_DEVICE)
+      info.kind = ordinal == ordinal_ ? PointerKind::kDevice : PointerKind::kOtherDevice;
+    else return info;  // unknown to the driver: pageable host memory
+    info.device = ordinal;
+    if (v[4] != 0) {
+      info.begin = static_cast<std::uintptr_t>(v[3]);
+      info.end = info.begin + static_cast<std::uintptr_t>(v[4]);
     }
     return info;
   }

@@ -74,6 +74,25 @@ void EventPool::put(EventHandle e) {
 }
 
 // ---------------------------------------------------------------------------------------------
+Plan EngineCore::take_plan() {
+  std::lock_guard lk(plans_mutex_);
+  if (spare_plans_.empty()) return Plan{};
+  Plan p = std::move(spare_plans_.back());
+  spare_plans_.pop_back();
+  return p;
+}
+
+void EngineCore::recycle_plan(Plan&& plan) noexcept {
+  constexpr std::size_t kSparePlans = 16;
+  try {
+    std::lock_guard lk(plans_mutex_);
+    if (spare_plans_.size() < kSparePlans) spare_plans_.push_back(std::move(plan));
+  } catch (...) {
+    // Out of memory for the list: the plan is simply freed.
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 void TransferState::fail(std::exception_ptr e) {
   std::lock_guard lk(error_mutex);
   if (!error) error = std::move(e);
@@ -88,6 +107,22 @@ TransferState::~TransferState() {
   if (!core) return;
   // Every wait on these events was enqueued when the transfer was issued (CUDA captures the
   // record current at the time of the wait), so the events can be re-recorded by others now.
+  core->recycle_plan(std::move(plan));
+  if (trace_start != nullptr) {
+    Device& d = core->device();
+    for (auto [chunk, e] : trace_dma) {
+      try {
+        d.event_sync(e);
+        const double ms = d.event_elapsed_ms(trace_start, e);
+        core->trace(id, TraceEvent::kDmaDone, chunk, 0,
+                    trace_start_ns + static_cast<std::uint64_t>(ms * 1e6));
+      } catch (...) {
+        // A failed DMA was reported to the transfer; the trace just lacks the point.
+      }
+      d.destroy_event(e);
+    }
+    d.destroy_event(trace_start);
+  }
   EventPool& pool = core->events();
   pool.put(start_event);
   pool.put(done_event);
@@ -320,11 +355,11 @@ void EngineCore::publish_item(Item& item, std::uint32_t pieces) {
 }
 
 void EngineCore::trace(std::uint32_t transfer, TraceEvent::What what, std::uint32_t a,
-                       std::uint32_t b) {
+                       std::uint32_t b, std::uint64_t ns) {
   if (!trace_on_.load(std::memory_order_relaxed)) return;
   const std::size_t i = trace_n_.fetch_add(1, std::memory_order_relaxed);
   if (i < trace_.size())
-    trace_[i] = {now_ns(), transfer, what, static_cast<std::int16_t>(tl_gather_thread), a, b};
+    trace_[i] = {ns != 0 ? ns : now_ns(), transfer, what, static_cast<std::int16_t>(tl_gather_thread), a, b};
 }
 
 void EngineCore::start_trace(std::size_t capacity) {
@@ -355,12 +390,21 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
   const auto id = static_cast<std::uint32_t>(st_transfers_.fetch_add(1, std::memory_order_relaxed));
   trace(id, TraceEvent::kSubmit);
   const auto t_plan = Clock::now();
-  Plan plan = make_plan(blocks, gather ? plan_config_ : pass_config_,
-                        [this](const void* p) { return device_->query_pointer(p); });
+  Plan plan = take_plan();
+  try {
+    make_plan(blocks, gather ? plan_config_ : pass_config_,
+              [this](const void* p) { return device_->query_pointer(p); }, plan);
+  } catch (...) {
+    recycle_plan(std::move(plan));
+    throw;
+  }
   st_plan_ns_.fetch_add(ns_since(t_plan), std::memory_order_relaxed);
   st_blocks_.fetch_add(blocks.size(), std::memory_order_relaxed);
   trace(id, TraceEvent::kPlanned);
-  if (plan.total_bytes == 0) return Transfer{};
+  if (plan.total_bytes == 0) {
+    recycle_plan(std::move(plan));
+    return Transfer{};
+  }
 
   auto t = std::make_shared<TransferState>();
   t->core = shared_from_this();
@@ -400,6 +444,11 @@ void EngineCore::submit_gather(const std::shared_ptr<TransferState>& t, StreamHa
     std::unique_lock lk(submit_mutex_);
     if (shutting_down_) throw Error(ErrorCode::kShutdown, "copy_to_device: the engine is shutting down");
     device_->record_event(t->start_event, stream);
+    if (trace_on_.load(std::memory_order_relaxed)) {
+      t->trace_start = device_->create_event(true);
+      t->trace_start_ns = now_ns();
+      device_->record_event(t->trace_start, stream);
+    }
     // From here a finalize item must be published whatever happens, or submit would not return.
     try {
       for (std::uint32_t i = 0; i < p.direct.size(); ++i)
@@ -637,6 +686,10 @@ void EngineCore::issue_chunk(Item& item) {
       st_scattered_.fetch_add(1, std::memory_order_relaxed);
     }
     device_->record_event(s.done, l);
+    if (t.trace_start != nullptr) {
+      t.trace_dma.emplace_back(item.index, device_->create_event(true));
+      device_->record_event(t.trace_dma.back().second, l);
+    }
     s.timed = true;
     st_chunks_.fetch_add(1, std::memory_order_relaxed);
     trace(t.id, TraceEvent::kChunkIssued, item.index, static_cast<std::uint32_t>(c.data_bytes));

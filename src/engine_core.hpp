@@ -47,6 +47,8 @@ struct TraceEvent {
     kChunkIssued,     // a = chunk, b = bytes
     kFinalized,       // the last DMA is enqueued
     kReturn,          // copy_to_device returns
+    kDmaDone,         // a = chunk: its DMA completed on the GPU (GPU clock mapped onto the host's,
+                      // from an event recorded at submission: early by the launch latency)
   };
   std::uint64_t ns;          // steady clock
   std::uint32_t transfer;    // engine-wide transfer number
@@ -63,6 +65,10 @@ struct TransferState {
   EventHandle done_event = nullptr;
   std::vector<EventHandle> lane_events;  // one per lane, used when the transfer finalizes
   std::uint32_t lanes_started = 0;       // bit per lane: waits on start_event issued (issuer only)
+  // Tracing only: a timing event at submission and one after each chunk's DMA.
+  EventHandle trace_start = nullptr;
+  std::uint64_t trace_start_ns = 0;
+  std::vector<std::pair<std::uint32_t, EventHandle>> trace_dma;
   std::atomic<bool> finalized{false};
   std::atomic<bool> complete{false};
   std::mutex error_mutex;
@@ -87,6 +93,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   const EngineOptions& options() const { return options_; }
   Device& device() { return *device_; }
   EventPool& events() { return *events_; }
+  // Plans are recycled: a transfer's plan returns here when its handle goes away.
+  Plan take_plan();
+  void recycle_plan(Plan&& plan) noexcept;
   // Waits for every transfer to be issued and every lane to drain, then stops the threads.
   void shutdown() noexcept;
 
@@ -134,7 +143,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void submit_gather(const std::shared_ptr<TransferState>& t, StreamHandle stream);
   void submit_kernel(const std::shared_ptr<TransferState>& t, StreamHandle stream);
   void submit_copies(const std::shared_ptr<TransferState>& t, StreamHandle stream);
-  void trace(std::uint32_t transfer, TraceEvent::What what, std::uint32_t a = 0, std::uint32_t b = 0);
+  void trace(std::uint32_t transfer, TraceEvent::What what, std::uint32_t a = 0, std::uint32_t b = 0,
+             std::uint64_t ns = 0);
+  friend struct TransferState;
   void try_issue();
   void issue(Item& item);
   void issue_chunk(Item& item);
@@ -172,6 +183,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::atomic<std::uint64_t> st_bytes_{0}, st_transfers_{0}, st_blocks_{0}, st_chunks_{0},
       st_scattered_{0}, st_direct_{0}, st_gather_ns_{0}, st_submit_wait_ns_{0}, st_plan_ns_{0};
   std::atomic<double> st_dma_ms_{0};
+
+  std::mutex plans_mutex_;
+  std::vector<Plan> spare_plans_;
 
   // Transfers of the non-gather backends, for shutdown to wait on.
   std::mutex live_mutex_;

@@ -17,6 +17,15 @@ enum class StoreKind : std::uint8_t {
   kNonTemporal,  // streaming stores (falls back to memcpy where unsupported or unaligned)
 };
 
+// How far ahead the copy loop starts loading: the first `bytes` of the op `ahead` places on.
+// A cold 4 KB block costs a DRAM round trip per line unless its loads are started early; one
+// core keeps only a few dozen lines in flight, so whole blocks a couple of ops ahead fill it.
+struct Prefetch {
+  std::size_t bytes = 4096;
+  std::size_t ahead = 2;
+  bool to_l1 = false;  // prefetcht0 instead of prefetcht1
+};
+
 // True when this CPU can stream-store (AVX2).
 bool nontemporal_supported() noexcept;
 
@@ -24,25 +33,33 @@ bool nontemporal_supported() noexcept;
 // GatherOp) into `base + slot_offset`, the sources of the next ops prefetched, and fences the
 // streaming stores at the end. Inline so the copy loop has no indirect call per block.
 template <class Op>
-void gather_ops(const Op* ops, std::size_t count, std::byte* base, StoreKind kind) noexcept;
+void gather_ops(const Op* ops, std::size_t count, std::byte* base, StoreKind kind,
+                Prefetch pf = {}) noexcept;
 
 // Copies one block (no prefetch, no fence): memcpy or streaming stores.
 void copy_block(void* dst, const void* src, std::size_t bytes, StoreKind kind) noexcept;
 // Orders the streaming stores before what follows (sfence on x86).
 void store_fence() noexcept;
-// Starts the loads of the first `bytes` (at most 1 KB) of `p`.
-inline void prefetch_block(const void* p, std::size_t bytes) noexcept {
+// Starts the loads of the first min(bytes, pf.bytes) bytes of `p`, into L2 by default (more
+// lines can be in flight there than in L1).
+inline void prefetch_block(const void* p, std::size_t bytes, const Prefetch& pf) noexcept {
   const auto* c = static_cast<const char*>(p);
-  const std::size_t n = bytes < 1024 ? bytes : 1024;
-  for (std::size_t l = 0; l < n; l += 64) __builtin_prefetch(c + l);
+  const std::size_t n = bytes < pf.bytes ? bytes : pf.bytes;
+  if (pf.to_l1)
+    for (std::size_t l = 0; l < n; l += 64) __builtin_prefetch(c + l, 0, 3);
+  else
+    for (std::size_t l = 0; l < n; l += 64) __builtin_prefetch(c + l, 0, 2);
 }
 
 template <class Op>
-void gather_ops(const Op* ops, std::size_t count, std::byte* base, StoreKind kind) noexcept {
-  constexpr std::size_t kAhead = 2;
-  for (std::size_t i = 0; i < count && i < kAhead; ++i) prefetch_block(ops[i].src, ops[i].bytes);
+void gather_ops(const Op* ops, std::size_t count, std::byte* base, StoreKind kind,
+                Prefetch pf) noexcept {
+  if (pf.bytes != 0)
+    for (std::size_t i = 0; i < count && i < pf.ahead; ++i)
+      prefetch_block(ops[i].src, ops[i].bytes, pf);
   for (std::size_t i = 0; i < count; ++i) {
-    if (i + kAhead < count) prefetch_block(ops[i + kAhead].src, ops[i + kAhead].bytes);
+    if (pf.bytes != 0 && i + pf.ahead < count)
+      prefetch_block(ops[i + pf.ahead].src, ops[i + pf.ahead].bytes, pf);
     copy_block(base + ops[i].slot_offset, ops[i].src, ops[i].bytes, kind);
   }
   if (kind == StoreKind::kNonTemporal) store_fence();

@@ -123,17 +123,23 @@ void validate_blocks(std::span<const BlockCopy> blocks, const PlanConfig& cfg, R
 // Sorts (key, index) pairs by key: LSD radix sort on the keys' offsets from the smallest, in
 // 11-bit digits. A few passes over the array instead of n log n comparisons: this runs for
 // every transfer with scattered destinations (a paged KV cache), before any data moves.
-void radix_sort(std::vector<std::pair<std::uintptr_t, std::uint32_t>>& v) {
+void radix_sort(std::vector<std::pair<std::uintptr_t, std::uint32_t>>& v,
+                std::vector<std::pair<std::uintptr_t, std::uint32_t>>& tmp,
+                std::vector<std::uint32_t>& count) {
   if (v.size() < 2) return;
+  if (v.size() < 256) {  // a few passes over 2048 buckets cost more than sorting a few keys
+    std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    return;
+  }
   std::uintptr_t lo = v[0].first, hi = v[0].first;
   for (const auto& e : v) {
     lo = std::min(lo, e.first);
     hi = std::max(hi, e.first);
   }
-  std::vector<std::pair<std::uintptr_t, std::uint32_t>> tmp(v.size());
+  tmp.resize(v.size());
   constexpr unsigned kBits = 11;
   constexpr std::size_t kBuckets = std::size_t{1} << kBits;
-  std::vector<std::uint32_t> count(kBuckets);
+  count.resize(kBuckets);
   for (unsigned shift = 0; shift < 64 && ((hi - lo) >> shift) != 0; shift += kBits) {
     std::fill(count.begin(), count.end(), 0);
     for (const auto& e : v) ++count[((e.first - lo) >> shift) & (kBuckets - 1)];
@@ -148,7 +154,7 @@ void radix_sort(std::vector<std::pair<std::uintptr_t, std::uint32_t>>& v) {
   }
 }
 
-void check_overlaps(std::span<const BlockCopy> blocks) {
+void check_overlaps(std::span<const BlockCopy> blocks, Plan::Scratch& scratch) {
   auto begin_of = [&](std::size_t i) { return reinterpret_cast<std::uintptr_t>(blocks[i].dst); };
   auto end_of = [&](std::size_t i) { return begin_of(i) + blocks[i].bytes; };
   auto report = [&](std::size_t a, std::size_t b) {
@@ -167,10 +173,11 @@ void check_overlaps(std::span<const BlockCopy> blocks) {
       if (begin_of(i) < end_of(i - 1)) report(i - 1, i);
     return;
   }
-  std::vector<std::pair<std::uintptr_t, std::uint32_t>> order(blocks.size());
+  auto& order = scratch.order;
+  order.resize(blocks.size());
   for (std::size_t i = 0; i < blocks.size(); ++i)
     order[i] = {begin_of(i), static_cast<std::uint32_t>(i)};
-  radix_sort(order);  // stable: equal addresses stay in index order
+  radix_sort(order, scratch.tmp, scratch.count);  // stable: equal addresses stay in index order
   // Keep the block reaching furthest so far: a long block can overlap several later ones.
   std::size_t far = order[0].second;
   for (std::size_t k = 1; k < order.size(); ++k) {
@@ -178,26 +185,6 @@ void check_overlaps(std::span<const BlockCopy> blocks) {
     if (begin_of(cur) < end_of(far)) report(far, cur);
     if (end_of(cur) > end_of(far)) far = cur;
   }
-}
-
-std::vector<Segment> coalesce(std::span<const BlockCopy> blocks,
-                              const std::vector<std::uint8_t>& pinned) {
-  std::vector<Segment> segs;
-  segs.reserve(blocks.size());
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    const auto* s = static_cast<const std::byte*>(blocks[i].src);
-    auto* d = static_cast<std::byte*>(blocks[i].dst);
-    if (!segs.empty()) {
-      Segment& l = segs.back();
-      if (l.src + l.bytes == s && l.dst + l.bytes == d) {
-        l.bytes += blocks[i].bytes;
-        l.pinned_src = l.pinned_src && pinned[i] != 0;
-        continue;
-      }
-    }
-    segs.push_back({s, d, blocks[i].bytes, pinned[i] != 0});
-  }
-  return segs;
 }
 
 // Packs staged segments into chunks, splitting segments wherever a chunk or piece fills up.
@@ -294,41 +281,59 @@ void validate_plan_config(const PlanConfig& c) {
   if (c.device < 0) bad("device must be >= 0 (got " + std::to_string(c.device) + ")");
 }
 
-Plan make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
-               const PointerClassifier& classify) {
-  Plan plan;
+void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
+               const PointerClassifier& classify, Plan& plan) {
+  plan.ops.clear();
+  plan.chunks.clear();
+  plan.pieces.clear();
+  plan.direct.clear();
+  plan.total_bytes = 0;
   plan.block_count = blocks.size();
-  if (blocks.empty()) return plan;
+  plan.all_pinned_src = true;
+  if (blocks.empty()) return;
   if (blocks.size() > UINT32_MAX / 2)
     throw Error(ErrorCode::kInvalidArgument,
                 "blocks: " + std::to_string(blocks.size()) + " blocks is more than one transfer takes");
   RangeCache cache(classify);
-  std::vector<std::uint8_t> pinned;
+  std::vector<std::uint8_t>& pinned = plan.scratch.pinned;
   validate_blocks(blocks, cfg, cache, pinned);
-  if (cfg.check_overlaps) check_overlaps(blocks);
-
+  if (cfg.check_overlaps) check_overlaps(blocks, plan.scratch);
   for (std::uint8_t p : pinned) plan.all_pinned_src = plan.all_pinned_src && p != 0;
+
   if (cfg.mode == PlanConfig::Mode::kPassThrough) {
     plan.direct.reserve(blocks.size());
     for (const BlockCopy& b : blocks) {
       plan.direct.push_back({static_cast<const std::byte*>(b.src), static_cast<std::byte*>(b.dst), b.bytes});
       plan.total_bytes += b.bytes;
     }
-    return plan;
+    return;
   }
-  const std::vector<Segment> segs = coalesce(blocks, pinned);
-  plan.ops.reserve(segs.size() + segs.size() / 8 + 64);
-  plan.pieces.reserve(segs.size() / 4 + 64);
+  plan.ops.reserve(blocks.size() + blocks.size() / 8 + 64);
+  plan.pieces.reserve(blocks.size() / 4 + 64);
   Packer packer(cfg, plan);
-  for (const Segment& s : segs) {
+  auto place = [&](const Segment& s) {
     plan.total_bytes += s.bytes;
     if (cfg.direct_min_bytes != 0 && s.pinned_src && s.bytes >= cfg.direct_min_bytes)
       plan.direct.push_back({s.src, s.dst, s.bytes});
     else
       packer.add(s);
+  };
+  // Coalesce runs of blocks that are adjacent at both ends into one segment as they go by.
+  Segment cur{static_cast<const std::byte*>(blocks[0].src), static_cast<std::byte*>(blocks[0].dst),
+              blocks[0].bytes, pinned[0] != 0};
+  for (std::size_t i = 1; i < blocks.size(); ++i) {
+    const auto* s = static_cast<const std::byte*>(blocks[i].src);
+    auto* d = static_cast<std::byte*>(blocks[i].dst);
+    if (cur.src + cur.bytes == s && cur.dst + cur.bytes == d) {
+      cur.bytes += blocks[i].bytes;
+      cur.pinned_src = cur.pinned_src && pinned[i] != 0;
+      continue;
+    }
+    place(cur);
+    cur = {s, d, blocks[i].bytes, pinned[i] != 0};
   }
+  place(cur);
   packer.finish();
-  return plan;
 }
 
 }  // namespace gfd::detail

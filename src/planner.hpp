@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "device.hpp"
@@ -17,7 +18,7 @@ namespace gfd::detail {
 struct PlanConfig {
   int device = 0;                         // ordinal destinations must belong to
   std::size_t slot_bytes = 2 << 20;       // capacity of one chunk (data + scatter entries)
-  std::size_t first_chunk_bytes = 512 << 10;
+  std::size_t first_chunk_bytes = 256 << 10;
   std::size_t piece_bytes = 32 << 10;
   std::size_t direct_min_bytes = 1 << 20; // 0 disables the direct path
   bool check_overlaps = true;
@@ -66,6 +67,13 @@ struct DirectCopy {
 };
 
 struct Plan {
+  // Working memory of make_plan, kept with the plan so that a recycled plan plans again
+  // without allocating (fresh pages cost a fault each: tens of microseconds per transfer).
+  struct Scratch {
+    std::vector<std::uint8_t> pinned;
+    std::vector<std::pair<std::uintptr_t, std::uint32_t>> order, tmp;
+    std::vector<std::uint32_t> count;
+  };
   std::vector<GatherOp> ops;
   std::vector<PlannedChunk> chunks;
   std::vector<PlannedPiece> pieces;
@@ -73,13 +81,21 @@ struct Plan {
   std::uint64_t total_bytes = 0;
   std::size_t block_count = 0;
   bool all_pinned_src = true;  // every source lies in pinned host memory
+  Scratch scratch;
 };
 
 using PointerClassifier = std::function<PointerInfo(const void*)>;
 
-// Throws gfd::Error(kInvalidArgument) naming the first bad block; otherwise returns the plan.
-Plan make_plan(std::span<const BlockCopy> blocks, const PlanConfig& config,
-               const PointerClassifier& classify);
+// Throws gfd::Error(kInvalidArgument) naming the first bad block; otherwise fills `plan`
+// (whatever it held before is replaced; its memory is reused).
+void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& config,
+               const PointerClassifier& classify, Plan& plan);
+inline Plan make_plan(std::span<const BlockCopy> blocks, const PlanConfig& config,
+                      const PointerClassifier& classify) {
+  Plan plan;
+  make_plan(blocks, config, classify, plan);
+  return plan;
+}
 
 // Checks the config itself (slot too small for the pieces, ...); throws gfd::Error.
 void validate_plan_config(const PlanConfig& config);

@@ -41,16 +41,19 @@ run_bench() {  # name, args... (GFD_* settings come from the environment)
 
 run_bench quick_cold --quick --trace
 if [ "$MODE" = tune ]; then
+  timeout 200 build-gpu/bench/micro_gather --benchmark_min_time=0.1 > "$OUT/micro_gather.log" 2>&1
+  summary "== micro_gather: rc=$?"
+  grep -E "^BM_" "$OUT/micro_gather.log" | awk '{print $1, $NF, $(NF-2)}' >> "$OUT/summary.txt"
   # Gather-engine variants, one setting changed at a time from the defaults.
-  for v in GFD_NONTEMPORAL_STORES=0 GFD_PIECE_BYTES=16K GFD_PIECE_BYTES=64K GFD_FIRST_CHUNK_BYTES=128K \
-           GFD_FIRST_CHUNK_BYTES=256K GFD_SLOT_BYTES=4M GFD_SUBMITTER_GATHERS=0 GFD_GATHER_THREADS=8; do
+  for v in GFD_NONTEMPORAL_STORES=0 GFD_PIECE_BYTES=16K GFD_FIRST_CHUNK_BYTES=128K GFD_SLOT_BYTES=4M \
+           GFD_COPY_STREAMS=1 GFD_COPY_STREAMS=4; do
     export "${v?}"
     run_bench "tune_${v#GFD_}" --quick --backends gather --trace
     unset "${v%%=*}"
   done
   run_bench latency --blocks 16,64,256
-  GFD_KERNEL_MAX_BYTES=1M run_bench latency_kernel1M --blocks 16,64,256 --backends gather
-  GFD_INLINE_GATHER_BYTES=0 run_bench latency_noinline --blocks 16,64,256 --backends gather
+  GFD_KERNEL_MAX_BYTES=1M run_bench latency_kernel1M --blocks 16,64,256,512 --backends gather
+  GFD_KERNEL_MAX_BYTES=0 run_bench latency_staged --blocks 512 --backends gather,zero_copy_kernel
   run_bench under_load --quick --under-load
   run_bench quick_scattered --quick --dst scattered --trace --backends gather,zero_copy_kernel
   run_bench quick_warm --quick --warm --backends gather

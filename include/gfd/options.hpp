@@ -19,7 +19,7 @@ struct EngineOptions {
   std::size_t slot_bytes = std::size_t{2} << 20;
   /// Size of the first chunk of a transfer; later chunks double up to `slot_bytes`. A small
   /// first chunk gets the copy engine busy early (pipeline fill).
-  std::size_t first_chunk_bytes = std::size_t{512} << 10;
+  std::size_t first_chunk_bytes = std::size_t{256} << 10;
   /// Work unit of one gather thread. Chunks are split into pieces of about this size so that
   /// every thread helps to fill the chunk the copy engine needs next.
   std::size_t piece_bytes = std::size_t{32} << 10;
