@@ -445,7 +445,10 @@ void EngineCore::submit_gather(const std::shared_ptr<TransferState>& t, StreamHa
     if (shutting_down_) throw Error(ErrorCode::kShutdown, "copy_to_device: the engine is shutting down");
     device_->record_event(t->start_event, stream);
     if (trace_on_.load(std::memory_order_relaxed)) {
+      // Created here, not on the issue path, so that tracing does not slow the issuer.
       t->trace_start = device_->create_event(true);
+      for (std::uint32_t k = 0; k < p.chunks.size(); ++k)
+        t->trace_dma.emplace_back(k, device_->create_event(true));
       t->trace_start_ns = now_ns();
       device_->record_event(t->trace_start, stream);
     }
@@ -686,10 +689,7 @@ void EngineCore::issue_chunk(Item& item) {
       st_scattered_.fetch_add(1, std::memory_order_relaxed);
     }
     device_->record_event(s.done, l);
-    if (t.trace_start != nullptr) {
-      t.trace_dma.emplace_back(item.index, device_->create_event(true));
-      device_->record_event(t.trace_dma.back().second, l);
-    }
+    if (t.trace_start != nullptr) device_->record_event(t.trace_dma[item.index].second, l);
     s.timed = true;
     st_chunks_.fetch_add(1, std::memory_order_relaxed);
     trace(t.id, TraceEvent::kChunkIssued, item.index, static_cast<std::uint32_t>(c.data_bytes));

@@ -39,17 +39,16 @@ run_bench() {  # name, args... (GFD_* settings come from the environment)
   grep -E "VERIFY|gfd_benchmark:" "$OUT/$name.err" >> "$OUT/summary.txt"
 }
 
-run_bench quick_cold --quick --trace
+run_bench quick_cold --quick
 if [ "$MODE" = tune ]; then
-  timeout 200 build-gpu/bench/micro_gather --benchmark_min_time=0.1 > "$OUT/micro_gather.log" 2>&1
-  summary "== micro_gather: rc=$?"
-  grep -E "^BM_" "$OUT/micro_gather.log" | awk '{print $1, $NF, $(NF-2)}' >> "$OUT/summary.txt"
-  # Gather-engine variants, one setting changed at a time from the defaults.
-  for v in GFD_NONTEMPORAL_STORES=0 GFD_PIECE_BYTES=16K GFD_FIRST_CHUNK_BYTES=128K GFD_SLOT_BYTES=4M \
-           GFD_COPY_STREAMS=1 GFD_COPY_STREAMS=4; do
-    export "${v?}"
-    run_bench "tune_${v#GFD_}" --quick --backends gather --trace
-    unset "${v%%=*}"
+  # Gather-engine variants (GFD_* settings, space-separated), traced.
+  for v in "GFD_SPIN_US=200" "GFD_NONTEMPORAL_STORES=0" "GFD_STAGING_BYTES=8M GFD_NONTEMPORAL_STORES=0" \
+           "GFD_STAGING_BYTES=16M GFD_NONTEMPORAL_STORES=0" "GFD_STAGING_BYTES=8M" \
+           "GFD_STAGING_BYTES=8M GFD_NONTEMPORAL_STORES=0 GFD_COPY_STREAMS=1" "GFD_COPY_STREAMS=1"; do
+    # shellcheck disable=SC2086
+    export $v
+    run_bench "tune_$(echo "$v" | tr ' =' '_-')" --quick --backends gather --trace
+    for x in $v; do unset "${x%%=*}"; done
   done
   run_bench latency --blocks 16,64,256
   GFD_KERNEL_MAX_BYTES=1M run_bench latency_kernel1M --blocks 16,64,256,512 --backends gather
