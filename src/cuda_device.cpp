@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <mutex>
 #include <string>
@@ -19,7 +20,11 @@ namespace {
 // libgfd never links libcuda directly and programs still start on machines without a driver.
 struct DriverApi {
   using PointerGetAttributes = CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
+  using WaitValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  using DeviceGetAttribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
   PointerGetAttributes pointer_get_attributes = nullptr;
+  WaitValue64 wait_value64 = nullptr;
+  DeviceGetAttribute device_get_attribute = nullptr;
 };
 
 template <class F>
@@ -37,6 +42,8 @@ const DriverApi& driver() {
   static DriverApi api;
   std::call_once(once, [] {
     load("cuPointerGetAttributes", api.pointer_get_attributes);
+    load("cuStreamWaitValue64", api.wait_value64);
+    load("cuDeviceGetAttribute", api.device_get_attribute);
   });
   return api;
 }
@@ -62,7 +69,10 @@ class CudaDevice final : public Device {
     GFD_CUDA_CHECK(cudaDeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, ordinal));
     host_pointers_usable_ = host_ptr != 0 && uva != 0;
     GFD_CUDA_CHECK(preload_kernels());
-    (void)driver();
+    int memops = 0;
+    if (driver().device_get_attribute(&memops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+                                      static_cast<CUdevice>(ordinal)) == CUDA_SUCCESS)
+      wait_value_ = memops != 0 && host_pointers_usable_;
   }
 
   int ordinal() const override { return ordinal_; }
@@ -184,6 +194,16 @@ class CudaDevice final : public Device {
     GFD_CUDA_CHECK(launch_zero_copy(entries, count, sm_count_, static_cast<cudaStream_t>(s)));
   }
   bool host_pointers_usable() const override { return host_pointers_usable_; }
+  bool supports_wait_value() const override { return wait_value_; }
+  void wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) override {
+    const CUresult r = driver().wait_value64(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr),
+                                             value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS)
+      throw Error(ErrorCode::kCuda, "cuStreamWaitValue64 failed: CUresult " + std::to_string(r));
+  }
+  void signal_value(std::uint64_t* addr, std::uint64_t value) override {
+    std::atomic_ref<std::uint64_t>(*addr).store(value, std::memory_order_release);
+  }
   void delay_async(std::uint32_t microseconds, StreamHandle s) override {
     GFD_CUDA_CHECK(launch_delay(microseconds, static_cast<cudaStream_t>(s)));
   }
@@ -194,6 +214,7 @@ class CudaDevice final : public Device {
   int prio_low_ = 0, prio_high_ = 0;
   int sm_count_ = 1;
   bool host_pointers_usable_ = false;
+  bool wait_value_ = false;
 };
 
 }  // namespace

@@ -92,6 +92,15 @@ class Device {
   virtual void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) = 0;
   // Whether kernels may read pinned host memory at its host address (zero_copy needs it).
   virtual bool host_pointers_usable() const = 0;
+  // Stream memory operations on a 64-bit flag in registered host memory: the engine enqueues a
+  // chunk's DMA behind a wait on its slot's flag before the chunk is gathered, and the gather
+  // thread that finishes the chunk sets the flag (no driver call on the critical path).
+  virtual bool supports_wait_value() const = 0;
+  // `s` waits until *addr >= value.
+  virtual void wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) = 0;
+  // Sets *addr = value from the host (a release store; the emulated device also wakes its
+  // streams).
+  virtual void signal_value(std::uint64_t* addr, std::uint64_t value) = 0;
   // Test support: holds the stream for `microseconds` (a spin kernel on a GPU).
   virtual void delay_async(std::uint32_t microseconds, StreamHandle s) = 0;
 };

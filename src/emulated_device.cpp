@@ -300,6 +300,34 @@ void EmulatedDevice::zero_copy(const ZeroCopyEntry* entries, std::uint32_t count
   });
 }
 
+namespace {
+// One condition for every emulated flag: waits are rare and short.
+std::mutex& value_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::condition_variable& value_cv() {
+  static std::condition_variable cv;
+  return cv;
+}
+}  // namespace
+
+void EmulatedDevice::wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) {
+  auto* a = const_cast<std::uint64_t*>(addr);
+  enqueue(s, [=] {
+    std::unique_lock lk(value_mutex());
+    value_cv().wait(lk, [&] { return std::atomic_ref<std::uint64_t>(*a).load(std::memory_order_acquire) >= value; });
+  });
+}
+
+void EmulatedDevice::signal_value(std::uint64_t* addr, std::uint64_t value) {
+  {
+    std::lock_guard lk(value_mutex());
+    std::atomic_ref<std::uint64_t>(*addr).store(value, std::memory_order_release);
+  }
+  value_cv().notify_all();
+}
+
 void EmulatedDevice::delay_async(std::uint32_t microseconds, StreamHandle s) {
   enqueue(s, [=] { std::this_thread::sleep_for(std::chrono::microseconds(microseconds)); });
 }

@@ -51,6 +51,9 @@ class EmulatedDevice final : public Device {
                       std::size_t count, StreamHandle s) override;
   void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) override;
   bool host_pointers_usable() const override { return true; }
+  bool supports_wait_value() const override { return true; }
+  void wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) override;
+  void signal_value(std::uint64_t* addr, std::uint64_t value) override;
   void delay_async(std::uint32_t microseconds, StreamHandle s) override;
 
   struct Impl;

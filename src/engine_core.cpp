@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -235,6 +236,24 @@ void EngineCore::start() {
     slots_[i].done = d.create_event(true);
   }
   if (b != Backend::kGather) return;
+  preissue_ = options_.preissue && d.supports_wait_value();
+  options_.preissue = preissue_;
+  if (preissue_) {
+    constexpr std::size_t kLine = 64;  // one flag per cache line: threads set them concurrently
+    const std::size_t bytes = (nslots * kLine + 4095) / 4096 * 4096;
+    void* f = nullptr;
+    if (posix_memalign(&f, 4096, bytes) != 0) throw Error(ErrorCode::kSystem, "out of memory for slot flags");
+    std::memset(f, 0, bytes);
+    flags_ = static_cast<std::uint64_t*>(f);
+    try {
+      d.register_host(flags_, bytes);
+    } catch (...) {
+      std::free(flags_);
+      flags_ = nullptr;
+      throw;
+    }
+    for (std::size_t i = 0; i < nslots; ++i) slots_[i].flag = flags_ + i * (kLine / sizeof(std::uint64_t));
+  }
   items_ = std::vector<Item>(nslots + 4096);
   pool_ = std::make_unique<GatherPool>(
       options_.gather_threads, cpus_, options_.spin_us, [this] { return run_next_piece(); },
@@ -255,6 +274,10 @@ EngineCore::~EngineCore() {
   for (StreamHandle l : lanes_) d.destroy_stream(l);
   if (dev_staging_ != nullptr) d.free_device(dev_staging_);
   staging_.reset();
+  if (flags_ != nullptr) {
+    d.unregister_host(flags_);
+    std::free(flags_);
+  }
 }
 
 void EngineCore::shutdown() noexcept {
@@ -452,10 +475,12 @@ void EngineCore::submit_gather(const std::shared_ptr<TransferState>& t, StreamHa
       t->trace_start_ns = now_ns();
       device_->record_event(t->trace_start, stream);
     }
-    // From here a finalize item must be published whatever happens, or submit would not return.
+    // From here the transfer must be finalized whatever happens, or submit would not return.
     try {
-      for (std::uint32_t i = 0; i < p.direct.size(); ++i)
-        publish_item(append_item(ItemKind::kDirect, t, i, 0, true), 0);
+      for (std::uint32_t i = 0; i < p.direct.size(); ++i) {
+        if (preissue_) enqueue_direct(*t, i);
+        else publish_item(append_item(ItemKind::kDirect, t, i, 0, true), 0);
+      }
       for (std::uint32_t k = 0; k < p.chunks.size(); ++k) {
         const std::uint32_t slot = acquire_slot();
         Item& it = append_item(ItemKind::kChunk, t, k, slot, false);
@@ -467,39 +492,70 @@ void EngineCore::submit_gather(const std::shared_ptr<TransferState>& t, StreamHa
                                        p.ops[i].slot_offset, p.ops[i].bytes};
         }
         const std::uint32_t pieces = c.piece_end - c.piece_begin;
+        Slot& s = slots_[slot];
         it.piece_begin = c.piece_begin;
+        it.flag_value = ++s.flag_value;
         it.pieces_left.store(pieces, std::memory_order_relaxed);
         if (inline_gather) {
           publish_item(it, 0);
           for (std::uint32_t q = c.piece_begin; q < c.piece_end; ++q) gather_piece(it, q);
           it.ready.store(true, std::memory_order_seq_cst);
+          if (preissue_) enqueue_issued(*t, k, slot, false);
         } else {
           publish_item(it, pieces);
           pool_->wake();
+          // The DMA waits on the GPU for the gather threads' flag: no driver call is left
+          // between the end of the gather and the start of the DMA.
+          if (preissue_) enqueue_issued(*t, k, slot, true);
         }
         trace(t->id, TraceEvent::kChunkPublished, k, pieces);
       }
     } catch (...) {
       t->fail(std::current_exception());
     }
-    publish_item(append_item(ItemKind::kFinalize, t, 0, 0, true), 0);
+    if (preissue_) finalize(*t);
+    else publish_item(append_item(ItemKind::kFinalize, t, 0, 0, true), 0);
   }
   // The submitting thread would only wait now: it gathers too, while parked pool threads wake
   // up (a futex wake-up costs tens of microseconds, a 4 KB block a microsecond).
   if (!inline_gather && options_.submitter_gathers)
     while (run_next_piece()) {
     }
-  try_issue();
-  // The caller's stream must not wait on the GPU for anything the host has yet to do: cudaFree,
-  // lazy module loading and other implicit device synchronisations on any thread would then
-  // deadlock with the threads that still have to issue this transfer's DMAs. So return once the
-  // last DMA is enqueued (gathering is done by then) and make the stream wait on its event.
-  t->finalized.wait(false, std::memory_order_acquire);
+  if (!preissue_) {
+    try_issue();
+    // The caller's stream must not wait on the GPU for anything the host has yet to do with
+    // the driver: cudaFree, lazy module loading and other implicit device synchronisations on
+    // any thread would then deadlock with the threads that still have to issue this transfer's
+    // DMAs. So return once the last DMA is enqueued and make the stream wait on its event.
+    // (With preissue every DMA is enqueued already and waits only on flags that the gather
+    // threads set without calling the driver.)
+    t->finalized.wait(false, std::memory_order_acquire);
+  }
   try {
     device_->stream_wait_event(stream, t->done_event);
   } catch (...) {
     t->fail(std::current_exception());
   }
+}
+
+// Enqueues a chunk at submission (preissue) and marks its slot as carrying a DMA.
+void EngineCore::enqueue_issued(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait) {
+  Slot& s = slots_[slot];
+  s.timed = false;
+  try {
+    enqueue_chunk(t, index, slot, wait, s.flag_value);
+  } catch (...) {
+    s.state.store(kIssued, std::memory_order_release);
+    throw;
+  }
+  s.state.store(kIssued, std::memory_order_release);
+}
+
+void EngineCore::enqueue_direct(TransferState& t, std::uint32_t index) {
+  const DirectCopy& dc = t.plan.direct[index];
+  const auto lane = static_cast<std::uint32_t>(lane_rr_++ % lanes_.size());
+  device_->copy_h2d(dc.dst, dc.src, dc.bytes, lane_for(t, lane));
+  st_direct_.fetch_add(1, std::memory_order_relaxed);
 }
 
 // The zero-copy kernel, for its backend and for the gather backend's small transfers. The block
@@ -617,6 +673,11 @@ void EngineCore::run_piece(Item& item, std::uint32_t piece) {
   trace(id, TraceEvent::kPieceEnd, chunk, piece);
   // The thread that completes a chunk's last piece issues it (or hands it to the issuer).
   if (item.pieces_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (preissue_) {
+      device_->signal_value(slots_[item.slot].flag, item.flag_value);  // the DMA may start
+      trace(id, TraceEvent::kChunkIssued, chunk,
+            static_cast<std::uint32_t>(item.t->plan.chunks[chunk].data_bytes));
+    }
     item.ready.store(true, std::memory_order_seq_cst);
     try_issue();
   }
@@ -666,33 +727,41 @@ void EngineCore::issue(Item& item) {
   }
 }
 
+// Enqueues chunk `index` of `t` from `slot` on the next lane; with `wait`, behind a wait on the
+// slot's flag reaching `flag_value` (set by the thread that finishes gathering the chunk).
+void EngineCore::enqueue_chunk(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait,
+                               std::uint64_t flag_value) {
+  Slot& s = slots_[slot];
+  const PlannedChunk& c = t.plan.chunks[index];
+  const auto lane = static_cast<std::uint32_t>(lane_rr_++ % lanes_.size());
+  StreamHandle l = lane_for(t, lane);
+  if (wait) device_->wait_value_geq(s.flag, flag_value, l);
+  device_->record_event(s.start, l);
+  if (c.contiguous_dst) {
+    device_->copy_h2d(t.plan.ops[c.op_begin].dst, s.host, c.data_bytes, l);
+  } else {
+    device_->copy_h2d(s.dev, s.host, c.dma_bytes(), l);
+    device_->scatter(reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset),
+                     c.op_end - c.op_begin, s.dev, l);
+    st_scattered_.fetch_add(1, std::memory_order_relaxed);
+  }
+  device_->record_event(s.done, l);
+  if (t.trace_start != nullptr) device_->record_event(t.trace_dma[index].second, l);
+  s.timed = true;
+  st_chunks_.fetch_add(1, std::memory_order_relaxed);
+}
+
 void EngineCore::issue_chunk(Item& item) {
+  if (preissue_) return;  // enqueued at submission; the flag was set when the chunk was gathered
   TransferState& t = *item.t;
   Slot& s = slots_[item.slot];
-  const PlannedChunk& c = t.plan.chunks[item.index];
   s.timed = false;
   try {
-    if (t.failure()) {  // a failed transfer moves nothing more; its slot is free again at once
-      s.state.store(kIssued, std::memory_order_release);
-      s.state.notify_all();
-      return;
+    if (!t.failure()) {  // a failed transfer moves nothing more; its slot is free again at once
+      enqueue_chunk(t, item.index, item.slot, false, 0);
+      trace(t.id, TraceEvent::kChunkIssued, item.index,
+            static_cast<std::uint32_t>(t.plan.chunks[item.index].data_bytes));
     }
-    const auto lane = static_cast<std::uint32_t>(lane_rr_++ % lanes_.size());
-    StreamHandle l = lane_for(t, lane);
-    device_->record_event(s.start, l);
-    if (c.contiguous_dst) {
-      device_->copy_h2d(t.plan.ops[c.op_begin].dst, s.host, c.data_bytes, l);
-    } else {
-      device_->copy_h2d(s.dev, s.host, c.dma_bytes(), l);
-      device_->scatter(reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset),
-                       c.op_end - c.op_begin, s.dev, l);
-      st_scattered_.fetch_add(1, std::memory_order_relaxed);
-    }
-    device_->record_event(s.done, l);
-    if (t.trace_start != nullptr) device_->record_event(t.trace_dma[item.index].second, l);
-    s.timed = true;
-    st_chunks_.fetch_add(1, std::memory_order_relaxed);
-    trace(t.id, TraceEvent::kChunkIssued, item.index, static_cast<std::uint32_t>(c.data_bytes));
   } catch (...) {
     t.fail(std::current_exception());
   }
@@ -701,19 +770,15 @@ void EngineCore::issue_chunk(Item& item) {
 }
 
 void EngineCore::issue_direct(Item& item) {
-  TransferState& t = *item.t;
-  const DirectCopy& dc = t.plan.direct[item.index];
   try {
-    const auto lane = static_cast<std::uint32_t>(lane_rr_++ % lanes_.size());
-    device_->copy_h2d(dc.dst, dc.src, dc.bytes, lane_for(t, lane));
-    st_direct_.fetch_add(1, std::memory_order_relaxed);
+    enqueue_direct(*item.t, item.index);
   } catch (...) {
-    t.fail(std::current_exception());
+    item.t->fail(std::current_exception());
   }
 }
 
-void EngineCore::issue_finalize(Item& item) {
-  TransferState& t = *item.t;
+// Joins the lanes the transfer used into lane 0 and records its done event there.
+void EngineCore::finalize(TransferState& t) {
   try {
     StreamHandle l0 = lanes_[0];
     for (std::size_t l = 1; l < lanes_.size(); ++l) {
@@ -728,6 +793,10 @@ void EngineCore::issue_finalize(Item& item) {
   trace(t.id, TraceEvent::kFinalized);
   t.finalized.store(true, std::memory_order_release);
   t.finalized.notify_all();
+}
+
+void EngineCore::issue_finalize(Item& item) {
+  if (!preissue_) finalize(*item.t);
 }
 
 // ---------------------------------------------------------------------------------------------

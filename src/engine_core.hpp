@@ -114,6 +114,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     std::byte* dev = nullptr;
     EventHandle start = nullptr, done = nullptr;
     bool timed = false;  // start/done hold an unaccounted DMA
+    std::uint64_t* flag = nullptr;    // registered host memory the lane waits on (preissue)
+    std::uint64_t flag_value = 0;     // value of the last chunk published in this slot
     std::atomic<int> state{kFree};
   };
   enum class ItemKind : std::uint8_t { kChunk, kDirect, kFinalize };
@@ -123,6 +125,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     std::uint32_t index = 0;  // chunk or direct copy index in the plan
     std::uint32_t slot = 0;
     std::uint32_t piece_begin = 0;
+    std::uint64_t flag_value = 0;  // the slot flag's value once this chunk is gathered
     // Claim word of the pool: item sequence (32 bits) | next piece (16) | pieces (16).
     std::atomic<std::uint64_t> claim{0};
     std::atomic<std::uint32_t> pieces_left{0};
@@ -151,6 +154,11 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void issue_chunk(Item& item);
   void issue_direct(Item& item);
   void issue_finalize(Item& item);
+  void enqueue_chunk(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait,
+                     std::uint64_t flag_value);
+  void enqueue_issued(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait);
+  void enqueue_direct(TransferState& t, std::uint32_t index);
+  void finalize(TransferState& t);
   StreamHandle lane_for(TransferState& t, std::uint32_t lane);
 
   EngineOptions options_;
@@ -165,6 +173,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::vector<Slot> slots_;
   std::unique_ptr<GatherPool> pool_;
   StoreKind store_kind_ = StoreKind::kNormal;
+  bool preissue_ = false;          // DMAs enqueued at submission behind slot flags
+  std::uint64_t* flags_ = nullptr; // one cache line per slot, registered host memory
   PlanConfig pass_config_;  // pass-through planning for the block-by-block backends
 
   // Submission (serialised): slots and items are taken in ring order, one transfer at a time.

@@ -74,6 +74,7 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
   env_bool("GFD_CHECK_OVERLAPS", o.check_overlaps);
   env_bool("GFD_SUBMITTER_GATHERS", o.submitter_gathers);
   env_bool("GFD_NONTEMPORAL_STORES", o.nontemporal_stores);
+  env_bool("GFD_PREISSUE", o.preissue);
   env_size("GFD_KERNEL_MAX_BYTES", o.kernel_max_bytes);
   if (const char* v = std::getenv("GFD_BACKEND")) {
     try {

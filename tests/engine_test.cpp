@@ -428,6 +428,38 @@ TEST_P(EngineTest, StatsDescribeTheEngine) {
   }
 }
 
+// Without stream memory operations (or with preissue off) the thread that finishes a chunk
+// issues its DMA: the same transfers must land, alone and concurrently.
+TEST_P(EngineTest, IssuingFromTheGatherThreadsWorksToo) {
+  if (!gather()) GTEST_SKIP() << "a gather-backend option";
+  EngineOptions o = options();
+  o.preissue = false;
+  Engine engine = td_->make_engine(o);
+  EXPECT_FALSE(engine.options().preissue);
+  HostBuffer pool(dev(), 16 << 20, false);
+  fill_random(pool.data(), pool.size(), 31);
+  DeviceBuffer dst(dev(), 1536 * 4096);
+  const auto big = make_blocks(pool, dst, 1536, 4096, true, 32);  // six times the ring
+  engine.copy_to_device(big, td_->cuda_stream()).wait();
+  expect_landed(big, dst);
+  std::vector<std::thread> threads;
+  std::vector<std::vector<BlockCopy>> per(4);
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<BlockCopy> blocks;
+      for (std::size_t i = 0; i < 384; ++i)
+        blocks.push_back({pool.data() + (t * 384 + i) * 8192, dst.data() + (t * 384 + i) * 4096, 4096});
+      detail::StreamHandle s = dev().create_stream();
+      engine.copy_to_device(blocks, static_cast<cudaStream_t>(s)).wait();
+      dev().destroy_stream(s);
+      per[t] = blocks;
+    });
+  for (auto& th : threads) th.join();
+  std::vector<BlockCopy> all;
+  for (auto& v : per) all.insert(all.end(), v.begin(), v.end());
+  expect_landed(all, dst);
+}
+
 // The gather backend hands small all-pinned transfers to the zero-copy kernel when asked to;
 // pageable ones still go through staging.
 TEST_P(EngineTest, SmallPinnedTransfersCanTakeTheKernel) {

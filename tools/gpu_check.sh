@@ -42,9 +42,8 @@ run_bench() {  # name, args... (GFD_* settings come from the environment)
 run_bench quick_cold --quick
 if [ "$MODE" = tune ]; then
   # Gather-engine variants (GFD_* settings, space-separated), traced.
-  for v in "GFD_SPIN_US=200" "GFD_NONTEMPORAL_STORES=0" "GFD_STAGING_BYTES=8M GFD_NONTEMPORAL_STORES=0" \
-           "GFD_STAGING_BYTES=16M GFD_NONTEMPORAL_STORES=0" "GFD_STAGING_BYTES=8M" \
-           "GFD_STAGING_BYTES=8M GFD_NONTEMPORAL_STORES=0 GFD_COPY_STREAMS=1" "GFD_COPY_STREAMS=1"; do
+  for v in "GFD_PREISSUE=1" "GFD_PREISSUE=0" "GFD_COPY_STREAMS=1" "GFD_GATHER_THREADS=12" \
+           "GFD_GATHER_THREADS=10" "GFD_FIRST_CHUNK_BYTES=128K" "GFD_SLOT_BYTES=4M"; do
     # shellcheck disable=SC2086
     export $v
     run_bench "tune_$(echo "$v" | tr ' =' '_-')" --quick --backends gather --trace

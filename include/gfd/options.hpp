@@ -44,6 +44,11 @@ struct EngineOptions {
   /// Write staging with non-temporal (streaming) stores where the CPU has them: the copy engine
   /// reads the slot from memory right after, so caching its lines first only costs bandwidth.
   bool nontemporal_stores = true;
+  /// Enqueue each chunk's DMA when the chunk is handed to the gather threads, behind a wait on
+  /// a flag in pinned memory that the thread finishing the chunk sets (a stream memory
+  /// operation), so that no driver call sits between gathering and DMA. Where the GPU has no
+  /// 64-bit stream memory operations the finishing thread issues the DMA itself.
+  bool preissue = true;
   /// Gather backend: transfers of at most this many bytes whose sources are all pinned are
   /// copied by the zero-copy SM kernel in one launch instead of the staging pipeline (a small
   /// transfer is dominated by fixed costs there). 0 disables this.
@@ -58,7 +63,7 @@ struct EngineOptions {
   /// GFD_DEVICE, GFD_STAGING_BYTES, GFD_SLOT_BYTES, GFD_FIRST_CHUNK_BYTES, GFD_PIECE_BYTES,
   /// GFD_DIRECT_MIN_BYTES, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
   /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS, GFD_SUBMITTER_GATHERS,
-  /// GFD_NONTEMPORAL_STORES, GFD_KERNEL_MAX_BYTES, GFD_BACKEND (a backend name such as
+  /// GFD_NONTEMPORAL_STORES, GFD_PREISSUE, GFD_KERNEL_MAX_BYTES, GFD_BACKEND (a backend name such as
   /// "batch_async"). Sizes accept K, M and G suffixes.
   /// Throws gfd::Error naming the variable when a value does not parse.
   static EngineOptions from_env(EngineOptions base);
