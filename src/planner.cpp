@@ -75,12 +75,13 @@ struct Segment {
 
 void validate_blocks(std::span<const BlockCopy> blocks, const PlanConfig& cfg, RangeCache& cache,
                      std::vector<std::uint8_t>& pinned) {
-  pinned.assign(blocks.size(), 0);
+  pinned.resize(blocks.size());
   // Blocks of one transfer mostly come from one host pool and go to one device cache: test each
   // block against the ranges of the previous one before asking the cache.
   const PointerInfo* dr = nullptr;
   const PointerInfo* sr = nullptr;
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
+  // Every check of one block, with the messages; updates the ranges.
+  auto check = [&](std::size_t i) {
     const BlockCopy& b = blocks[i];
     const auto s = reinterpret_cast<std::uintptr_t>(b.src);
     const auto d = reinterpret_cast<std::uintptr_t>(b.dst);
@@ -117,6 +118,32 @@ void validate_blocks(std::span<const BlockCopy> blocks, const PlanConfig& cfg, R
                                                              : describe(*sr)) +
                        "; " + cfg.pinned_reason + " needs pinned host memory (cudaHostAlloc or "
                        "cudaHostRegister)");
+  };
+  const std::size_t n = blocks.size();
+  std::size_t i = 0;
+  while (i < n) {
+    if (dr != nullptr && sr != nullptr && dr->end != 0 && sr->end != 0) {
+      // The common case without calls or branches per condition: the block lies wholly in the
+      // current device range (so neither pointer is null and nothing overflows) and starts in
+      // the current host range. Anything else leaves this loop for the detailed checks above.
+      const std::uintptr_t db = dr->begin, de = dr->end, sb = sr->begin, se = sr->end;
+      const bool pinned_range = sr->kind == PointerKind::kPinnedHost;
+      const bool need_pinned = cfg.require_pinned_src;
+      for (; i < n; ++i) {
+        const auto s = reinterpret_cast<std::uintptr_t>(blocks[i].src);
+        const auto d = reinterpret_cast<std::uintptr_t>(blocks[i].dst);
+        const std::size_t len = blocks[i].bytes;
+        const bool in_src = s >= sb && s < se;
+        const bool whole_src = len <= se - s;
+        const bool ok = (d >= db) & (d < de) & (len - 1 < de - d) & in_src & (s != 0) &
+                        (whole_src | (len <= UINTPTR_MAX - s)) & (!need_pinned | (pinned_range & whole_src));
+        if (!ok) break;
+        pinned[i] = static_cast<std::uint8_t>(pinned_range & whole_src);
+      }
+      if (i == n) break;
+    }
+    check(i);
+    ++i;
   }
 }
 

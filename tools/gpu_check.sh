@@ -41,12 +41,16 @@ run_bench() {  # name, args... (GFD_* settings come from the environment)
 
 run_bench quick_cold --quick
 if [ "$MODE" = tune ]; then
-  # Gather-engine variants (GFD_* settings, space-separated), traced.
-  for v in "GFD_PREISSUE=1" "GFD_PREISSUE=0" "GFD_COPY_STREAMS=1" "GFD_GATHER_THREADS=12" \
-           "GFD_GATHER_THREADS=10" "GFD_FIRST_CHUNK_BYTES=128K" "GFD_SLOT_BYTES=4M"; do
+  # Gather-engine variants (GFD_* settings, space-separated), each run twice (untraced) for
+  # the spread between runs, then once traced.
+  for v in "GFD_PREISSUE=1" "GFD_COPY_STREAMS=1" "GFD_SLOT_BYTES=4M" "GFD_SLOT_BYTES=4M GFD_COPY_STREAMS=1" \
+           "GFD_FIRST_CHUNK_BYTES=512K" "GFD_GATHER_THREADS=12" "GFD_PIECE_BYTES=16K"; do
     # shellcheck disable=SC2086
     export $v
-    run_bench "tune_$(echo "$v" | tr ' =' '_-')" --quick --backends gather --trace
+    name=$(echo "$v" | tr ' =' '_-')
+    run_bench "tune_${name}_a" --quick --backends gather
+    run_bench "tune_${name}_b" --quick --backends gather
+    run_bench "tune_${name}_trace" --quick --backends gather --trace
     for x in $v; do unset "${x%%=*}"; done
   done
   run_bench latency --blocks 16,64,256
