@@ -109,21 +109,9 @@ TransferState::~TransferState() {
   // Every wait on these events was enqueued when the transfer was issued (CUDA captures the
   // record current at the time of the wait), so the events can be re-recorded by others now.
   core->recycle_plan(std::move(plan));
-  if (trace_start != nullptr) {
-    Device& d = core->device();
-    for (auto [chunk, e] : trace_dma) {
-      try {
-        d.event_sync(e);
-        const double ms = d.event_elapsed_ms(trace_start, e);
-        core->trace(id, TraceEvent::kDmaDone, chunk, 0,
-                    trace_start_ns + static_cast<std::uint64_t>(ms * 1e6));
-      } catch (...) {
-        // A failed DMA was reported to the transfer; the trace just lacks the point.
-      }
-      d.destroy_event(e);
-    }
-    d.destroy_event(trace_start);
-  }
+  // Tracing: the DMA points are read when the trace is taken, not here (this may run on a
+  // gather thread, which must not wait for the GPU).
+  if (trace_start != nullptr) core->keep_trace_events(id, trace_start_ns, trace_start, std::move(trace_dma));
   EventPool& pool = core->events();
   pool.put(start_event);
   pool.put(done_event);
@@ -266,6 +254,10 @@ void EngineCore::start() {
 EngineCore::~EngineCore() {
   shutdown();
   Device& d = *device_;
+  for (PendingTrace& pt : trace_pending_) {
+    for (auto& [chunk, e] : pt.dma) d.destroy_event(e);
+    d.destroy_event(pt.start);
+  }
   for (Slot& s : slots_) {
     d.destroy_event(s.start);
     d.destroy_event(s.done);
@@ -393,8 +385,32 @@ void EngineCore::start_trace(std::size_t capacity) {
   trace_on_.store(capacity > 0);
 }
 
+void EngineCore::keep_trace_events(std::uint32_t id, std::uint64_t start_ns, EventHandle start,
+                                   std::vector<std::pair<std::uint32_t, EventHandle>>&& dma) {
+  std::lock_guard lk(trace_mutex_);
+  trace_pending_.push_back({id, start_ns, start, std::move(dma)});
+}
+
 std::vector<TraceEvent> EngineCore::take_trace() {
   std::lock_guard lk(trace_mutex_);
+  // Each traced transfer's DMA completions, on the GPU clock mapped onto the host's.
+  for (PendingTrace& pt : trace_pending_) {
+    for (auto [chunk, e] : pt.dma) {
+      try {
+        device_->event_sync(e);
+        const double ms = device_->event_elapsed_ms(pt.start, e);
+        const std::size_t i = trace_n_.fetch_add(1, std::memory_order_relaxed);
+        if (i < trace_.size())
+          trace_[i] = {pt.start_ns + static_cast<std::uint64_t>(ms * 1e6), pt.id, TraceEvent::kDmaDone, -1,
+                       chunk, 0};
+      } catch (...) {
+        // A DMA that failed or never ran: the trace lacks the point.
+      }
+      device_->destroy_event(e);
+    }
+    device_->destroy_event(pt.start);
+  }
+  trace_pending_.clear();
   trace_on_.store(false);
   std::vector<TraceEvent> out(trace_.begin(),
                               trace_.begin() + static_cast<std::ptrdiff_t>(

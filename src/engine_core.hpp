@@ -102,6 +102,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // Tracing: records up to `capacity` events from now on (0 stops); take_trace returns them.
   void start_trace(std::size_t capacity);
   std::vector<TraceEvent> take_trace();
+  void keep_trace_events(std::uint32_t id, std::uint64_t start_ns, EventHandle start,
+                         std::vector<std::pair<std::uint32_t, EventHandle>>&& dma);
 
   // Waits for a transfer on the host (Transfer::wait).
   void wait(TransferState& t);
@@ -206,6 +208,13 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::atomic<std::size_t> trace_n_{0};
   std::vector<TraceEvent> trace_;
   std::mutex trace_mutex_;
+  struct PendingTrace {
+    std::uint32_t id;
+    std::uint64_t start_ns;
+    EventHandle start;
+    std::vector<std::pair<std::uint32_t, EventHandle>> dma;
+  };
+  std::vector<PendingTrace> trace_pending_;  // DMA events of traced transfers, read by take_trace
 };
 
 }  // namespace gfd::detail

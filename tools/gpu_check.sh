@@ -64,15 +64,21 @@ if [ "$MODE" = final ]; then
   run_bench sweep_cold
   run_bench sweep_warm --warm
   run_bench scattered_cold --quick --dst scattered
-  run_bench batch8_cold --quick --batch 8 --backends gather,zero_copy_kernel
+  run_bench batch8_cold --quick --batch 8
   run_bench under_load --quick --under-load
+  run_bench trace_2048 --quick --backends gather --trace
+  run_bench trace_16384 --blocks 16384 --backends gather --trace
+  GFD_KERNEL_MAX_BYTES=0 run_bench nokernel_latency --blocks 16,64,256 --backends gather --iters 50
   for m in micro_planner micro_ring micro_gather; do
-    timeout 120 build-gpu/bench/$m --benchmark_min_time=0.1 > "$OUT/$m.log" 2>&1
+    timeout 150 build-gpu/bench/$m --benchmark_min_time=0.1 > "$OUT/$m.log" 2>&1
     summary "== $m: rc=$?"
   done
+  grep -E "^BM_" "$OUT/micro_planner.log" "$OUT/micro_gather.log" | sed 's/^.*\/\(micro_[a-z]*\).log:/\1 /' |
+    awk '{print $1, $2, $3, $4, $NF}' >> "$OUT/summary.txt"
   python3 tools/plot_results.py "$OUT/sweep_cold.csv" "$OUT/sweep_warm.csv" "$OUT/under_load.csv" \
     --out "$OUT/charts" > "$OUT/plot.log" 2>&1
   summary "== charts: rc=$? $(ls "$OUT/charts" 2>/dev/null | tr '\n' ' ')"
+  mkdir -p "$FINAL/charts" && cp "$OUT"/charts/*.png "$FINAL/charts/" 2>/dev/null
 fi
 SECONDS=0
 (cd build-gpu && timeout ${CTEST_TIMEOUT:-420} ctest --output-on-failure -j4 --timeout 90) > "$OUT/ctest.log" 2>&1
