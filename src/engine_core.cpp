@@ -537,8 +537,10 @@ void EngineCore::submit_gather(const std::shared_ptr<TransferState>& t, StreamHa
   if (!inline_gather && options_.submitter_gathers)
     while (run_next_piece()) {
     }
+  // Advances the issue order past what is ready (gathered inline here, say): with preissue
+  // nothing else would for a transfer that had no pieces for the pool.
+  try_issue();
   if (!preissue_) {
-    try_issue();
     // The caller's stream must not wait on the GPU for anything the host has yet to do with
     // the driver: cudaFree, lazy module loading and other implicit device synchronisations on
     // any thread would then deadlock with the threads that still have to issue this transfer's

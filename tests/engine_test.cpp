@@ -428,6 +428,24 @@ TEST_P(EngineTest, StatsDescribeTheEngine) {
   }
 }
 
+// Many more transfers than the engine's item ring holds, each small enough to be gathered by the
+// submitting thread alone: the ring must keep turning (it once stopped after 4100 of them).
+TEST_P(EngineTest, ManySmallTransfersKeepTheRingTurning) {
+  Engine engine = td_->make_engine(options());
+  HostBuffer src(dev(), 1 << 16, pinned_sources());
+  fill_random(src.data(), src.size(), 33);
+  DeviceBuffer dst(dev(), 1 << 16);
+  const int n = 6000;
+  for (int i = 0; i < n; ++i) {
+    const BlockCopy b{src.data() + (i % 16) * 4096, dst.data() + (i % 16) * 4096, 4096};
+    engine.copy_to_device({&b, 1}, td_->cuda_stream()).wait();
+  }
+  std::vector<BlockCopy> all;
+  for (std::size_t i = 0; i < 16; ++i) all.push_back({src.data() + i * 4096, dst.data() + i * 4096, 4096});
+  expect_landed(all, dst);
+  EXPECT_EQ(engine.stats().transfers, static_cast<std::uint64_t>(n));
+}
+
 // Without stream memory operations (or with preissue off) the thread that finishes a chunk
 // issues its DMA: the same transfers must land, alone and concurrently.
 TEST_P(EngineTest, IssuingFromTheGatherThreadsWorksToo) {
