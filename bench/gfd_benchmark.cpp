@@ -16,12 +16,14 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_common.hpp"
 #include "device.hpp"
 #include "emulated_device.hpp"
 #include "engine_core.hpp"
+#include "gather_copy.hpp"
 #include "gfd/gfd.hpp"
 #include "load_kernel.cuh"
 #include "topology.hpp"
@@ -48,6 +50,7 @@ const std::map<std::string, std::string> kFlags = {
     {"batch", "=K           submit K transfers back to back per repetition, one sync (default 1)"},
     {"under-load", "        also measure each backend while a compute kernel fills every SM"},
     {"trace", "             print the gather pipeline's timeline of the median transfer"},
+    {"host-load-probe", "   only measure the contiguous DMA while T threads copy host memory (T = 0..15)"},
     {"help", "              this text"},
 };
 
@@ -335,6 +338,44 @@ class Bench {
   }
 };
 
+// How much of the host's memory bandwidth the copy engine keeps while CPU threads copy memory
+// as the gather threads do: the contiguous pinned DMA of `bytes`, timed as the benchmark does,
+// with T threads each copying between two private 64 MB buffers with streaming stores.
+void host_load_probe(Bench& b, std::size_t bytes) {
+  std::printf("\nhost-load probe: one contiguous pinned %s DMA (P50 of %d) while T threads copy host memory\n",
+              format_size(bytes).c_str(), b.iters);
+  std::printf("%-8s %14s %14s %12s\n", "threads", "copy_GB/s", "copy_traffic", "DMA_GB/s");
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned t : {0u, 2u, 4u, 8u, 12u, 15u}) {
+    if (t >= hw) break;
+    constexpr std::size_t kBuf = std::size_t{64} << 20;
+    std::atomic<bool> stop{false};
+    std::atomic<std::uint64_t> copied{0};
+    std::vector<std::thread> threads;
+    for (unsigned i = 0; i < t; ++i)
+      threads.emplace_back([&] {
+        std::vector<std::byte> a(kBuf, std::byte{1}), c(kBuf);
+        while (!stop.load(std::memory_order_relaxed)) {
+          for (std::size_t off = 0; off < kBuf && !stop.load(std::memory_order_relaxed); off += 1 << 20) {
+            detail::copy_block(c.data() + off, a.data() + off, 1 << 20, detail::StoreKind::kNonTemporal);
+            copied.fetch_add(1 << 20, std::memory_order_relaxed);
+          }
+        }
+      });
+    std::this_thread::sleep_for(std::chrono::milliseconds(t ? 200 : 0));  // buffers touched, threads running
+    const std::uint64_t c0 = copied.load();
+    const auto t0 = Clock::now();
+    const Percentiles p = b.reference(bytes);
+    const double secs = since_us(t0) * 1e-6;
+    const double copy_gbps = (copied.load() - c0) / secs * 1e-9;
+    stop = true;
+    for (auto& th : threads) th.join();
+    std::printf("%-8u %14.1f %14.1f %12.2f\n", t, copy_gbps, 2 * copy_gbps, gbps(bytes, p.p50));
+  }
+  std::printf("(copy_traffic = bytes read + bytes written by the threads; the staged path costs three bytes\n"
+              " of host memory traffic per byte moved: gather read, staging write, DMA read)\n");
+}
+
 void print_rows(const std::vector<Row>& rows) {
   std::printf("\n%-6s %-5s %-10s %-16s %-5s %9s %9s %9s %9s %9s %7s %7s %8s %8s %s\n", "blocks", "size", "dst",
               "backend", "load", "p50_us", "p90_us", "p50_GB/s", "p90_GB/s", "ref_GB/s", "ratio", "thr",
@@ -471,6 +512,20 @@ int main(int argc, char** argv) try {
   }
   bench.dst = static_cast<std::byte*>(d.alloc_device(2 * bench.max_bytes));
 
+  auto release = [&] {
+    engines.clear();
+    d.free_device(bench.dst);
+    d.unregister_host(bench.ref_src);
+    free(bench.ref_src);
+    d.unregister_host(bench.pool->data);
+    d.destroy_stream(bench.stream);
+  };
+  if (flags.has("host-load-probe")) {
+    if (bench.host_only) throw std::invalid_argument("--host-load-probe needs a GPU");
+    host_load_probe(bench, std::min<std::size_t>(bench.max_bytes, std::size_t{8} << 20));
+    release();
+    return 0;
+  }
   std::vector<Row> rows;
   std::vector<std::string> dst_modes;
   if (dst_mode != "scattered") dst_modes.push_back("contiguous");
@@ -542,12 +597,7 @@ int main(int argc, char** argv) try {
     f << "]}\n";
   }
 
-  engines.clear();
-  d.free_device(bench.dst);
-  d.unregister_host(bench.ref_src);
-  free(bench.ref_src);
-  d.unregister_host(bench.pool->data);
-  d.destroy_stream(bench.stream);
+  release();
   if (bench.failures != 0) {
     std::fprintf(stderr, "%d measurement(s) failed verification\n", bench.failures);
     return 2;

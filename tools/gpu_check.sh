@@ -6,6 +6,8 @@
 #   tools/gpu_check.sh quick   build, ctest, the 2048 x 4 KB comparison of every backend
 #   tools/gpu_check.sh tune    quick + gather-engine variants (GFD_* settings) with pipeline traces,
 #                              small-request latency, under-load
+#   tools/gpu_check.sh probe   quick + the DMA rate under host memory load, and the gather
+#                              thread count for 2048 and 16384 blocks
 #   tools/gpu_check.sh final   build, ctest, the default sweeps (cold, warm), scattered
 #                              destinations, back to back, latency, under load, microbenchmarks
 #                              and the charts
@@ -59,6 +61,17 @@ if [ "$MODE" = tune ]; then
   run_bench under_load --quick --under-load
   run_bench quick_scattered --quick --dst scattered --trace --backends gather,zero_copy_kernel
   run_bench quick_warm --quick --warm --backends gather
+fi
+if [ "$MODE" = probe ]; then
+  timeout 120 "$B" --quick --host-load-probe > "$OUT/host_load_probe.log" 2>&1
+  summary "== host_load_probe: rc=$?"
+  sed -n '/^host-load probe/,$p' "$OUT/host_load_probe.log" >> "$OUT/summary.txt"
+  for t in 8 10 12 15; do
+    GFD_GATHER_THREADS=$t run_bench "threads_$t" --blocks 2048,16384 --backends gather
+  done
+  timeout 150 build-gpu/bench/micro_ring --benchmark_min_time=0.1 > "$OUT/micro_ring.log" 2>&1
+  summary "== micro_ring: rc=$?"
+  grep -E "^BM_" "$OUT/micro_ring.log" >> "$OUT/summary.txt"
 fi
 if [ "$MODE" = final ]; then
   run_bench sweep_cold
