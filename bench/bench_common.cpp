@@ -26,7 +26,7 @@ Flags::Flags(int argc, char** argv, const std::map<std::string, std::string>& kn
     auto it = known.find(a);
     if (it == known.end()) throw std::invalid_argument("unknown flag --" + a + "\n" + usage(known));
     // Flags documented with "=" take a value; allow "--name value".
-    if (eq == std::string::npos && it->second.find('=') != std::string::npos) {
+    if (eq == std::string::npos && it->second.rfind("=", 0) == 0) {
       if (i + 1 >= argc) throw std::invalid_argument("flag --" + a + " needs a value");
       value = argv[++i];
     }

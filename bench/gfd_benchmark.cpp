@@ -50,7 +50,7 @@ const std::map<std::string, std::string> kFlags = {
     {"batch", "=K           submit K transfers back to back per repetition, one sync (default 1)"},
     {"under-load", "        also measure each backend while a compute kernel fills every SM"},
     {"trace", "             print the gather pipeline's timeline of the median transfer"},
-    {"host-load-probe", "   only measure the contiguous DMA while T threads copy host memory (T = 0..15)"},
+    {"host-load-probe", "   only measure the contiguous DMA while 0 to 15 threads copy host memory"},
     {"help", "              this text"},
 };
 
