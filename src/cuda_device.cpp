@@ -77,6 +77,16 @@ class CudaDevice final : public Device {
 
   int ordinal() const override { return ordinal_; }
   std::string pci_bus_id() const override { return bus_id_; }
+  std::vector<std::string> all_bus_ids() const override {
+    std::vector<std::string> ids;
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) return ids;
+    for (int i = 0; i < count; ++i) {
+      char bus[32] = {};
+      if (cudaDeviceGetPCIBusId(bus, sizeof bus, i) == cudaSuccess) ids.emplace_back(bus);
+    }
+    return ids;
+  }
   void make_current() override { GFD_CUDA_CHECK(cudaSetDevice(ordinal_)); }
 
   // One driver call per pointer (it runs for every transfer, on the latency path): kind, device,

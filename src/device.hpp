@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace gfd::detail {
 
@@ -55,6 +56,9 @@ class Device {
   virtual int ordinal() const = 0;
   // PCI bus id as "dddd:bb:dd.f" in lower case, or "" when there is none (emulated).
   virtual std::string pci_bus_id() const = 0;
+  // PCI bus ids of every GPU this process sees (this one included), to split CPUs fairly
+  // between their engines; empty when unknown (emulated).
+  virtual std::vector<std::string> all_bus_ids() const = 0;
   // Makes this device current for the calling thread.
   virtual void make_current() = 0;
 

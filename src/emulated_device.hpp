@@ -23,6 +23,7 @@ class EmulatedDevice final : public Device {
 
   int ordinal() const override { return ordinal_; }
   std::string pci_bus_id() const override { return {}; }
+  std::vector<std::string> all_bus_ids() const override { return {}; }
   void make_current() override {}
 
   PointerInfo query_pointer(const void* p) override;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -19,6 +20,13 @@ using Clock = std::chrono::steady_clock;
 std::uint64_t ns_since(Clock::time_point t0) {
   return static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+// One line on stderr about a choice the engine made for the user (GFD_QUIET=1 silences it).
+void log_info(const std::string& msg) {
+  const char* quiet = std::getenv("GFD_QUIET");
+  if (quiet != nullptr && std::string(quiet) == "1") return;
+  std::fprintf(stderr, "gfd: %s\n", msg.c_str());
 }
 
 [[noreturn]] void bad_option(const std::string& msg) {
@@ -189,6 +197,18 @@ EngineCore::EngineCore(const EngineOptions& options, std::shared_ptr<Device> dev
     }
     numa_free_cpumask(mask);
     if (!node_cpus.empty()) cpus_ = node_cpus;
+  }
+  if (o.numa_node == -1 && !o.use_all_local_cpus) {
+    // One engine per GPU: GPUs that share these CPUs get equal, disjoint parts of them.
+    const CpuShare share = share_cpus(device_->pci_bus_id(), loc, device_->all_bus_ids());
+    cpu_sharing_ = share.sharing;
+    if (share.sharing > 1) {
+      cpus_ = share.cpus;
+      log_info("GPU " + std::to_string(device_->ordinal()) + " shares its " +
+               std::to_string(loc.cpus.size()) + " local CPUs with " +
+               std::to_string(share.sharing - 1) + " other GPU(s): its engine takes CPUs " +
+               format_cpulist(cpus_) + " (set use_all_local_cpus or GFD_USE_ALL_LOCAL_CPUS=1 to use all)");
+    }
   }
   const int ncpu = static_cast<int>(allowed_cpus().size());
   if (o.gather_threads < 0) bad_option("gather_threads: " + std::to_string(o.gather_threads) + " is negative");
@@ -873,6 +893,7 @@ EngineStats EngineCore::stats() const {
   st.staging_bytes = slots_.size() * options_.slot_bytes;
   st.slot_bytes = options_.slot_bytes;
   st.cpus = cpus_;
+  st.cpu_sharing = cpu_sharing_;
   return st;
 }
 

@@ -168,6 +168,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   PlanConfig plan_config_;
   std::vector<int> cpus_;
   int numa_node_ = -1;
+  int cpu_sharing_ = 1;
   std::unique_ptr<EventPool> events_;
   std::unique_ptr<HostStaging> staging_;
   std::byte* dev_staging_ = nullptr;

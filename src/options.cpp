@@ -73,6 +73,7 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
   env_int("GFD_SPIN_US", o.spin_us);
   env_bool("GFD_CHECK_OVERLAPS", o.check_overlaps);
   env_bool("GFD_SUBMITTER_GATHERS", o.submitter_gathers);
+  env_bool("GFD_USE_ALL_LOCAL_CPUS", o.use_all_local_cpus);
   env_bool("GFD_NONTEMPORAL_STORES", o.nontemporal_stores);
   env_bool("GFD_PREISSUE", o.preissue);
   env_size("GFD_KERNEL_MAX_BYTES", o.kernel_max_bytes);

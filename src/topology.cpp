@@ -104,6 +104,36 @@ GpuLocality read_gpu_locality(const std::string& pci_bus_id, const std::string& 
   return loc;
 }
 
+std::vector<int> split_cpus(const std::vector<int>& cpus, int rank, int count) {
+  if (cpus.empty() || count <= 1) return cpus;
+  const auto n = static_cast<std::size_t>(cpus.size());
+  const auto k = static_cast<std::size_t>(count), r = static_cast<std::size_t>(rank) % k;
+  if (n < k) return {cpus[r % n]};
+  return std::vector<int>(cpus.begin() + static_cast<std::ptrdiff_t>(n * r / k),
+                          cpus.begin() + static_cast<std::ptrdiff_t>(n * (r + 1) / k));
+}
+
+CpuShare share_cpus(const std::string& pci_bus_id, const GpuLocality& loc,
+                    const std::vector<std::string>& all_bus_ids, const std::string& sysfs_root) {
+  auto lower = [](std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(), ::tolower);
+    return s;
+  };
+  const std::string me = lower(pci_bus_id);
+  std::vector<std::string> group;
+  for (const std::string& id : all_bus_ids) {
+    const std::string other = lower(id);
+    if (other == me || read_gpu_locality(other, sysfs_root).numa_node == loc.numa_node)
+      group.push_back(other);
+  }
+  std::sort(group.begin(), group.end());
+  group.erase(std::unique(group.begin(), group.end()), group.end());
+  const auto it = std::find(group.begin(), group.end(), me);
+  if (me.empty() || it == group.end() || group.size() < 2) return {loc.cpus, 1};
+  const int count = static_cast<int>(group.size());
+  return {split_cpus(loc.cpus, static_cast<int>(it - group.begin()), count), count};
+}
+
 bool pin_current_thread(const std::vector<int>& cpus) {
   if (cpus.empty()) return true;
   cpu_set_t set;

@@ -20,6 +20,19 @@ std::vector<int> parse_cpulist(const std::string& text);
 GpuLocality read_gpu_locality(const std::string& pci_bus_id,
                               const std::string& sysfs_root = "/sys");
 
+// The part of a GPU's local CPUs its engine takes when every visible GPU runs an engine: GPUs
+// with the same locality (the same NUMA node, or all GPUs that report none) split those CPUs
+// into equal consecutive parts in PCI bus id order, so engines of one process never share a
+// CPU. More GPUs than CPUs: each GPU gets one CPU, round robin.
+struct CpuShare {
+  std::vector<int> cpus;  // this GPU's part (never empty)
+  int sharing = 1;        // GPUs splitting the same CPUs (1: the GPU has them to itself)
+};
+CpuShare share_cpus(const std::string& pci_bus_id, const GpuLocality& loc,
+                    const std::vector<std::string>& all_bus_ids, const std::string& sysfs_root = "/sys");
+// The pure split: part `rank` of `count` equal consecutive parts of `cpus`.
+std::vector<int> split_cpus(const std::vector<int>& cpus, int rank, int count);
+
 // CPUs this process may run on (sched_getaffinity), ascending.
 std::vector<int> allowed_cpus();
 

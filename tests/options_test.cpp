@@ -20,7 +20,7 @@ const std::vector<std::string>& gfd_variables() {
       "GFD_FIRST_CHUNK_BYTES", "GFD_PIECE_BYTES",        "GFD_DIRECT_MIN_BYTES",
       "GFD_INLINE_GATHER_BYTES", "GFD_GATHER_THREADS",   "GFD_COPY_STREAMS",
       "GFD_NUMA_NODE",        "GFD_SPIN_US",             "GFD_CHECK_OVERLAPS",
-      "GFD_SUBMITTER_GATHERS", "GFD_NONTEMPORAL_STORES", "GFD_KERNEL_MAX_BYTES", "GFD_PREISSUE",
+      "GFD_SUBMITTER_GATHERS", "GFD_NONTEMPORAL_STORES", "GFD_KERNEL_MAX_BYTES", "GFD_PREISSUE", "GFD_USE_ALL_LOCAL_CPUS",
       "GFD_BACKEND"};
   return names;
 }
@@ -71,6 +71,7 @@ gfd::EngineOptions custom_base() {
   o.submitter_gathers = false;
   o.nontemporal_stores = false;
   o.preissue = false;
+  o.use_all_local_cpus = true;
   o.kernel_max_bytes = std::size_t{24} << 10;
   o.backend = gfd::Backend::kPerBlock;
   return o;
@@ -92,6 +93,7 @@ void expect_same(const gfd::EngineOptions& a, const gfd::EngineOptions& b) {
   EXPECT_EQ(a.submitter_gathers, b.submitter_gathers);
   EXPECT_EQ(a.nontemporal_stores, b.nontemporal_stores);
   EXPECT_EQ(a.preissue, b.preissue);
+  EXPECT_EQ(a.use_all_local_cpus, b.use_all_local_cpus);
   EXPECT_EQ(a.kernel_max_bytes, b.kernel_max_bytes);
   EXPECT_EQ(a.backend, b.backend);
 }
@@ -154,6 +156,7 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
       {"GFD_SUBMITTER_GATHERS", "on", [](auto& o) { o.submitter_gathers = true; }},
       {"GFD_NONTEMPORAL_STORES", "true", [](auto& o) { o.nontemporal_stores = true; }},
       {"GFD_PREISSUE", "1", [](auto& o) { o.preissue = true; }},
+      {"GFD_USE_ALL_LOCAL_CPUS", "0", [](auto& o) { o.use_all_local_cpus = false; }},
       {"GFD_KERNEL_MAX_BYTES", "256K", [](auto& o) { o.kernel_max_bytes = std::size_t{256} << 10; }},
       {"GFD_BACKEND", "zero_copy_kernel", [](auto& o) { o.backend = gfd::Backend::kZeroCopyKernel; }},
   };

@@ -239,3 +239,76 @@ TEST_F(GpuLocalityTest, UpperCaseBusIdIsFound) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(SplitCpusTest, EqualConsecutiveParts) {
+  const std::vector<int> cpus = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  EXPECT_EQ(gfd::detail::split_cpus(cpus, 0, 2), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(gfd::detail::split_cpus(cpus, 1, 2), (std::vector<int>{8, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(gfd::detail::split_cpus(cpus, 2, 3), (std::vector<int>{10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(gfd::detail::split_cpus(cpus, 0, 1), cpus);
+}
+
+TEST(SplitCpusTest, PartsCoverEveryCpuOnce) {
+  std::vector<int> cpus;
+  for (int c = 0; c < 30; c += 3) cpus.push_back(c);  // 10 CPUs, not contiguous
+  for (int count = 1; count <= 12; ++count) {
+    std::vector<int> all;
+    for (int r = 0; r < count; ++r) {
+      const auto part = gfd::detail::split_cpus(cpus, r, count);
+      EXPECT_FALSE(part.empty()) << count << " " << r;
+      if (count <= 10) all.insert(all.end(), part.begin(), part.end());
+    }
+    if (count <= 10) EXPECT_EQ(all, cpus) << count;
+  }
+}
+
+TEST(SplitCpusTest, MoreGpusThanCpusGivesOneEachRoundRobin) {
+  const std::vector<int> cpus = {4, 5};
+  EXPECT_EQ(gfd::detail::split_cpus(cpus, 0, 3), (std::vector<int>{4}));
+  EXPECT_EQ(gfd::detail::split_cpus(cpus, 1, 3), (std::vector<int>{5}));
+  EXPECT_EQ(gfd::detail::split_cpus(cpus, 2, 3), (std::vector<int>{4}));
+}
+
+}  // namespace
+
+TEST_F(GpuLocalityTest, GpusOnOneNodeSplitItsCpus) {
+  if (allowed_.size() < 2) GTEST_SKIP() << "needs at least two allowed CPUs";
+  const std::string list = gfd::detail::format_cpulist(allowed_);
+  make_device("0000:3b:00.0", "0", list);
+  make_device("0000:1a:00.0", "0", list);
+  make_device("0000:86:00.0", "1", list);  // another node: not part of the split
+  const std::vector<std::string> all = {"0000:3b:00.0", "0000:1a:00.0", "0000:86:00.0"};
+  const auto a = gfd::detail::share_cpus("0000:1a:00.0", read("0000:1a:00.0"), all, root_.path().string());
+  const auto b = gfd::detail::share_cpus("0000:3B:00.0", read("0000:3b:00.0"), all, root_.path().string());
+  EXPECT_EQ(a.sharing, 2);
+  EXPECT_EQ(b.sharing, 2);
+  EXPECT_EQ(a.cpus, gfd::detail::split_cpus(allowed_, 0, 2));  // bus id order: 1a before 3b
+  EXPECT_EQ(b.cpus, gfd::detail::split_cpus(allowed_, 1, 2));
+  const auto c = gfd::detail::share_cpus("0000:86:00.0", read("0000:86:00.0"), all, root_.path().string());
+  EXPECT_EQ(c.sharing, 1);
+  EXPECT_EQ(c.cpus, allowed_);
+}
+
+TEST_F(GpuLocalityTest, GpusWithoutLocalitySplitAllCpus) {
+  if (allowed_.size() < 2) GTEST_SKIP() << "needs at least two allowed CPUs";
+  make_device("0000:01:00.0", "-1", "");
+  make_device("0000:02:00.0", "-1", "");
+  const std::vector<std::string> all = {"0000:01:00.0", "0000:02:00.0"};
+  const auto a = gfd::detail::share_cpus("0000:01:00.0", read("0000:01:00.0"), all, root_.path().string());
+  const auto b = gfd::detail::share_cpus("0000:02:00.0", read("0000:02:00.0"), all, root_.path().string());
+  EXPECT_EQ(a.sharing, 2);
+  std::vector<int> both = a.cpus;
+  both.insert(both.end(), b.cpus.begin(), b.cpus.end());
+  EXPECT_EQ(both, allowed_);
+}
+
+TEST_F(GpuLocalityTest, AloneOrUnknownGpuKeepsItsCpus) {
+  make_device(kBusId, "0", gfd::detail::format_cpulist(allowed_));
+  const auto alone = gfd::detail::share_cpus(kBusId, read(kBusId), {kBusId}, root_.path().string());
+  EXPECT_EQ(alone.sharing, 1);
+  EXPECT_EQ(alone.cpus, allowed_);
+  const auto emulated = gfd::detail::share_cpus("", read(""), {kBusId}, root_.path().string());
+  EXPECT_EQ(emulated.sharing, 1);
+}

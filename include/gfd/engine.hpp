@@ -61,6 +61,7 @@ struct EngineStats {
   std::size_t staging_bytes = 0;     ///< staging ring size
   std::size_t slot_bytes = 0;        ///< slot size
   std::vector<int> cpus;             ///< CPUs the gather threads may run on
+  int cpu_sharing = 1;               ///< GPUs whose engines split this GPU's local CPUs (1: none)
 };
 
 /// A transfer engine bound to one GPU: a pinned staging ring, a pool of gather threads and

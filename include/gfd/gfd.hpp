@@ -4,5 +4,6 @@
 
 #include "gfd/engine.hpp"
 #include "gfd/error.hpp"
+#include "gfd/group.hpp"
 #include "gfd/options.hpp"
 #include "gfd/types.hpp"

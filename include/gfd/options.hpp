@@ -36,6 +36,10 @@ struct EngineOptions {
   /// NUMA node for staging memory and gather threads; -1 = the GPU's own node (none if the
   /// system reports no locality); -2 = do not bind.
   int numa_node = -1;
+  /// By default the GPUs that share a NUMA node (or, where the system reports no locality, all
+  /// GPUs) split its CPUs into equal parts, one per GPU's engine, so that engines of one process
+  /// never compete for a CPU. True: this engine uses all of its GPU's local CPUs.
+  bool use_all_local_cpus = false;
   /// How long an idle gather thread spins before it parks, in microseconds.
   int spin_us = 200;
   /// The submitting thread gathers too, until its pieces are all taken, instead of only
@@ -65,7 +69,7 @@ struct EngineOptions {
   /// GFD_DEVICE, GFD_STAGING_BYTES, GFD_SLOT_BYTES, GFD_FIRST_CHUNK_BYTES, GFD_PIECE_BYTES,
   /// GFD_DIRECT_MIN_BYTES, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
   /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS, GFD_SUBMITTER_GATHERS,
-  /// GFD_NONTEMPORAL_STORES, GFD_PREISSUE, GFD_KERNEL_MAX_BYTES, GFD_BACKEND (a backend name such as
+  /// GFD_USE_ALL_LOCAL_CPUS, GFD_NONTEMPORAL_STORES, GFD_PREISSUE, GFD_KERNEL_MAX_BYTES, GFD_BACKEND (a backend name such as
   /// "batch_async"). Sizes accept K, M and G suffixes.
   /// Throws gfd::Error naming the variable when a value does not parse.
   static EngineOptions from_env(EngineOptions base);
