@@ -8,6 +8,8 @@
 #                              small-request latency, under-load
 #   tools/gpu_check.sh probe   quick + the DMA rate under host memory load, and the gather
 #                              thread count for 2048 and 16384 blocks
+#   tools/gpu_check.sh multi   quick + gfd_multi_gpu_benchmark (cold, warm) and its charts, for a
+#                              machine with several GPUs
 #   tools/gpu_check.sh final   build, ctest, the default sweeps (cold, warm), scattered
 #                              destinations, back to back, latency, under load, microbenchmarks
 #                              and the charts
@@ -72,6 +74,20 @@ if [ "$MODE" = probe ]; then
   timeout 150 build-gpu/bench/micro_ring --benchmark_min_time=0.1 > "$OUT/micro_ring.log" 2>&1
   summary "== micro_ring: rc=$?"
   grep -E "^BM_" "$OUT/micro_ring.log" >> "$OUT/summary.txt"
+fi
+if [ "$MODE" = multi ]; then
+  { nvidia-smi topo -m; numactl -H 2>/dev/null || lscpu | grep -i numa; } > "$OUT/topology.txt" 2>&1
+  M=build-gpu/bench/gfd_multi_gpu_benchmark
+  for src in cold warm; do
+    SECONDS=0
+    flag=""; [ $src = warm ] && flag=--warm
+    timeout 300 $M $flag --csv "$OUT/multi_$src.csv" --json "$OUT/multi_$src.json" > "$OUT/multi_$src.log" 2>&1
+    summary "== multi_$src: rc=$? (${SECONDS}s)"
+    sed -n '/^topology:/,/^each GPU/p;/^G    backend/,$p' "$OUT/multi_$src.log" >> "$OUT/summary.txt"
+  done
+  python3 tools/plot_results.py "$OUT/multi_cold.csv" "$OUT/multi_warm.csv" --out "$OUT/charts" > "$OUT/plot.log" 2>&1
+  summary "== charts: rc=$? $(ls "$OUT/charts" 2>/dev/null | tr '\n' ' ')"
+  mkdir -p "$FINAL/charts" && cp "$OUT"/charts/*.png "$FINAL/charts/" 2>/dev/null
 fi
 if [ "$MODE" = final ]; then
   run_bench sweep_cold
