@@ -145,7 +145,8 @@ def read_csvs(paths, metric):
                 warn(f"{path}: skipped {len(bad)} row(s) with an empty or unreadable {metric}, "
                      f"blocks or block_size (line(s) {_lines(bad)})")
     if not rows:
-        die("no usable rows (every row was unverified or unreadable, or the files are empty)")
+        raise NoData("no usable rows (every row was unverified or unreadable, or the files are "
+                     "empty)")
     return rows
 
 
@@ -248,9 +249,10 @@ def draw_sweep(plt, points, x_of, x_values, x_tick_labels, x_label, ref_at, metr
 
 def main():
     ap = argparse.ArgumentParser(
-        prog=PROG, description="Draw the charts of gfd_benchmark's CSV output (see the module "
-        "docstring for the CSV columns and the files written).")
-    ap.add_argument("csv", nargs="+", help="gfd_benchmark --csv output(s); several are merged")
+        prog=PROG, description="Draw the charts of gfd_benchmark's and gfd_multi_gpu_benchmark's "
+        "CSV output (see the module docstring for the CSV columns and the files written).")
+    ap.add_argument("csv", nargs="+", help="gfd_benchmark and/or gfd_multi_gpu_benchmark --csv "
+                    "output(s); several of a kind are merged")
     ap.add_argument("--out", required=True, help="directory for the PNGs (created if needed)")
     ap.add_argument("--metric", default="p50_gbps", choices=sorted(METRICS),
                     help="y value (default p50_gbps); ratio_* are fractions of ref_gbps")
@@ -270,7 +272,46 @@ def main():
     except ImportError:
         die("matplotlib is not installed (python3 -m pip install --user matplotlib)")
 
-    rows = read_csvs(args.csv, args.metric)
+    # Each file goes to the charts of its own program, recognised by its header.
+    by_kind = {"single": [], "multi": []}
+    for path in args.csv:
+        by_kind[csv_kind(path)].append(path)
+    kinds = [k for k in ("single", "multi") if by_kind[k]]
+    written = 0
+    for kind in kinds:
+        plot = plot_benchmark if kind == "single" else plot_multi_gpu
+        try:
+            written += plot(plt, by_kind[kind], args)
+        except NoData as e:
+            if len(kinds) == 1:
+                die(str(e))
+            warn(f"{'gfd_benchmark' if kind == 'single' else 'gfd_multi_gpu_benchmark'} "
+                 f"CSV(s): {e}")
+    if not written:
+        die("nothing drawn from any of the inputs")
+    return 0
+
+
+class NoData(Exception):
+    """No chart can be drawn from one kind of input (a data error, exit status 1)."""
+
+
+def csv_kind(path):
+    """'multi' for a gfd_multi_gpu_benchmark CSV (its header has `gpus` or
+    `scaling_efficiency`; a file with one but not the other is then reported as missing a
+    column), else 'single' (gfd_benchmark)."""
+    try:
+        f = open(path, newline="")
+    except OSError as e:
+        die(f"cannot read {path}: {e.strerror}")
+    with f:
+        header = {h.strip() for h in next(csv.reader(f), [])}
+    return "multi" if header & {"gpus", "scaling_efficiency"} else "single"
+
+
+def plot_benchmark(plt, paths, args):
+    """gfd_benchmark's charts from `paths`; returns how many were written (raises NoData)."""
+    rows = read_csvs(paths, args.metric)
     data = aggregate(rows)
     prefix, y_label, is_ratio = METRICS[args.metric]
     headline = args.title or "gfd_benchmark"
@@ -362,8 +403,9 @@ def main():
         written += 1
 
     if not written:
-        die("nothing to draw: no sweep has two or more points and there are no load == 'sm' rows")
-    return 0
+        raise NoData("nothing to draw: no sweep has two or more points and there are no "
+                     "load == 'sm' rows")
+    return written
 
 
 def _median(values):
@@ -468,6 +510,305 @@ def draw_under_load(plt, data, loaded, args, path, headline, all_backends):
 
 def _fmt(v, is_ratio):
     return f"{100 * v:.0f}%" if is_ratio else f"{v:.1f}"
+
+
+# ---------------------------------------------------------------------------------------------
+# gfd_multi_gpu_benchmark
+
+MULTI_REQUIRED = ["mode", "sources", "backend", "gpus", "gpu", "blocks", "block_size",
+                  "p50_gbps", "ref_gbps", "scaling_efficiency", "verified"]
+REF_BACKEND = "contiguous"  # the contiguous pinned DMA reference's rows
+ALL_GPUS = "all"            # `gpu` of the aggregate rows
+
+
+def read_multi_csvs(paths):
+    """Reads and validates gfd_multi_gpu_benchmark CSVs; returns the usable rows."""
+    rows = []
+    for path in paths:
+        name = os.path.basename(path)
+        try:
+            f = open(path, newline="")
+        except OSError as e:
+            die(f"cannot read {path}: {e.strerror}")
+        with f:
+            reader = csv.DictReader(f)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            reader.fieldnames = header
+            missing = [c for c in MULTI_REQUIRED if c not in header]
+            if missing:
+                die(f"{path}: missing required column(s): {', '.join(missing)}\n"
+                    f"  expected at least (gfd_multi_gpu_benchmark): {','.join(MULTI_REQUIRED)}\n"
+                    f"  found: {','.join(header)}")
+            unverified, bad = [], []
+            for line_no, raw in enumerate(reader, start=2):
+                if not any((v or "").strip() for v in raw.values() if isinstance(v, str)):
+                    continue  # blank line
+                r = {k: (v or "").strip() if isinstance(v, str) else "" for k, v in raw.items()
+                     if k is not None}
+                if r["verified"].lower() not in TRUE_WORDS:
+                    unverified.append(line_no)
+                    continue
+                gpu = r["gpu"]
+                if gpu.lower() == ALL_GPUS:
+                    gpu = ALL_GPUS
+                else:
+                    try:
+                        gpu = str(int(float(gpu)))
+                    except ValueError:
+                        pass  # a name other than a number: drawn as given
+                try:
+                    row = {
+                        "file": name, "mode": r["mode"], "sources": r["sources"],
+                        "backend": r["backend"], "gpu": gpu,
+                        "gpus": int(float(r["gpus"])),
+                        "blocks": int(float(r["blocks"])),
+                        "block_size": int(float(r["block_size"])),
+                        "value": parse_float(r["p50_gbps"]),
+                        "ref_gbps": parse_float(r["ref_gbps"]),
+                        "efficiency": parse_float(r["scaling_efficiency"]),
+                    }
+                except ValueError:
+                    bad.append(line_no)
+                    continue
+                if row["value"] is None or row["gpus"] <= 0 or row["blocks"] <= 0 \
+                        or row["block_size"] <= 0 or gpu == "":
+                    bad.append(line_no)
+                    continue
+                rows.append(row)
+            if unverified:
+                warn(f"{path}: skipped {len(unverified)} row(s) whose 'verified' is not 1/true "
+                     f"(line(s) {_lines(unverified)})")
+            if bad:
+                warn(f"{path}: skipped {len(bad)} row(s) with an empty or unreadable p50_gbps, "
+                     f"gpus, gpu, blocks or block_size (line(s) {_lines(bad)})")
+    if not rows:
+        raise NoData("no usable rows (every row was unverified or unreadable, or the files are "
+                     "empty)")
+    return rows
+
+
+def aggregate_multi(rows):
+    """Key (mode, sources, blocks, block_size, backend, gpus, gpu) -> dict(value, ref_gbps,
+    efficiency, files); rows of one key (measured twice, a file given twice) -> the median."""
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["mode"], r["sources"], r["blocks"], r["block_size"], r["backend"], r["gpus"],
+                r["gpu"])].append(r)
+    dup = sum(1 for g in groups.values() if len(g) > 1)
+    if dup:
+        warn(f"{dup} multi-GPU row key(s) appear more than once; the median of their rows is "
+             "drawn")
+    return {key: {"value": statistics.median(r["value"] for r in g),
+                  "ref_gbps": _median([r["ref_gbps"] for r in g]),
+                  "efficiency": _median([r["efficiency"] for r in g]),
+                  "files": {r["file"] for r in g}}
+            for key, g in groups.items()}
+
+
+def _gpu_order(gpu):
+    return (0, int(gpu), "") if gpu.isdigit() else (1, 0, gpu)
+
+
+def _multi_sources_text(points):
+    by_src = defaultdict(set)
+    for key, p in points:
+        by_src[key[1]].update(p["files"])
+    return "sources: " + "; ".join(f"{s} ({', '.join(sorted(by_src[s]))})"
+                                   for s in ordered(by_src, SOURCES_ORDER))
+
+
+def plot_multi_gpu(plt, paths, args):
+    """gfd_multi_gpu_benchmark's charts from `paths`; returns how many were written (raises
+    NoData). One pair of charts per (mode, blocks, block size); cold and warm share them."""
+    if args.metric != "p50_gbps":
+        warn(f"the multi-GPU charts show p50_gbps (--metric {args.metric} applies to "
+             "gfd_benchmark CSVs only)")
+    data = aggregate_multi(read_multi_csvs(paths))
+    headline = args.title or "gfd_multi_gpu_benchmark"
+    all_backends = ordered({k[4] for k in data if k[4] != REF_BACKEND}, BACKEND_ORDER)
+    modes = ordered({k[0] for k in data}, ["gpu", "host-only"])
+    shapes = sorted({(k[2], k[3]) for k in data})
+    os.makedirs(args.out, exist_ok=True)
+    written = 0
+    for mode in modes:
+        for blocks, bsize in shapes:
+            pts = [(k, p) for k, p in data.items()
+                   if k[0] == mode and k[2] == blocks and k[3] == bsize]
+            if not pts:
+                continue
+            suffix = (f"_{mode}" if len(modes) > 1 else "") + \
+                     (f"_{blocks}x{size_label(bsize)}" if len(shapes) > 1 else "")
+            where = f"mode {mode}, {blocks} blocks x {bsize} B"
+            agg = [(k, p) for k, p in pts if k[6] == ALL_GPUS]
+            per = [(k, p) for k, p in pts if k[6] != ALL_GPUS]
+            if agg:
+                path = os.path.join(args.out, f"multi_gpu_aggregate{suffix}.png")
+                draw_multi_aggregate(plt, agg, path, headline,
+                                     f"aggregate p50 GB/s (all bytes / slowest GPU's time) vs GPU "
+                                     f"count; {where}\n{_multi_sources_text(agg)}", all_backends)
+                written += 1
+            else:
+                warn(f"{where}: no aggregate (gpu == 'all') rows; no aggregate chart")
+            if per:
+                path = os.path.join(args.out, f"multi_gpu_per_gpu{suffix}.png")
+                draw_multi_per_gpu(plt, per, agg, path, headline, where, all_backends)
+                written += 1
+            else:
+                warn(f"{where}: no per-GPU rows; no per-GPU chart")
+    if not written:
+        raise NoData("nothing to draw: no aggregate or per-GPU rows")
+    return written
+
+
+def draw_multi_aggregate(plt, agg, path, headline, subtitle, all_backends):
+    """Aggregate GB/s against G: a line per (backend, sources), the contiguous reference black
+    dotted, a thin grey ideal line G x (1-GPU gather) and gather's points annotated with their
+    scaling efficiency."""
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    lines = defaultdict(list)
+    for k, p in agg:
+        lines[(k[4], k[1])].append((k[5], p))
+    gs = sorted({k[5] for k, _ in agg})
+    sources = ordered({s for _, s in lines}, SOURCES_ORDER)
+    backends = ordered({b for b, _ in lines if b != REF_BACKEND}, BACKEND_ORDER)
+    ymax = 0.0
+    for b in backends:
+        for s in sources:
+            pts = sorted(lines.get((b, s), []), key=lambda t: t[0])
+            if not pts:
+                continue
+            ys = [p["value"] for _, p in pts]
+            ymax = max(ymax, max(ys))
+            colour = backend_colour(b, all_backends)
+            ax.plot([g for g, _ in pts], ys, linestyle=SOURCES_STYLE.get(s, "-."),
+                    marker=MARKERS.get(b, "o"), markersize=5, linewidth=1.6, color=colour,
+                    label=f"{b} ({s})")
+            if b != "gather":
+                continue
+            one = dict(pts).get(1)
+            base = one["value"] if one else None
+            if base:
+                ideal = [(g, g * base) for g in gs if g >= 1]
+                ax.plot([g for g, _ in ideal], [v for _, v in ideal], color="grey",
+                        linewidth=0.9, linestyle=SOURCES_STYLE.get(s, "-."),
+                        label="ideal gather (G x 1-GPU)" + (f" ({s})" if len(sources) > 1 else ""),
+                        zorder=1)
+                ymax = max(ymax, max(v for _, v in ideal))
+            else:
+                warn(f"{s} sources: no 1-GPU gather aggregate row; no ideal line")
+            below = s != sources[0]  # a second sources' labels go under its points
+            for g, p in pts:
+                eff = p["efficiency"]
+                if eff is None and base:
+                    eff = p["value"] / (g * base)  # the column's definition
+                if eff is None:
+                    continue
+                ax.annotate(f"{100 * eff:.0f}%", (g, p["value"]),
+                            textcoords="offset points", xytext=(0, -13 if below else 7),
+                            ha="center", fontsize=8, color=colour, fontweight="bold")
+    # Reference: the `contiguous` backend's aggregate rows, else the rows' ref_gbps.
+    for i, s in enumerate(sources):
+        ref = sorted(((g, p["value"]) for g, p in lines.get((REF_BACKEND, s), [])))
+        label = "contiguous pinned DMA reference"
+        if not ref:
+            ref_at = defaultdict(list)
+            for k, p in agg:
+                if k[1] == s:
+                    ref_at[k[5]].append(p["ref_gbps"])
+            ref = sorted((g, _median(v)) for g, v in ref_at.items() if _median(v) is not None)
+            label += " (ref_gbps)"
+        if ref:
+            ax.plot([g for g, _ in ref], [v for _, v in ref], color="black", linestyle=":",
+                    linewidth=1.8, marker="." if i == 0 else "x", markersize=6,
+                    label=label + (f" ({s})" if len(sources) > 1 else ""))
+            ymax = max(ymax, max(v for _, v in ref))
+    if len(gs) == 1:
+        warn(f"{os.path.basename(path)}: only G = {gs[0]} present; the chart has one point "
+             "per line")
+    ax.set_xticks(gs)
+    ax.set_xticklabels([str(g) for g in gs])
+    ax.set_xlim(min(gs) - 0.5, max(gs) + 0.5)
+    ax.minorticks_off()
+    ax.set_xlabel("GPUs used (G)")
+    ax.set_ylabel("aggregate p50 throughput (GB/s, 1 GB = 10^9 B)")
+    ax.set_ylim(0, ymax * 1.1 if ymax > 0 else 1)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=True)
+    finish(fig, ax, path, headline, subtitle + "\nlabels: gather's scaling efficiency "
+           "(aggregate / (G x 1-GPU aggregate))")
+
+
+def draw_multi_per_gpu(plt, per, agg, path, headline, where, all_backends):
+    """Per-GPU GB/s at the largest G: one panel per sources; in each, a group of bars per
+    backend, one bar per GPU, with a black dash at that GPU's contiguous rate alone."""
+    from matplotlib.lines import Line2D
+    sources = ordered({k[1] for k, _ in per}, SOURCES_ORDER)
+    agg_of = {(k[1], k[5], k[4]): p for k, p in agg}
+    panels = []
+    for s in sources:
+        g_max = max(k[5] for k, _ in per if k[1] == s)
+        rows = {(k[4], k[6]): p for k, p in per if k[1] == s and k[5] == g_max}
+        panels.append((s, g_max, rows))
+    n_bars = max(len(rows) for _, _, rows in panels)
+    n_gpus = max(len({g for _, g in rows}) for _, _, rows in panels)
+    width_in = max(9.0, 0.25 * n_bars + 3.0)
+    size = (width_in, 4.4 * len(panels) + 1.0)
+    try:
+        fig, axes = plt.subplots(len(panels), 1, figsize=size, squeeze=False,
+                                 layout="constrained")
+    except TypeError:  # matplotlib < 3.5
+        fig, axes = plt.subplots(len(panels), 1, figsize=size, squeeze=False,
+                                 constrained_layout=True)
+    files = set()
+    for ax, (s, g_max, rows) in zip(axes[:, 0], panels):
+        backends = ordered({b for b, _ in rows if b != REF_BACKEND}, BACKEND_ORDER)
+        backends += [REF_BACKEND] if any(b == REF_BACKEND for b, _ in rows) else []
+        gpus = sorted({g for _, g in rows}, key=_gpu_order)
+        if len(gpus) != g_max:
+            warn(f"{where}, {s} sources, G = {g_max}: per-GPU rows for {len(gpus)} GPU(s)")
+        w = 0.84 / len(gpus)
+        ticks, tick_labels, group_labels, ymax = [], [], [], 0.0
+        for i, b in enumerate(backends):
+            colour = "lightgrey" if b == REF_BACKEND else backend_colour(b, all_backends)
+            for j, g in enumerate(gpus):
+                x = i - 0.42 + (j + 0.5) * w
+                ticks.append(x)
+                tick_labels.append(f"GPU {g}")
+                p = rows.get((b, g))
+                if p is None:
+                    continue
+                files |= p["files"]
+                ax.bar(x, p["value"], w * 0.9, color=colour, edgecolor="black", linewidth=0.5)
+                ymax = max(ymax, p["value"])
+                if p["ref_gbps"] is not None:
+                    ax.hlines(p["ref_gbps"], x - w * 0.45, x + w * 0.45, color="black",
+                              linewidth=1.6)
+                    ymax = max(ymax, p["ref_gbps"])
+                if n_bars <= 24:
+                    ax.text(x, p["value"], f"{p['value']:.1f}", ha="center", va="bottom",
+                            fontsize=6, rotation=90 if len(gpus) > 2 else 0)
+            a = agg_of.get((s, g_max, b))
+            group_labels.append(b + (f"\naggregate {a['value']:.1f} GB/s" if a else ""))
+        ax.set_xticks(ticks)
+        ax.set_xticklabels(tick_labels, rotation=90, fontsize=7)
+        sec = ax.secondary_xaxis("bottom")
+        sec.set_xticks(range(len(backends)))
+        sec.set_xticklabels(group_labels, fontsize=8)
+        sec.tick_params(length=0, pad=34)
+        sec.spines["bottom"].set_visible(False)
+        ax.set_xlim(-0.6, max(len(backends), 3) - 0.4)
+        ax.set_ylabel("p50 throughput per GPU (GB/s)")
+        ax.set_ylim(0, ymax * 1.18 if ymax > 0 else 1)
+        ax.set_title(f"{where}, {s} sources, G = {g_max} GPUs", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.4)
+        ax.set_axisbelow(True)
+        ax.legend(handles=[Line2D([], [], color="black", linewidth=1.6,
+                                  label="that GPU's contiguous rate, measured alone")],
+                  fontsize=8, loc="upper right")
+    fig.suptitle(f"{headline}\nper-GPU p50 GB/s at the largest GPU count, one bar per GPU"
+                 f"\nfiles: {', '.join(sorted(files))}", fontsize=10)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    print(path)
 
 
 if __name__ == "__main__":
