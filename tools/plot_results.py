@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draw the charts of gfd_benchmark's CSV output.
+"""Draw the charts of gfd_benchmark's and gfd_multi_gpu_benchmark's CSV output.
 
     python3 tools/plot_results.py RESULTS.csv [MORE.csv ...] --out DIR
         [--metric p50_gbps|ratio_p50|p90_gbps|ratio_p90] [--title TEXT]
@@ -21,6 +21,26 @@ Charts written (PREFIX is "gbps" for the GB/s metrics, "ratio" for the ratio met
   DIR/under_load[_ratio].png          unloaded vs under SM load, per backend (if "sm" rows exist)
 If the merged input holds more than one mode or direction, "_<mode>" / "_<direction>" is
 appended to the sweep charts' names as well (and each chart holds one mode and direction).
+
+gfd_multi_gpu_benchmark CSVs are recognised by their header (columns `gpus` and
+`scaling_efficiency`); files of both programs may be given in one call, and each program's
+charts are drawn from its own files only (--metric and --sweep-block-size apply to gfd_benchmark
+files; the multi-GPU charts always show p50_gbps). Their header:
+
+    mode,sources,backend,gpus,gpu,blocks,block_size,p50_us,p90_us,p50_gbps,ref_gbps,
+    scaling_efficiency,threads,cpus,verified
+
+Rows with gpu == "all" are the aggregate of G = `gpus` GPUs, the others one GPU's rate at that G;
+backend "contiguous" is the contiguous pinned DMA reference. Charts written per mode and
+blocks x block_size (with "_<mode>" / "_<blocks>x<size>" appended when the input holds several):
+  DIR/multi_gpu_aggregate.png  aggregate GB/s against G, a line per backend and sources (solid
+                               cold, dashed warm), contiguous black dotted (ref_gbps if there
+                               are no contiguous rows), a thin grey "ideal gather (G x 1-GPU)"
+                               line, gather's points labelled with scaling_efficiency (computed
+                               as aggregate / (G x 1-GPU gather aggregate) where it is empty)
+  DIR/multi_gpu_per_gpu.png    per-GPU GB/s at the largest G, a panel per sources, a group of
+                               bars per backend with a bar per GPU and a black dash at that GPU's
+                               contiguous rate measured alone (ref_gbps)
 
 Only the standard library and matplotlib are needed. Exit status: 0 when at least one chart
 was written, 1 on a data error (missing columns, no usable rows, nothing to draw), 2 on usage.
@@ -687,25 +707,30 @@ def draw_multi_aggregate(plt, agg, path, headline, subtitle, all_backends):
                 continue
             one = dict(pts).get(1)
             base = one["value"] if one else None
-            if base:
+            if base and len(gs) > 1:
                 ideal = [(g, g * base) for g in gs if g >= 1]
                 ax.plot([g for g, _ in ideal], [v for _, v in ideal], color="grey",
                         linewidth=0.9, linestyle=SOURCES_STYLE.get(s, "-."),
                         label="ideal gather (G x 1-GPU)" + (f" ({s})" if len(sources) > 1 else ""),
                         zorder=1)
                 ymax = max(ymax, max(v for _, v in ideal))
-            else:
+            elif not base:
                 warn(f"{s} sources: no 1-GPU gather aggregate row; no ideal line")
-            below = s != sources[0]  # a second sources' labels go under its points
+            # The first sources' labels go under-right of its points (below its rising line),
+            # the second's (warm: usually the higher line) over-left, so the two stay apart.
+            under = len(sources) > 1 and s == sources[0]
             for g, p in pts:
                 eff = p["efficiency"]
                 if eff is None and base:
                     eff = p["value"] / (g * base)  # the column's definition
                 if eff is None:
                     continue
-                ax.annotate(f"{100 * eff:.0f}%", (g, p["value"]),
-                            textcoords="offset points", xytext=(0, -13 if below else 7),
-                            ha="center", fontsize=8, color=colour, fontweight="bold")
+                ax.annotate(f"{100 * eff:.0f}%", (g, p["value"]), textcoords="offset points",
+                            xytext=(6, -6) if under else (-6, 6),
+                            ha="left" if under else "right", va="top" if under else "bottom",
+                            fontsize=8, color=colour, fontweight="bold",
+                            bbox=dict(boxstyle="round,pad=0.15", facecolor="white",
+                                      edgecolor="none", alpha=0.8))
     # Reference: the `contiguous` backend's aggregate rows, else the rows' ref_gbps.
     for i, s in enumerate(sources):
         ref = sorted(((g, p["value"]) for g, p in lines.get((REF_BACKEND, s), [])))
@@ -749,7 +774,6 @@ def draw_multi_per_gpu(plt, per, agg, path, headline, where, all_backends):
         rows = {(k[4], k[6]): p for k, p in per if k[1] == s and k[5] == g_max}
         panels.append((s, g_max, rows))
     n_bars = max(len(rows) for _, _, rows in panels)
-    n_gpus = max(len({g for _, g in rows}) for _, _, rows in panels)
     width_in = max(9.0, 0.25 * n_bars + 3.0)
     size = (width_in, 4.4 * len(panels) + 1.0)
     try:
@@ -798,7 +822,8 @@ def draw_multi_per_gpu(plt, per, agg, path, headline, where, all_backends):
         ax.set_xlim(-0.6, max(len(backends), 3) - 0.4)
         ax.set_ylabel("p50 throughput per GPU (GB/s)")
         ax.set_ylim(0, ymax * 1.18 if ymax > 0 else 1)
-        ax.set_title(f"{where}, {s} sources, G = {g_max} GPUs", fontsize=9)
+        ax.set_title(f"{where}, {s} sources, G = {g_max} GPU{'s' if g_max > 1 else ''}",
+                     fontsize=9)
         ax.grid(True, axis="y", alpha=0.4)
         ax.set_axisbelow(True)
         ax.legend(handles=[Line2D([], [], color="black", linewidth=1.6,
