@@ -80,7 +80,42 @@ EmuStream* stream_of(StreamHandle s) {
 struct EmulatedDevice::Impl {
   std::mutex m;
   std::set<EmuStream*> streams;
+  mutable std::mutex fault_m;
+  std::string fault;  // the sticky error in force, "" when none
 };
+
+void EmulatedDevice::clear_fault() {
+  std::lock_guard lk(impl_->fault_m);
+  impl_->fault.clear();
+}
+
+std::string EmulatedDevice::fault_message() const {
+  std::lock_guard lk(impl_->fault_m);
+  return impl_->fault;
+}
+
+void EmulatedDevice::check_sticky() const {
+  std::lock_guard lk(impl_->fault_m);
+  if (!impl_->fault.empty()) throw Error(ErrorCode::kCuda, impl_->fault);
+}
+
+void EmulatedDevice::enqueue_data(StreamHandle s, const char* what, std::function<void()> body) {
+  const auto delay = options_.copy_delay;
+  enqueue(s, [this, what, delay, body = std::move(body)] {
+    {
+      std::lock_guard lk(impl_->fault_m);
+      if (!impl_->fault.empty()) return;  // after a fault nothing more is copied
+    }
+    if (options_.fault && options_.fault(what)) {
+      std::lock_guard lk(impl_->fault_m);
+      impl_->fault = std::string("emulated device fault in ") + what +
+                     " [sticky: the device is unusable until it is reset]";
+      return;
+    }
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    body();
+  });
+}
 
 EmulatedDevice::EmulatedDevice(int ordinal, EmulatedDeviceOptions options)
     : ordinal_(ordinal), options_(options), impl_(std::make_unique<Impl>()) {}
@@ -170,6 +205,7 @@ void EmulatedDevice::destroy_stream(StreamHandle h) noexcept {
 }
 
 void EmulatedDevice::enqueue(StreamHandle h, std::function<void()> op) {
+  check_sticky();
   EmuStream* s = stream_of(h);
   std::lock_guard lk(s->m);
   s->ops.push_back(std::move(op));
@@ -179,9 +215,12 @@ void EmulatedDevice::enqueue(StreamHandle h, std::function<void()> op) {
 
 void EmulatedDevice::stream_sync(StreamHandle h) {
   EmuStream* s = stream_of(h);
-  std::unique_lock lk(s->m);
-  const std::uint64_t target = s->enqueued;
-  s->cv.wait(lk, [&] { return s->executed >= target; });
+  {
+    std::unique_lock lk(s->m);
+    const std::uint64_t target = s->enqueued;
+    s->cv.wait(lk, [&] { return s->executed >= target; });
+  }
+  check_sticky();
 }
 
 EventHandle EmulatedDevice::create_event(bool) { return new EmuEvent; }
@@ -220,15 +259,23 @@ void EmulatedDevice::stream_wait_event(StreamHandle s, EventHandle h) {
 
 bool EmulatedDevice::event_done(EventHandle h) {
   auto* e = static_cast<EmuEvent*>(h);
-  std::lock_guard lk(e->m);
-  return e->completed >= e->recorded;
+  bool done;
+  {
+    std::lock_guard lk(e->m);
+    done = e->completed >= e->recorded;
+  }
+  if (done) check_sticky();
+  return done;
 }
 
 void EmulatedDevice::event_sync(EventHandle h) {
   auto* e = static_cast<EmuEvent*>(h);
-  std::unique_lock lk(e->m);
-  const std::uint64_t gen = e->recorded;
-  e->cv.wait(lk, [&] { return e->completed >= gen; });
+  {
+    std::unique_lock lk(e->m);
+    const std::uint64_t gen = e->recorded;
+    e->cv.wait(lk, [&] { return e->completed >= gen; });
+  }
+  check_sticky();
 }
 
 float EmulatedDevice::event_elapsed_ms(EventHandle a, EventHandle b) {
@@ -247,26 +294,20 @@ float EmulatedDevice::event_elapsed_ms(EventHandle a, EventHandle b) {
 }
 
 void EmulatedDevice::copy_h2d(void* dst, const void* src, std::size_t bytes, StreamHandle s) {
-  const auto delay = options_.copy_delay;
-  enqueue(s, [=] {
-    if (delay.count() > 0) std::this_thread::sleep_for(delay);
-    std::memcpy(dst, src, bytes);
-  });
+  enqueue_data(s, "copy_h2d", [=] { std::memcpy(dst, src, bytes); });
 }
 
 void EmulatedDevice::copy_d2h(void* dst, const void* src, std::size_t bytes, StreamHandle s) {
-  copy_h2d(dst, src, bytes, s);
+  enqueue_data(s, "copy_d2h", [=] { std::memcpy(dst, src, bytes); });
 }
 
 void EmulatedDevice::memset_async(void* dst, int value, std::size_t bytes, StreamHandle s) {
-  enqueue(s, [=] { std::memset(dst, value, bytes); });
+  enqueue_data(s, "memset", [=] { std::memset(dst, value, bytes); });
 }
 
 void EmulatedDevice::scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                              StreamHandle s) {
-  const auto delay = options_.copy_delay;
-  enqueue(s, [=] {
-    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+  enqueue_data(s, "scatter", [=] {
     const auto* base = static_cast<const unsigned char*>(staging);
     for (std::uint32_t i = 0; i < count; ++i)
       std::memcpy(reinterpret_cast<void*>(entries[i].dst), base + entries[i].src_offset,
@@ -281,9 +322,7 @@ void EmulatedDevice::copy_batch_h2d(void* const* dsts, const void* const* srcs,
   for (std::size_t i = 0; i < count; ++i)
     copies[i] = {reinterpret_cast<std::uint64_t>(srcs[i]), reinterpret_cast<std::uint64_t>(dsts[i]),
                  sizes[i]};
-  const auto delay = options_.copy_delay;
-  enqueue(s, [delay, copies = std::move(copies)] {
-    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+  enqueue_data(s, "copy_batch_h2d", [copies = std::move(copies)] {
     for (const ZeroCopyEntry& c : copies)
       std::memcpy(reinterpret_cast<void*>(c.dst), reinterpret_cast<const void*>(c.src), c.bytes);
   });
@@ -291,9 +330,7 @@ void EmulatedDevice::copy_batch_h2d(void* const* dsts, const void* const* srcs,
 
 void EmulatedDevice::zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) {
   // The entries are read when the "kernel" runs, as on the GPU.
-  const auto delay = options_.copy_delay;
-  enqueue(s, [=] {
-    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+  enqueue_data(s, "zero_copy", [=] {
     for (std::uint32_t i = 0; i < count; ++i)
       std::memcpy(reinterpret_cast<void*>(entries[i].dst),
                   reinterpret_cast<const void*>(entries[i].src), entries[i].bytes);

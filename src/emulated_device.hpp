@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "device.hpp"
 
@@ -14,6 +15,11 @@ namespace gfd::detail {
 struct EmulatedDeviceOptions {
   // Each copy or scatter sleeps this long before it runs, to widen race windows in tests.
   std::chrono::microseconds copy_delay{0};
+  // Fault injection: asked before each data operation runs on a stream ("copy_h2d", "scatter",
+  // "zero_copy", "copy_batch_h2d", ...). Returning true makes it fail as a GPU fault does on
+  // CUDA: nothing is copied and the device is left in a sticky error state in which every later
+  // call and every event query throws gfd::Error(kCuda), until clear_fault().
+  std::function<bool(const char* op)> fault;
 };
 
 class EmulatedDevice final : public Device {
@@ -57,10 +63,18 @@ class EmulatedDevice final : public Device {
   void signal_value(std::uint64_t* addr, std::uint64_t value) override;
   void delay_async(std::uint32_t microseconds, StreamHandle s) override;
 
+  // Leaves the sticky error state of an injected fault (a fresh context, as it were).
+  void clear_fault();
+  // The injected fault's message, or "" when none is in force.
+  std::string fault_message() const;
+
   struct Impl;
 
  private:
   void enqueue(StreamHandle s, std::function<void()> op);
+  // A data operation: runs `body` unless a fault is in force or injected now.
+  void enqueue_data(StreamHandle s, const char* what, std::function<void()> body);
+  void check_sticky() const;
   int ordinal_;
   EmulatedDeviceOptions options_;
   std::unique_ptr<Impl> impl_;

@@ -340,8 +340,14 @@ void EngineCore::wait_slot_free(Slot& s) {
     st = s.state.load(std::memory_order_acquire);
   }
   if (st == kIssued) {
-    wait_event(*device_, s.done);  // no slot is reused before its DMA has completed
-    account_dma(s);
+    try {
+      wait_event(*device_, s.done);  // no slot is reused before its DMA has completed
+      account_dma(s);
+    } catch (...) {
+      // The DMA failed: its own transfer reports that. Nothing runs on the device after a
+      // fault, so the slot is free.
+      s.timed = false;
+    }
   }
 }
 
