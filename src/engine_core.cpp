@@ -61,25 +61,25 @@ constexpr int kAutoThreadCap = 16;  // host memory bandwidth is saturated well b
 
 // ---------------------------------------------------------------------------------------------
 EventPool::~EventPool() {
-  for (EventHandle e : free_) device_.destroy_event(e);
+  EventHandle e = nullptr;
+  while (free_.pop(e)) device_.destroy_event(e);
 }
 
 EventHandle EventPool::get() {
-  {
-    std::lock_guard lk(m_);
-    if (!free_.empty()) {
-      EventHandle e = free_.back();
-      free_.pop_back();
-      return e;
-    }
-  }
+  EventHandle e = nullptr;
+  if (free_.pop(e)) return e;
   return device_.create_event(false);
 }
 
 void EventPool::put(EventHandle e) {
   if (e == nullptr) return;
-  std::lock_guard lk(m_);
-  free_.push_back(e);
+  bool kept = false;
+  try {
+    kept = free_.push(e);
+  } catch (...) {
+    // No memory for the list: the event is freed instead.
+  }
+  if (!kept) device_.destroy_event(e);
 }
 
 // ---------------------------------------------------------------------------------------------

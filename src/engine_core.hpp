@@ -12,6 +12,8 @@
 #include <span>
 #include <vector>
 
+#include <boost/lockfree/stack.hpp>
+
 #include "device.hpp"
 #include "gather_copy.hpp"
 #include "gather_pool.hpp"
@@ -23,17 +25,18 @@ namespace gfd::detail {
 
 class EngineCore;
 
+// Events without timing, reused across transfers. Taken by submitters and returned by whichever
+// thread drops a transfer's last handle, so the free list is a lock-free stack.
 class EventPool {
  public:
-  explicit EventPool(Device& d) : device_(d) {}
+  explicit EventPool(Device& d) : device_(d), free_(64) {}
   ~EventPool();
   EventHandle get();
   void put(EventHandle e);
 
  private:
   Device& device_;
-  std::mutex m_;
-  std::vector<EventHandle> free_;
+  boost::lockfree::stack<EventHandle> free_;
 };
 
 // What the engine records when tracing is on (benchmarks use it to find pipeline bubbles).
