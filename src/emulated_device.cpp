@@ -227,20 +227,29 @@ EventHandle EmulatedDevice::create_event(bool) { return new EmuEvent; }
 void EmulatedDevice::destroy_event(EventHandle e) noexcept { delete static_cast<EmuEvent*>(e); }
 
 void EmulatedDevice::record_event(EventHandle h, StreamHandle s) {
+  check_sticky();
   auto* e = static_cast<EmuEvent*>(h);
   std::uint64_t gen;
   {
     std::lock_guard lk(e->m);
     gen = ++e->recorded;
   }
-  enqueue(s, [e, gen] {
+  auto complete = [e, gen] {
     std::lock_guard lk(e->m);
     if (e->completed < gen) {
       e->completed = gen;
       e->when = Clock::now();
     }
     e->cv.notify_all();
-  });
+  };
+  try {
+    enqueue(s, complete);
+  } catch (...) {
+    // A fault became sticky in between: the record never runs, so it must not leave waiters
+    // behind (their queries then report the fault).
+    complete();
+    throw;
+  }
 }
 
 void EmulatedDevice::stream_wait_event(StreamHandle s, EventHandle h) {
