@@ -223,12 +223,21 @@ void EmulatedDevice::stream_sync(StreamHandle h) {
   check_sticky();
 }
 
-EventHandle EmulatedDevice::create_event(bool) { return new EmuEvent; }
-void EmulatedDevice::destroy_event(EventHandle e) noexcept { delete static_cast<EmuEvent*>(e); }
+namespace {
+// As with CUDA, an event may be destroyed while a stream still has a record of it or a wait on
+// it queued: the handle owns one reference and every queued operation another.
+struct EmuEventHandle {
+  std::shared_ptr<EmuEvent> e = std::make_shared<EmuEvent>();
+};
+std::shared_ptr<EmuEvent> event_of(EventHandle h) { return static_cast<EmuEventHandle*>(h)->e; }
+}  // namespace
+
+EventHandle EmulatedDevice::create_event(bool) { return new EmuEventHandle; }
+void EmulatedDevice::destroy_event(EventHandle e) noexcept { delete static_cast<EmuEventHandle*>(e); }
 
 void EmulatedDevice::record_event(EventHandle h, StreamHandle s) {
   check_sticky();
-  auto* e = static_cast<EmuEvent*>(h);
+  auto e = event_of(h);
   std::uint64_t gen;
   {
     std::lock_guard lk(e->m);
@@ -253,7 +262,7 @@ void EmulatedDevice::record_event(EventHandle h, StreamHandle s) {
 }
 
 void EmulatedDevice::stream_wait_event(StreamHandle s, EventHandle h) {
-  auto* e = static_cast<EmuEvent*>(h);
+  auto e = event_of(h);
   std::uint64_t gen;
   {
     std::lock_guard lk(e->m);
@@ -267,7 +276,7 @@ void EmulatedDevice::stream_wait_event(StreamHandle s, EventHandle h) {
 }
 
 bool EmulatedDevice::event_done(EventHandle h) {
-  auto* e = static_cast<EmuEvent*>(h);
+  auto e = event_of(h);
   bool done;
   {
     std::lock_guard lk(e->m);
@@ -278,7 +287,7 @@ bool EmulatedDevice::event_done(EventHandle h) {
 }
 
 void EmulatedDevice::event_sync(EventHandle h) {
-  auto* e = static_cast<EmuEvent*>(h);
+  auto e = event_of(h);
   {
     std::unique_lock lk(e->m);
     const std::uint64_t gen = e->recorded;
@@ -288,8 +297,8 @@ void EmulatedDevice::event_sync(EventHandle h) {
 }
 
 float EmulatedDevice::event_elapsed_ms(EventHandle a, EventHandle b) {
-  auto* x = static_cast<EmuEvent*>(a);
-  auto* y = static_cast<EmuEvent*>(b);
+  auto x = event_of(a);
+  auto y = event_of(b);
   Clock::time_point ta, tb;
   {
     std::lock_guard lk(x->m);
