@@ -10,6 +10,9 @@
 #                              thread count for 2048 and 16384 blocks
 #   tools/gpu_check.sh multi   quick + gfd_multi_gpu_benchmark (cold, warm) and its charts, for a
 #                              machine with several GPUs
+#   tools/gpu_check.sh reliability  ctest, the long stress run (100000 requests), the CUDA
+#                              suites under compute-sanitizer memcheck and racecheck, and the
+#                              suites under ASan+UBSan (LeakSanitizer) with the GPU present
 #   tools/gpu_check.sh final   build, ctest, the default sweeps (cold, warm), scattered
 #                              destinations, back to back, latency, under load, microbenchmarks
 #                              and the charts
@@ -43,7 +46,32 @@ run_bench() {  # name, args... (GFD_* settings come from the environment)
   grep -E "VERIFY|gfd_benchmark:" "$OUT/$name.err" >> "$OUT/summary.txt"
 }
 
-run_bench quick_cold --quick
+if [ "$MODE" = reliability ]; then
+  SECONDS=0
+  (cd build-gpu && timeout 90 ctest -j4 --timeout 60) > "$OUT/ctest.log" 2>&1
+  summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log") (${SECONDS}s)"
+  grep -E "\*\*\*Failed|Timeout|Exception" "$OUT/ctest.log" | head -20 >> "$OUT/summary.txt"
+  SECONDS=0
+  GFD_STRESS_REQUESTS=100000 timeout 110 build-gpu/tests/gfd_stress_test --gtest_filter='*Cuda' \
+    > "$OUT/stress_long.log" 2>&1
+  summary "== stress long: rc=$? (${SECONDS}s) $(grep -E '^stress' "$OUT/stress_long.log")"
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  PICK='*OneByte/Cuda*:*ScatteredDestinationsUseScatterKernel/Cuda*:*RandomSizesAndAlignments/Cuda*'
+  PICK="$PICK:*LargePinnedBlocksGoDirect/Cuda*:*WorkQueuedAfterOnTheStreamSeesTheData/Cuda*"
+  PICK="$PICK:*ConcurrentSubmittersWithTinyRing/Cuda*:*SmallPinnedTransfersCanTakeTheKernel/Cuda*"
+  for tool in memcheck racecheck; do
+    SECONDS=0
+    limit=150; [ $tool = racecheck ] && limit=80
+    timeout $limit "$CS" --tool $tool --error-exitcode 3 build-gpu/tests/gfd_engine_test --gtest_filter="$PICK" \
+      > "$OUT/sanitizer_$tool.log" 2>&1
+    summary "== compute-sanitizer $tool: rc=$? (${SECONDS}s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests? ran|PASSED|FAILED' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
+  done
+  SECONDS=0
+  timeout 140 tools/sanitize.sh address,undefined > "$OUT/asan.log" 2>&1
+  summary "== ASan+UBSan+LSan with the GPU: rc=$? (${SECONDS}s) $(grep -E 'tests passed|tests failed|ERROR: (Address|Leak)Sanitizer|runtime error' "$OUT/asan.log" | head -3 | tr '\n' ' ')"
+else
+  run_bench quick_cold --quick
+fi
 if [ "$MODE" = tune ]; then
   # Gather-engine variants (GFD_* settings, space-separated), each run twice (untraced) for
   # the spread between runs, then once traced.
@@ -109,10 +137,12 @@ if [ "$MODE" = final ]; then
   summary "== charts: rc=$? $(ls "$OUT/charts" 2>/dev/null | tr '\n' ' ')"
   mkdir -p "$FINAL/charts" && cp "$OUT"/charts/*.png "$FINAL/charts/" 2>/dev/null
 fi
-SECONDS=0
-(cd build-gpu && timeout ${CTEST_TIMEOUT:-420} ctest --output-on-failure -j4 --timeout 90) > "$OUT/ctest.log" 2>&1
-summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log") (${SECONDS}s)"
-grep -E "\*\*\*Failed|Timeout|Exception" "$OUT/ctest.log" | head -20 >> "$OUT/summary.txt"
+if [ "$MODE" != reliability ]; then
+  SECONDS=0
+  (cd build-gpu && timeout ${CTEST_TIMEOUT:-420} ctest --output-on-failure -j4 --timeout 90) > "$OUT/ctest.log" 2>&1
+  summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log") (${SECONDS}s)"
+  grep -E "\*\*\*Failed|Timeout|Exception" "$OUT/ctest.log" | head -20 >> "$OUT/summary.txt"
+fi
 tar czf "$FINAL/logs.tgz" -C "$OUT" .
 cp "$OUT/summary.txt" "$FINAL/summary.txt"
 echo; cat "$OUT/summary.txt"
