@@ -52,7 +52,7 @@ if [ "$MODE" = reliability ]; then
   summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log") (${SECONDS}s)"
   grep -E "\*\*\*Failed|Timeout|Exception" "$OUT/ctest.log" | head -20 >> "$OUT/summary.txt"
   SECONDS=0
-  GFD_STRESS_REQUESTS=100000 timeout 110 build-gpu/tests/gfd_stress_test --gtest_filter='*Cuda' \
+  GFD_STRESS_REQUESTS=100000 timeout 100 build-gpu/tests/gfd_stress_test --gtest_filter='*Cuda' \
     > "$OUT/stress_long.log" 2>&1
   summary "== stress long: rc=$? (${SECONDS}s) $(grep -E '^stress' "$OUT/stress_long.log")"
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -61,13 +61,13 @@ if [ "$MODE" = reliability ]; then
   PICK="$PICK:*ConcurrentSubmittersWithTinyRing/Cuda*:*SmallPinnedTransfersCanTakeTheKernel/Cuda*"
   for tool in memcheck racecheck; do
     SECONDS=0
-    limit=150; [ $tool = racecheck ] && limit=80
+    limit=120; [ $tool = racecheck ] && limit=60
     timeout $limit "$CS" --tool $tool --error-exitcode 3 build-gpu/tests/gfd_engine_test --gtest_filter="$PICK" \
       > "$OUT/sanitizer_$tool.log" 2>&1
     summary "== compute-sanitizer $tool: rc=$? (${SECONDS}s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests? ran|PASSED|FAILED' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
   done
   SECONDS=0
-  timeout 140 tools/sanitize.sh address,undefined > "$OUT/asan.log" 2>&1
+  timeout 100 tools/sanitize.sh address,undefined > "$OUT/asan.log" 2>&1
   summary "== ASan+UBSan+LSan with the GPU: rc=$? (${SECONDS}s) $(grep -E 'tests passed|tests failed|ERROR: (Address|Leak)Sanitizer|runtime error' "$OUT/asan.log" | head -3 | tr '\n' ' ')"
 else
   run_bench quick_cold --quick
