@@ -88,6 +88,13 @@ class CudaDevice final : public Device {
     return ids;
   }
   void make_current() override { GFD_CUDA_CHECK(cudaSetDevice(ordinal_)); }
+  int current() const override {
+    int d = -1;
+    return cudaGetDevice(&d) == cudaSuccess ? d : -1;
+  }
+  void restore_current(int previous) noexcept override {
+    if (previous >= 0 && previous != ordinal_) (void)cudaSetDevice(previous);
+  }
 
   // One driver call per pointer (it runs for every transfer, on the latency path): kind, device,
   // managed or not, and the allocation's range. Memory the driver does not know reads as all
@@ -119,6 +126,7 @@ class CudaDevice final : public Device {
   }
 
   void* alloc_device(std::size_t bytes) override {
+    make_current();
     void* p = nullptr;
     GFD_CUDA_CHECK(cudaMalloc(&p, bytes));
     return p;
@@ -131,6 +139,7 @@ class CudaDevice final : public Device {
   void unregister_host(void* p) noexcept override { (void)cudaHostUnregister(p); }
 
   StreamHandle create_stream() override {
+    make_current();
     cudaStream_t s = nullptr;
     GFD_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, prio_high_));
     return s;
@@ -142,6 +151,7 @@ class CudaDevice final : public Device {
     GFD_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(s)));
   }
   EventHandle create_event(bool timing) override {
+    make_current();
     cudaEvent_t e = nullptr;
     GFD_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
     return e;
@@ -208,8 +218,9 @@ class CudaDevice final : public Device {
   void wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) override {
     const CUresult r = driver().wait_value64(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr),
                                              value, CU_STREAM_WAIT_VALUE_GEQ);
+    // The driver's codes are the runtime's for these errors (700: illegal address, ...).
     if (r != CUDA_SUCCESS)
-      throw Error(ErrorCode::kCuda, "cuStreamWaitValue64 failed: CUresult " + std::to_string(r));
+      throw_cuda_error(static_cast<cudaError_t>(r), "cuStreamWaitValue64(lane, slot flag)", __FILE__, __LINE__);
   }
   void signal_value(std::uint64_t* addr, std::uint64_t value) override {
     std::atomic_ref<std::uint64_t>(*addr).store(value, std::memory_order_release);

@@ -61,6 +61,10 @@ class Device {
   virtual std::vector<std::string> all_bus_ids() const = 0;
   // Makes this device current for the calling thread.
   virtual void make_current() = 0;
+  // The device current for the calling thread (-1 where that means nothing), and back to it:
+  // the engine leaves its caller's current device as it found it.
+  virtual int current() const = 0;
+  virtual void restore_current(int previous) noexcept = 0;
 
   virtual PointerInfo query_pointer(const void* p) = 0;
   virtual void* alloc_device(std::size_t bytes) = 0;
@@ -68,7 +72,9 @@ class Device {
   virtual void register_host(void* p, std::size_t bytes) = 0;
   virtual void unregister_host(void* p) noexcept = 0;
 
-  // Non-blocking (no implicit sync with the legacy stream), highest priority.
+  // alloc_device, create_stream and create_event act on this device whatever device is current
+  // (CUDA's would follow the current device); streams are non-blocking (no implicit sync with
+  // the legacy stream), highest priority.
   virtual StreamHandle create_stream() = 0;
   virtual void destroy_stream(StreamHandle s) noexcept = 0;
   virtual void stream_sync(StreamHandle s) = 0;

@@ -31,6 +31,8 @@ class EmulatedDevice final : public Device {
   std::string pci_bus_id() const override { return {}; }
   std::vector<std::string> all_bus_ids() const override { return {}; }
   void make_current() override {}
+  int current() const override { return -1; }
+  void restore_current(int) noexcept override {}
 
   PointerInfo query_pointer(const void* p) override;
   void* alloc_device(std::size_t bytes) override;

@@ -118,6 +118,24 @@ TEST_P(MultiEngineTest, GatherEnginesOfOneProcessShareNoCpu) {
     }
 }
 
+// An engine works on its own GPU whatever device is current, and leaves the caller's current
+// device as it was (a runtime thread may drive several GPUs).
+TEST_P(MultiEngineTest, EnginesIgnoreAndKeepTheCallersCurrentDevice) {
+  EngineGroup group = make_group(Backend::kGather);
+  HostBuffer pool(*devices_[0]->device, 1 << 20, false);
+  fill_random(pool.data(), pool.size(), 80);
+  DeviceBuffer dst(*devices_[0]->device, 64 * 4096);
+  devices_[1]->device->make_current();
+  const int before = devices_[1]->device->current();
+  std::vector<BlockCopy> v;
+  for (std::size_t i = 0; i < 64; ++i) v.push_back({pool.data() + i * 8192, dst.data() + i * 4096, 4096});
+  group[0].copy_to_device(v, devices_[0]->cuda_stream()).wait();
+  EXPECT_EQ(devices_[1]->device->current(), before);
+  const auto got = devices_[0]->read(dst.data(), dst.size());
+  for (std::size_t i = 0; i < 64; ++i)
+    ASSERT_EQ(std::memcmp(got.data() + i * 4096, pool.data() + i * 8192, 4096), 0) << "block " << i;
+}
+
 TEST_P(MultiEngineTest, RunRethrowsTheFirstFailureAfterJoiningEveryThread) {
   EngineGroup group = make_group(Backend::kGather);
   std::atomic<int> finished{0};
