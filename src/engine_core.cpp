@@ -465,7 +465,7 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
   if (gather && !blocks.empty() &&
       blocks.size() * std::min<std::size_t>(blocks[0].bytes, 1u << 30) > options_.inline_gather_bytes)
     pool_->wake();
-  const auto id = static_cast<std::uint32_t>(st_transfers_.fetch_add(1, std::memory_order_relaxed));
+  const auto id = static_cast<std::uint32_t>(next_id_.fetch_add(1, std::memory_order_relaxed));
   trace(id, TraceEvent::kSubmit);
   const auto t_plan = Clock::now();
   Plan plan = take_plan();
@@ -478,6 +478,7 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
   }
   st_plan_ns_.fetch_add(ns_since(t_plan), std::memory_order_relaxed);
   st_blocks_.fetch_add(blocks.size(), std::memory_order_relaxed);
+  st_transfers_.fetch_add(1, std::memory_order_relaxed);  // counted once validated
   trace(id, TraceEvent::kPlanned);
   if (plan.total_bytes == 0) {
     recycle_plan(std::move(plan));

@@ -216,6 +216,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::atomic<int> tail_waiters_{0};
   std::uint64_t lane_rr_ = 0;             // issuer only
 
+  std::atomic<std::uint32_t> next_id_{0};  // transfer numbers for the trace
+
   // Stats.
   std::atomic<std::uint64_t> st_bytes_{0}, st_transfers_{0}, st_blocks_{0}, st_chunks_{0},
       st_scattered_{0}, st_direct_{0}, st_gather_ns_{0}, st_submit_wait_ns_{0}, st_plan_ns_{0};

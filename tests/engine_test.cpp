@@ -370,6 +370,7 @@ TEST_P(EngineTest, BadInputIsRejectedWholeAndEngineStaysUsable) {
     engine.copy_to_device(ok, td_->cuda_stream()).wait();
     expect_landed(ok, dst);
   }
+  EXPECT_EQ(engine.stats().transfers, cases.size()) << "rejected transfers are not counted";
 }
 
 TEST_P(EngineTest, AbsurdOptionsAreRejectedNamingTheOption) {
