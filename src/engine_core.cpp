@@ -170,7 +170,7 @@ EngineCore::EngineCore(const EngineOptions& options, std::shared_ptr<Device> dev
   plan_config_.check_overlaps = o.check_overlaps;
   pass_config_ = plan_config_;
   pass_config_.mode = PlanConfig::Mode::kPassThrough;
-  pass_config_.require_pinned_src = o.backend == Backend::kZeroCopyKernel;
+  pass_config_.require_pinned_host = o.backend == Backend::kZeroCopyKernel;
   pass_config_.pinned_reason = "the zero_copy_kernel backend reads sources with SM loads over PCIe and";
   store_kind_ = o.nontemporal_stores && nontemporal_supported() ? StoreKind::kNonTemporal
                                                                : StoreKind::kNormal;
@@ -493,7 +493,7 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
   const Plan& p = t->plan;
   if (gather) {
     const bool small = options_.kernel_max_bytes != 0 && p.total_bytes <= options_.kernel_max_bytes &&
-                       p.all_pinned_src && device_->host_pointers_usable();
+                       p.all_pinned_host && device_->host_pointers_usable();
     if (small) submit_kernel(t, stream);
     else submit_gather(t, stream);
   } else if (options_.backend == Backend::kZeroCopyKernel) {
@@ -540,7 +540,7 @@ void EngineCore::submit_gather(const std::shared_ptr<TransferState>& t, StreamHa
         const std::uint32_t slot = acquire_slot();
         Item& it = append_item(ItemKind::kChunk, t, k, slot, false);
         const PlannedChunk& c = p.chunks[k];
-        if (!c.contiguous_dst) {
+        if (!c.contiguous_device) {
           auto* entries = reinterpret_cast<ScatterEntry*>(slots_[slot].host + c.scatter_offset);
           for (std::uint32_t i = c.op_begin; i < c.op_end; ++i)
             entries[i - c.op_begin] = {reinterpret_cast<std::uint64_t>(p.ops[i].dst),
@@ -794,7 +794,7 @@ void EngineCore::enqueue_chunk(TransferState& t, std::uint32_t index, std::uint3
   StreamHandle l = lane_for(t, lane);
   if (wait) device_->wait_value_geq(s.flag, flag_value, l);
   device_->record_event(s.start, l);
-  if (c.contiguous_dst) {
+  if (c.contiguous_device) {
     device_->copy_h2d(t.plan.ops[c.op_begin].dst, s.host, c.data_bytes, l);
   } else {
     device_->copy_h2d(s.dev, s.host, c.dma_bytes(), l);

@@ -80,40 +80,49 @@ void validate_blocks(std::span<const BlockCopy> blocks, const PlanConfig& cfg, R
   // block against the ranges of the previous one before asking the cache.
   const PointerInfo* dr = nullptr;
   const PointerInfo* sr = nullptr;
-  // Every check of one block, with the messages; updates the ranges.
+  const bool to_host = cfg.direction == Direction::kToHost;
+  const char* dev_name = to_host ? "source" : "destination";
+  const char* host_name = to_host ? "destination" : "source";
+  const auto device_side = [to_host](const BlockCopy& b) { return to_host ? b.src : static_cast<const void*>(b.dst); };
+  const auto host_side = [to_host](const BlockCopy& b) { return to_host ? static_cast<const void*>(b.dst) : b.src; };
+  // Every check of one block, with the messages; updates the ranges (dr: the device side's
+  // allocation, sr: the host side's).
   auto check = [&](std::size_t i) {
     const BlockCopy& b = blocks[i];
-    const auto s = reinterpret_cast<std::uintptr_t>(b.src);
-    const auto d = reinterpret_cast<std::uintptr_t>(b.dst);
+    const void* dp = device_side(b);
+    const void* hp = host_side(b);
+    const auto d = reinterpret_cast<std::uintptr_t>(dp);
+    const auto s = reinterpret_cast<std::uintptr_t>(hp);
     if (b.src == nullptr) bad_block(i, "source pointer is null");
     if (b.dst == nullptr) bad_block(i, "destination pointer is null");
     if (b.bytes == 0) bad_block(i, "size is zero");
-    if (b.bytes > UINTPTR_MAX - s)
+    if (b.bytes > UINTPTR_MAX - reinterpret_cast<std::uintptr_t>(b.src))
       bad_block(i, "source " + hex(b.src) + " + " + std::to_string(b.bytes) +
                        " bytes overflows the address space");
-    if (b.bytes > UINTPTR_MAX - d)
+    if (b.bytes > UINTPTR_MAX - reinterpret_cast<std::uintptr_t>(b.dst))
       bad_block(i, "destination " + hex(b.dst) + " + " + std::to_string(b.bytes) +
                        " bytes overflows the address space");
 
     if (dr == nullptr || d < dr->begin || d + b.bytes > dr->end) {
-      dr = cache.lookup(b.dst);
+      dr = cache.lookup(dp);
       if (dr->kind != PointerKind::kDevice || dr->device != cfg.device)
-        bad_block(i, "destination " + hex(b.dst) + " is not device memory of GPU " +
+        bad_block(i, std::string(dev_name) + " " + hex(dp) + " is not device memory of GPU " +
                          std::to_string(cfg.device) + " (it is " + describe(*dr) + ")");
       if (dr->end != 0 && d + b.bytes > dr->end)
-        bad_block(i, "destination " + hex(b.dst) + " + " + std::to_string(b.bytes) +
+        bad_block(i, std::string(dev_name) + " " + hex(dp) + " + " + std::to_string(b.bytes) +
                          " bytes runs past the end of its device allocation (" +
                          std::to_string(dr->end - d) + " bytes left)");
     }
     if (sr == nullptr || s < sr->begin || s >= sr->end) {
-      sr = cache.lookup(b.src);
+      sr = cache.lookup(hp);
       if (sr->kind == PointerKind::kDevice || sr->kind == PointerKind::kOtherDevice)
-        bad_block(i, "source " + hex(b.src) + " is " + describe(*sr) +
-                         "; a host-to-device transfer needs a host source");
+        bad_block(i, std::string(host_name) + " " + hex(hp) + " is " + describe(*sr) + "; a " +
+                         (to_host ? "device-to-host transfer needs a host destination"
+                                  : "host-to-device transfer needs a host source"));
     }
     pinned[i] = sr->kind == PointerKind::kPinnedHost && sr->end != 0 && s + b.bytes <= sr->end;
-    if (cfg.require_pinned_src && pinned[i] == 0)
-      bad_block(i, "source " + hex(b.src) + " is " +
+    if (cfg.require_pinned_host && pinned[i] == 0)
+      bad_block(i, std::string(host_name) + " " + hex(hp) + " is " +
                        (sr->kind == PointerKind::kPinnedHost ? std::string("only partly pinned")
                                                              : describe(*sr)) +
                        "; " + cfg.pinned_reason + " needs pinned host memory (cudaHostAlloc or "
@@ -128,10 +137,10 @@ void validate_blocks(std::span<const BlockCopy> blocks, const PlanConfig& cfg, R
       // the current host range. Anything else leaves this loop for the detailed checks above.
       const std::uintptr_t db = dr->begin, de = dr->end, sb = sr->begin, se = sr->end;
       const bool pinned_range = sr->kind == PointerKind::kPinnedHost;
-      const bool need_pinned = cfg.require_pinned_src;
+      const bool need_pinned = cfg.require_pinned_host;
       for (; i < n; ++i) {
-        const auto s = reinterpret_cast<std::uintptr_t>(blocks[i].src);
-        const auto d = reinterpret_cast<std::uintptr_t>(blocks[i].dst);
+        const auto s = reinterpret_cast<std::uintptr_t>(host_side(blocks[i]));
+        const auto d = reinterpret_cast<std::uintptr_t>(device_side(blocks[i]));
         const std::size_t len = blocks[i].bytes;
         const bool in_src = s >= sb && s < se;
         const bool whole_src = len <= se - s;
@@ -269,9 +278,13 @@ class Packer {
     close_piece();
     chunk_.op_end = static_cast<std::uint32_t>(plan_.ops.size());
     chunk_.piece_end = static_cast<std::uint32_t>(plan_.pieces.size());
-    chunk_.contiguous_dst = true;
-    for (std::uint32_t i = chunk_.op_begin + 1; i < chunk_.op_end && chunk_.contiguous_dst; ++i)
-      chunk_.contiguous_dst = plan_.ops[i - 1].dst + plan_.ops[i - 1].bytes == plan_.ops[i].dst;
+    chunk_.contiguous_device = true;
+    const bool to_host = cfg_.direction == Direction::kToHost;
+    for (std::uint32_t i = chunk_.op_begin + 1; i < chunk_.op_end && chunk_.contiguous_device; ++i) {
+      const GatherOp& a = plan_.ops[i - 1];
+      const GatherOp& b = plan_.ops[i];
+      chunk_.contiguous_device = to_host ? a.src + a.bytes == b.src : a.dst + a.bytes == b.dst;
+    }
     chunk_.scatter_offset = align_up(chunk_.data_bytes, kAlign);
     plan_.chunks.push_back(chunk_);
     open_ = false;
@@ -316,7 +329,7 @@ void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
   plan.direct.clear();
   plan.total_bytes = 0;
   plan.block_count = blocks.size();
-  plan.all_pinned_src = true;
+  plan.all_pinned_host = true;
   if (blocks.empty()) return;
   if (blocks.size() > UINT32_MAX / 2)
     throw Error(ErrorCode::kInvalidArgument,
@@ -325,7 +338,7 @@ void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
   std::vector<std::uint8_t>& pinned = plan.scratch.pinned;
   validate_blocks(blocks, cfg, cache, pinned);
   if (cfg.check_overlaps) check_overlaps(blocks, plan.scratch);
-  for (std::uint8_t p : pinned) plan.all_pinned_src = plan.all_pinned_src && p != 0;
+  for (std::uint8_t p : pinned) plan.all_pinned_host = plan.all_pinned_host && p != 0;
 
   if (cfg.mode == PlanConfig::Mode::kPassThrough) {
     plan.direct.reserve(blocks.size());

@@ -15,8 +15,14 @@
 
 namespace gfd::detail {
 
+enum class Direction : std::uint8_t {
+  kToDevice,  // host sources, device destinations
+  kToHost,    // device sources, host destinations
+};
+
 struct PlanConfig {
-  int device = 0;                         // ordinal destinations must belong to
+  Direction direction = Direction::kToDevice;
+  int device = 0;                         // ordinal the device side must belong to
   std::size_t slot_bytes = 2 << 20;       // capacity of one chunk (data + scatter entries)
   std::size_t first_chunk_bytes = 256 << 10;
   std::size_t piece_bytes = 32 << 10;
@@ -25,8 +31,8 @@ struct PlanConfig {
   // Staged: coalesce and pack into chunks (the gather pipeline). Pass-through: validate only and
   // list every block, as given, in Plan::direct (the backends that copy block by block).
   enum class Mode : std::uint8_t { kStaged, kPassThrough } mode = Mode::kStaged;
-  // Refuse pageable sources; `pinned_reason` says who needs them (for the error message).
-  bool require_pinned_src = false;
+  // Refuse pageable host memory; `pinned_reason` says who needs it (for the error message).
+  bool require_pinned_host = false;
   const char* pinned_reason = "";
 };
 
@@ -43,13 +49,14 @@ struct PlannedChunk {
   std::uint32_t op_begin, op_end;        // range in Plan::ops
   std::uint32_t piece_begin, piece_end;  // range in Plan::pieces
   std::uint64_t data_bytes;              // payload bytes at the start of the slot
-  // True when the ops' destinations are consecutive: one DMA to ops[op_begin].dst lands it.
-  // Otherwise the data and the scatter entries (at scatter_offset) go to the device staging
-  // area and the scatter kernel places each op.
-  bool contiguous_dst;
+  // True when the ops' device-side addresses (destinations to the device, sources to the host)
+  // are consecutive: one DMA between the slot and that range moves the chunk. Otherwise the
+  // scatter entries (at scatter_offset) go along and a kernel moves each op between the device
+  // staging area and its device address.
+  bool contiguous_device;
   std::uint64_t scatter_offset;          // 16-byte aligned, after the data
   std::uint64_t dma_bytes() const {
-    return contiguous_dst ? data_bytes
+    return contiguous_device ? data_bytes
                           : scatter_offset + (op_end - op_begin) * sizeof(ScatterEntry);
   }
 };
@@ -80,7 +87,7 @@ struct Plan {
   std::vector<DirectCopy> direct;
   std::uint64_t total_bytes = 0;
   std::size_t block_count = 0;
-  bool all_pinned_src = true;  // every source lies in pinned host memory
+  bool all_pinned_host = true;  // every block's host side lies in pinned host memory
   Scratch scratch;
 };
 

@@ -97,7 +97,7 @@ std::uint64_t chunk_cap(const PlanConfig& cfg, std::size_t k) {
 }
 
 // Structural invariants of every plan: chunks and pieces tile the op list in order, chunk
-// capacity, piece payloads, slot offsets, scatter offsets and contiguous_dst.
+// capacity, piece payloads, slot offsets, scatter offsets and contiguous_device.
 void check_structure(const Plan& plan, const PlanConfig& cfg) {
   std::uint32_t next_op = 0, next_piece = 0;
   for (std::size_t k = 0; k < plan.chunks.size(); ++k) {
@@ -126,7 +126,7 @@ void check_structure(const Plan& plan, const PlanConfig& cfg) {
       }
     }
     ASSERT_EQ(c.data_bytes, off);
-    ASSERT_EQ(c.contiguous_dst, contiguous);
+    ASSERT_EQ(c.contiguous_device, contiguous);
     ASSERT_EQ(c.scatter_offset % 16, 0u);
     ASSERT_GE(c.scatter_offset, c.data_bytes);
     ASSERT_LT(c.scatter_offset, c.data_bytes + 16);
@@ -135,7 +135,7 @@ void check_structure(const Plan& plan, const PlanConfig& cfg) {
     ASSERT_LE(c.dma_bytes(), cfg.slot_bytes);
     ASSERT_LE(c.dma_bytes(), chunk_cap(cfg, k));
     if (k == 0) ASSERT_LE(c.dma_bytes(), cfg.first_chunk_bytes);
-    if (!c.contiguous_dst) {
+    if (!c.contiguous_device) {
       ASSERT_EQ(c.dma_bytes(),
                 c.scatter_offset + (c.op_end - c.op_begin) * sizeof(gfd::detail::ScatterEntry));
     } else {
@@ -272,7 +272,7 @@ TEST(PlannerTest, SingleSmallBlockIsOneOpInOneChunk) {
   EXPECT_EQ(addr(plan.ops[0].dst), kDevBase + 256);
   EXPECT_EQ(plan.ops[0].slot_offset, 0u);
   EXPECT_EQ(plan.ops[0].bytes, 1000u);
-  EXPECT_TRUE(plan.chunks[0].contiguous_dst);
+  EXPECT_TRUE(plan.chunks[0].contiguous_device);
   EXPECT_EQ(plan.chunks[0].data_bytes, 1000u);
   EXPECT_EQ(plan.chunks[0].dma_bytes(), 1000u);
   EXPECT_EQ(plan.total_bytes, 1000u);
@@ -323,7 +323,7 @@ TEST(PlannerTest, DoesNotCoalesceWhenOnlySourcesAreContiguous) {
   ASSERT_NO_FATAL_FAILURE(check_plan(blocks, plan, cfg));
   ASSERT_EQ(plan.ops.size(), 4u);
   ASSERT_EQ(plan.chunks.size(), 1u);
-  EXPECT_FALSE(plan.chunks[0].contiguous_dst);
+  EXPECT_FALSE(plan.chunks[0].contiguous_device);
 }
 
 TEST(PlannerTest, DoesNotCoalesceWhenOnlyDestinationsAreContiguous) {
@@ -337,7 +337,7 @@ TEST(PlannerTest, DoesNotCoalesceWhenOnlyDestinationsAreContiguous) {
   ASSERT_EQ(plan.ops.size(), 4u);
   ASSERT_EQ(plan.chunks.size(), 1u);
   // Separate ops, but their destinations follow each other: one DMA lands the chunk.
-  EXPECT_TRUE(plan.chunks[0].contiguous_dst);
+  EXPECT_TRUE(plan.chunks[0].contiguous_device);
   EXPECT_EQ(plan.chunks[0].dma_bytes(), 4u * 2048);
 }
 
@@ -380,7 +380,7 @@ TEST(PlannerTest, ContiguousDestinationsGiveContiguousChunks) {
   ASSERT_NO_FATAL_FAILURE(check_plan(blocks, plan, cfg));
   ASSERT_GT(plan.chunks.size(), 1u);
   for (const auto& c : plan.chunks) {
-    EXPECT_TRUE(c.contiguous_dst);
+    EXPECT_TRUE(c.contiguous_device);
     EXPECT_EQ(c.dma_bytes(), c.data_bytes);
   }
 }
@@ -397,7 +397,7 @@ TEST(PlannerTest, ShuffledPagedLayoutNeedsScatter) {
   ASSERT_GT(plan.chunks.size(), 1u);
   for (const auto& c : plan.chunks) {
     if (c.op_end - c.op_begin < 2) continue;
-    EXPECT_FALSE(c.contiguous_dst);
+    EXPECT_FALSE(c.contiguous_device);
     EXPECT_GT(c.dma_bytes(), c.data_bytes);
   }
 }
@@ -412,7 +412,7 @@ TEST(PlannerTest, ScatterOffsetIsAlignedAfterUnalignedData) {
   ASSERT_NO_FATAL_FAILURE(check_plan(blocks, plan, cfg));
   ASSERT_EQ(plan.chunks.size(), 1u);
   const auto& c = plan.chunks[0];
-  EXPECT_FALSE(c.contiguous_dst);
+  EXPECT_FALSE(c.contiguous_device);
   EXPECT_EQ(c.data_bytes, 3000u);
   EXPECT_EQ(c.scatter_offset, 3008u);
   EXPECT_EQ(c.dma_bytes(), 3008u + 3 * sizeof(gfd::detail::ScatterEntry));
@@ -449,7 +449,7 @@ TEST(PlannerTest, LargeBlockIsSplitOverManyChunks) {
   EXPECT_GE(plan.chunks.size(), bytes / cfg.slot_bytes);
   for (std::size_t k = 0; k < plan.chunks.size(); ++k) {
     const auto& c = plan.chunks[k];
-    EXPECT_TRUE(c.contiguous_dst) << "chunk " << k;
+    EXPECT_TRUE(c.contiguous_device) << "chunk " << k;
     // Every chunk but the last is filled close to its capacity.
     if (k + 1 < plan.chunks.size())
       EXPECT_GT(c.data_bytes + (c.op_end - c.op_begin + 1) * sizeof(gfd::detail::ScatterEntry) + 16,
