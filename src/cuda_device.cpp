@@ -192,16 +192,17 @@ class CudaDevice final : public Device {
                StreamHandle s) override {
     GFD_CUDA_CHECK(launch_scatter(entries, count, staging, static_cast<cudaStream_t>(s)));
   }
-  void copy_batch_h2d(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
-                      std::size_t count, StreamHandle s) override {
+  void copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                  std::size_t count, bool to_host, StreamHandle s) override {
     if (count == 0) return;
     // One attribute per copy (all alike): sources are read in stream order, as a KV pool that
     // earlier work on the stream may still write requires.
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    attr.srcLocHint.type = cudaMemLocationTypeHost;
-    attr.dstLocHint.type = cudaMemLocationTypeDevice;
-    attr.dstLocHint.id = ordinal_;
+    attr.srcLocHint.type = to_host ? cudaMemLocationTypeDevice : cudaMemLocationTypeHost;
+    attr.srcLocHint.id = to_host ? ordinal_ : 0;
+    attr.dstLocHint.type = to_host ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
+    attr.dstLocHint.id = to_host ? 0 : ordinal_;
     thread_local std::vector<cudaMemcpyAttributes> attrs;
     thread_local std::vector<std::size_t> idx;
     attrs.assign(count, attr);
@@ -209,6 +210,10 @@ class CudaDevice final : public Device {
     for (std::size_t i = 0; i < count; ++i) idx[i] = i;
     GFD_CUDA_CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, count, attrs.data(), idx.data(), count,
                                         static_cast<cudaStream_t>(s)));
+  }
+  void gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
+              StreamHandle s) override {
+    GFD_CUDA_CHECK(launch_gather(entries, count, staging, static_cast<cudaStream_t>(s)));
   }
   void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) override {
     GFD_CUDA_CHECK(launch_zero_copy(entries, count, sm_count_, static_cast<cudaStream_t>(s)));

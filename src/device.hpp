@@ -94,10 +94,14 @@ class Device {
   // Places `count` entries (device memory) from the device staging area `staging`.
   virtual void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                        StreamHandle s) = 0;
-  // Copies `count` blocks host to device with one cudaMemcpyBatchAsync (sources read in stream
-  // order). The arrays are read during the call only.
-  virtual void copy_batch_h2d(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
-                              std::size_t count, StreamHandle s) = 0;
+  // The reverse, for device-to-host transfers: packs each entry's device bytes (at its `dst`
+  // field, the device address) into `staging` at its offset.
+  virtual void gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
+                      StreamHandle s) = 0;
+  // Copies `count` blocks with one cudaMemcpyBatchAsync (sources read in stream order), host to
+  // device or, with `to_host`, device to host. The arrays are read during the call only.
+  virtual void copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                          std::size_t count, bool to_host, StreamHandle s) = 0;
   // Copies `count` entries (in pinned host memory) with the zero-copy kernel.
   virtual void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) = 0;
   // Whether kernels may read pinned host memory at its host address (zero_copy needs it).

@@ -333,14 +333,24 @@ void EmulatedDevice::scatter(const ScatterEntry* entries, std::uint32_t count, c
   });
 }
 
-void EmulatedDevice::copy_batch_h2d(void* const* dsts, const void* const* srcs,
-                                    const std::size_t* sizes, std::size_t count, StreamHandle s) {
+void EmulatedDevice::gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
+                            StreamHandle s) {
+  enqueue_data(s, "gather", [=] {
+    auto* base = static_cast<unsigned char*>(staging);
+    for (std::uint32_t i = 0; i < count; ++i)
+      std::memcpy(base + entries[i].src_offset, reinterpret_cast<const void*>(entries[i].dst),
+                  entries[i].bytes);
+  });
+}
+
+void EmulatedDevice::copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                                std::size_t count, bool, StreamHandle s) {
   // Like CUDA, take the arrays during the call: the caller may reuse them at once.
   std::vector<ZeroCopyEntry> copies(count);
   for (std::size_t i = 0; i < count; ++i)
     copies[i] = {reinterpret_cast<std::uint64_t>(srcs[i]), reinterpret_cast<std::uint64_t>(dsts[i]),
                  sizes[i]};
-  enqueue_data(s, "copy_batch_h2d", [copies = std::move(copies)] {
+  enqueue_data(s, "copy_batch", [copies = std::move(copies)] {
     for (const ZeroCopyEntry& c : copies)
       std::memcpy(reinterpret_cast<void*>(c.dst), reinterpret_cast<const void*>(c.src), c.bytes);
   });

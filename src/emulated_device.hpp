@@ -16,7 +16,7 @@ struct EmulatedDeviceOptions {
   // Each copy or scatter sleeps this long before it runs, to widen race windows in tests.
   std::chrono::microseconds copy_delay{0};
   // Fault injection: asked before each data operation runs on a stream ("copy_h2d", "scatter",
-  // "zero_copy", "copy_batch_h2d", ...). Returning true makes it fail as a GPU fault does on
+  // "zero_copy", "copy_batch", "gather", ...). Returning true makes it fail as a GPU fault does on
   // CUDA: nothing is copied and the device is left in a sticky error state in which every later
   // call and every event query throws gfd::Error(kCuda), until clear_fault().
   std::function<bool(const char* op)> fault;
@@ -56,8 +56,10 @@ class EmulatedDevice final : public Device {
   void memset_async(void* dst, int value, std::size_t bytes, StreamHandle s) override;
   void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                StreamHandle s) override;
-  void copy_batch_h2d(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
-                      std::size_t count, StreamHandle s) override;
+  void copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                  std::size_t count, bool to_host, StreamHandle s) override;
+  void gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
+              StreamHandle s) override;
   void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) override;
   bool host_pointers_usable() const override { return true; }
   bool supports_wait_value() const override { return true; }

@@ -49,7 +49,11 @@ Engine& Engine::operator=(Engine&& other) noexcept {
 }
 
 Transfer Engine::copy_to_device(std::span<const BlockCopy> blocks, cudaStream_t stream) {
-  return core_->submit(blocks, stream);
+  return core_->submit(blocks, stream, detail::Direction::kToDevice);
+}
+
+Transfer Engine::copy_to_host(std::span<const BlockCopy> blocks, cudaStream_t stream) {
+  return core_->submit(blocks, stream, detail::Direction::kToHost);
 }
 
 EngineStats Engine::stats() const { return core_->stats(); }

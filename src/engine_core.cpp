@@ -390,6 +390,8 @@ EngineCore::Item& EngineCore::append_item(ItemKind kind, const std::shared_ptr<T
   it.index = index;
   it.slot = slot;
   it.piece_begin = 0;
+  it.to_host = false;
+  it.dma_ready.store(true, std::memory_order_relaxed);
   it.ready.store(ready, std::memory_order_relaxed);
   return it;
 }
@@ -451,7 +453,7 @@ std::vector<TraceEvent> EngineCore::take_trace() {
   return out;
 }
 
-Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stream) {
+Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction) {
   // Every resource below belongs to this engine's GPU; the caller's current device is restored.
   struct CurrentGuard {
     Device& d;
@@ -469,9 +471,11 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
   trace(id, TraceEvent::kSubmit);
   const auto t_plan = Clock::now();
   Plan plan = take_plan();
+  const bool to_host = direction == Direction::kToHost;
   try {
-    make_plan(blocks, gather ? plan_config_ : pass_config_,
-              [this](const void* p) { return device_->query_pointer(p); }, plan);
+    PlanConfig cfg = gather ? plan_config_ : pass_config_;
+    cfg.direction = direction;
+    make_plan(blocks, cfg, [this](const void* p) { return device_->query_pointer(p); }, plan);
   } catch (...) {
     recycle_plan(std::move(plan));
     throw;
@@ -488,6 +492,7 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
   auto t = std::make_shared<TransferState>();
   t->core = shared_from_this();
   t->id = id;
+  t->to_host = to_host;
   t->plan = std::move(plan);
   t->done_event = events_->get();
   const Plan& p = t->plan;
@@ -495,6 +500,7 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
     const bool small = options_.kernel_max_bytes != 0 && p.total_bytes <= options_.kernel_max_bytes &&
                        p.all_pinned_host && device_->host_pointers_usable();
     if (small) submit_kernel(t, stream);
+    else if (to_host) submit_gather_to_host(t, stream);
     else submit_gather(t, stream);
   } else if (options_.backend == Backend::kZeroCopyKernel) {
     submit_kernel(t, stream);
@@ -573,8 +579,9 @@ void EngineCore::submit_gather(const std::shared_ptr<TransferState>& t, StreamHa
   }
   // The submitting thread would only wait now: it gathers too, while parked pool threads wake
   // up (a futex wake-up costs tens of microseconds, a 4 KB block a microsecond).
+  // (It leaves device-to-host chunks whose DMA is still running to the pool.)
   if (!inline_gather && options_.submitter_gathers)
-    while (run_next_piece()) {
+    while (run_next_piece(false)) {
     }
   // Advances the issue order past what is ready (gathered inline here, say): with preissue
   // nothing else would for a transfer that had no pieces for the pool.
@@ -611,8 +618,107 @@ void EngineCore::enqueue_issued(TransferState& t, std::uint32_t index, std::uint
 void EngineCore::enqueue_direct(TransferState& t, std::uint32_t index) {
   const DirectCopy& dc = t.plan.direct[index];
   const auto lane = static_cast<std::uint32_t>(lane_rr_++ % lanes_.size());
-  device_->copy_h2d(dc.dst, dc.src, dc.bytes, lane_for(t, lane));
+  if (t.to_host) device_->copy_d2h(dc.dst, dc.src, dc.bytes, lane_for(t, lane));
+  else device_->copy_h2d(dc.dst, dc.src, dc.bytes, lane_for(t, lane));
   st_direct_.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Device to host through staging. Each chunk's device side is moved into its slot on a copy
+// lane (packed on the GPU first when its device blocks are scattered), then the gather threads
+// place the slot's bytes at the host destinations. The DMAs are enqueued here, at once; a gather
+// thread notices a chunk's DMA has completed (poll_head_dma) and the chunk's pieces become
+// claimable. The caller's stream waits for the DMAs (after them the device blocks may change);
+// the handle is done when the last piece is placed.
+void EngineCore::submit_gather_to_host(const std::shared_ptr<TransferState>& t, StreamHandle stream) {
+  t->start_event = events_->get();
+  t->lane_events.resize(lanes_.size(), nullptr);
+  for (std::size_t l = 1; l < lanes_.size(); ++l) t->lane_events[l] = events_->get();
+  const Plan& p = t->plan;
+  {
+    std::unique_lock lk(submit_mutex_);
+    if (shutting_down_) throw Error(ErrorCode::kShutdown, "copy_to_host: the engine is shutting down");
+    device_->record_event(t->start_event, stream);
+    try {
+      for (std::uint32_t i = 0; i < p.direct.size(); ++i) enqueue_direct(*t, i);
+      for (std::uint32_t k = 0; k < p.chunks.size(); ++k) {
+        const std::uint32_t slot = acquire_slot();
+        Slot& s = slots_[slot];
+        Item& it = append_item(ItemKind::kChunk, t, k, slot, false);
+        const PlannedChunk& c = p.chunks[k];
+        const std::uint32_t pieces = c.piece_end - c.piece_begin;
+        it.piece_begin = c.piece_begin;
+        it.to_host = true;
+        it.dma_ready.store(false, std::memory_order_relaxed);
+        it.pieces_left.store(pieces, std::memory_order_relaxed);
+        s.timed = false;
+        try {
+          const auto lane = static_cast<std::uint32_t>(lane_rr_++ % lanes_.size());
+          StreamHandle l = lane_for(*t, lane);
+          device_->record_event(s.start, l);
+          if (c.contiguous_device) {
+            device_->copy_d2h(s.host, p.ops[c.op_begin].src, c.data_bytes, l);
+          } else {
+            // The entries go to the device staging area with the chunk's data area, then the
+            // kernel packs the device blocks there, then one DMA brings the data back.
+            auto* entries = reinterpret_cast<ScatterEntry*>(s.host + c.scatter_offset);
+            for (std::uint32_t i = c.op_begin; i < c.op_end; ++i)
+              entries[i - c.op_begin] = {reinterpret_cast<std::uint64_t>(p.ops[i].src),
+                                         p.ops[i].slot_offset, p.ops[i].bytes};
+            const std::size_t entry_bytes = (c.op_end - c.op_begin) * sizeof(ScatterEntry);
+            device_->copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, entry_bytes, l);
+            device_->gather(reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset),
+                            c.op_end - c.op_begin, s.dev, l);
+            device_->copy_d2h(s.host, s.dev, c.data_bytes, l);
+            st_scattered_.fetch_add(1, std::memory_order_relaxed);
+          }
+          device_->record_event(s.done, l);
+          s.timed = true;
+          st_chunks_.fetch_add(1, std::memory_order_relaxed);
+        } catch (...) {
+          // Nothing will arrive in the slot: let the pieces run (they place stale bytes of a
+          // failed transfer) so that the items behind keep moving.
+          it.dma_ready.store(true, std::memory_order_release);
+          s.state.store(kIssued, std::memory_order_release);
+          t->host_left.fetch_add(1, std::memory_order_relaxed);
+          publish_item(it, pieces);
+          throw;
+        }
+        s.state.store(kIssued, std::memory_order_release);
+        t->host_left.fetch_add(1, std::memory_order_relaxed);
+        publish_item(it, pieces);
+        pool_->wake();
+        trace(t->id, TraceEvent::kChunkPublished, k, pieces);
+      }
+    } catch (...) {
+      t->fail(std::current_exception());
+    }
+    finalize(*t);
+  }
+  try_issue();
+  try {
+    device_->stream_wait_event(stream, t->done_event);
+  } catch (...) {
+    t->fail(std::current_exception());
+  }
+}
+
+// The head item is a device-to-host chunk whose DMA may not have completed: one thread at a time
+// asks the device; the others find no work and park. Returns true when the chunk can be placed
+// (or its DMA failed, which its transfer then reports).
+bool EngineCore::poll_head_dma(Item& item) {
+  if (item.dma_ready.load(std::memory_order_acquire)) return true;
+  if (dma_poller_.exchange(true, std::memory_order_acq_rel)) return false;
+  bool ready = false;
+  try {
+    ready = device_->event_done(slots_[item.slot].done);
+  } catch (...) {
+    item.t->fail(std::current_exception());
+    ready = true;
+  }
+  if (ready) item.dma_ready.store(true, std::memory_order_release);
+  dma_poller_.store(false, std::memory_order_release);
+  if (ready) pool_->wake();
+  return ready;
 }
 
 // The zero-copy kernel, for its backend and for the gather backend's small transfers. The block
@@ -660,9 +766,13 @@ void EngineCore::submit_kernel(const std::shared_ptr<TransferState>& t, StreamHa
 // batch_async and per_block: the caller's stream carries the copies itself.
 void EngineCore::submit_copies(const std::shared_ptr<TransferState>& t, StreamHandle stream) {
   const std::vector<DirectCopy>& c = t->plan.direct;
+  const bool to_host = t->to_host;
   try {
     if (options_.backend == Backend::kPerBlock) {
-      for (const DirectCopy& d : c) device_->copy_h2d(d.dst, d.src, d.bytes, stream);
+      for (const DirectCopy& d : c) {
+        if (to_host) device_->copy_d2h(d.dst, d.src, d.bytes, stream);
+        else device_->copy_h2d(d.dst, d.src, d.bytes, stream);
+      }
     } else {
       // One cudaMemcpyBatchAsync per slot_bytes of blocks (at least one block each).
       thread_local std::vector<void*> dsts;
@@ -680,7 +790,7 @@ void EngineCore::submit_copies(const std::shared_ptr<TransferState>& t, StreamHa
           bytes += c[i].bytes;
           ++i;
         } while (i < c.size() && bytes + c[i].bytes <= options_.slot_bytes);
-        device_->copy_batch_h2d(dsts.data(), srcs.data(), sizes.data(), dsts.size(), stream);
+        device_->copy_batch(dsts.data(), srcs.data(), sizes.data(), dsts.size(), to_host, stream);
         st_chunks_.fetch_add(1, std::memory_order_relaxed);
       }
     }
@@ -696,7 +806,7 @@ void EngineCore::submit_copies(const std::shared_ptr<TransferState>& t, StreamHa
 // The gather threads (and submitters, when they help) take pieces in publication order: the
 // first unclaimed piece of the earliest item that has one. A claim is one compare-and-swap on
 // the item's claim word, whose sequence number makes a stale claim on a reused item fail.
-bool EngineCore::run_next_piece() {
+bool EngineCore::run_next_piece(bool may_poll) {
   for (;;) {
     std::uint64_t h = gather_head_.load(std::memory_order_acquire);
     if (h >= tail_.load(std::memory_order_acquire)) return false;
@@ -709,6 +819,14 @@ bool EngineCore::run_next_piece() {
       gather_head_.compare_exchange_weak(h, h + 1, std::memory_order_acq_rel);
       continue;
     }
+    if (it.to_host && !it.dma_ready.load(std::memory_order_acquire) && !may_poll) return false;
+    if (it.to_host && !poll_head_dma(it)) {
+      // The chunk's bytes are not in the slot yet. The polling thread keeps looking (it counts
+      // as busy, so it does not park); the others have nothing to do.
+      if (dma_poller_.load(std::memory_order_acquire)) return false;
+      std::this_thread::yield();
+      return true;
+    }
     if (!it.claim.compare_exchange_weak(c, c + kClaimOne, std::memory_order_acq_rel)) continue;
     run_piece(it, it.piece_begin + next);
     return true;
@@ -719,7 +837,10 @@ void EngineCore::gather_piece(const Item& item, std::uint32_t piece) {
   const Plan& p = item.t->plan;
   const PlannedPiece& pc = p.pieces[piece];
   const auto t0 = Clock::now();
-  gather_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, slots_[item.slot].host, store_kind_);
+  if (item.to_host)
+    scatter_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, slots_[item.slot].host, store_kind_);
+  else
+    gather_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, slots_[item.slot].host, store_kind_);
   st_gather_ns_.fetch_add(ns_since(t0), std::memory_order_relaxed);
 }
 
@@ -730,7 +851,10 @@ void EngineCore::run_piece(Item& item, std::uint32_t piece) {
   trace(id, TraceEvent::kPieceEnd, chunk, piece);
   // The thread that completes a chunk's last piece issues it (or hands it to the issuer).
   if (item.pieces_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    if (preissue_) {
+    if (item.to_host) {
+      TransferState& t = *item.t;
+      if (t.host_left.fetch_sub(1, std::memory_order_acq_rel) == 1) t.host_left.notify_all();
+    } else if (preissue_) {
       device_->signal_value(slots_[item.slot].flag, item.flag_value);  // the DMA may start
       trace(id, TraceEvent::kChunkIssued, chunk,
             static_cast<std::uint32_t>(item.t->plan.chunks[chunk].data_bytes));
@@ -809,7 +933,9 @@ void EngineCore::enqueue_chunk(TransferState& t, std::uint32_t index, std::uint3
 }
 
 void EngineCore::issue_chunk(Item& item) {
-  if (preissue_) return;  // enqueued at submission; the flag was set when the chunk was gathered
+  // Enqueued at submission: device-to-host chunks always, the others with preissue (their flag
+  // was set when the chunk was gathered).
+  if (preissue_ || item.to_host) return;
   TransferState& t = *item.t;
   Slot& s = slots_[item.slot];
   s.timed = false;
@@ -865,6 +991,10 @@ void EngineCore::wait(TransferState& t) {
   } catch (...) {
     t.fail(std::current_exception());
   }
+  // Device to host: the gather threads place the last bytes after the DMAs.
+  for (std::uint32_t left = t.host_left.load(std::memory_order_acquire); left != 0;
+       left = t.host_left.load(std::memory_order_acquire))
+    t.host_left.wait(left, std::memory_order_acquire);
   t.complete.store(true, std::memory_order_release);
 }
 
@@ -876,6 +1006,7 @@ bool EngineCore::poll(TransferState& t) {
   } catch (...) {
     t.fail(std::current_exception());
   }
+  if (t.host_left.load(std::memory_order_acquire) != 0) return false;
   t.complete.store(true, std::memory_order_release);
   return true;
 }

@@ -93,6 +93,9 @@ struct TransferState {
   EventHandle trace_start = nullptr;
   std::uint64_t trace_start_ns = 0;
   std::vector<std::pair<std::uint32_t, EventHandle>> trace_dma;
+  // Device to host through staging: chunks whose bytes the gather threads have yet to place.
+  bool to_host = false;
+  std::atomic<std::uint32_t> host_left{0};
   std::atomic<bool> finalized{false};
   std::atomic<bool> complete{false};
   std::mutex error_mutex;
@@ -112,7 +115,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   static EngineCore& of(Engine& engine) { return *engine.core_; }
 
   ~EngineCore();
-  Transfer submit(std::span<const BlockCopy> blocks, StreamHandle stream);
+  Transfer submit(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction);
   EngineStats stats() const;
   const EngineOptions& options() const { return options_; }
   Device& device() { return *device_; }
@@ -152,6 +155,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     std::uint32_t slot = 0;
     std::uint32_t piece_begin = 0;
     std::uint64_t flag_value = 0;  // the slot flag's value once this chunk is gathered
+    bool to_host = false;          // a device-to-host chunk: pieces place staged bytes
+    std::atomic<bool> dma_ready{true};  // to_host: the chunk's DMA into the slot has completed
     // Claim word of the pool: item sequence (32 bits) | next piece (16) | pieces (16).
     std::atomic<std::uint64_t> claim{0};
     std::atomic<std::uint32_t> pieces_left{0};
@@ -166,10 +171,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Item& append_item(ItemKind kind, const std::shared_ptr<TransferState>& t, std::uint32_t index,
                     std::uint32_t slot, bool ready);
   void publish_item(Item& item, std::uint32_t pieces);
-  bool run_next_piece();
+  bool run_next_piece(bool may_poll = true);
   void run_piece(Item& item, std::uint32_t piece);
   void gather_piece(const Item& item, std::uint32_t piece);
   void submit_gather(const std::shared_ptr<TransferState>& t, StreamHandle stream);
+  void submit_gather_to_host(const std::shared_ptr<TransferState>& t, StreamHandle stream);
+  bool poll_head_dma(Item& item);
   void submit_kernel(const std::shared_ptr<TransferState>& t, StreamHandle stream);
   void submit_copies(const std::shared_ptr<TransferState>& t, StreamHandle stream);
   void trace(std::uint32_t transfer, TraceEvent::What what, std::uint32_t a = 0, std::uint32_t b = 0,
@@ -212,6 +219,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::atomic<std::uint64_t> tail_{0};    // items published
   std::atomic<std::uint64_t> issued_{0};  // items issued to the device, in order
   std::atomic<std::uint64_t> gather_head_{0};  // first item that may have unclaimed pieces
+  std::atomic<bool> dma_poller_{false};  // a thread is polling the head item's device-to-host DMA
   std::atomic<bool> issuing_{false};      // the issue baton
   std::atomic<int> tail_waiters_{0};
   std::uint64_t lane_rr_ = 0;             // issuer only

@@ -65,4 +65,14 @@ void gather_ops(const Op* ops, std::size_t count, std::byte* base, StoreKind kin
   if (kind == StoreKind::kNonTemporal) store_fence();
 }
 
+// The reverse, for device-to-host transfers: each op's bytes from `base + slot_offset` (a staging
+// slot the DMA has just filled) to its host destination `dst`. The slot is read in order, which
+// the hardware prefetcher follows; destinations are written with streaming stores by default,
+// since a swapped-out KV block is not read again soon.
+template <class Op>
+void scatter_ops(const Op* ops, std::size_t count, const std::byte* base, StoreKind kind) noexcept {
+  for (std::size_t i = 0; i < count; ++i) copy_block(ops[i].dst, base + ops[i].slot_offset, ops[i].bytes, kind);
+  if (kind == StoreKind::kNonTemporal) store_fence();
+}
+
 }  // namespace gfd::detail

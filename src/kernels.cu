@@ -5,12 +5,17 @@ namespace {
 
 // One thread block per entry (grid-stride over entries): KV blocks are 1-64 KB, so a block of
 // 256 threads moving 16 bytes each covers 4 KB per iteration with fully coalesced accesses.
-__global__ void scatter_kernel(const ScatterEntry* __restrict__ entries, std::uint32_t count,
-                               const unsigned char* __restrict__ staging) {
+// The same kernel scatters a staged chunk to its device destinations and gathers scattered
+// device sources into staging.
+// kToStaging = false: staging -> device addresses (scatter); true: device addresses -> staging.
+template <bool kToStaging>
+__global__ void move_kernel(const ScatterEntry* __restrict__ entries, std::uint32_t count,
+                            unsigned char* __restrict__ staging) {
   for (std::uint32_t e = blockIdx.x; e < count; e += gridDim.x) {
     const ScatterEntry en = entries[e];
-    const unsigned char* src = staging + en.src_offset;
-    unsigned char* dst = reinterpret_cast<unsigned char*>(en.dst);
+    unsigned char* device = reinterpret_cast<unsigned char*>(en.dst);
+    const unsigned char* src = kToStaging ? device : staging + en.src_offset;
+    unsigned char* dst = kToStaging ? staging + en.src_offset : device;
     const std::uint64_t n = en.bytes;
     if (((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) & 15) == 0) {
       const std::uint64_t n16 = n / 16;
@@ -82,8 +87,16 @@ cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, con
                            cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   const unsigned grid = count < 65535u ? count : 65535u;
-  scatter_kernel<<<grid, 256, 0, stream>>>(entries, count,
-                                           static_cast<const unsigned char*>(staging));
+  move_kernel<false><<<grid, 256, 0, stream>>>(
+      entries, count, const_cast<unsigned char*>(static_cast<const unsigned char*>(staging)));
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
+                          cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const unsigned grid = count < 65535u ? count : 65535u;
+  move_kernel<true><<<grid, 256, 0, stream>>>(entries, count, static_cast<unsigned char*>(staging));
   return cudaGetLastError();
 }
 
@@ -102,7 +115,8 @@ cudaError_t preload_kernels() {
   // that synchronises the context, which deadlocks while a caller's stream waits for a transfer
   // whose kernel is being launched.
   cudaFuncAttributes a{};
-  cudaError_t e = cudaFuncGetAttributes(&a, scatter_kernel);
+  cudaError_t e = cudaFuncGetAttributes(&a, move_kernel<false>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, move_kernel<true>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, delay_kernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, zero_copy_kernel);
   return e;

@@ -12,6 +12,10 @@ namespace gfd::detail {
 // Places each entry's bytes from `staging` to its destination.
 cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                            cudaStream_t stream);
+// Packs each entry's device bytes (entry.dst holds the device address) into `staging` at the
+// entry's offset: the device side of a device-to-host transfer with scattered sources.
+cudaError_t launch_gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
+                          cudaStream_t stream);
 // Copies each entry from pinned host memory to device memory, reading through unified
 // addressing; the grid is sized from `sm_count`.
 cudaError_t launch_zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, int sm_count,

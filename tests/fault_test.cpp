@@ -173,7 +173,7 @@ TEST_P(EmulatedFaultTest, ConcurrentTransfersAndDestructionDuringAFaultNeverHang
 INSTANTIATE_TEST_SUITE_P(
     Backends, EmulatedFaultTest,
     ::testing::Values(FaultCase{Backend::kGather, false, "copy_h2d"}, FaultCase{Backend::kGather, true, "scatter"},
-                      FaultCase{Backend::kBatchAsync, true, "copy_batch_h2d"},
+                      FaultCase{Backend::kBatchAsync, true, "copy_batch"},
                       FaultCase{Backend::kPerBlock, true, "copy_h2d"},
                       FaultCase{Backend::kZeroCopyKernel, true, "zero_copy"}),
     [](const auto& info) {

@@ -28,7 +28,8 @@ class Transfer {
  public:
   Transfer() = default;
 
-  /// True once every byte is in place on the GPU, or the transfer has failed. Never blocks.
+  /// True once every byte is in place (on the GPU, or in host memory for copy_to_host), or the
+  /// transfer has failed. Never blocks.
   bool done() const;
   /// Blocks until done(); throws the transfer's gfd::Error if it failed.
   void wait() const;
@@ -87,6 +88,15 @@ class Engine {
   /// for a DMA to finish except to reuse a staging slot when the ring is full. Source blocks
   /// must stay unchanged until the returned handle is done.
   Transfer copy_to_device(std::span<const BlockCopy> blocks, cudaStream_t stream);
+
+  /// Copies every block from this engine's GPU to host memory (pinned or pageable), ordered on
+  /// `stream`: the copies start only after work already queued on `stream`, and work queued on
+  /// `stream` afterwards may overwrite the source blocks (the device has finished reading them).
+  /// The handle is done only when every byte is in host memory. Validation as for
+  /// copy_to_device (sources must be device memory of this GPU, destinations host memory). With
+  /// the gather backend, scattered device blocks are packed on the GPU into staging, moved in
+  /// large DMAs and placed by the gather threads; the call returns once everything is enqueued.
+  Transfer copy_to_host(std::span<const BlockCopy> blocks, cudaStream_t stream);
 
   /// Counters since creation.
   EngineStats stats() const;
