@@ -678,12 +678,12 @@ void EngineCore::submit_gather_to_host(const std::shared_ptr<TransferState>& t, 
           // Nothing will arrive in the slot: let the pieces run (they place stale bytes of a
           // failed transfer) so that the items behind keep moving.
           it.dma_ready.store(true, std::memory_order_release);
-          s.state.store(kIssued, std::memory_order_release);
           t->host_left.fetch_add(1, std::memory_order_relaxed);
           publish_item(it, pieces);
           throw;
         }
-        s.state.store(kIssued, std::memory_order_release);
+        // The slot stays taken (kGathering) until its bytes are placed, not just until the DMA
+        // has filled it: the last piece frees it (run_piece).
         t->host_left.fetch_add(1, std::memory_order_relaxed);
         publish_item(it, pieces);
         pool_->wake();
@@ -852,6 +852,9 @@ void EngineCore::run_piece(Item& item, std::uint32_t piece) {
   // The thread that completes a chunk's last piece issues it (or hands it to the issuer).
   if (item.pieces_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     if (item.to_host) {
+      Slot& s = slots_[item.slot];
+      s.state.store(kIssued, std::memory_order_release);  // placed: the slot may be reused
+      s.state.notify_all();
       TransferState& t = *item.t;
       if (t.host_left.fetch_sub(1, std::memory_order_acq_rel) == 1) t.host_left.notify_all();
     } else if (preissue_) {

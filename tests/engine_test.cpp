@@ -294,6 +294,129 @@ TEST_P(EngineTest, DestroyingEngineWithTransfersInFlightDrainsThem) {
   expect_landed(blocks, dst);
 }
 
+// ---- device to host ------------------------------------------------------------------------
+
+// Device blocks (scattered or in order) to scattered host blocks, every size and alignment kind;
+// pageable host memory except where the backend needs it pinned.
+TEST_P(EngineTest, CopyToHostPlacesEveryByte) {
+  Engine engine = td_->make_engine(options());
+  std::mt19937_64 rng(90);
+  DeviceBuffer src(dev(), 4 << 20);
+  HostBuffer init(dev(), src.size(), true);
+  fill_random(init.data(), init.size(), 91);
+  dev().copy_h2d(src.data(), init.data(), src.size(), td_->stream);
+  dev().stream_sync(td_->stream);
+  HostBuffer out(dev(), 16 << 20, pinned_sources());
+  for (int round = 0; round < 4; ++round) {
+    std::memset(out.data(), 0, out.size());
+    std::vector<BlockCopy> blocks;
+    const bool scattered = round % 2 == 1;
+    std::size_t s = 0;
+    while (true) {
+      const std::size_t size = round < 2 ? 4096 : 1 + rng() % 30000;
+      if (s + size > src.size()) break;
+      blocks.push_back({src.data() + s, nullptr, size});
+      s += size + (scattered ? rng() % 4096 : 0);
+    }
+    // Host destinations: a shuffled, non-overlapping layout with gaps.
+    std::vector<std::size_t> order(blocks.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::size_t d = 0;
+    for (std::size_t i : order) {
+      blocks[i].dst = out.data() + d;
+      d += blocks[i].bytes + rng() % 64;
+    }
+    ASSERT_LE(d, out.size());
+    engine.copy_to_host(blocks, td_->cuda_stream()).wait();
+    std::size_t bad = 0;
+    for (const BlockCopy& b : blocks)
+      bad += std::memcmp(b.dst, init.data() + (static_cast<const std::byte*>(b.src) - src.data()), b.bytes) != 0;
+    EXPECT_EQ(bad, 0u) << "round " << round << ": blocks that differ of " << blocks.size();
+  }
+}
+
+// The device has read the blocks when work queued after the call runs: overwriting them on the
+// same stream cannot change what arrives in host memory.
+TEST_P(EngineTest, CopyToHostReadsBeforeLaterWorkOnTheStream) {
+  Engine engine = td_->make_engine(options());
+  DeviceBuffer src(dev(), 1 << 20);
+  HostBuffer init(dev(), src.size(), true);
+  fill_random(init.data(), init.size(), 92);
+  dev().copy_h2d(src.data(), init.data(), src.size(), td_->stream);
+  HostBuffer out(dev(), 2 << 20, pinned_sources());
+  std::vector<BlockCopy> blocks;
+  for (std::size_t i = 0; i < 256; ++i)
+    blocks.push_back({src.data() + ((i * 37) % 256) * 4096, out.data() + i * 8192, 4096});
+  dev().delay_async(20000, td_->stream);  // the copies start after this and the upload above
+  Transfer t = engine.copy_to_host(blocks, td_->cuda_stream());
+  dev().memset_async(src.data(), 0xEE, src.size(), td_->stream);
+  t.wait();
+  dev().stream_sync(td_->stream);
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    ASSERT_EQ(std::memcmp(blocks[i].dst, init.data() + ((i * 37) % 256) * 4096, 4096), 0) << "block " << i;
+}
+
+// Swap out, overwrite the device, swap back in: the device holds the original bytes again.
+TEST_P(EngineTest, SwapOutAndBackInRoundTrips) {
+  Engine engine = td_->make_engine(options());
+  DeviceBuffer cache(dev(), 512 * 4096);
+  HostBuffer init(dev(), cache.size(), true);
+  fill_random(init.data(), init.size(), 93);
+  dev().copy_h2d(cache.data(), init.data(), cache.size(), td_->stream);
+  HostBuffer pool(dev(), 8 << 20, pinned_sources());
+  std::vector<BlockCopy> out, in;
+  for (std::size_t i = 0; i < 300; ++i) {
+    std::byte* slot = pool.data() + ((i * 7919) % 1000) * 8192;
+    out.push_back({cache.data() + i * 4096, slot, 4096});
+    in.push_back({slot, cache.data() + i * 4096, 4096});
+  }
+  engine.copy_to_host(out, td_->cuda_stream()).wait();
+  td_->fill(cache.data(), 0x11, cache.size());
+  engine.copy_to_device(in, td_->cuda_stream()).wait();
+  const auto got = td_->read(cache.data(), cache.size());
+  EXPECT_EQ(std::memcmp(got.data(), init.data(), 300 * 4096), 0);
+}
+
+TEST_P(EngineTest, CopyToHostBadInputIsRejectedNamingTheBlock) {
+  Engine engine = td_->make_engine(options());
+  DeviceBuffer src(dev(), 64 * 4096), dst_dev(dev(), 4096);
+  HostBuffer out(dev(), 1 << 20, pinned_sources());
+  HostBuffer pageable(dev(), 1 << 16, false);
+  auto good = [&] {
+    std::vector<BlockCopy> v;
+    for (std::size_t i = 0; i < 16; ++i) v.push_back({src.data() + i * 4096, out.data() + i * 8192, 4096});
+    return v;
+  };
+  struct Case {
+    std::size_t block;
+    BlockCopy b;
+    std::string needle;
+  };
+  std::vector<Case> cases = {
+      {3, {out.data(), out.data() + 3 * 8192, 4096}, "source"},                       // host source
+      {4, {src.data() + 4 * 4096, dst_dev.data(), 4096}, "needs a host destination"},  // device dst
+      {5, {src.data() + 60 * 4096 + 1, out.data() + 5 * 8192, 4 * 4096}, "past the end"},
+      {6, {src.data(), out.data() + 5 * 8192 + 100, 4096}, "overlaps block 5"},
+  };
+  if (backend() == Backend::kZeroCopyKernel)
+    cases.push_back({7, {src.data(), pageable.data(), 4096}, "needs pinned host memory"});
+  for (const Case& c : cases) {
+    auto v = good();
+    v[c.block] = c.b;
+    try {
+      engine.copy_to_host(v, td_->cuda_stream());
+      ADD_FAILURE() << "accepted: " << c.needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(e.block(), c.block) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << e.what();
+    }
+  }
+  const auto ok = good();
+  engine.copy_to_host(ok, td_->cuda_stream()).wait();
+}
+
 // ---- bad input: each is rejected whole, copies nothing and leaves the engine usable ----------
 struct BadCase {
   const char* name;
