@@ -1,6 +1,6 @@
 // Stress: many threads submit random transfers at once and every byte of every transfer is
-// checked. Random block counts, sizes and alignments; contiguous and scattered destinations;
-// pinned and pageable sources; transfers larger than the staging ring. Short by default (CI);
+// checked. Both directions; random block counts, sizes and alignments; contiguous and scattered
+// destinations; pinned and pageable host memory; transfers larger than the staging ring. Short by default (CI);
 // GFD_STRESS_REQUESTS sets the number of requests (the long run uses 100000) and
 // GFD_STRESS_THREADS the submitting threads (default 8). It prints the requests, bytes,
 // mismatches and the longest wait of one request.
@@ -56,6 +56,9 @@ TEST_P(StressTest, RandomTransfersFromManyThreadsLandExactly) {
   fill_random(pinned.data(), kPool, 70);
   fill_random(pageable.data(), kPool, 71);
   DeviceBuffer dst(dev, kRegion * static_cast<std::size_t>(threads));
+  // Device to host: each thread's host landing areas, pinned and pageable.
+  HostBuffer out_pinned(dev, kRegion * static_cast<std::size_t>(threads), true);
+  HostBuffer out_pageable(dev, kRegion * static_cast<std::size_t>(threads), false);
 
   std::atomic<long> next{0}, done{0}, mismatches{0}, failures{0};
   std::atomic<std::uint64_t> bytes{0}, longest_ns{0};
@@ -85,10 +88,25 @@ TEST_P(StressTest, RandomTransfersFromManyThreadsLandExactly) {
       }
       if (blocks.empty()) continue;
       if (rng() % 2) std::shuffle(blocks.begin(), blocks.end(), rng);
-      dev.memset_async(region, 0, kRegion, s);
+      const bool to_host = rng() % 3 == 0;
+      std::byte* out = nullptr;
+      if (to_host) {
+        // The same layout the other way round: the region first gets the pool's bytes, then the
+        // blocks go back to a host landing area at the same offsets.
+        out = (rng() % 2 ? out_pinned.data() : out_pageable.data()) + kRegion * static_cast<std::size_t>(t);
+        for (BlockCopy& b : blocks) {
+          dev.copy_h2d(b.dst, b.src, b.bytes, s);
+          const std::size_t off = static_cast<std::byte*>(b.dst) - region;
+          b = {b.dst, out + off, b.bytes};
+        }
+        std::memset(out, 0, kRegion);
+      } else {
+        dev.memset_async(region, 0, kRegion, s);
+      }
       const auto t0 = std::chrono::steady_clock::now();
       try {
-        engine.copy_to_device(blocks, static_cast<cudaStream_t>(s)).wait();
+        if (to_host) engine.copy_to_host(blocks, static_cast<cudaStream_t>(s)).wait();
+        else engine.copy_to_device(blocks, static_cast<cudaStream_t>(s)).wait();
       } catch (const std::exception& e) {
         ++failures;
         std::lock_guard lk(report);
@@ -99,15 +117,21 @@ TEST_P(StressTest, RandomTransfersFromManyThreadsLandExactly) {
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
       for (std::uint64_t cur = longest_ns.load(); ns > cur && !longest_ns.compare_exchange_weak(cur, ns);) {
       }
+      // Check against the device region's bytes (read back) both ways.
       dev.copy_d2h(back.data(), region, kRegion, s);
       dev.stream_sync(s);
-      for (const BlockCopy& b : blocks)
-        if (std::memcmp(back.data() + (static_cast<std::byte*>(b.dst) - region), b.src, b.bytes) != 0) {
+      for (const BlockCopy& b : blocks) {
+        const bool same =
+            to_host ? std::memcmp(b.dst, back.data() + (static_cast<const std::byte*>(b.src) - region), b.bytes) == 0
+                    : std::memcmp(back.data() + (static_cast<std::byte*>(b.dst) - region), b.src, b.bytes) == 0;
+        if (!same) {
           ++mismatches;
           std::lock_guard lk(report);
-          ADD_FAILURE() << "thread " << t << ": a block of " << b.bytes << " bytes differs";
+          ADD_FAILURE() << "thread " << t << ": a block of " << b.bytes << " bytes differs ("
+                        << (to_host ? "to host" : "to device") << ")";
           break;
         }
+      }
       bytes += total;
       ++done;
     }
