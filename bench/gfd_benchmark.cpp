@@ -51,6 +51,9 @@ const std::map<std::string, std::string> kFlags = {
     {"under-load", "        also measure each backend while a compute kernel fills every SM"},
     {"trace", "             print the gather pipeline's timeline of the median transfer"},
     {"host-load-probe", "   only measure the contiguous DMA while 0 to 15 threads copy host memory"},
+    {"direction", "=D       h2d (host to device, default) or d2h (device to host); --dst then names the\n"
+                  "                   device side's layout"},
+    {"pageable", "          host blocks in pageable memory (not registered); zero_copy_kernel skipped"},
     {"help", "              this text"},
 };
 
@@ -79,7 +82,7 @@ class Bench {
  public:
   std::shared_ptr<detail::Device> dev;
   detail::StreamHandle stream = nullptr;
-  bool host_only = false, warm = false, trace = false;
+  bool host_only = false, warm = false, trace = false, to_host = false;
   int iters = 30, warmup = 5;
   std::size_t batch = 1;
   std::unique_ptr<Pool> pool;
@@ -93,7 +96,8 @@ class Bench {
     std::vector<double> us;
     for (int i = 0; i < warmup + iters; ++i) {
       const auto t0 = Clock::now();
-      dev->copy_h2d(dst, ref_src, bytes, stream);
+      if (to_host) dev->copy_d2h(ref_src, dst, bytes, stream);
+      else dev->copy_h2d(dst, ref_src, bytes, stream);
       dev->stream_sync(stream);
       if (i >= warmup) us.push_back(since_us(t0));
     }
@@ -117,24 +121,37 @@ class Bench {
     for (auto& blocks : b.sets) {
       const auto src = b.picker.pick(blocks.size());
       if (scattered) std::shuffle(b.dst_pages.begin(), b.dst_pages.end(), b.rng);
-      for (std::size_t i = 0; i < blocks.size(); ++i)
-        blocks[i] = {pool->data + src[i], dst + (scattered ? b.dst_pages[i] : i) * size, size};
+      for (std::size_t i = 0; i < blocks.size(); ++i) {
+        std::byte* host = pool->data + src[i];
+        std::byte* device = dst + (scattered ? b.dst_pages[i] : i) * size;
+        blocks[i] = to_host ? BlockCopy{device, host, size} : BlockCopy{host, device, size};
+      }
     }
   }
 
-  // Clears the destination, moves one fresh set and compares every byte on the GPU.
+  // One transfer in the configured direction; device-to-host handles are waited on by callers.
+  Transfer submit(Engine& engine, const std::vector<BlockCopy>& blocks) {
+    const auto s = static_cast<cudaStream_t>(stream);
+    return to_host ? engine.copy_to_host(blocks, s) : engine.copy_to_device(blocks, s);
+  }
+
+  // Moves one fresh set and compares every byte: to the device, against the host blocks with the
+  // device area cleared first; to the host, against the device area (given fresh bytes first).
   bool verify(Engine& engine, Blocks& b, std::size_t size, bool scattered) {
     const std::size_t span = 2 * b.sets[0].size() * size;
-    dev->memset_async(dst, 0, span, stream);
+    if (to_host) dev->copy_h2d(dst, ref_src, std::min(span, max_bytes), stream);
+    else dev->memset_async(dst, 0, span, stream);
     refill(b, size, scattered);
     const std::vector<BlockCopy>& blocks = b.sets[0];
-    engine.copy_to_device(blocks, static_cast<cudaStream_t>(stream)).wait();
+    submit(engine, blocks).wait();
     std::vector<std::byte> back(span);
     dev->copy_d2h(back.data(), dst, span, stream);
     dev->stream_sync(stream);
-    for (std::size_t i = 0; i < blocks.size(); ++i)
-      if (std::memcmp(back.data() + (static_cast<std::byte*>(blocks[i].dst) - dst), blocks[i].src, size) != 0)
-        return false;
+    for (const BlockCopy& c : blocks) {
+      const std::byte* device = static_cast<const std::byte*>(to_host ? c.src : c.dst);
+      const void* host = to_host ? c.dst : c.src;
+      if (std::memcmp(back.data() + (device - dst), host, size) != 0) return false;
+    }
     return true;
   }
 
@@ -153,9 +170,12 @@ class Bench {
         if (trace && be.backend == Backend::kGather) core.start_trace(1 << 20);
       }
       const auto t0 = Clock::now();
-      for (const auto& set : b.sets) be.engine.copy_to_device(set, static_cast<cudaStream_t>(stream));
+      std::vector<Transfer> handles;
+      for (const auto& set : b.sets) handles.push_back(submit(be.engine, set));
       const double sub = since_us(t0);
-      dev->stream_sync(stream);  // the stream waits for the transfers: the data is on the GPU
+      // To the device the stream's completion means the data is there; to the host the handle's.
+      for (Transfer& h : handles) h.wait();
+      dev->stream_sync(stream);
       if (i >= warmup) {
         us.push_back(since_us(t0) / static_cast<double>(batch));
         submit_us.push_back(sub / static_cast<double>(batch));
@@ -427,6 +447,10 @@ int main(int argc, char** argv) try {
   bench.warm = flags.has("warm");
   bench.trace = flags.has("trace");
   bench.batch = static_cast<std::size_t>(std::max<long long>(1, flags.get_int("batch", 1)));
+  const std::string direction = flags.get("direction", "h2d");
+  if (direction != "h2d" && direction != "d2h") throw std::invalid_argument("--direction must be h2d or d2h");
+  bench.to_host = direction == "d2h";
+  const bool pageable = flags.has("pageable");
   const int device = static_cast<int>(flags.get_int("device", 0));
   const std::string dst_mode = flags.get("dst", "contiguous");
   if (dst_mode != "contiguous" && dst_mode != "scattered" && dst_mode != "both")
@@ -472,6 +496,8 @@ int main(int argc, char** argv) try {
   d.make_current();
   bench.stream = d.create_stream();
 
+  if (pageable && std::erase(backends, Backend::kZeroCopyKernel) > 0)
+    std::printf("--pageable: zero_copy_kernel needs pinned host memory and is skipped.\n");
   std::vector<BackendEngine> engines;
   for (Backend b : backends) {
     EngineOptions eo = EngineOptions::from_env();
@@ -496,13 +522,15 @@ int main(int argc, char** argv) try {
                   format_size(o.piece_bytes).c_str(), o.nontemporal_stores ? "streaming" : "normal",
                   format_size(o.kernel_max_bytes).c_str());
   }
+  std::printf("direction: %s, host blocks %s\n", bench.to_host ? "device to host" : "host to device",
+              pageable ? "pageable" : "pinned");
   std::printf("device: %s | sources: %s, pool %s (L3 %s), 2x block stride | %d timed reps after %d warm-up\n",
               bench.host_only ? "emulated (host-only)" : ("CUDA " + std::to_string(d.ordinal())).c_str(),
               bench.warm ? "warm (same blocks every rep)" : "cold (fresh random blocks every rep)",
               format_size(pool_bytes).c_str(), format_size(l3_bytes()).c_str(), bench.iters, bench.warmup);
 
   bench.pool = std::make_unique<Pool>(pool_bytes);
-  d.register_host(bench.pool->data, bench.pool->bytes);  // pinned, as a serving runtime's KV pool is
+  if (!pageable) d.register_host(bench.pool->data, bench.pool->bytes);  // pinned, as a KV pool usually is
   {
     void* p = nullptr;
     if (posix_memalign(&p, 1 << 21, bench.max_bytes) != 0) throw std::bad_alloc();
@@ -517,7 +545,7 @@ int main(int argc, char** argv) try {
     d.free_device(bench.dst);
     d.unregister_host(bench.ref_src);
     free(bench.ref_src);
-    d.unregister_host(bench.pool->data);
+    if (!pageable) d.unregister_host(bench.pool->data);
     d.destroy_stream(bench.stream);
   };
   if (flags.has("host-load-probe")) {
@@ -549,7 +577,9 @@ int main(int argc, char** argv) try {
       }
     }
   }
-  if (flags.has("under-load") && !bench.host_only) {
+  if (flags.has("under-load") && bench.to_host)
+    std::printf("--under-load measures host-to-device transfers only: skipped with --direction d2h.\n");
+  if (flags.has("under-load") && !bench.host_only && !bench.to_host) {
     const auto [n, size] = flags.has("blocks") || flags.has("block-sizes") ? grid.front()
                                                                           : std::pair<std::size_t, std::size_t>{2048, 4096};
     if (!ref_rates.count({n, size})) ref_rates[{n, size}] = gbps(n * size, bench.reference(n * size).p50);
@@ -569,7 +599,8 @@ int main(int argc, char** argv) try {
                 st.submit_wait_seconds, bench.host_only ? " [host-only]" : "");
   }
 
-  const std::string label = bench.host_only ? "host-only" : "gpu";
+  const std::string label = std::string(bench.host_only ? "host-only" : "gpu") + (pageable ? "-pageable" : "");
+  const char* dir = bench.to_host ? "d2h" : "h2d";
   const char* sources = bench.warm ? "warm" : "cold";
   auto slowdown = [](const Row& r) { return r.slowdown >= -0.5 ? std::to_string(r.slowdown) : std::string(); };
   if (flags.has("csv")) {
@@ -577,14 +608,14 @@ int main(int argc, char** argv) try {
     f << "mode,sources,direction,load,blocks,block_size,dst,backend,p50_us,p90_us,p50_gbps,p90_gbps,ref_gbps,"
          "ratio_p50,ratio_p90,cpu_s_per_gb,threads,compute_slowdown,verified\n";
     for (const Row& r : rows)
-      f << label << ',' << sources << ",h2d," << r.load << ',' << r.n << ',' << r.size << ',' << r.dst << ','
+      f << label << ',' << sources << ',' << dir << ',' << r.load << ',' << r.n << ',' << r.size << ',' << r.dst << ','
         << r.backend << ',' << r.us.p50 << ',' << r.us.p90 << ',' << r.p50_gbps() << ',' << r.p90_gbps() << ','
         << r.ref_gbps << ',' << r.p50_gbps() / r.ref_gbps << ',' << r.p90_gbps() / r.ref_gbps << ','
         << r.cpu_s_per_gb << ',' << r.threads << ',' << slowdown(r) << ',' << (r.verified ? 1 : 0) << '\n';
   }
   if (flags.has("json")) {
     std::ofstream f(flags.get("json"));
-    f << "{\"mode\":\"" << label << "\",\"sources\":\"" << sources << "\",\"direction\":\"h2d\",\"rows\":[";
+    f << "{\"mode\":\"" << label << "\",\"sources\":\"" << sources << "\",\"direction\":\"" << dir << "\",\"rows\":[";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       f << (i ? "," : "") << "{\"blocks\":" << r.n << ",\"block_size\":" << r.size << ",\"dst\":\"" << r.dst

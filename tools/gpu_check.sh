@@ -8,6 +8,7 @@
 #                              small-request latency, under-load
 #   tools/gpu_check.sh probe   quick + the DMA rate under host memory load, and the gather
 #                              thread count for 2048 and 16384 blocks
+#   tools/gpu_check.sh swap    quick + device-to-host and pageable-memory runs of every backend
 #   tools/gpu_check.sh multi   quick + gfd_multi_gpu_benchmark (cold, warm) and its charts, for a
 #                              machine with several GPUs
 #   tools/gpu_check.sh reliability  ctest, the long stress run (100000 requests), the CUDA
@@ -102,6 +103,14 @@ if [ "$MODE" = probe ]; then
   timeout 150 build-gpu/bench/micro_ring --benchmark_min_time=0.1 > "$OUT/micro_ring.log" 2>&1
   summary "== micro_ring: rc=$?"
   grep -E "^BM_" "$OUT/micro_ring.log" >> "$OUT/summary.txt"
+fi
+if [ "$MODE" = swap ]; then
+  # Device to host and pageable host memory (issue 6): every backend, 2048 x 4 KB.
+  run_bench d2h_cold --quick --direction d2h
+  run_bench d2h_scattered --quick --direction d2h --dst scattered --trace --backends gather
+  run_bench h2d_pageable --quick --pageable
+  run_bench d2h_pageable --quick --direction d2h --pageable
+  run_bench d2h_sweep --direction d2h
 fi
 if [ "$MODE" = multi ]; then
   { nvidia-smi topo -m; numactl -H 2>/dev/null || lscpu | grep -i numa; } > "$OUT/topology.txt" 2>&1
