@@ -5,5 +5,6 @@
 #include "gfd/engine.hpp"
 #include "gfd/error.hpp"
 #include "gfd/group.hpp"
+#include "gfd/kv_cache.hpp"
 #include "gfd/options.hpp"
 #include "gfd/types.hpp"
