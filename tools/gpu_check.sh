@@ -111,6 +111,8 @@ if [ "$MODE" = swap ]; then
   run_bench h2d_pageable --quick --pageable
   run_bench d2h_pageable --quick --direction d2h --pageable
   run_bench d2h_sweep --direction d2h
+  timeout 60 build-gpu/examples/kv_swap > "$OUT/kv_swap.log" 2>&1
+  summary "== kv_swap example: rc=$? $(tail -1 "$OUT/kv_swap.log")"
 fi
 if [ "$MODE" = multi ]; then
   { nvidia-smi topo -m; numactl -H 2>/dev/null || lscpu | grep -i numa; } > "$OUT/topology.txt" 2>&1
