@@ -680,6 +680,7 @@ void EngineCore::submit_gather_to_host(const std::shared_ptr<TransferState>& t, 
           it.dma_ready.store(true, std::memory_order_release);
           t->host_left.fetch_add(1, std::memory_order_relaxed);
           publish_item(it, pieces);
+          pool_->wake();
           throw;
         }
         // The slot stays taken (kGathering) until its bytes are placed, not just until the DMA

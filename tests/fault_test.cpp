@@ -180,6 +180,58 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(to_string(info.param.backend)) + (info.param.scattered ? "_scattered" : "_contiguous");
     });
 
+// Device to host through staging: a fault in the DMA into the slot (contiguous device blocks) or
+// in the kernel that packs scattered ones is reported; the slots it held are freed once its
+// pieces have run, and the engine moves data again after the reset.
+TEST(EmulatedFaultToHostTest, ReportedAndTheEngineRecovers) {
+  for (const char* op : {"copy_d2h", "gather"}) {
+    SCOPED_TRACE(op);
+    std::atomic<bool> armed{false};
+    detail::EmulatedDeviceOptions emu;
+    emu.fault = [&](const char* what) { return armed.load() && std::strcmp(what, op) == 0 && armed.exchange(false); };
+    auto device = std::make_shared<detail::EmulatedDevice>(0, emu);
+    detail::StreamHandle stream = device->create_stream();
+    const auto cuda = static_cast<cudaStream_t>(stream);
+    constexpr std::size_t kBlocks = 512, kSize = 4096;
+    auto* src = static_cast<std::byte*>(device->alloc_device(kBlocks * kSize));
+    std::vector<std::byte> init(kBlocks * kSize), out(2 * kBlocks * kSize);
+    fill_random(init.data(), init.size(), 110);
+    std::memcpy(src, init.data(), init.size());  // emulated device memory is host memory
+    std::vector<BlockCopy> v;
+    const bool scattered = std::strcmp(op, "gather") == 0;
+    for (std::size_t i = 0; i < kBlocks; ++i)
+      v.push_back({src + (scattered ? (i * 37) % kBlocks : i) * kSize, out.data() + i * 2 * kSize, kSize});
+    {
+      EngineOptions o = small_options();
+      o.kernel_max_bytes = 0;
+      Engine engine = detail::EngineCore::make_engine(o, device);
+      armed = true;
+      within(30s, [&] {
+        try {
+          engine.copy_to_host(v, cuda).wait();
+          ADD_FAILURE() << "the fault was not reported";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), ErrorCode::kCuda) << e.what();
+          EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
+        }
+      }, "the failed transfer");
+      device->clear_fault();
+      within(30s, [&] {
+        for (int round = 0; round < 3; ++round) {
+          std::fill(out.begin(), out.end(), std::byte{0});
+          engine.copy_to_host(v, cuda).wait();
+          for (std::size_t i = 0; i < kBlocks; ++i)
+            ASSERT_EQ(std::memcmp(out.data() + i * 2 * kSize,
+                                  init.data() + (scattered ? (i * 37) % kBlocks : i) * kSize, kSize), 0)
+                << "round " << round << " block " << i;
+        }
+      }, "transfers after recovery");
+    }
+    device->free_device(src);
+    device->destroy_stream(stream);
+  }
+}
+
 // On a GPU: a kernel on the caller's stream writes to an invalid address, which poisons the
 // context. The engine must report the sticky error, naming the failing call, and not hang.
 TEST(CudaFaultTest, StickyErrorIsReportedNamingTheCall) {
