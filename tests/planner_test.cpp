@@ -984,3 +984,62 @@ TEST(PlannerPropertyTest, RandomOverlapIsReportedWithHigherIndex) {
 }
 
 }  // namespace
+
+// ---- device to host ---------------------------------------------------------------------------
+namespace {
+
+PlanConfig to_host_config() {
+  PlanConfig cfg = small_config();
+  cfg.direction = gfd::detail::Direction::kToHost;
+  return cfg;
+}
+
+TEST(PlannerToHostTest, DeviceSourcesToHostDestinationsArePacked) {
+  // Device sources in order (one DMA per chunk), host destinations scattered.
+  std::vector<BlockCopy> blocks;
+  for (std::size_t i = 0; i < 8; ++i) blocks.push_back(block(kDevBase + i * 4 * kKiB, kPageBase + (7 - i) * 8 * kKiB, 4 * kKiB));
+  const Plan plan = plan_of(blocks, to_host_config());
+  EXPECT_EQ(plan.total_bytes, 32 * kKiB);
+  ASSERT_FALSE(plan.chunks.empty());
+  for (const auto& c : plan.chunks) EXPECT_TRUE(c.contiguous_device) << "device side is consecutive";
+  EXPECT_FALSE(plan.all_pinned_host);
+  // Each op keeps its device source and host destination.
+  for (const auto& op : plan.ops) {
+    EXPECT_GE(addr(op.src), kDevBase);
+    EXPECT_LT(addr(op.dst), kPageBase + kGiB);
+  }
+}
+
+TEST(PlannerToHostTest, ScatteredDeviceSourcesAreNotContiguous) {
+  std::vector<BlockCopy> blocks;
+  for (std::size_t i = 0; i < 8; ++i) blocks.push_back(block(kDevBase + (7 - i) * 8 * kKiB, kPinnedBase + i * 4 * kKiB, 4 * kKiB));
+  const Plan plan = plan_of(blocks, to_host_config());
+  ASSERT_FALSE(plan.chunks.empty());
+  EXPECT_FALSE(plan.chunks[0].contiguous_device);
+  EXPECT_TRUE(plan.all_pinned_host);
+}
+
+TEST(PlannerToHostTest, SidesAreNamedInErrors) {
+  const PlanConfig cfg = to_host_config();
+  auto reject = [&](BlockCopy b, const std::string& needle) {
+    std::vector<BlockCopy> blocks = {block(kDevBase, kPageBase, 4096), b};
+    try {
+      (void)plan_of(blocks, cfg);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const gfd::Error& e) {
+      EXPECT_EQ(e.block(), 1u);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  reject(block(kPageBase + 8192, kPageBase + 65536, 4096), "source");          // host source
+  reject(block(kDevBase + 8192, kDevBase + 65536, 4096), "needs a host destination");
+  reject(block(kOtherBase, kPageBase + 65536, 4096), "device memory of GPU 1");
+  reject(block(kDevBase + 8192, kPageBase + 100, 4096), "overlaps block 0");
+  PlanConfig pinned = cfg;
+  pinned.require_pinned_host = true;
+  pinned.pinned_reason = "the test";
+  std::vector<BlockCopy> blocks = {block(kDevBase, kPageBase, 4096)};
+  EXPECT_THROW((void)plan_of(blocks, pinned), gfd::Error);
+}
+
+}  // namespace
