@@ -222,7 +222,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::atomic<bool> dma_poller_{false};  // a thread is polling the head item's device-to-host DMA
   std::atomic<bool> issuing_{false};      // the issue baton
   std::atomic<int> tail_waiters_{0};
-  std::uint64_t lane_rr_ = 0;             // issuer only
+  // Next copy lane, round robin: taken by the issuer and, for device-to-host chunks and with
+  // preissue, by submitters.
+  std::atomic<std::uint64_t> lane_rr_{0};
 
   std::atomic<std::uint32_t> next_id_{0};  // transfer numbers for the trace
 
