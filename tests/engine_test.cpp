@@ -600,6 +600,20 @@ TEST_P(EngineTest, IssuingFromTheGatherThreadsWorksToo) {
   std::vector<BlockCopy> all;
   for (auto& v : per) all.insert(all.end(), v.begin(), v.end());
   expect_landed(all, dst);
+  // Both directions at once: the issuer and a device-to-host submitter share the copy lanes.
+  std::vector<std::byte> out(dst.size());
+  std::vector<BlockCopy> back;
+  for (std::size_t i = 0; i < 1536; ++i) back.push_back({dst.data() + i * 4096, out.data() + i * 4096, 4096});
+  std::thread up([&] { engine.copy_to_host(back, td_->cuda_stream()).wait(); });
+  detail::StreamHandle s2 = dev().create_stream();
+  DeviceBuffer dst2(dev(), 768 * 4096);
+  const auto again2 = make_blocks(pool, dst2, 768, 4096, true, 35);
+  engine.copy_to_device(again2, static_cast<cudaStream_t>(s2)).wait();
+  up.join();
+  dev().destroy_stream(s2);
+  expect_landed(again2, dst2);
+  const auto now = td_->read(dst.data(), dst.size());
+  EXPECT_EQ(std::memcmp(out.data(), now.data(), out.size()), 0) << "device to host differs";
 }
 
 // The gather backend hands small all-pinned transfers to the zero-copy kernel when asked to;
