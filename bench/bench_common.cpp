@@ -181,3 +181,23 @@ double process_cpu_seconds() {
 }
 
 }  // namespace gfd::bench
+
+namespace gfd::bench {
+
+double since_us(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<gfd::Backend> backends_flag(const Flags& flags) {
+  if (!flags.has("backends")) return {std::begin(gfd::kAllBackends), std::end(gfd::kAllBackends)};
+  std::vector<gfd::Backend> out;
+  const std::string list = flags.get("backends");
+  for (std::size_t pos = 0; pos <= list.size();) {
+    const std::size_t comma = std::min(list.find(',', pos), list.size());
+    out.push_back(gfd::backend_from_string(list.substr(pos, comma - pos)));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace gfd::bench

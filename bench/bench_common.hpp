@@ -1,11 +1,14 @@
 // Shared pieces of gfd's benchmark programs: flags, the cold source pool, statistics, output.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
+
+#include "gfd/types.hpp"
 
 namespace gfd::bench {
 
@@ -58,5 +61,12 @@ class SourcePicker {
 };
 
 double process_cpu_seconds();
+
+// Microseconds from `t0` to now (steady clock).
+double since_us(std::chrono::steady_clock::time_point t0);
+
+// The backends named by --backends=a,b,... (every backend when the flag is absent); throws
+// gfd::Error for an unknown name.
+std::vector<gfd::Backend> backends_flag(const Flags& flags);
 
 }  // namespace gfd::bench

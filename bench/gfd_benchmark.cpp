@@ -69,10 +69,6 @@ struct Row {
 };
 
 double gbps(std::size_t bytes, double us) { return us > 0 ? bytes / (us * 1e3) : 0; }
-double since_us(Clock::time_point t0) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-}
-
 struct BackendEngine {
   Backend backend;
   Engine engine;
@@ -455,17 +451,7 @@ int main(int argc, char** argv) try {
   const std::string dst_mode = flags.get("dst", "contiguous");
   if (dst_mode != "contiguous" && dst_mode != "scattered" && dst_mode != "both")
     throw std::invalid_argument("--dst must be contiguous, scattered or both");
-  std::vector<Backend> backends;
-  if (flags.has("backends")) {
-    std::string list = flags.get("backends");
-    for (std::size_t pos = 0; pos <= list.size();) {
-      const std::size_t comma = std::min(list.find(',', pos), list.size());
-      backends.push_back(backend_from_string(list.substr(pos, comma - pos)));
-      pos = comma + 1;
-    }
-  } else {
-    backends.assign(std::begin(kAllBackends), std::end(kAllBackends));
-  }
+  std::vector<Backend> backends = backends_flag(flags);
 
   // The grid: N sweep at 4 KB, then a block-size sweep at N = 2048 (capped at 256 MB a transfer).
   std::vector<std::pair<std::size_t, std::size_t>> grid;

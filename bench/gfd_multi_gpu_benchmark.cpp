@@ -46,10 +46,6 @@ const std::map<std::string, std::string> kFlags = {
     {"help", "              this text"},
 };
 
-double since_us(Clock::time_point t0) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-}
-
 // One GPU's side of the benchmark: its device, stream, source pool and destination.
 struct Gpu {
   int ordinal = 0;
@@ -93,17 +89,7 @@ int main(int argc, char** argv) try {
   const std::size_t n = flags.get_sizes("blocks", {2048})[0];
   const std::size_t size = flags.get_sizes("block-size", {4096})[0];
   const std::size_t bytes = n * size;
-  std::vector<Backend> backends;
-  if (flags.has("backends")) {
-    const std::string list = flags.get("backends");
-    for (std::size_t pos = 0; pos <= list.size();) {
-      const std::size_t comma = std::min(list.find(',', pos), list.size());
-      backends.push_back(backend_from_string(list.substr(pos, comma - pos)));
-      pos = comma + 1;
-    }
-  } else {
-    backends.assign(std::begin(kAllBackends), std::end(kAllBackends));
-  }
+  std::vector<Backend> backends = backends_flag(flags);
 
   // Devices: the CUDA GPUs, or two emulated ones (host-only) where there is none.
   const bool host_only = detail::cuda_device_count() == 0;
