@@ -119,6 +119,21 @@ class Device {
   virtual void delay_async(std::uint32_t microseconds, StreamHandle s) = 0;
 };
 
+// Makes `device` current for the scope and gives the calling thread its previous device back.
+class ScopedCurrentDevice {
+ public:
+  explicit ScopedCurrentDevice(Device& device) : device_(device), previous_(device.current()) {
+    device.make_current();
+  }
+  ~ScopedCurrentDevice() { device_.restore_current(previous_); }
+  ScopedCurrentDevice(const ScopedCurrentDevice&) = delete;
+  ScopedCurrentDevice& operator=(const ScopedCurrentDevice&) = delete;
+
+ private:
+  Device& device_;
+  int previous_;
+};
+
 // The CUDA implementation for `ordinal`; throws gfd::Error when the device cannot be used.
 std::shared_ptr<Device> make_cuda_device(int ordinal);
 // Number of usable CUDA devices (0 when there is no driver or no GPU).

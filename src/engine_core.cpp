@@ -224,13 +224,7 @@ EngineCore::EngineCore(const EngineOptions& options, std::shared_ptr<Device> dev
 
 void EngineCore::start() {
   Device& d = *device_;
-  const int previous = d.current();
-  struct Restore {
-    Device& d;
-    int previous;
-    ~Restore() { d.restore_current(previous); }
-  } restore{d, previous};
-  d.make_current();
+  const ScopedCurrentDevice current(d);
   events_ = std::make_unique<EventPool>(d);
   const std::size_t nslots = options_.staging_bytes / options_.slot_bytes;
   const std::size_t ring = nslots * options_.slot_bytes;
@@ -455,12 +449,7 @@ std::vector<TraceEvent> EngineCore::take_trace() {
 
 Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction) {
   // Every resource below belongs to this engine's GPU; the caller's current device is restored.
-  struct CurrentGuard {
-    Device& d;
-    int previous;
-    ~CurrentGuard() { d.restore_current(previous); }
-  } guard{*device_, device_->current()};
-  device_->make_current();
+  const ScopedCurrentDevice current(*device_);
   const bool gather = options_.backend == Backend::kGather;
   // Wake parked gather threads first: they are back and spinning by the time planning has
   // produced pieces (a futex wake-up costs tens of microseconds, planning about as much).
