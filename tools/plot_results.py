@@ -110,9 +110,11 @@ def parse_float(text):
     return v if math.isfinite(v) else None
 
 
-def read_csvs(paths, metric):
-    """Reads and validates every CSV; returns the usable rows as dicts with typed fields."""
-    required = REQUIRED + [metric]
+def _read_rows(paths, required, expected, make_row, bad_what, on_header=None):
+    """Reads every CSV in `paths`: checks the header for `required` columns (naming `expected`
+    in the error), skips blank and unverified rows, and turns the others into dicts with
+    make_row(fields, file name); a row for which it raises ValueError or returns None counts as
+    unreadable (`bad_what` names its fields in the warning)."""
     rows = []
     for path in paths:
         name = os.path.basename(path)
@@ -127,10 +129,10 @@ def read_csvs(paths, metric):
             missing = [c for c in required if c not in header]
             if missing:
                 die(f"{path}: missing required column(s): {', '.join(missing)}\n"
-                    f"  expected at least: {','.join(required)}\n"
+                    f"  expected at least{expected}: {','.join(required)}\n"
                     f"  found: {','.join(header) if header else '(empty file)'}")
-            if "compute_slowdown" not in header:
-                warn(f"{path}: no compute_slowdown column; the under-load chart is not annotated")
+            if on_header:
+                on_header(path, header)
             unverified, bad = [], []
             for line_no, raw in enumerate(reader, start=2):
                 if not any((v or "").strip() for v in raw.values() if isinstance(v, str)):
@@ -141,20 +143,10 @@ def read_csvs(paths, metric):
                     unverified.append(line_no)
                     continue
                 try:
-                    row = {
-                        "file": name,
-                        "mode": r["mode"], "sources": r["sources"], "direction": r["direction"],
-                        "load": r["load"], "dst": r["dst"], "backend": r["backend"],
-                        "blocks": int(float(r["blocks"])),
-                        "block_size": int(float(r["block_size"])),
-                        "value": parse_float(r[metric]),
-                        "ref_gbps": parse_float(r["ref_gbps"]),
-                        "compute_slowdown": parse_float(r.get("compute_slowdown", "")),
-                    }
+                    row = make_row(r, name)
                 except ValueError:
-                    bad.append(line_no)
-                    continue
-                if row["value"] is None or row["blocks"] <= 0 or row["block_size"] <= 0:
+                    row = None
+                if row is None:
                     bad.append(line_no)
                     continue
                 rows.append(row)
@@ -162,12 +154,38 @@ def read_csvs(paths, metric):
                 warn(f"{path}: skipped {len(unverified)} row(s) whose 'verified' is not 1/true "
                      f"(line(s) {_lines(unverified)})")
             if bad:
-                warn(f"{path}: skipped {len(bad)} row(s) with an empty or unreadable {metric}, "
-                     f"blocks or block_size (line(s) {_lines(bad)})")
+                warn(f"{path}: skipped {len(bad)} row(s) with an empty or unreadable {bad_what} "
+                     f"(line(s) {_lines(bad)})")
     if not rows:
         raise NoData("no usable rows (every row was unverified or unreadable, or the files are "
                      "empty)")
     return rows
+
+
+def read_csvs(paths, metric):
+    """Reads and validates every gfd_benchmark CSV; returns the usable rows as dicts with typed
+    fields."""
+    def make_row(r, name):
+        row = {
+            "file": name,
+            "mode": r["mode"], "sources": r["sources"], "direction": r["direction"],
+            "load": r["load"], "dst": r["dst"], "backend": r["backend"],
+            "blocks": int(float(r["blocks"])),
+            "block_size": int(float(r["block_size"])),
+            "value": parse_float(r[metric]),
+            "ref_gbps": parse_float(r["ref_gbps"]),
+            "compute_slowdown": parse_float(r.get("compute_slowdown", "")),
+        }
+        if row["value"] is None or row["blocks"] <= 0 or row["block_size"] <= 0:
+            return None
+        return row
+
+    def on_header(path, header):
+        if "compute_slowdown" not in header:
+            warn(f"{path}: no compute_slowdown column; the under-load chart is not annotated")
+
+    return _read_rows(paths, REQUIRED + [metric], "", make_row, f"{metric}, blocks or block_size",
+                      on_header)
 
 
 def _lines(nums, limit=8):
@@ -543,68 +561,32 @@ ALL_GPUS = "all"            # `gpu` of the aggregate rows
 
 def read_multi_csvs(paths):
     """Reads and validates gfd_multi_gpu_benchmark CSVs; returns the usable rows."""
-    rows = []
-    for path in paths:
-        name = os.path.basename(path)
-        try:
-            f = open(path, newline="")
-        except OSError as e:
-            die(f"cannot read {path}: {e.strerror}")
-        with f:
-            reader = csv.DictReader(f)
-            header = [h.strip() for h in (reader.fieldnames or [])]
-            reader.fieldnames = header
-            missing = [c for c in MULTI_REQUIRED if c not in header]
-            if missing:
-                die(f"{path}: missing required column(s): {', '.join(missing)}\n"
-                    f"  expected at least (gfd_multi_gpu_benchmark): {','.join(MULTI_REQUIRED)}\n"
-                    f"  found: {','.join(header)}")
-            unverified, bad = [], []
-            for line_no, raw in enumerate(reader, start=2):
-                if not any((v or "").strip() for v in raw.values() if isinstance(v, str)):
-                    continue  # blank line
-                r = {k: (v or "").strip() if isinstance(v, str) else "" for k, v in raw.items()
-                     if k is not None}
-                if r["verified"].lower() not in TRUE_WORDS:
-                    unverified.append(line_no)
-                    continue
-                gpu = r["gpu"]
-                if gpu.lower() == ALL_GPUS:
-                    gpu = ALL_GPUS
-                else:
-                    try:
-                        gpu = str(int(float(gpu)))
-                    except ValueError:
-                        pass  # a name other than a number: drawn as given
-                try:
-                    row = {
-                        "file": name, "mode": r["mode"], "sources": r["sources"],
-                        "backend": r["backend"], "gpu": gpu,
-                        "gpus": int(float(r["gpus"])),
-                        "blocks": int(float(r["blocks"])),
-                        "block_size": int(float(r["block_size"])),
-                        "value": parse_float(r["p50_gbps"]),
-                        "ref_gbps": parse_float(r["ref_gbps"]),
-                        "efficiency": parse_float(r["scaling_efficiency"]),
-                    }
-                except ValueError:
-                    bad.append(line_no)
-                    continue
-                if row["value"] is None or row["gpus"] <= 0 or row["blocks"] <= 0 \
-                        or row["block_size"] <= 0 or gpu == "":
-                    bad.append(line_no)
-                    continue
-                rows.append(row)
-            if unverified:
-                warn(f"{path}: skipped {len(unverified)} row(s) whose 'verified' is not 1/true "
-                     f"(line(s) {_lines(unverified)})")
-            if bad:
-                warn(f"{path}: skipped {len(bad)} row(s) with an empty or unreadable p50_gbps, "
-                     f"gpus, gpu, blocks or block_size (line(s) {_lines(bad)})")
-    if not rows:
-        raise NoData("no usable rows (every row was unverified or unreadable, or the files are "
-                     "empty)")
-    return rows
+    def make_row(r, name):
+        gpu = r["gpu"]
+        if gpu.lower() == ALL_GPUS:
+            gpu = ALL_GPUS
+        else:
+            try:
+                gpu = str(int(float(gpu)))
+            except ValueError:
+                pass  # a name other than a number: drawn as given
+        row = {
+            "file": name, "mode": r["mode"], "sources": r["sources"],
+            "backend": r["backend"], "gpu": gpu,
+            "gpus": int(float(r["gpus"])),
+            "blocks": int(float(r["blocks"])),
+            "block_size": int(float(r["block_size"])),
+            "value": parse_float(r["p50_gbps"]),
+            "ref_gbps": parse_float(r["ref_gbps"]),
+            "efficiency": parse_float(r["scaling_efficiency"]),
+        }
+        if row["value"] is None or row["gpus"] <= 0 or row["blocks"] <= 0 \
+                or row["block_size"] <= 0 or gpu == "":
+            return None
+        return row
+
+    return _read_rows(paths, MULTI_REQUIRED, " (gfd_multi_gpu_benchmark)", make_row,
+                      "p50_gbps, gpus, gpu, blocks or block_size")
 
 
 def aggregate_multi(rows):
