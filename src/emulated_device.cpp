@@ -1,5 +1,6 @@
 #include "emulated_device.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -11,6 +12,8 @@
 #include <set>
 #include <shared_mutex>
 #include <thread>
+
+#include <sys/mman.h>
 
 #include "gfd/error.hpp"
 
@@ -146,24 +149,47 @@ PointerInfo EmulatedDevice::query_pointer(const void* p) {
   return info;
 }
 
+// Like the CUDA driver: device memory lies in address ranges reserved in whole 2 MiB units, so
+// it never shares a 2 MiB region with host memory (the planner relies on that; see
+// PageableCache).
+namespace {
+constexpr std::size_t kDeviceGranule = std::size_t{2} << 20;
+
+std::size_t device_reservation(std::size_t bytes) {
+  return (std::max<std::size_t>(bytes, 1) + kDeviceGranule - 1) / kDeviceGranule * kDeviceGranule;
+}
+}  // namespace
+
 void* EmulatedDevice::alloc_device(std::size_t bytes) {
-  // Whole pages, like cudaMalloc: device memory never shares a page with host memory.
-  const std::size_t rounded = (bytes + 4095) / 4096 * 4096;
-  void* p = std::aligned_alloc(4096, rounded == 0 ? 4096 : rounded);
-  if (p == nullptr) throw Error(ErrorCode::kSystem, "emulated device: out of memory");
+  // Reserve one granule more than needed and trim to an aligned range (untouched pages cost
+  // nothing).
+  const std::size_t size = device_reservation(bytes);
+  void* m = mmap(nullptr, size + kDeviceGranule, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) throw Error(ErrorCode::kSystem, "emulated device: out of memory");
+  const auto base = reinterpret_cast<std::uintptr_t>(m);
+  const std::uintptr_t a = (base + kDeviceGranule - 1) / kDeviceGranule * kDeviceGranule;
+  if (a > base) munmap(m, a - base);
+  if (base + kDeviceGranule > a) munmap(reinterpret_cast<void*>(a + size), base + kDeviceGranule - a);
+  // The rest of the reservation is no accessible memory, as with the driver.
+  const std::size_t used = (std::max<std::size_t>(bytes, 1) + 4095) / 4096 * 4096;
+  if (used < size) mprotect(reinterpret_cast<void*>(a + used), size - used, PROT_NONE);
   std::unique_lock lk(registry_mutex());
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
   registry()[a] = {a + bytes, PointerKind::kDevice, ordinal_};
-  return p;
+  return reinterpret_cast<void*>(a);
 }
 
 void EmulatedDevice::free_device(void* p) noexcept {
   if (p == nullptr) return;
+  std::size_t bytes = 0;
   {
     std::unique_lock lk(registry_mutex());
-    registry().erase(reinterpret_cast<std::uintptr_t>(p));
+    auto it = registry().find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == registry().end()) return;
+    bytes = it->second.end - it->first;
+    registry().erase(it);
   }
-  std::free(p);
+  munmap(p, device_reservation(bytes));
 }
 
 void EmulatedDevice::register_host(void* p, std::size_t bytes) {

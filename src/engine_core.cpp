@@ -160,6 +160,9 @@ EngineCore::EngineCore(const EngineOptions& options, std::shared_ptr<Device> dev
     bad_option("backend: zero_copy_kernel needs a GPU that reads pinned host memory at its host "
                "address (unified addressing); this one does not");
   if (o.spin_us < 0) bad_option("spin_us: " + std::to_string(o.spin_us) + " is negative");
+  if (o.pageable_cache_ms < 0)
+    bad_option("pageable_cache_ms: " + std::to_string(o.pageable_cache_ms) + " is negative");
+  pageable_cache_ = std::make_unique<PageableCache>(static_cast<std::uint32_t>(o.pageable_cache_ms));
   if (o.numa_node < -2) bad_option("numa_node: " + std::to_string(o.numa_node) + " is below -2");
 
   plan_config_.device = device_->ordinal();
@@ -464,7 +467,8 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
   try {
     PlanConfig cfg = gather ? plan_config_ : pass_config_;
     cfg.direction = direction;
-    make_plan(blocks, cfg, [this](const void* p) { return device_->query_pointer(p); }, plan);
+    make_plan(blocks, cfg, [this](const void* p) { return device_->query_pointer(p); }, plan,
+              pageable_cache_.get());
   } catch (...) {
     recycle_plan(std::move(plan));
     throw;
@@ -517,14 +521,7 @@ void EngineCore::submit_gather(const std::shared_ptr<TransferState>& t, StreamHa
     std::unique_lock lk(submit_mutex_);
     if (shutting_down_) throw Error(ErrorCode::kShutdown, "copy_to_device: the engine is shutting down");
     device_->record_event(t->start_event, stream);
-    if (trace_on_.load(std::memory_order_relaxed)) {
-      // Created here, not on the issue path, so that tracing does not slow the issuer.
-      t->trace_start = device_->create_event(true);
-      for (std::uint32_t k = 0; k < p.chunks.size(); ++k)
-        t->trace_dma.emplace_back(k, device_->create_event(true));
-      t->trace_start_ns = now_ns();
-      device_->record_event(t->trace_start, stream);
-    }
+    begin_trace(*t, stream);
     // From here the transfer must be finalized whatever happens, or submit would not return.
     try {
       for (std::uint32_t i = 0; i < p.direct.size(); ++i) {
@@ -591,6 +588,17 @@ void EngineCore::submit_gather(const std::shared_ptr<TransferState>& t, StreamHa
   }
 }
 
+// Tracing: timing events for the transfer's start on the caller's stream and for each chunk's
+// DMA. Created here, not on the issue path, so that tracing does not slow the issuer.
+void EngineCore::begin_trace(TransferState& t, StreamHandle stream) {
+  if (!trace_on_.load(std::memory_order_relaxed)) return;
+  t.trace_start = device_->create_event(true);
+  for (std::uint32_t k = 0; k < t.plan.chunks.size(); ++k)
+    t.trace_dma.emplace_back(k, device_->create_event(true));
+  t.trace_start_ns = now_ns();
+  device_->record_event(t.trace_start, stream);
+}
+
 // Enqueues a chunk at submission (preissue) and marks its slot as carrying a DMA.
 void EngineCore::enqueue_issued(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait) {
   Slot& s = slots_[slot];
@@ -627,6 +635,7 @@ void EngineCore::submit_gather_to_host(const std::shared_ptr<TransferState>& t, 
     std::unique_lock lk(submit_mutex_);
     if (shutting_down_) throw Error(ErrorCode::kShutdown, "copy_to_host: the engine is shutting down");
     device_->record_event(t->start_event, stream);
+    begin_trace(*t, stream);
     try {
       for (std::uint32_t i = 0; i < p.direct.size(); ++i) enqueue_direct(*t, i);
       for (std::uint32_t k = 0; k < p.chunks.size(); ++k) {
@@ -661,8 +670,10 @@ void EngineCore::submit_gather_to_host(const std::shared_ptr<TransferState>& t, 
             st_scattered_.fetch_add(1, std::memory_order_relaxed);
           }
           device_->record_event(s.done, l);
+          if (t->trace_start != nullptr) device_->record_event(t->trace_dma[k].second, l);
           s.timed = true;
           st_chunks_.fetch_add(1, std::memory_order_relaxed);
+          trace(t->id, TraceEvent::kChunkIssued, k, static_cast<std::uint32_t>(c.data_bytes));
         } catch (...) {
           // Nothing will arrive in the slot: let the pieces run (they place stale bytes of a
           // failed transfer) so that the items behind keep moving.

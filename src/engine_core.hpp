@@ -174,6 +174,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   bool run_next_piece(bool may_poll = true);
   void run_piece(Item& item, std::uint32_t piece);
   void gather_piece(const Item& item, std::uint32_t piece);
+  void begin_trace(TransferState& t, StreamHandle stream);
   void submit_gather(const std::shared_ptr<TransferState>& t, StreamHandle stream);
   void submit_gather_to_host(const std::shared_ptr<TransferState>& t, StreamHandle stream);
   bool poll_head_dma(Item& item);
@@ -210,6 +211,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   bool preissue_ = false;          // DMAs enqueued at submission behind slot flags
   std::uint64_t* flags_ = nullptr; // one cache line per slot, registered host memory
   PlanConfig pass_config_;  // pass-through planning for the block-by-block backends
+  std::unique_ptr<PageableCache> pageable_cache_;  // pageable host regions, across transfers
 
   // Submission (serialised): slots and items are taken in ring order, one transfer at a time.
   FifoMutex submit_mutex_;

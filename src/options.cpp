@@ -77,6 +77,7 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
   env_bool("GFD_NONTEMPORAL_STORES", o.nontemporal_stores);
   env_bool("GFD_PREISSUE", o.preissue);
   env_size("GFD_KERNEL_MAX_BYTES", o.kernel_max_bytes);
+  env_int("GFD_PAGEABLE_CACHE_MS", o.pageable_cache_ms);
   if (const char* v = std::getenv("GFD_BACKEND")) {
     try {
       o.backend = backend_from_string(v);

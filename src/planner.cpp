@@ -1,6 +1,7 @@
 #include "planner.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <unordered_set>
 #include <cstdio>
@@ -32,19 +33,25 @@ std::string hex(const void* p) {
 // Classifies pointers with as few device queries as possible: blocks of one transfer mostly
 // live in a few large allocations (the KV pool, the device cache), so remember each range the
 // driver reports, and remember pages the driver does not know (pageable memory). Lives for one
-// plan only, so
-// memory freed and reused between transfers is never misclassified.
+// plan only, so memory freed and reused between transfers is never misclassified; pageable
+// memory is remembered across plans, in whole 2 MiB regions, by the engine's PageableCache.
 class RangeCache {
  public:
-  explicit RangeCache(const PointerClassifier& classify) : classify_(classify) {}
+  RangeCache(const PointerClassifier& classify, PageableCache* shared)
+      : classify_(classify), shared_(shared), now_ms_(shared != nullptr ? shared->now_ms() : 0) {}
 
-  // The returned pointer stays valid for the cache's life.
-  const PointerInfo* lookup(const void* p) {
+  // The returned pointer stays valid for the cache's life. With `whole_region`, pageable memory
+  // is reported as its whole 2 MiB region (a range, so the blocks after it in that region need
+  // no lookup) and may be answered from the shared cache; without, the driver is asked about
+  // this very page (where pinned memory matters).
+  const PointerInfo* lookup(const void* p, bool whole_region) {
     const auto a = reinterpret_cast<std::uintptr_t>(p);
     for (const auto& r : ranges_)
       if (a >= r.begin && a < r.end) return &r;
+    const bool shared = whole_region && shared_ != nullptr;
+    if (shared && shared_->contains(a, now_ms_)) return region(a);
     const std::uintptr_t page = a / kGranule;
-    if (pageable_.count(page) != 0) return &kPageable;
+    if (pageable_.count(page) != 0) return shared ? region(a) : &kPageable;
     PointerInfo info = classify_(p);
     if (info.begin < info.end) {
       ranges_.push_back(info);
@@ -52,17 +59,26 @@ class RangeCache {
     }
     if (info.kind == PointerKind::kPageableHost) {
       pageable_.insert(page);
-      return &kPageable;
+      if (shared_ != nullptr) shared_->insert(a, now_ms_);
+      return shared ? region(a) : &kPageable;
     }
     others_.push_back(info);
     return &others_.back();
   }
 
  private:
+  const PointerInfo* region(std::uintptr_t a) {
+    const std::uintptr_t begin = a & ~(PageableCache::kGranule - 1);
+    regions_.push_back({PointerKind::kPageableHost, -1, begin, begin + PageableCache::kGranule});
+    return &regions_.back();
+  }
   static constexpr PointerInfo kPageable{};
   const PointerClassifier& classify_;
+  PageableCache* shared_;
+  std::uint32_t now_ms_;
   std::deque<PointerInfo> ranges_;  // deque: pointers into it stay valid as it grows
   std::deque<PointerInfo> others_;
+  std::deque<PointerInfo> regions_;
   std::unordered_set<std::uintptr_t> pageable_;
 };
 
@@ -81,6 +97,7 @@ void validate_blocks(std::span<const BlockCopy> blocks, const PlanConfig& cfg, R
   const PointerInfo* dr = nullptr;
   const PointerInfo* sr = nullptr;
   const bool to_host = cfg.direction == Direction::kToHost;
+  const std::size_t direct_min = cfg.direct_min_bytes != 0 ? cfg.direct_min_bytes : SIZE_MAX;
   const char* dev_name = to_host ? "source" : "destination";
   const char* host_name = to_host ? "destination" : "source";
   const auto device_side = [to_host](const BlockCopy& b) { return to_host ? b.src : static_cast<const void*>(b.dst); };
@@ -104,7 +121,7 @@ void validate_blocks(std::span<const BlockCopy> blocks, const PlanConfig& cfg, R
                        " bytes overflows the address space");
 
     if (dr == nullptr || d < dr->begin || d + b.bytes > dr->end) {
-      dr = cache.lookup(dp);
+      dr = cache.lookup(dp, false);
       if (dr->kind != PointerKind::kDevice || dr->device != cfg.device)
         bad_block(i, std::string(dev_name) + " " + hex(dp) + " is not device memory of GPU " +
                          std::to_string(cfg.device) + " (it is " + describe(*dr) + ")");
@@ -113,8 +130,11 @@ void validate_blocks(std::span<const BlockCopy> blocks, const PlanConfig& cfg, R
                          " bytes runs past the end of its device allocation (" +
                          std::to_string(dr->end - d) + " bytes left)");
     }
-    if (sr == nullptr || s < sr->begin || s >= sr->end) {
-      sr = cache.lookup(hp);
+    // A pageable region (from the shared cache) does not say whether a block large enough for
+    // the direct path is pinned: ask about that block itself.
+    const bool big = b.bytes >= direct_min;
+    if (sr == nullptr || s < sr->begin || s >= sr->end || (big && sr->kind == PointerKind::kPageableHost)) {
+      sr = cache.lookup(hp, !big && !cfg.require_pinned_host);
       if (sr->kind == PointerKind::kDevice || sr->kind == PointerKind::kOtherDevice)
         bad_block(i, std::string(host_name) + " " + hex(hp) + " is " + describe(*sr) + "; a " +
                          (to_host ? "device-to-host transfer needs a host destination"
@@ -145,7 +165,8 @@ void validate_blocks(std::span<const BlockCopy> blocks, const PlanConfig& cfg, R
         const bool in_src = s >= sb && s < se;
         const bool whole_src = len <= se - s;
         const bool ok = (d >= db) & (d < de) & (len - 1 < de - d) & in_src & (s != 0) &
-                        (whole_src | (len <= UINTPTR_MAX - s)) & (!need_pinned | (pinned_range & whole_src));
+                        (whole_src | (len <= UINTPTR_MAX - s)) & ((!need_pinned) | (pinned_range & whole_src)) &
+                        (pinned_range | (len < direct_min));
         if (!ok) break;
         pinned[i] = static_cast<std::uint8_t>(pinned_range & whole_src);
       }
@@ -301,6 +322,41 @@ class Packer {
 
 }  // namespace
 
+PageableCache::PageableCache(std::uint32_t ttl_ms)
+    : ttl_ms_(ttl_ms), table_(std::make_unique<std::atomic<std::uint64_t>[]>(kEntries)) {
+  clear();
+}
+
+std::uint32_t PageableCache::now_ms() const {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now().time_since_epoch());
+  return static_cast<std::uint32_t>(ms.count()) & ((1u << kStampBits) - 1);
+}
+
+std::size_t PageableCache::index(std::uintptr_t granule) const {
+  return static_cast<std::size_t>((granule * 0x9E3779B97F4A7C15ull) >> (64 - kIndexBits));
+}
+
+// An entry is the region's number above kStampBits and the time it was learned below; 0 is empty
+// (region 0, the first 2 MiB of the address space, is never stored).
+bool PageableCache::contains(std::uintptr_t address, std::uint32_t now) const {
+  const std::uintptr_t g = address >> kGranuleShift;
+  const std::uint64_t e = table_[index(g)].load(std::memory_order_relaxed);
+  if (g == 0 || (e >> kStampBits) != g) return false;
+  const auto stamp = static_cast<std::uint32_t>(e) & ((1u << kStampBits) - 1);
+  return ((now - stamp) & ((1u << kStampBits) - 1)) < ttl_ms_;
+}
+
+void PageableCache::insert(std::uintptr_t address, std::uint32_t now) {
+  const std::uintptr_t g = address >> kGranuleShift;
+  if (g == 0 || ttl_ms_ == 0) return;
+  table_[index(g)].store((std::uint64_t{g} << kStampBits) | now, std::memory_order_relaxed);
+}
+
+void PageableCache::clear() {
+  for (std::size_t i = 0; i < kEntries; ++i) table_[i].store(0, std::memory_order_relaxed);
+}
+
 std::string describe(const PointerInfo& info) {
   switch (info.kind) {
     case PointerKind::kPageableHost: return "pageable host memory";
@@ -322,7 +378,7 @@ void validate_plan_config(const PlanConfig& c) {
 }
 
 void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
-               const PointerClassifier& classify, Plan& plan) {
+               const PointerClassifier& classify, Plan& plan, PageableCache* pageable) {
   plan.ops.clear();
   plan.chunks.clear();
   plan.pieces.clear();
@@ -334,7 +390,7 @@ void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
   if (blocks.size() > UINT32_MAX / 2)
     throw Error(ErrorCode::kInvalidArgument,
                 "blocks: " + std::to_string(blocks.size()) + " blocks is more than one transfer takes");
-  RangeCache cache(classify);
+  RangeCache cache(classify, pageable);
   std::vector<std::uint8_t>& pinned = plan.scratch.pinned;
   validate_blocks(blocks, cfg, cache, pinned);
   if (cfg.check_overlaps) check_overlaps(blocks, plan.scratch);

@@ -788,9 +788,9 @@ TEST(PlannerConfigTest, RejectsTinySizes) {
 // ---------------------------------------------------------------------------------------------
 // Pointer classification cache
 
-// The range cache remembers pages the driver does not know (pageable memory). Device and
-// pinned allocations are page-granular, so they may sit right next to pageable memory in the
-// same 2 MB region and must still be recognised (an earlier 2 MB granule cache got this wrong).
+// Without the engine's PageableCache the planner remembers pageable memory page by page, and
+// assumes nothing about 2 MB regions: an allocation right next to pageable memory in the same
+// region is still recognised (the emulated device's memory once lay in heap regions).
 TEST(PlannerRangeCacheTest, DeviceAllocationSharingGranuleWithPageableSourceIsAccepted) {
   constexpr std::uintptr_t kHeap = 0x6000'0000'0000;  // one 2 MB granule of "heap"
   constexpr std::uintptr_t kAllocA = kHeap + 0x1000, kAllocB = kHeap + 0x10000;
@@ -1040,6 +1040,126 @@ TEST(PlannerToHostTest, SidesAreNamedInErrors) {
   pinned.pinned_reason = "the test";
   std::vector<BlockCopy> blocks = {block(kDevBase, kPageBase, 4096)};
   EXPECT_THROW((void)plan_of(blocks, pinned), gfd::Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pageable regions remembered across plans (PageableCache)
+
+using gfd::detail::PageableCache;
+
+TEST(PageableCacheTest, RemembersA2MiBRegionUntilItExpires) {
+  PageableCache cache(100);
+  const std::uintptr_t a = kPageBase + 3 * PageableCache::kGranule + 12345;
+  cache.insert(a, 1000);
+  EXPECT_TRUE(cache.contains(a, 1000));
+  EXPECT_TRUE(cache.contains(a - 12345, 1099)) << "the region's first byte";
+  EXPECT_TRUE(cache.contains(a - 12345 + PageableCache::kGranule - 1, 1050)) << "its last byte";
+  EXPECT_FALSE(cache.contains(a + PageableCache::kGranule, 1000)) << "the next region";
+  EXPECT_FALSE(cache.contains(a - 12345 - 1, 1000)) << "the region before";
+  EXPECT_FALSE(cache.contains(a, 1100)) << "expired after 100 ms";
+  cache.insert(a, 1100);
+  EXPECT_TRUE(cache.contains(a, 1150)) << "learned again";
+  cache.clear();
+  EXPECT_FALSE(cache.contains(a, 1150));
+}
+
+TEST(PageableCacheTest, TheClockMayWrap) {
+  PageableCache cache(100);
+  constexpr std::uint32_t kWrap = 1u << 24;  // the stamps are 24 bits of milliseconds
+  cache.insert(kPageBase, kWrap - 10);
+  EXPECT_TRUE(cache.contains(kPageBase, 20));
+  EXPECT_FALSE(cache.contains(kPageBase, 95));
+}
+
+TEST(PageableCacheTest, ZeroTtlRemembersNothing) {
+  PageableCache cache(0);
+  cache.insert(kPageBase, 5);
+  EXPECT_FALSE(cache.contains(kPageBase, 5));
+}
+
+// A classifier that counts its queries and can be told that memory was registered since.
+struct CountingClassifier {
+  int calls = 0;
+  std::uintptr_t registered_base = 0, registered_bytes = 0;
+  gfd::detail::PointerClassifier fn() {
+    return [this](const void* p) {
+      ++calls;
+      const auto a = reinterpret_cast<std::uintptr_t>(p);
+      if (registered_bytes != 0 && in_range(a, registered_base, registered_bytes))
+        return PointerInfo{PointerKind::kPinnedHost, -1, registered_base, registered_base + registered_bytes};
+      return fake_classify(p);
+    };
+  }
+};
+
+// 512 pageable 4 KB blocks spread over 8 regions of 2 MiB: the first plan asks about each region
+// once (and the device range once); a second plan asks about the device range alone.
+TEST(PageableCacheTest, PlansAskTheDriverOncePerPageableRegion) {
+  std::vector<BlockCopy> blocks;
+  for (std::uintptr_t i = 0; i < 512; ++i)
+    blocks.push_back(block(kPageBase + (i % 8) * PageableCache::kGranule + (i / 8) * 8192,
+                           kDevBase + i * 4096, 4096));
+  PageableCache cache(60000);
+  CountingClassifier c;
+  const auto fn = c.fn();
+  const PlanConfig cfg = small_config();
+  Plan plan = gfd::detail::make_plan(blocks, cfg, fn, &cache);
+  ASSERT_NO_FATAL_FAILURE(check_plan(blocks, plan, cfg));
+  EXPECT_FALSE(plan.all_pinned_host);
+  EXPECT_EQ(c.calls, 1 + 8);
+  c.calls = 0;
+  plan = gfd::detail::make_plan(blocks, cfg, fn, &cache);
+  ASSERT_NO_FATAL_FAILURE(check_plan(blocks, plan, cfg));
+  EXPECT_EQ(c.calls, 1);
+  // Without the cache: one query per page.
+  c.calls = 0;
+  plan = gfd::detail::make_plan(blocks, cfg, fn);
+  EXPECT_EQ(c.calls, 1 + 512);
+}
+
+// Where pinned memory matters the driver is asked afresh, even inside a region remembered as
+// pageable: memory registered since then is found.
+TEST(PageableCacheTest, PinnedMemoryRegisteredSinceIsFoundWhereItMatters) {
+  PageableCache cache(60000);
+  CountingClassifier c;
+  const auto fn = c.fn();
+  const PlanConfig cfg = small_config();  // direct_min 1 MB
+  const std::uintptr_t region = kPageBase + 16 * PageableCache::kGranule;
+  const std::vector<BlockCopy> small = {block(region, kDevBase, 4096)};
+  (void)gfd::detail::make_plan(small, cfg, fn, &cache);
+  ASSERT_TRUE(cache.contains(region + 8192, cache.now_ms()));
+  c.registered_base = region + 8192;  // registered after the first transfer saw it pageable
+  c.registered_bytes = 2 * kMiB;
+  // A block large enough for the direct path takes it.
+  const std::vector<BlockCopy> big = {block(region + 8192, kDevBase, kMiB)};
+  Plan plan = gfd::detail::make_plan(big, cfg, fn, &cache);
+  EXPECT_EQ(plan.direct.size(), 1u);
+  EXPECT_TRUE(plan.all_pinned_host);
+  // A backend that needs pinned memory accepts it.
+  PlanConfig pinned = cfg;
+  pinned.require_pinned_host = true;
+  pinned.pinned_reason = "the test";
+  const std::vector<BlockCopy> small_registered = {block(region + 8192, kDevBase, 4096)};
+  EXPECT_NO_THROW(plan = gfd::detail::make_plan(small_registered, pinned, fn, &cache));
+  // Small blocks elsewhere go through staging without a query, pinned or not (either is correct).
+  c.calls = 0;
+  plan = gfd::detail::make_plan(small, cfg, fn, &cache);
+  EXPECT_EQ(c.calls, 1);  // the device range alone
+  EXPECT_TRUE(plan.direct.empty());
+}
+
+// A device pointer on the host side is still rejected with the cache in use, and so is a host
+// pointer on the device side.
+TEST(PageableCacheTest, WrongSidesAreStillRejected) {
+  PageableCache cache(60000);
+  const PlanConfig cfg = small_config();
+  const std::vector<BlockCopy> ok = {block(kPageBase, kDevBase, 4096)};
+  (void)gfd::detail::make_plan(ok, cfg, classifier(), &cache);
+  const std::vector<BlockCopy> dev_source = {block(kPageBase + 4096, kDevBase, 4096),
+                                             block(kDevBase + kMiB, kDevBase + 8192, 4096)};
+  EXPECT_THROW((void)gfd::detail::make_plan(dev_source, cfg, classifier(), &cache), gfd::Error);
+  const std::vector<BlockCopy> host_dest = {block(kPageBase + 4096, kPageBase + 65536, 4096)};
+  EXPECT_THROW((void)gfd::detail::make_plan(host_dest, cfg, classifier(), &cache), gfd::Error);
 }
 
 }  // namespace

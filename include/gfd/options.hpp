@@ -59,6 +59,12 @@ struct EngineOptions {
   /// through the kernel and 28 us staged). The kernel uses SMs for a few microseconds; set 0 to
   /// keep every transfer off the SMs.
   std::size_t kernel_max_bytes = std::size_t{1} << 20;
+  /// How long, in milliseconds, the engine remembers a 2 MiB region of host memory that the
+  /// driver reported as pageable (not pinned), so that blocks there need no driver query per
+  /// page. Pageable blocks are staged whatever their region; memory registered with
+  /// cudaHostRegister after gfd saw it pageable is staged (correct, and slower for small
+  /// transfers) for at most this long. 0 asks the driver about every page, every transfer.
+  int pageable_cache_ms = 100;
   /// Check that no two destination ranges overlap (costs a sort of the block list when the
   /// destinations are not already in ascending order).
   bool check_overlaps = true;
@@ -69,8 +75,9 @@ struct EngineOptions {
   /// GFD_DEVICE, GFD_STAGING_BYTES, GFD_SLOT_BYTES, GFD_FIRST_CHUNK_BYTES, GFD_PIECE_BYTES,
   /// GFD_DIRECT_MIN_BYTES, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
   /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS, GFD_SUBMITTER_GATHERS,
-  /// GFD_USE_ALL_LOCAL_CPUS, GFD_NONTEMPORAL_STORES, GFD_PREISSUE, GFD_KERNEL_MAX_BYTES, GFD_BACKEND (a backend name such as
-  /// "batch_async"). Sizes accept K, M and G suffixes.
+  /// GFD_USE_ALL_LOCAL_CPUS, GFD_NONTEMPORAL_STORES, GFD_PREISSUE, GFD_KERNEL_MAX_BYTES,
+  /// GFD_PAGEABLE_CACHE_MS, GFD_BACKEND (a backend name such as "batch_async"). Sizes accept K,
+  /// M and G suffixes.
   /// Throws gfd::Error naming the variable when a value does not parse.
   static EngineOptions from_env(EngineOptions base);
   static EngineOptions from_env() { return from_env(EngineOptions{}); }
