@@ -237,7 +237,10 @@ void EngineCore::start() {
   staging_ = std::make_unique<HostStaging>(d, ring, numa_node_);
   slots_ = std::vector<Slot>(nslots);
   if (b == Backend::kGather) {
-    for (int i = 0; i < options_.copy_streams; ++i) lanes_.push_back(d.create_stream());
+    // copy_streams lanes for host to device, and one for device to host: one lane keeps those
+    // DMAs in order (the gather threads place chunks in order), and apart from host-to-device
+    // DMAs that may wait on gathering.
+    for (int i = 0; i <= options_.copy_streams; ++i) lanes_.push_back(d.create_stream());
     dev_staging_ = static_cast<std::byte*>(d.alloc_device(ring));
   }
   for (std::size_t i = 0; i < nslots; ++i) {
@@ -614,7 +617,7 @@ void EngineCore::enqueue_issued(TransferState& t, std::uint32_t index, std::uint
 
 void EngineCore::enqueue_direct(TransferState& t, std::uint32_t index) {
   const DirectCopy& dc = t.plan.direct[index];
-  const auto lane = static_cast<std::uint32_t>(lane_rr_++ % lanes_.size());
+  const std::uint32_t lane = t.to_host ? d2h_lane() : next_h2d_lane();
   if (t.to_host) device_->copy_d2h(dc.dst, dc.src, dc.bytes, lane_for(t, lane));
   else device_->copy_h2d(dc.dst, dc.src, dc.bytes, lane_for(t, lane));
   st_direct_.fetch_add(1, std::memory_order_relaxed);
@@ -650,8 +653,7 @@ void EngineCore::submit_gather_to_host(const std::shared_ptr<TransferState>& t, 
         it.pieces_left.store(pieces, std::memory_order_relaxed);
         s.timed = false;
         try {
-          const auto lane = static_cast<std::uint32_t>(lane_rr_++ % lanes_.size());
-          StreamHandle l = lane_for(*t, lane);
+          StreamHandle l = lane_for(*t, d2h_lane());
           device_->record_event(s.start, l);
           if (c.contiguous_device) {
             device_->copy_d2h(s.host, p.ops[c.op_begin].src, c.data_bytes, l);
@@ -918,7 +920,7 @@ void EngineCore::enqueue_chunk(TransferState& t, std::uint32_t index, std::uint3
                                std::uint64_t flag_value) {
   Slot& s = slots_[slot];
   const PlannedChunk& c = t.plan.chunks[index];
-  const auto lane = static_cast<std::uint32_t>(lane_rr_++ % lanes_.size());
+  const std::uint32_t lane = next_h2d_lane();
   StreamHandle l = lane_for(t, lane);
   if (wait) device_->wait_value_geq(s.flag, flag_value, l);
   device_->record_event(s.start, l);
@@ -964,16 +966,19 @@ void EngineCore::issue_direct(Item& item) {
   }
 }
 
-// Joins the lanes the transfer used into lane 0 and records its done event there.
+// Joins the lanes the transfer used into the first of them and records its done event there
+// (not on lane 0 regardless: a device-to-host transfer must not wait behind host-to-device DMAs).
 void EngineCore::finalize(TransferState& t) {
   try {
-    StreamHandle l0 = lanes_[0];
-    for (std::size_t l = 1; l < lanes_.size(); ++l) {
+    std::size_t home = 0;
+    while (home < lanes_.size() && (t.lanes_started & (1u << home)) == 0) ++home;
+    if (home == lanes_.size()) home = 0;
+    for (std::size_t l = home + 1; l < lanes_.size(); ++l) {
       if ((t.lanes_started & (1u << l)) == 0) continue;
       device_->record_event(t.lane_events[l], lanes_[l]);
-      device_->stream_wait_event(l0, t.lane_events[l]);
+      device_->stream_wait_event(lanes_[home], t.lane_events[l]);
     }
-    device_->record_event(t.done_event, l0);
+    device_->record_event(t.done_event, lanes_[home]);
   } catch (...) {
     t.fail(std::current_exception());
   }

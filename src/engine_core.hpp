@@ -194,6 +194,11 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void enqueue_direct(TransferState& t, std::uint32_t index);
   void finalize(TransferState& t);
   StreamHandle lane_for(TransferState& t, std::uint32_t lane);
+  // Host-to-device lanes are 0..copy_streams-1, taken in turn; device to host has the last.
+  std::uint32_t next_h2d_lane() {
+    return static_cast<std::uint32_t>(lane_rr_++ % static_cast<std::uint64_t>(options_.copy_streams));
+  }
+  std::uint32_t d2h_lane() const { return static_cast<std::uint32_t>(options_.copy_streams); }
 
   EngineOptions options_;
   std::shared_ptr<Device> device_;
@@ -224,8 +229,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::atomic<bool> dma_poller_{false};  // a thread is polling the head item's device-to-host DMA
   std::atomic<bool> issuing_{false};      // the issue baton
   std::atomic<int> tail_waiters_{0};
-  // Next copy lane, round robin: taken by the issuer and, for device-to-host chunks and with
-  // preissue, by submitters.
+  // Next host-to-device copy lane, round robin: taken by the issuer and, with preissue, by
+  // submitters.
   std::atomic<std::uint64_t> lane_rr_{0};
 
   std::atomic<std::uint32_t> next_id_{0};  // transfer numbers for the trace

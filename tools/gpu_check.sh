@@ -8,7 +8,8 @@
 #                              small-request latency, under-load
 #   tools/gpu_check.sh probe   quick + the DMA rate under host memory load, and the gather
 #                              thread count for 2048 and 16384 blocks
-#   tools/gpu_check.sh swap    quick + device-to-host and pageable-memory runs of every backend
+#   tools/gpu_check.sh swap    quick + device-to-host and pageable-memory runs of every backend,
+#                              with traces, and the pointer-query microbenchmark
 #   tools/gpu_check.sh multi   quick + gfd_multi_gpu_benchmark (cold, warm) and its charts, for a
 #                              machine with several GPUs
 #   tools/gpu_check.sh reliability  ctest, the long stress run (100000 requests), the CUDA
@@ -107,10 +108,16 @@ fi
 if [ "$MODE" = swap ]; then
   # Device to host and pageable host memory (issue 6): every backend, 2048 x 4 KB.
   run_bench d2h_cold --quick --direction d2h
+  run_bench d2h_trace --quick --direction d2h --trace --backends gather
   run_bench d2h_scattered --quick --direction d2h --dst scattered --trace --backends gather
   run_bench h2d_pageable --quick --pageable
+  run_bench h2d_pageable_trace --quick --pageable --trace --backends gather
   run_bench d2h_pageable --quick --direction d2h --pageable
   run_bench d2h_sweep --direction d2h
+  run_bench h2d_pageable_sweep --pageable
+  timeout 120 build-gpu/bench/micro_pointer --benchmark_min_time=0.05s > "$OUT/micro_pointer.log" 2>&1
+  summary "== micro_pointer: rc=$?"
+  grep -E "^BM_" "$OUT/micro_pointer.log" | awk '{print $1, $2, $3, $NF}' >> "$OUT/summary.txt"
   timeout 60 build-gpu/examples/kv_swap > "$OUT/kv_swap.log" 2>&1
   summary "== kv_swap example: rc=$? $(tail -1 "$OUT/kv_swap.log")"
 fi

@@ -31,7 +31,8 @@ struct EngineOptions {
   std::size_t inline_gather_bytes = std::size_t{128} << 10;
   /// Gather threads; 0 = one per GPU-local CPU, less one for the submitting thread.
   int gather_threads = 0;
-  /// Dedicated copy streams (copy-engine lanes).
+  /// Dedicated copy streams (copy-engine lanes) for host-to-device DMAs. Device-to-host DMAs
+  /// have one more stream of their own.
   int copy_streams = 2;
   /// NUMA node for staging memory and gather threads; -1 = the GPU's own node (none if the
   /// system reports no locality); -2 = do not bind.
