@@ -1,4 +1,5 @@
-// micro_planner: cost of planning one transfer (gfd::detail::make_plan) against its block count.
+// micro_planner: cost of planning one transfer (gfd::detail::make_plan) against its block count,
+// for pinned sources and (pageable_src_*) for pageable sources on random pages of a large pool.
 //
 // N blocks of 4 KB, sources at a 2x-block stride (so nothing coalesces) in one fake pinned host
 // range, destinations in one fake device range (GPU 0), either in ascending order (one DMA per
@@ -37,25 +38,38 @@ constexpr std::uintptr_t kSrcBase = std::uintptr_t{0x100000000000};
 constexpr std::uintptr_t kDstBase = std::uintptr_t{0x200000000000};
 
 enum class DstOrder { kAscending, kShuffled };
+// Pinned: sources at a 2x-block stride in one pinned range. Pageable: sources on random pages of
+// a 2.4 GB pageable pool (as gfd_benchmark --pageable picks them), which the driver reports with
+// no range; the planner gets a PageableCache that lives across plans, as in the engine.
+enum class Source { kPinned, kPageable };
+constexpr std::uintptr_t kPageablePool = std::uintptr_t{2400} << 20;
 
-std::vector<BlockCopy> make_blocks(std::size_t n, DstOrder order) {
+std::vector<BlockCopy> make_blocks(std::size_t n, DstOrder order, Source source) {
   std::vector<std::size_t> dst_slot(n);
   std::iota(dst_slot.begin(), dst_slot.end(), std::size_t{0});
   if (order == DstOrder::kShuffled)
     std::shuffle(dst_slot.begin(), dst_slot.end(), std::mt19937_64(7));
+  std::vector<std::uintptr_t> src_slot(n);
+  for (std::size_t i = 0; i < n; ++i) src_slot[i] = 2 * i;
+  if (source == Source::kPageable) {  // distinct random slots of the pool
+    std::vector<std::uintptr_t> all(kPageablePool / (2 * kBlock));
+    std::iota(all.begin(), all.end(), std::uintptr_t{0});
+    std::shuffle(all.begin(), all.end(), std::mt19937_64(11));
+    for (std::size_t i = 0; i < n; ++i) src_slot[i] = 2 * all[i];
+  }
   std::vector<BlockCopy> blocks(n);
   for (std::size_t i = 0; i < n; ++i) {
-    blocks[i].src = reinterpret_cast<const void*>(kSrcBase + 2 * i * kBlock);
+    blocks[i].src = reinterpret_cast<const void*>(kSrcBase + src_slot[i] * kBlock);
     blocks[i].dst = reinterpret_cast<void*>(kDstBase + dst_slot[i] * kBlock);
     blocks[i].bytes = kBlock;
   }
   return blocks;
 }
 
-void BM_MakePlan(benchmark::State& state, DstOrder order, bool check_overlaps) {
+void BM_MakePlan(benchmark::State& state, DstOrder order, bool check_overlaps, Source source) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  const std::vector<BlockCopy> blocks = make_blocks(n, order);
-  const std::uintptr_t src_end = kSrcBase + 2 * n * kBlock;
+  const std::vector<BlockCopy> blocks = make_blocks(n, order, source);
+  const std::uintptr_t src_end = source == Source::kPinned ? kSrcBase + 2 * n * kBlock : kSrcBase;
   const std::uintptr_t dst_end = kDstBase + n * kBlock;
   std::uint64_t queries = 0;
   const gfd::detail::PointerClassifier classify = [&](const void* p) {
@@ -78,10 +92,14 @@ void BM_MakePlan(benchmark::State& state, DstOrder order, bool check_overlaps) {
   config.device = 0;
   config.check_overlaps = check_overlaps;
 
+  gfd::detail::PageableCache pageable(60000);
+  gfd::detail::PageableCache* shared = source == Source::kPageable ? &pageable : nullptr;
+  (void)gfd::detail::make_plan(blocks, config, classify, shared);  // steady state: regions known
+  queries = 0;
   std::size_t chunks = 0, ops = 0;
   const double t0 = thread_cpu_ns();
   for (auto _ : state) {
-    gfd::detail::Plan plan = gfd::detail::make_plan(blocks, config, classify);
+    gfd::detail::Plan plan = gfd::detail::make_plan(blocks, config, classify, shared);
     benchmark::DoNotOptimize(plan.ops.data());
     chunks = plan.chunks.size();
     ops = plan.ops.size();
@@ -101,11 +119,13 @@ void BlockCounts(benchmark::internal::Benchmark* b) {
   for (std::int64_t n : {16, 256, 2048, 16384}) b->Arg(n);
 }
 
-BENCHMARK_CAPTURE(BM_MakePlan, ascending_dst, DstOrder::kAscending, true)->Apply(BlockCounts);
-BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst, DstOrder::kShuffled, true)->Apply(BlockCounts);
-BENCHMARK_CAPTURE(BM_MakePlan, ascending_dst_nocheck, DstOrder::kAscending, false)
+BENCHMARK_CAPTURE(BM_MakePlan, ascending_dst, DstOrder::kAscending, true, Source::kPinned)->Apply(BlockCounts);
+BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst, DstOrder::kShuffled, true, Source::kPinned)->Apply(BlockCounts);
+BENCHMARK_CAPTURE(BM_MakePlan, ascending_dst_nocheck, DstOrder::kAscending, false, Source::kPinned)
     ->Apply(BlockCounts);
-BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_nocheck, DstOrder::kShuffled, false)
+BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_nocheck, DstOrder::kShuffled, false, Source::kPinned)
+    ->Apply(BlockCounts);
+BENCHMARK_CAPTURE(BM_MakePlan, pageable_src_ascending_dst, DstOrder::kAscending, true, Source::kPageable)
     ->Apply(BlockCounts);
 
 }  // namespace

@@ -171,6 +171,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Item& append_item(ItemKind kind, const std::shared_ptr<TransferState>& t, std::uint32_t index,
                     std::uint32_t slot, bool ready);
   void publish_item(Item& item, std::uint32_t pieces);
+  void publish_for_pool(Item& item, std::uint32_t pieces, bool first);
   bool run_next_piece(bool may_poll = true);
   void run_piece(Item& item, std::uint32_t piece);
   void gather_piece(const Item& item, std::uint32_t piece);

@@ -40,7 +40,8 @@ class RangeCache {
   RangeCache(const PointerClassifier& classify, PageableCache* shared)
       : classify_(classify), shared_(shared), now_ms_(shared != nullptr ? shared->now_ms() : 0) {}
 
-  // The returned pointer stays valid for the cache's life. With `whole_region`, pageable memory
+  // The returned pointer stays valid for the cache's life (a whole region's, until the next
+  // lookup with `whole_region`). With `whole_region`, pageable memory
   // is reported as its whole 2 MiB region (a range, so the blocks after it in that region need
   // no lookup) and may be answered from the shared cache; without, the driver is asked about
   // this very page (where pinned memory matters).
@@ -67,10 +68,12 @@ class RangeCache {
   }
 
  private:
+  // One slot, rewritten by each answer: only host-side lookups ask for whole regions, and the
+  // planner holds one host-side answer at a time (a deque entry per block cost ~10 ns).
   const PointerInfo* region(std::uintptr_t a) {
     const std::uintptr_t begin = a & ~(PageableCache::kGranule - 1);
-    regions_.push_back({PointerKind::kPageableHost, -1, begin, begin + PageableCache::kGranule});
-    return &regions_.back();
+    region_ = {PointerKind::kPageableHost, -1, begin, begin + PageableCache::kGranule};
+    return &region_;
   }
   static constexpr PointerInfo kPageable{};
   const PointerClassifier& classify_;
@@ -78,7 +81,7 @@ class RangeCache {
   std::uint32_t now_ms_;
   std::deque<PointerInfo> ranges_;  // deque: pointers into it stay valid as it grows
   std::deque<PointerInfo> others_;
-  std::deque<PointerInfo> regions_;
+  PointerInfo region_;
   std::unordered_set<std::uintptr_t> pageable_;
 };
 
