@@ -864,10 +864,13 @@ void EngineCore::run_piece(Item& item, std::uint32_t piece) {
   // The thread that completes a chunk's last piece issues it (or hands it to the issuer).
   if (item.pieces_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     if (item.to_host) {
+      // Placed: the slot may be reused. Its DMA is known to be done (the chunk became
+      // placeable when its event completed), so the next user need not ask the device again;
+      // after a failure that is not known.
       Slot& s = slots_[item.slot];
-      s.state.store(kIssued, std::memory_order_release);  // placed: the slot may be reused
-      s.state.notify_all();
       TransferState& t = *item.t;
+      s.state.store(t.failure() ? kIssued : kFree, std::memory_order_release);
+      s.state.notify_all();
       if (t.host_left.fetch_sub(1, std::memory_order_acq_rel) == 1) t.host_left.notify_all();
     } else if (preissue_) {
       device_->signal_value(slots_[item.slot].flag, item.flag_value);  // the DMA may start

@@ -250,7 +250,9 @@ void check_overlaps(std::span<const BlockCopy> blocks, Plan::Scratch& scratch) {
 // Packs staged segments into chunks, splitting segments wherever a chunk or piece fills up.
 class Packer {
  public:
-  Packer(const PlanConfig& cfg, Plan& plan) : cfg_(cfg), plan_(plan) {}
+  // `bytes_hint`: about how many bytes will be packed (the taper below needs no more).
+  Packer(const PlanConfig& cfg, Plan& plan, std::uint64_t bytes_hint)
+      : cfg_(cfg), plan_(plan), left_(bytes_hint) {}
 
   void add(const Segment& seg) {
     std::uint64_t done = 0;
@@ -269,6 +271,7 @@ class Packer {
       std::uint64_t take = std::min<std::uint64_t>(seg.bytes - done, room);
       take = std::min<std::uint64_t>(take, cfg_.piece_bytes - piece_fill_);
       plan_.ops.push_back({seg.src + done, seg.dst + done, chunk_.data_bytes, take});
+      left_ -= std::min(left_, take);
       chunk_.data_bytes += take;
       piece_fill_ += take;
       done += take;
@@ -285,6 +288,12 @@ class Packer {
     const std::size_t k = plan_.chunks.size();
     cap_ = cfg_.slot_bytes;
     if (k < 16) cap_ = std::min<std::uint64_t>(cap_, std::uint64_t{cfg_.first_chunk_bytes} << k);
+    // Device to host, the gather threads place each chunk after its DMA, so the transfer ends
+    // with the placement of its last chunk: halve the chunks towards the end (down to the first
+    // chunk's size) so that little is left to place once the last DMA is done.
+    if (cfg_.direction == Direction::kToHost)
+      cap_ = std::min<std::uint64_t>(cap_, std::max<std::uint64_t>(cfg_.first_chunk_bytes,
+                                                                   align_up((left_ + 1) / 2, kAlign)));
     chunk_ = {};
     chunk_.op_begin = static_cast<std::uint32_t>(plan_.ops.size());
     chunk_.piece_begin = static_cast<std::uint32_t>(plan_.pieces.size());
@@ -317,6 +326,7 @@ class Packer {
   const PlanConfig& cfg_;
   Plan& plan_;
   PlannedChunk chunk_{};
+  std::uint64_t left_;
   std::uint64_t cap_ = 0;
   std::uint32_t piece_begin_ = 0;
   std::uint64_t piece_fill_ = 0;
@@ -409,7 +419,9 @@ void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
   }
   plan.ops.reserve(blocks.size() + blocks.size() / 8 + 64);
   plan.pieces.reserve(blocks.size() / 4 + 64);
-  Packer packer(cfg, plan);
+  std::uint64_t block_bytes = 0;
+  for (const BlockCopy& b : blocks) block_bytes += b.bytes;
+  Packer packer(cfg, plan, block_bytes);
   auto place = [&](const Segment& s) {
     plan.total_bytes += s.bytes;
     if (cfg.direct_min_bytes != 0 && s.pinned_src && s.bytes >= cfg.direct_min_bytes)

@@ -1019,6 +1019,38 @@ TEST(PlannerToHostTest, ScatteredDeviceSourcesAreNotContiguous) {
   EXPECT_TRUE(plan.all_pinned_host);
 }
 
+// Device to host, the last chunk is placed after the last DMA: chunks grow from the first
+// chunk's size, then halve towards the end, so the last one is no larger than the first.
+TEST(PlannerToHostTest, ChunksTaperTowardsTheEnd) {
+  PlanConfig cfg;  // the engine's defaults: 2 MB slots, 256 KB first chunk
+  std::vector<BlockCopy> blocks;
+  for (std::uintptr_t i = 0; i < 2048; ++i)
+    blocks.push_back(block(kDevBase + i * 4096, kPageBase + i * 8192, 4096));  // 8 MB
+  cfg.direction = gfd::detail::Direction::kToHost;
+  const Plan down = plan_of(blocks, cfg);
+  std::uint64_t sum = 0;
+  for (const auto& c : down.chunks) sum += c.data_bytes;
+  EXPECT_EQ(sum, 8 * kMiB);
+  ASSERT_GE(down.chunks.size(), 4u);
+  EXPECT_LE(down.chunks.back().data_bytes, cfg.first_chunk_bytes);
+  std::size_t peak = 0;
+  for (std::size_t k = 1; k < down.chunks.size(); ++k)
+    if (down.chunks[k].data_bytes > down.chunks[peak].data_bytes) peak = k;
+  EXPECT_GT(peak, 0u);
+  EXPECT_LT(peak, down.chunks.size() - 2);
+  for (std::size_t k = 1; k <= peak; ++k)
+    EXPECT_GE(down.chunks[k].data_bytes, down.chunks[k - 1].data_bytes) << "chunk " << k;
+  for (std::size_t k = peak + 1; k < down.chunks.size(); ++k)
+    EXPECT_LE(down.chunks[k].data_bytes, down.chunks[k - 1].data_bytes) << "chunk " << k;
+  // Host to device keeps full slots to the end (the DMA is last there, and it is the slower).
+  cfg.direction = gfd::detail::Direction::kToDevice;
+  std::vector<BlockCopy> up;
+  for (std::uintptr_t i = 0; i < 2048; ++i) up.push_back(block(kPageBase + i * 8192, kDevBase + i * 4096, 4096));
+  const Plan plan_up = plan_of(up, cfg);
+  EXPECT_LT(plan_up.chunks.size(), down.chunks.size());
+  EXPECT_GT(plan_up.chunks[plan_up.chunks.size() - 2].data_bytes, cfg.slot_bytes / 2);
+}
+
 TEST(PlannerToHostTest, SidesAreNamedInErrors) {
   const PlanConfig cfg = to_host_config();
   auto reject = [&](BlockCopy b, const std::string& needle) {
