@@ -61,7 +61,7 @@ if [ "$MODE" = reliability ]; then
   PICK='*OneByte/Cuda*:*ScatteredDestinationsUseScatterKernel/Cuda*:*RandomSizesAndAlignments/Cuda*'
   PICK="$PICK:*LargePinnedBlocksGoDirect/Cuda*:*WorkQueuedAfterOnTheStreamSeesTheData/Cuda*"
   PICK="$PICK:*ConcurrentSubmittersWithTinyRing/Cuda*:*SmallPinnedTransfersCanTakeTheKernel/Cuda*"
-  PICK="$PICK:*CopyToHost*/Cuda*:*SwapOut*/Cuda*:*BothDirections*/Cuda*"
+  PICK="$PICK:*CopyToHost*/Cuda*:*SwapOut*/Cuda*:*IssuingFromTheGatherThreadsWorksToo/Cuda*"
   for tool in memcheck racecheck; do
     SECONDS=0
     limit=120; [ $tool = racecheck ] && limit=60
