@@ -669,16 +669,21 @@ void EngineCore::submit_gather_to_host(const std::shared_ptr<TransferState>& t, 
           if (c.contiguous_device) {
             device_->copy_d2h(s.host, p.ops[c.op_begin].src, c.data_bytes, l);
           } else {
-            // The entries go to the device staging area with the chunk's data area, then the
-            // kernel packs the device blocks there, then one DMA brings the data back.
+            // The kernel packs the device blocks into the slot's device staging area, then one
+            // DMA brings the data back. It reads its entries from the pinned slot over PCIe (one
+            // read per thread block, all in parallel); where the GPU cannot read host memory at
+            // its host address they are copied to the device first.
             auto* entries = reinterpret_cast<ScatterEntry*>(s.host + c.scatter_offset);
             for (std::uint32_t i = c.op_begin; i < c.op_end; ++i)
               entries[i - c.op_begin] = {reinterpret_cast<std::uint64_t>(p.ops[i].src),
                                          p.ops[i].slot_offset, p.ops[i].bytes};
-            const std::size_t entry_bytes = (c.op_end - c.op_begin) * sizeof(ScatterEntry);
-            device_->copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, entry_bytes, l);
-            device_->gather(reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset),
-                            c.op_end - c.op_begin, s.dev, l);
+            const ScatterEntry* read_from = entries;
+            if (!device_->host_pointers_usable()) {
+              const std::size_t entry_bytes = (c.op_end - c.op_begin) * sizeof(ScatterEntry);
+              device_->copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, entry_bytes, l);
+              read_from = reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset);
+            }
+            device_->gather(read_from, c.op_end - c.op_begin, s.dev, l);
             device_->copy_d2h(s.host, s.dev, c.data_bytes, l);
             st_scattered_.fetch_add(1, std::memory_order_relaxed);
           }
