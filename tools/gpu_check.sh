@@ -70,7 +70,7 @@ if [ "$MODE" = reliability ]; then
     summary "== compute-sanitizer $tool: rc=$? (${SECONDS}s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests? ran|PASSED|FAILED' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
   done
   SECONDS=0
-  timeout 100 tools/sanitize.sh address,undefined > "$OUT/asan.log" 2>&1
+  timeout 240 tools/sanitize.sh address,undefined > "$OUT/asan.log" 2>&1
   summary "== ASan+UBSan+LSan with the GPU: rc=$? (${SECONDS}s) $(grep -E 'tests passed|tests failed|ERROR: (Address|Leak)Sanitizer|runtime error' "$OUT/asan.log" | head -3 | tr '\n' ' ')"
 else
   run_bench quick_cold --quick
