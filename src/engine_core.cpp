@@ -237,10 +237,10 @@ void EngineCore::start() {
   staging_ = std::make_unique<HostStaging>(d, ring, numa_node_);
   slots_ = std::vector<Slot>(nslots);
   if (b == Backend::kGather) {
-    // copy_streams lanes for host to device, and one for device to host: one lane keeps those
-    // DMAs in order (the gather threads place chunks in order), and apart from host-to-device
-    // DMAs that may wait on gathering.
-    for (int i = 0; i <= options_.copy_streams; ++i) lanes_.push_back(d.create_stream());
+    // copy_streams lanes for host to device, one for device to host (one lane keeps those DMAs
+    // in order, as the gather threads place chunks in order, and apart from host-to-device DMAs
+    // that may wait on gathering), and one where scattered device blocks are packed for it.
+    for (int i = 0; i < options_.copy_streams + 2; ++i) lanes_.push_back(d.create_stream());
     dev_staging_ = static_cast<std::byte*>(d.alloc_device(ring));
   }
   for (std::size_t i = 0; i < nslots; ++i) {
@@ -677,13 +677,19 @@ void EngineCore::submit_gather_to_host(const std::shared_ptr<TransferState>& t, 
             for (std::uint32_t i = c.op_begin; i < c.op_end; ++i)
               entries[i - c.op_begin] = {reinterpret_cast<std::uint64_t>(p.ops[i].src),
                                          p.ops[i].slot_offset, p.ops[i].bytes};
+            // The packing runs on a lane of its own, so that it overlaps the previous chunk's
+            // DMA; the device-to-host lane waits for it (the slot's start event, unused for
+            // timing here).
+            StreamHandle pack = lane_for(*t, pack_lane());
             const ScatterEntry* read_from = entries;
             if (!device_->host_pointers_usable()) {
               const std::size_t entry_bytes = (c.op_end - c.op_begin) * sizeof(ScatterEntry);
-              device_->copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, entry_bytes, l);
+              device_->copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, entry_bytes, pack);
               read_from = reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset);
             }
-            device_->gather(read_from, c.op_end - c.op_begin, s.dev, l);
+            device_->gather(read_from, c.op_end - c.op_begin, s.dev, pack);
+            device_->record_event(s.start, pack);
+            device_->stream_wait_event(l, s.start);
             device_->copy_d2h(s.host, s.dev, c.data_bytes, l);
             st_scattered_.fetch_add(1, std::memory_order_relaxed);
           }

@@ -195,11 +195,13 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void enqueue_direct(TransferState& t, std::uint32_t index);
   void finalize(TransferState& t);
   StreamHandle lane_for(TransferState& t, std::uint32_t lane);
-  // Host-to-device lanes are 0..copy_streams-1, taken in turn; device to host has the last.
+  // Host-to-device lanes are 0..copy_streams-1, taken in turn; then the device-to-host lane and
+  // the lane that packs scattered device blocks for it.
   std::uint32_t next_h2d_lane() {
     return static_cast<std::uint32_t>(lane_rr_++ % static_cast<std::uint64_t>(options_.copy_streams));
   }
   std::uint32_t d2h_lane() const { return static_cast<std::uint32_t>(options_.copy_streams); }
+  std::uint32_t pack_lane() const { return d2h_lane() + 1; }
 
   EngineOptions options_;
   std::shared_ptr<Device> device_;
