@@ -160,8 +160,9 @@ EngineCore::EngineCore(const EngineOptions& options, std::shared_ptr<Device> dev
     bad_option("backend: zero_copy_kernel needs a GPU that reads pinned host memory at its host "
                "address (unified addressing); this one does not");
   if (o.spin_us < 0) bad_option("spin_us: " + std::to_string(o.spin_us) + " is negative");
-  if (o.pageable_cache_ms < 0)
-    bad_option("pageable_cache_ms: " + std::to_string(o.pageable_cache_ms) + " is negative");
+  if (o.pageable_cache_ms < 0 || o.pageable_cache_ms > 3600000)
+    bad_option("pageable_cache_ms: " + std::to_string(o.pageable_cache_ms) +
+               " is outside 0..3600000 (an hour)");
   pageable_cache_ = std::make_unique<PageableCache>(static_cast<std::uint32_t>(o.pageable_cache_ms));
   if (o.numa_node < -2) bad_option("numa_node: " + std::to_string(o.numa_node) + " is below -2");
 

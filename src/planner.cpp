@@ -336,7 +336,8 @@ class Packer {
 }  // namespace
 
 PageableCache::PageableCache(std::uint32_t ttl_ms)
-    : ttl_ms_(ttl_ms), table_(std::make_unique<std::atomic<std::uint64_t>[]>(kEntries)) {
+    : ttl_ms_(std::min<std::uint32_t>(ttl_ms, 1u << (kStampBits - 1))),  // stamps compare modulo 2^24
+      table_(std::make_unique<std::atomic<std::uint64_t>[]>(kEntries)) {
   clear();
 }
 

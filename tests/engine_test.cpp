@@ -515,6 +515,8 @@ TEST_P(EngineTest, AbsurdOptionsAreRejectedNamingTheOption) {
   add("gather_threads", [](EngineOptions& o) { o.gather_threads = -3; });
   add("piece_bytes", [](EngineOptions& o) { o.piece_bytes = 1; });
   add("numa_node", [](EngineOptions& o) { o.numa_node = 4096; });
+  add("pageable_cache_ms", [](EngineOptions& o) { o.pageable_cache_ms = -1; });
+  add("pageable_cache_ms", [](EngineOptions& o) { o.pageable_cache_ms = 3600001; });
   for (const Case& c : cases) {
     SCOPED_TRACE(c.needle);
     try {

@@ -64,7 +64,8 @@ struct EngineOptions {
   /// driver reported as pageable (not pinned), so that blocks there need no driver query per
   /// page. Pageable blocks are staged whatever their region; memory registered with
   /// cudaHostRegister after gfd saw it pageable is staged (correct, and slower for small
-  /// transfers) for at most this long. 0 asks the driver about every page, every transfer.
+  /// transfers) for at most this long. 0 asks the driver about every page, every transfer; at
+  /// most 3600000 (an hour).
   int pageable_cache_ms = 100;
   /// Check that no two destination ranges overlap (costs a sort of the block list when the
   /// destinations are not already in ascending order).
