@@ -92,21 +92,20 @@ struct Segment {
   bool pinned_src;
 };
 
-void validate_blocks(std::span<const BlockCopy> blocks, const PlanConfig& cfg, RangeCache& cache,
-                     std::vector<std::uint8_t>& pinned) {
-  pinned.resize(blocks.size());
-  // Blocks of one transfer mostly come from one host pool and go to one device cache: test each
-  // block against the ranges of the previous one before asking the cache.
-  const PointerInfo* dr = nullptr;
-  const PointerInfo* sr = nullptr;
+// Validates blocks [begin, end) of `blocks` into `pinned` (sized for all of them). Blocks of one
+// transfer mostly come from one host pool and go to one device cache: each block is tested
+// against the ranges of the previous one (dr: the device side's allocation, sr: the host
+// side's; kept across calls) before the cache is asked.
+void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::size_t end,
+                    const PlanConfig& cfg, RangeCache& cache, std::vector<std::uint8_t>& pinned,
+                    const PointerInfo*& dr, const PointerInfo*& sr) {
   const bool to_host = cfg.direction == Direction::kToHost;
   const std::size_t direct_min = cfg.direct_min_bytes != 0 ? cfg.direct_min_bytes : SIZE_MAX;
   const char* dev_name = to_host ? "source" : "destination";
   const char* host_name = to_host ? "destination" : "source";
   const auto device_side = [to_host](const BlockCopy& b) { return to_host ? b.src : static_cast<const void*>(b.dst); };
   const auto host_side = [to_host](const BlockCopy& b) { return to_host ? static_cast<const void*>(b.dst) : b.src; };
-  // Every check of one block, with the messages; updates the ranges (dr: the device side's
-  // allocation, sr: the host side's).
+  // Every check of one block, with the messages; updates the ranges.
   auto check = [&](std::size_t i) {
     const BlockCopy& b = blocks[i];
     const void* dp = device_side(b);
@@ -151,8 +150,8 @@ void validate_blocks(std::span<const BlockCopy> blocks, const PlanConfig& cfg, R
                        "; " + cfg.pinned_reason + " needs pinned host memory (cudaHostAlloc or "
                        "cudaHostRegister)");
   };
-  const std::size_t n = blocks.size();
-  std::size_t i = 0;
+  const std::size_t n = end;
+  std::size_t i = begin;
   while (i < n) {
     if (dr != nullptr && sr != nullptr && dr->end != 0 && sr->end != 0) {
       // The common case without calls or branches per condition: the block lies wholly in the
@@ -391,8 +390,64 @@ void validate_plan_config(const PlanConfig& c) {
   if (c.device < 0) bad("device must be >= 0 (got " + std::to_string(c.device) + ")");
 }
 
-void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
-               const PointerClassifier& classify, Plan& plan, PageableCache* pageable) {
+struct PlanBuilder::State {
+  State(std::span<const BlockCopy> b, const PlanConfig& c, const PointerClassifier& classify,
+        Plan& p, PageableCache* pageable, std::uint64_t block_bytes)
+      : blocks(b), cfg(c), plan(p), cache(classify, pageable), packer(cfg, plan, block_bytes) {}
+  std::span<const BlockCopy> blocks;
+  PlanConfig cfg;
+  Plan& plan;
+  RangeCache cache;
+  Packer packer;
+  const PointerInfo* dr = nullptr;
+  const PointerInfo* sr = nullptr;
+  Segment cur{};
+  std::size_t validated = 0;  // blocks validated
+  std::size_t placed = 0;     // blocks coalesced into `cur` or placed before it
+
+  void place(const Segment& seg) {
+    plan.total_bytes += seg.bytes;
+    if (cfg.direct_min_bytes != 0 && seg.pinned_src && seg.bytes >= cfg.direct_min_bytes)
+      plan.direct.push_back({seg.src, seg.dst, seg.bytes});
+    else
+      packer.add(seg);
+  }
+  // Coalesces runs of blocks that are adjacent at both ends into one segment as they go by.
+  void coalesce(std::size_t end) {
+    const std::vector<std::uint8_t>& pinned = plan.scratch.pinned;
+    for (std::size_t i = placed; i < end; ++i) {
+      const auto* src = static_cast<const std::byte*>(blocks[i].src);
+      auto* dst = static_cast<std::byte*>(blocks[i].dst);
+      if (i != 0 && cur.src + cur.bytes == src && cur.dst + cur.bytes == dst) {
+        cur.bytes += blocks[i].bytes;
+        cur.pinned_src = cur.pinned_src && pinned[i] != 0;
+        continue;
+      }
+      if (i != 0) place(cur);
+      cur = {src, dst, blocks[i].bytes, pinned[i] != 0};
+    }
+    placed = end;
+  }
+};
+
+PlanBounds plan_bounds(std::size_t blocks, std::uint64_t bytes, const PlanConfig& cfg) {
+  // A chunk other than the last closes only when full: its data plus one scatter entry per op
+  // (and one more), aligned down to 16, reach its capacity, which is at least cmin. An op ends
+  // where its block run ends (at most one per block) or where a piece closes; a piece closes
+  // when full or with its chunk. Summing over the chunks bounds their number.
+  const std::uint64_t cmin = std::min<std::uint64_t>(cfg.first_chunk_bytes, cfg.slot_bytes);
+  const std::uint64_t entry = sizeof(ScatterEntry);
+  const std::uint64_t full_pieces = bytes / cfg.piece_bytes;
+  PlanBounds b;
+  b.chunks = (bytes + entry * (blocks + full_pieces) + cmin) / (cmin - 2 * entry - 16 - 15) + 1;
+  b.pieces = full_pieces + b.chunks;
+  b.ops = blocks + b.pieces;
+  return b;
+}
+
+PlanBuilder::PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
+                         const PointerClassifier& classify, Plan& plan, PageableCache* pageable,
+                         bool stable) {
   plan.ops.clear();
   plan.chunks.clear();
   plan.pieces.clear();
@@ -400,52 +455,65 @@ void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
   plan.total_bytes = 0;
   plan.block_count = blocks.size();
   plan.all_pinned_host = true;
-  if (blocks.empty()) return;
   if (blocks.size() > UINT32_MAX / 2)
     throw Error(ErrorCode::kInvalidArgument,
                 "blocks: " + std::to_string(blocks.size()) + " blocks is more than one transfer takes");
-  RangeCache cache(classify, pageable);
-  std::vector<std::uint8_t>& pinned = plan.scratch.pinned;
-  validate_blocks(blocks, cfg, cache, pinned);
-  if (cfg.check_overlaps) check_overlaps(blocks, plan.scratch);
-  for (std::uint8_t p : pinned) plan.all_pinned_host = plan.all_pinned_host && p != 0;
+  std::uint64_t block_bytes = 0;  // saturating: bad sizes are reported by validation
+  for (const BlockCopy& b : blocks) block_bytes = b.bytes > UINT64_MAX - block_bytes ? UINT64_MAX : block_bytes + b.bytes;
+  plan.scratch.pinned.resize(blocks.size());
+  if (cfg.mode == PlanConfig::Mode::kStaged) {
+    if (stable && block_bytes <= (std::uint64_t{1} << 44)) {
+      const PlanBounds b = plan_bounds(blocks.size(), block_bytes, cfg);
+      plan.ops.reserve(b.ops);
+      plan.pieces.reserve(b.pieces);
+      plan.chunks.reserve(b.chunks);
+      stable_ = true;
+    } else {
+      plan.ops.reserve(blocks.size() + blocks.size() / 8 + 64);
+      plan.pieces.reserve(blocks.size() / 4 + 64);
+    }
+  }
+  s_ = std::make_unique<State>(blocks, cfg, classify, plan, pageable, block_bytes);
+}
 
-  if (cfg.mode == PlanConfig::Mode::kPassThrough) {
-    plan.direct.reserve(blocks.size());
-    for (const BlockCopy& b : blocks) {
+PlanBuilder::~PlanBuilder() = default;
+
+std::size_t PlanBuilder::size() const { return s_->blocks.size(); }
+std::size_t PlanBuilder::validated() const { return s_->validated; }
+
+void PlanBuilder::advance(std::size_t end) {
+  State& st = *s_;
+  end = std::min(end, st.blocks.size());
+  if (end <= st.validated) return;
+  validate_range(st.blocks, st.validated, end, st.cfg, st.cache, st.plan.scratch.pinned, st.dr, st.sr);
+  st.validated = end;
+  // Ranges are checked for overlaps at the end; a staged plan packs as it goes.
+  if (st.cfg.mode == PlanConfig::Mode::kStaged) st.coalesce(end);
+}
+
+void PlanBuilder::finish() {
+  State& st = *s_;
+  Plan& plan = st.plan;
+  advance(st.blocks.size());
+  if (st.blocks.empty()) return;
+  if (st.cfg.check_overlaps) check_overlaps(st.blocks, plan.scratch);
+  for (std::uint8_t p : plan.scratch.pinned) plan.all_pinned_host = plan.all_pinned_host && p != 0;
+  if (st.cfg.mode == PlanConfig::Mode::kPassThrough) {
+    plan.direct.reserve(st.blocks.size());
+    for (const BlockCopy& b : st.blocks) {
       plan.direct.push_back({static_cast<const std::byte*>(b.src), static_cast<std::byte*>(b.dst), b.bytes});
       plan.total_bytes += b.bytes;
     }
     return;
   }
-  plan.ops.reserve(blocks.size() + blocks.size() / 8 + 64);
-  plan.pieces.reserve(blocks.size() / 4 + 64);
-  std::uint64_t block_bytes = 0;
-  for (const BlockCopy& b : blocks) block_bytes += b.bytes;
-  Packer packer(cfg, plan, block_bytes);
-  auto place = [&](const Segment& s) {
-    plan.total_bytes += s.bytes;
-    if (cfg.direct_min_bytes != 0 && s.pinned_src && s.bytes >= cfg.direct_min_bytes)
-      plan.direct.push_back({s.src, s.dst, s.bytes});
-    else
-      packer.add(s);
-  };
-  // Coalesce runs of blocks that are adjacent at both ends into one segment as they go by.
-  Segment cur{static_cast<const std::byte*>(blocks[0].src), static_cast<std::byte*>(blocks[0].dst),
-              blocks[0].bytes, pinned[0] != 0};
-  for (std::size_t i = 1; i < blocks.size(); ++i) {
-    const auto* s = static_cast<const std::byte*>(blocks[i].src);
-    auto* d = static_cast<std::byte*>(blocks[i].dst);
-    if (cur.src + cur.bytes == s && cur.dst + cur.bytes == d) {
-      cur.bytes += blocks[i].bytes;
-      cur.pinned_src = cur.pinned_src && pinned[i] != 0;
-      continue;
-    }
-    place(cur);
-    cur = {s, d, blocks[i].bytes, pinned[i] != 0};
-  }
-  place(cur);
-  packer.finish();
+  st.place(st.cur);
+  st.packer.finish();
+}
+
+void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
+               const PointerClassifier& classify, Plan& plan, PageableCache* pageable) {
+  PlanBuilder builder(blocks, cfg, classify, plan, pageable, false);
+  builder.finish();
 }
 
 }  // namespace gfd::detail

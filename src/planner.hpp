@@ -128,6 +128,38 @@ class PageableCache {
   std::unique_ptr<std::atomic<std::uint64_t>[]> table_;
 };
 
+// Upper bounds on what the staged planner makes of `blocks` blocks of `bytes` bytes in all.
+struct PlanBounds {
+  std::uint64_t chunks = 0, pieces = 0, ops = 0;
+};
+PlanBounds plan_bounds(std::size_t blocks, std::uint64_t bytes, const PlanConfig& config);
+
+// Plans a transfer a stretch of blocks at a time, so that the chunks planned first can move
+// while the rest is validated and packed. advance(end) validates blocks up to `end` (throwing
+// gfd::Error naming the first bad one) and packs them: plan.chunks then holds every chunk closed
+// so far, final. finish() plans what is left, checks the destinations for overlaps (throws) and
+// closes the last chunk. With `stable`, the plan's ops, pieces and chunks are reserved for the
+// whole transfer up front (plan_bounds), so that closed chunks may be read by other threads while
+// planning goes on; stable() says whether that was possible (not for absurd sizes).
+class PlanBuilder {
+ public:
+  PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& config,
+              const PointerClassifier& classify, Plan& plan, PageableCache* pageable, bool stable);
+  ~PlanBuilder();
+  PlanBuilder(const PlanBuilder&) = delete;
+  PlanBuilder& operator=(const PlanBuilder&) = delete;
+  void advance(std::size_t end);
+  void finish();
+  std::size_t size() const;       // blocks in the transfer
+  std::size_t validated() const;  // blocks validated so far
+  bool stable() const { return stable_; }
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+  bool stable_ = false;
+};
+
 // Throws gfd::Error(kInvalidArgument) naming the first bad block; otherwise fills `plan`
 // (whatever it held before is replaced; its memory is reused). `pageable`, when given, is
 // consulted and updated (the engine keeps one across its transfers).
