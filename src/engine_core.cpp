@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "gfd/error.hpp"
@@ -105,6 +106,7 @@ void EngineCore::recycle_plan(Plan&& plan) noexcept {
 void TransferState::fail(std::exception_ptr e) {
   std::lock_guard lk(error_mutex);
   if (!error) error = std::move(e);
+  failed.store(true, std::memory_order_release);
 }
 
 std::exception_ptr TransferState::failure() {
@@ -476,9 +478,17 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
     pool_->wake();
   const auto id = static_cast<std::uint32_t>(next_id_.fetch_add(1, std::memory_order_relaxed));
   trace(id, TraceEvent::kSubmit);
+  const bool to_host = direction == Direction::kToHost;
+  if (gather && to_host && blocks.size() > 1) {
+    // Device to host, too large for the kernel: planned a stretch at a time, with the DMAs of
+    // the chunks planned first already running (only placing the bytes waits for the whole
+    // list to be valid).
+    std::uint64_t bytes = 0;
+    for (const BlockCopy& b : blocks) bytes = b.bytes > UINT64_MAX - bytes ? UINT64_MAX : bytes + b.bytes;
+    if (bytes > options_.kernel_max_bytes) return submit_to_host_streamed(blocks, bytes, stream, id);
+  }
   const auto t_plan = Clock::now();
   Plan plan = take_plan();
-  const bool to_host = direction == Direction::kToHost;
   try {
     PlanConfig cfg = gather ? plan_config_ : pass_config_;
     cfg.direction = direction;
@@ -634,12 +644,121 @@ void EngineCore::enqueue_direct(TransferState& t, std::uint32_t index) {
   st_direct_.fetch_add(1, std::memory_order_relaxed);
 }
 
-// Device to host through staging. Each chunk's device side is moved into its slot on a copy
-// lane (packed on the GPU first when its device blocks are scattered), then the gather threads
-// place the slot's bytes at the host destinations. The DMAs are enqueued here, at once; a gather
-// thread notices a chunk's DMA has completed (poll_head_dma) and the chunk's pieces become
-// claimable. The caller's stream waits for the DMAs (after them the device blocks may change);
-// the handle is done when the last piece is placed.
+// Device to host through staging. Each chunk's device side is moved into its slot on the
+// device-to-host lane (packed on the GPU first when its device blocks are scattered), then the
+// gather threads place the slot's bytes at the host destinations. The transfer is planned a
+// stretch of blocks at a time and each chunk's DMA is enqueued as soon as the chunk is planned
+// (its device blocks are validated by then, so the DMA reads only valid memory, and it writes
+// only the slot); a gather thread notices a chunk's DMA has completed (poll_head_dma), and the
+// chunk's pieces become claimable once the whole block list has been found valid. A bad block
+// anywhere rejects the transfer: its chunks are then dropped without touching host memory. The
+// caller's stream waits for the DMAs (after them the device blocks may change); the handle is
+// done when the last piece is placed.
+Transfer EngineCore::submit_to_host_streamed(std::span<const BlockCopy> blocks, std::uint64_t bytes,
+                                             StreamHandle stream, std::uint32_t id) {
+  auto t = std::make_shared<TransferState>();
+  t->core = shared_from_this();
+  t->id = id;
+  t->to_host = true;
+  t->plan = take_plan();
+  t->plan_state.store(TransferState::kPlanning, std::memory_order_relaxed);
+  PlanConfig cfg = plan_config_;
+  cfg.direction = Direction::kToHost;
+  const PointerClassifier classify = [this](const void* p) { return device_->query_pointer(p); };
+  std::uint64_t plan_ns = 0;
+  auto timed = [&](auto&& step) {
+    const auto t0 = Clock::now();
+    step();
+    plan_ns += ns_since(t0);
+  };
+  std::optional<PlanBuilder> builder;
+  timed([&] { builder.emplace(blocks, cfg, classify, t->plan, pageable_cache_.get(), true); });
+  // The chunks enqueued while planning hold their slots until planning ends, so a transfer that
+  // could wrap around the ring onto its own chunks (or, for absurd sizes, has no storage
+  // reserved up front) is planned whole before anything moves.
+  if (!builder->stable() || plan_bounds(blocks.size(), bytes, cfg).chunks > slots_.size()) {
+    timed([&] { builder->finish(); });
+    t->plan_state.store(TransferState::kValid, std::memory_order_relaxed);
+  }
+  t->done_event = events_->get();
+  t->start_event = events_->get();
+  t->lane_events.resize(lanes_.size(), nullptr);
+  for (std::size_t l = 1; l < lanes_.size(); ++l) t->lane_events[l] = events_->get();
+  const Plan& p = t->plan;
+  std::exception_ptr rejected;
+  {
+    std::unique_lock lk(submit_mutex_);
+    if (shutting_down_) throw Error(ErrorCode::kShutdown, "copy_to_host: the engine is shutting down");
+    device_->record_event(t->start_event, stream);
+    if (trace_on_.load(std::memory_order_relaxed)) {
+      t->trace_start = device_->create_event(true);
+      t->trace_start_ns = now_ns();
+      device_->record_event(t->trace_start, stream);
+    }
+    std::uint32_t enqueued = 0;
+    auto enqueue_planned = [&] {
+      for (; enqueued < p.chunks.size(); ++enqueued) enqueue_to_host_chunk(t, enqueued);
+    };
+    try {
+      // The first stretch is about one first chunk of 4 KB blocks; then larger ones.
+      std::size_t step = 64;
+      while (builder->validated() < builder->size()) {
+        const std::size_t end = builder->validated() + step;
+        try {
+          timed([&] { builder->advance(end); });
+        } catch (const Error&) {
+          rejected = std::current_exception();
+          break;
+        }
+        enqueue_planned();
+        step = std::min<std::size_t>(step * 2, 1024);
+      }
+      if (!rejected) {
+        try {
+          timed([&] { builder->finish(); });
+        } catch (const Error&) {
+          rejected = std::current_exception();
+        }
+      }
+      if (!rejected) {
+        enqueue_planned();
+        for (std::uint32_t i = 0; i < p.direct.size(); ++i) enqueue_direct(*t, i);
+      }
+    } catch (...) {
+      t->fail(std::current_exception());
+    }
+    // Placing may begin (or, rejected, the chunks are dropped as their DMAs complete).
+    t->plan_state.store(rejected ? TransferState::kRejected : TransferState::kValid, std::memory_order_release);
+    if (enqueued != 0) pool_->wake();
+    finalize(*t);
+  }
+  st_plan_ns_.fetch_add(plan_ns, std::memory_order_relaxed);
+  if (rejected) {
+    // Nothing reaches host memory, but DMAs already enqueued read the (valid) device blocks
+    // planned first: later work on the caller's stream must not free or change them under it.
+    try {
+      device_->stream_wait_event(stream, t->done_event);
+    } catch (...) {
+      // The device failed as well; the rejection is what the caller needs to hear about.
+    }
+    std::rethrow_exception(rejected);
+  }
+  trace(id, TraceEvent::kPlanned);
+  st_blocks_.fetch_add(blocks.size(), std::memory_order_relaxed);
+  st_transfers_.fetch_add(1, std::memory_order_relaxed);  // counted once validated
+  st_chunks_.fetch_add(p.chunks.size(), std::memory_order_relaxed);
+  st_bytes_.fetch_add(p.total_bytes, std::memory_order_relaxed);
+  try_issue();
+  try {
+    device_->stream_wait_event(stream, t->done_event);
+  } catch (...) {
+    t->fail(std::current_exception());
+  }
+  trace(id, TraceEvent::kReturn);
+  return Transfer(t);
+}
+
+// Device to host for a transfer planned whole (small ones that the kernel cannot take).
 void EngineCore::submit_gather_to_host(const std::shared_ptr<TransferState>& t, StreamHandle stream) {
   t->start_event = events_->get();
   t->lane_events.resize(lanes_.size(), nullptr);
@@ -649,75 +768,20 @@ void EngineCore::submit_gather_to_host(const std::shared_ptr<TransferState>& t, 
     std::unique_lock lk(submit_mutex_);
     if (shutting_down_) throw Error(ErrorCode::kShutdown, "copy_to_host: the engine is shutting down");
     device_->record_event(t->start_event, stream);
-    begin_trace(*t, stream);
+    if (trace_on_.load(std::memory_order_relaxed)) {
+      t->trace_start = device_->create_event(true);
+      t->trace_start_ns = now_ns();
+      device_->record_event(t->trace_start, stream);
+    }
     try {
       for (std::uint32_t i = 0; i < p.direct.size(); ++i) enqueue_direct(*t, i);
-      for (std::uint32_t k = 0; k < p.chunks.size(); ++k) {
-        const std::uint32_t slot = acquire_slot();
-        Slot& s = slots_[slot];
-        Item& it = append_item(ItemKind::kChunk, t, k, slot, false);
-        const PlannedChunk& c = p.chunks[k];
-        const std::uint32_t pieces = c.piece_end - c.piece_begin;
-        it.piece_begin = c.piece_begin;
-        it.to_host = true;
-        it.dma_ready.store(false, std::memory_order_relaxed);
-        it.pieces_left.store(pieces, std::memory_order_relaxed);
-        s.timed = false;
-        try {
-          // No timing event (one driver call less per chunk on the submission path): device-to-
-          // host chunks are not in EngineStats::dma_seconds.
-          StreamHandle l = lane_for(*t, d2h_lane());
-          if (c.contiguous_device) {
-            device_->copy_d2h(s.host, p.ops[c.op_begin].src, c.data_bytes, l);
-          } else {
-            // The kernel packs the device blocks into the slot's device staging area, then one
-            // DMA brings the data back. It reads its entries from the pinned slot over PCIe (one
-            // read per thread block, all in parallel); where the GPU cannot read host memory at
-            // its host address they are copied to the device first.
-            auto* entries = reinterpret_cast<ScatterEntry*>(s.host + c.scatter_offset);
-            for (std::uint32_t i = c.op_begin; i < c.op_end; ++i)
-              entries[i - c.op_begin] = {reinterpret_cast<std::uint64_t>(p.ops[i].src),
-                                         p.ops[i].slot_offset, p.ops[i].bytes};
-            // The packing runs on a lane of its own, so that it overlaps the previous chunk's
-            // DMA; the device-to-host lane waits for it (the slot's start event, unused for
-            // timing here).
-            StreamHandle pack = lane_for(*t, pack_lane());
-            const ScatterEntry* read_from = entries;
-            if (!device_->host_pointers_usable()) {
-              const std::size_t entry_bytes = (c.op_end - c.op_begin) * sizeof(ScatterEntry);
-              device_->copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, entry_bytes, pack);
-              read_from = reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset);
-            }
-            device_->gather(read_from, c.op_end - c.op_begin, s.dev, pack);
-            device_->record_event(s.start, pack);
-            device_->stream_wait_event(l, s.start);
-            device_->copy_d2h(s.host, s.dev, c.data_bytes, l);
-            st_scattered_.fetch_add(1, std::memory_order_relaxed);
-          }
-          device_->record_event(s.done, l);
-          if (t->trace_start != nullptr) device_->record_event(t->trace_dma[k].second, l);
-          st_chunks_.fetch_add(1, std::memory_order_relaxed);
-          trace(t->id, TraceEvent::kChunkIssued, k, static_cast<std::uint32_t>(c.data_bytes));
-        } catch (...) {
-          // Nothing will arrive in the slot: let the pieces run (they place stale bytes of a
-          // failed transfer) so that the items behind keep moving.
-          it.dma_ready.store(true, std::memory_order_release);
-          t->host_left.fetch_add(1, std::memory_order_relaxed);
-          publish_item(it, pieces);
-          pool_->wake();
-          throw;
-        }
-        // The slot stays taken (kGathering) until its bytes are placed, not just until the DMA
-        // has filled it: the last piece frees it (run_piece).
-        t->host_left.fetch_add(1, std::memory_order_relaxed);
-        publish_for_pool(it, pieces, k == 0);
-        trace(t->id, TraceEvent::kChunkPublished, k, pieces);
-      }
+      for (std::uint32_t k = 0; k < p.chunks.size(); ++k) enqueue_to_host_chunk(t, k);
     } catch (...) {
       t->fail(std::current_exception());
     }
     finalize(*t);
   }
+  st_chunks_.fetch_add(p.chunks.size(), std::memory_order_relaxed);
   try_issue();
   try {
     device_->stream_wait_event(stream, t->done_event);
@@ -726,11 +790,78 @@ void EngineCore::submit_gather_to_host(const std::shared_ptr<TransferState>& t, 
   }
 }
 
+// Takes a slot for chunk k of a device-to-host transfer, enqueues the chunk's DMA into it and
+// publishes the chunk's pieces (caller holds submit_mutex_).
+void EngineCore::enqueue_to_host_chunk(const std::shared_ptr<TransferState>& t, std::uint32_t k) {
+  const Plan& p = t->plan;
+  const std::uint32_t slot = acquire_slot();
+  Slot& s = slots_[slot];
+  Item& it = append_item(ItemKind::kChunk, t, k, slot, false);
+  const PlannedChunk& c = p.chunks[k];
+  const std::uint32_t pieces = c.piece_end - c.piece_begin;
+  it.piece_begin = c.piece_begin;
+  it.to_host = true;
+  it.dma_ready.store(false, std::memory_order_relaxed);
+  it.pieces_left.store(pieces, std::memory_order_relaxed);
+  s.timed = false;
+  // The slot stays taken (kGathering) until its bytes are placed, not just until the DMA has
+  // filled it: the last piece frees it (run_piece).
+  t->host_left.fetch_add(1, std::memory_order_relaxed);
+  try {
+    // No timing event (one driver call less per chunk on the submission path): device-to-host
+    // chunks are not in EngineStats::dma_seconds.
+    StreamHandle l = lane_for(*t, d2h_lane());
+    if (c.contiguous_device) {
+      device_->copy_d2h(s.host, p.ops[c.op_begin].src, c.data_bytes, l);
+    } else {
+      // The kernel packs the device blocks into the slot's device staging area, then one DMA
+      // brings the data back. It reads its entries from the pinned slot over PCIe (one read per
+      // thread block, all in parallel); where the GPU cannot read host memory at its host
+      // address they are copied to the device first. The packing runs on a lane of its own, so
+      // that it overlaps the previous chunk's DMA; the device-to-host lane waits for it (the
+      // slot's start event, unused for timing here).
+      auto* entries = reinterpret_cast<ScatterEntry*>(s.host + c.scatter_offset);
+      for (std::uint32_t i = c.op_begin; i < c.op_end; ++i)
+        entries[i - c.op_begin] = {reinterpret_cast<std::uint64_t>(p.ops[i].src), p.ops[i].slot_offset,
+                                   p.ops[i].bytes};
+      StreamHandle pack = lane_for(*t, pack_lane());
+      const ScatterEntry* read_from = entries;
+      if (!device_->host_pointers_usable()) {
+        const std::size_t entry_bytes = (c.op_end - c.op_begin) * sizeof(ScatterEntry);
+        device_->copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, entry_bytes, pack);
+        read_from = reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset);
+      }
+      device_->gather(read_from, c.op_end - c.op_begin, s.dev, pack);
+      device_->record_event(s.start, pack);
+      device_->stream_wait_event(l, s.start);
+      device_->copy_d2h(s.host, s.dev, c.data_bytes, l);
+      st_scattered_.fetch_add(1, std::memory_order_relaxed);
+    }
+    device_->record_event(s.done, l);
+    if (t->trace_start != nullptr) {
+      t->trace_dma.emplace_back(k, device_->create_event(true));
+      device_->record_event(t->trace_dma.back().second, l);
+    }
+    trace(t->id, TraceEvent::kChunkIssued, k, static_cast<std::uint32_t>(c.data_bytes));
+  } catch (...) {
+    // Nothing will arrive in the slot: let the pieces run (a failed transfer's pieces place
+    // nothing) so that the items behind keep moving.
+    it.dma_ready.store(true, std::memory_order_release);
+    publish_item(it, pieces);
+    pool_->wake();
+    throw;
+  }
+  publish_for_pool(it, pieces, k == 0);
+  trace(t->id, TraceEvent::kChunkPublished, k, pieces);
+}
+
 // The head item is a device-to-host chunk whose DMA may not have completed: one thread at a time
 // asks the device; the others find no work and park. Returns true when the chunk can be placed
 // (or its DMA failed, which its transfer then reports).
 bool EngineCore::poll_head_dma(Item& item) {
   if (item.dma_ready.load(std::memory_order_acquire)) return true;
+  // The transfer is still being planned: its bytes may be placed only once it is found valid.
+  if (item.t->plan_state.load(std::memory_order_acquire) == TransferState::kPlanning) return false;
   if (dma_poller_.exchange(true, std::memory_order_acq_rel)) return false;
   bool ready = false;
   try {
@@ -861,10 +992,15 @@ void EngineCore::gather_piece(const Item& item, std::uint32_t piece) {
   const Plan& p = item.t->plan;
   const PlannedPiece& pc = p.pieces[piece];
   const auto t0 = Clock::now();
-  if (item.to_host)
-    scatter_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, slots_[item.slot].host, store_kind_);
-  else
+  if (item.to_host) {
+    // A rejected or failed transfer places nothing: its slot holds nothing worth placing.
+    const TransferState& t = *item.t;
+    if (t.plan_state.load(std::memory_order_acquire) == TransferState::kValid &&
+        !t.failed.load(std::memory_order_acquire))
+      scatter_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, slots_[item.slot].host, store_kind_);
+  } else {
     gather_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, slots_[item.slot].host, store_kind_);
+  }
   st_gather_ns_.fetch_add(ns_since(t0), std::memory_order_relaxed);
 }
 

@@ -96,6 +96,11 @@ struct TransferState {
   // Device to host through staging: chunks whose bytes the gather threads have yet to place.
   bool to_host = false;
   std::atomic<std::uint32_t> host_left{0};
+  // Device to host, planned while its first DMAs run: placing waits for kValid; kRejected drops
+  // the chunks (a bad block was found after some were enqueued).
+  enum PlanState : int { kPlanning, kValid, kRejected };
+  std::atomic<int> plan_state{kValid};
+  std::atomic<bool> failed{false};  // fail() was called (read by the gather threads)
   std::atomic<bool> finalized{false};
   std::atomic<bool> complete{false};
   std::mutex error_mutex;
@@ -178,6 +183,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void begin_trace(TransferState& t, StreamHandle stream);
   void submit_gather(const std::shared_ptr<TransferState>& t, StreamHandle stream);
   void submit_gather_to_host(const std::shared_ptr<TransferState>& t, StreamHandle stream);
+  // `bytes`: the blocks' sizes summed (saturating).
+  Transfer submit_to_host_streamed(std::span<const BlockCopy> blocks, std::uint64_t bytes,
+                                   StreamHandle stream, std::uint32_t id);
+  void enqueue_to_host_chunk(const std::shared_ptr<TransferState>& t, std::uint32_t k);
   bool poll_head_dma(Item& item);
   void submit_kernel(const std::shared_ptr<TransferState>& t, StreamHandle stream);
   void submit_copies(const std::shared_ptr<TransferState>& t, StreamHandle stream);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <cstring>
 #include <numeric>
@@ -415,6 +416,62 @@ TEST_P(EngineTest, CopyToHostBadInputIsRejectedNamingTheBlock) {
   }
   const auto ok = good();
   engine.copy_to_host(ok, td_->cuda_stream()).wait();
+}
+
+// Device to host with a ring large enough that the gather backend plans while the first DMAs
+// run: a bad block found late (after chunks were enqueued) or an overlap found at the end still
+// rejects the whole transfer, naming the block, and no byte reaches host memory; a good transfer
+// then places every byte, and only it is counted.
+TEST_P(EngineTest, CopyToHostFoundBadLateRejectsWholeAndPlacesNothing) {
+  EngineOptions o = options();
+  o.staging_bytes = 32 << 20;  // 128 slots of 256 KB: a 4 MB transfer cannot wrap onto itself
+  Engine engine = td_->make_engine(o);
+  constexpr std::size_t kBlocks = 1024;
+  DeviceBuffer src(dev(), kBlocks * 4096), dst_dev(dev(), 4096);
+  HostBuffer init(dev(), src.size(), true);
+  fill_random(init.data(), init.size(), 95);
+  dev().copy_h2d(src.data(), init.data(), src.size(), td_->stream);
+  dev().stream_sync(td_->stream);
+  HostBuffer out(dev(), 2 * src.size(), pinned_sources());
+  std::vector<BlockCopy> good;
+  for (std::size_t i = 0; i < kBlocks; ++i)
+    good.push_back({src.data() + i * 4096, out.data() + ((i * 613) % kBlocks) * 8192, 4096});
+  const std::uint64_t transfers_before = engine.stats().transfers;
+  struct Case {
+    std::size_t block;
+    BlockCopy b;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {900, {src.data() + 900 * 4096, dst_dev.data(), 4096}, "needs a host destination"},
+      {1000, {src.data() + 1000 * 4096, out.data() + ((10 * 613) % kBlocks) * 8192 + 100, 4096}, "overlaps"},
+  };
+  for (const Case& c : cases) {
+    std::memset(out.data(), 0xAB, out.size());
+    std::vector<BlockCopy> v = good;
+    v[c.block] = c.b;
+    try {
+      engine.copy_to_host(v, td_->cuda_stream());
+      ADD_FAILURE() << "accepted: " << c.needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << e.what();
+      if (std::string(c.needle) != "overlaps") EXPECT_EQ(e.block(), c.block) << e.what();
+    }
+    dev().stream_sync(td_->stream);
+    // The dropped chunks are discarded by the gather threads: give them time to do so wrongly.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::size_t touched = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) touched += out.data()[i] != std::byte{0xAB};
+    EXPECT_EQ(touched, 0u) << c.needle << ": bytes of host memory written by a rejected transfer";
+  }
+  EXPECT_EQ(engine.stats().transfers, transfers_before) << "rejected transfers are not counted";
+  engine.copy_to_host(good, td_->cuda_stream()).wait();
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < kBlocks; ++i)
+    bad += std::memcmp(good[i].dst, init.data() + i * 4096, 4096) != 0;
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(engine.stats().transfers, transfers_before + 1);
 }
 
 // ---- bad input: each is rejected whole, copies nothing and leaves the engine usable ----------

@@ -1,7 +1,8 @@
 // Stress: many threads submit random transfers at once and every byte of every transfer is
 // checked. Both directions; random block counts, sizes and alignments; contiguous and scattered
-// destinations; pinned and pageable host memory; transfers larger than the staging ring. Short by default (CI);
-// GFD_STRESS_REQUESTS sets the number of requests (the long run uses 100000) and
+// destinations; pinned and pageable host memory; transfers larger than the staging ring (1 MB),
+// and the same through a 32 MB ring (device to host then plans while its DMAs run). Short by
+// default (CI); GFD_STRESS_REQUESTS sets the number of requests (the long run uses 100000) and
 // GFD_STRESS_THREADS the submitting threads (default 8). It prints the requests, bytes,
 // mismatches and the longest wait of one request.
 #include <gtest/gtest.h>
@@ -42,13 +43,15 @@ class StressTest : public ::testing::TestWithParam<DeviceKind> {
   std::unique_ptr<TestDevice> td_;
 };
 
-TEST_P(StressTest, RandomTransfersFromManyThreadsLandExactly) {
-  detail::Device& dev = *td_->device;
+// `staging_bytes`: the ring. 1 MB: the larger requests span it several times. 32 MB: no request
+// can wrap around it, so device-to-host requests are planned while their first DMAs run.
+void stress(detail::Device& dev, TestDevice& td, std::size_t staging_bytes, const char* label) {
   const long requests = env_long("GFD_STRESS_REQUESTS", 400);
   const int threads = static_cast<int>(env_long("GFD_STRESS_THREADS", 8));
-  EngineOptions o = small_options();  // 1 MB ring: the larger requests span it several times
-  o.kernel_max_bytes = 64 << 10;      // the smallest pinned requests take the kernel path
-  Engine engine = td_->make_engine(o);
+  EngineOptions o = small_options();
+  o.staging_bytes = staging_bytes;
+  o.kernel_max_bytes = 64 << 10;  // the smallest pinned requests take the kernel path
+  Engine engine = td.make_engine(o);
 
   // Sources: a pinned and a pageable pool; each thread owns a disjoint destination region.
   constexpr std::size_t kPool = 32 << 20, kRegion = 4 << 20, kMaxRequest = 3 << 20;
@@ -141,17 +144,25 @@ TEST_P(StressTest, RandomTransfersFromManyThreadsLandExactly) {
   for (int t = 0; t < threads; ++t) pool_threads.emplace_back(worker, t);
   for (auto& th : pool_threads) th.join();
 
-  std::printf("stress (%s): %ld requests from %d threads, %.1f MB, %ld mismatches, %ld failures, "
+  std::printf("stress (%s, %s): %ld requests from %d threads, %.1f MB, %ld mismatches, %ld failures, "
               "longest wait %.2f ms\n",
-              to_string(GetParam()).c_str(), done.load(), threads, bytes.load() / 1e6, mismatches.load(),
+              to_string(td.kind).c_str(), label, done.load(), threads, bytes.load() / 1e6, mismatches.load(),
               failures.load(), longest_ns.load() / 1e6);
-  RecordProperty("requests", std::to_string(done.load()));
-  RecordProperty("bytes", std::to_string(bytes.load()));
-  RecordProperty("mismatches", std::to_string(mismatches.load()));
-  RecordProperty("longest_wait_ms", std::to_string(longest_ns.load() / 1e6));
+  ::testing::Test::RecordProperty("requests", std::to_string(done.load()));
+  ::testing::Test::RecordProperty("bytes", std::to_string(bytes.load()));
+  ::testing::Test::RecordProperty("mismatches", std::to_string(mismatches.load()));
+  ::testing::Test::RecordProperty("longest_wait_ms", std::to_string(longest_ns.load() / 1e6));
   EXPECT_EQ(mismatches.load(), 0);
   EXPECT_EQ(failures.load(), 0);
   EXPECT_GT(done.load(), 0);
+}
+
+TEST_P(StressTest, RandomTransfersFromManyThreadsLandExactly) {
+  stress(*td_->device, *td_, 1 << 20, "1 MB ring");
+}
+
+TEST_P(StressTest, RandomTransfersThroughALargeRingLandExactly) {
+  stress(*td_->device, *td_, 32 << 20, "32 MB ring");
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, StressTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),

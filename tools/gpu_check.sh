@@ -54,7 +54,7 @@ if [ "$MODE" = reliability ]; then
   summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log") (${SECONDS}s)"
   grep -E "\*\*\*Failed|Timeout|Exception" "$OUT/ctest.log" | head -20 >> "$OUT/summary.txt"
   SECONDS=0
-  GFD_STRESS_REQUESTS=100000 timeout 100 build-gpu/tests/gfd_stress_test --gtest_filter='*Cuda' \
+  GFD_STRESS_REQUESTS=100000 timeout 200 build-gpu/tests/gfd_stress_test --gtest_filter='*Cuda' \
     > "$OUT/stress_long.log" 2>&1
   summary "== stress long: rc=$? (${SECONDS}s) $(grep -E '^stress' "$OUT/stress_long.log")"
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
