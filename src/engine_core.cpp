@@ -485,7 +485,7 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
     // list to be valid).
     std::uint64_t bytes = 0;
     for (const BlockCopy& b : blocks) bytes = b.bytes > UINT64_MAX - bytes ? UINT64_MAX : bytes + b.bytes;
-    if (bytes > options_.kernel_max_bytes) return submit_to_host_streamed(blocks, bytes, stream, id);
+    if (bytes > options_.kernel_max_bytes) return submit_to_host_streamed(blocks, stream, id);
   }
   const auto t_plan = Clock::now();
   Plan plan = take_plan();
@@ -654,8 +654,8 @@ void EngineCore::enqueue_direct(TransferState& t, std::uint32_t index) {
 // anywhere rejects the transfer: its chunks are then dropped without touching host memory. The
 // caller's stream waits for the DMAs (after them the device blocks may change); the handle is
 // done when the last piece is placed.
-Transfer EngineCore::submit_to_host_streamed(std::span<const BlockCopy> blocks, std::uint64_t bytes,
-                                             StreamHandle stream, std::uint32_t id) {
+Transfer EngineCore::submit_to_host_streamed(std::span<const BlockCopy> blocks, StreamHandle stream,
+                                             std::uint32_t id) {
   auto t = std::make_shared<TransferState>();
   t->core = shared_from_this();
   t->id = id;
@@ -673,10 +673,8 @@ Transfer EngineCore::submit_to_host_streamed(std::span<const BlockCopy> blocks, 
   };
   std::optional<PlanBuilder> builder;
   timed([&] { builder.emplace(blocks, cfg, classify, t->plan, pageable_cache_.get(), true); });
-  // The chunks enqueued while planning hold their slots until planning ends, so a transfer that
-  // could wrap around the ring onto its own chunks (or, for absurd sizes, has no storage
-  // reserved up front) is planned whole before anything moves.
-  if (!builder->stable() || plan_bounds(blocks.size(), bytes, cfg).chunks > slots_.size()) {
+  // Without storage reserved up front (absurd sizes) the plan is made whole before anything moves.
+  if (!builder->stable()) {
     timed([&] { builder->finish(); });
     t->plan_state.store(TransferState::kValid, std::memory_order_relaxed);
   }
@@ -695,9 +693,11 @@ Transfer EngineCore::submit_to_host_streamed(std::span<const BlockCopy> blocks, 
       t->trace_start_ns = now_ns();
       device_->record_event(t->trace_start, stream);
     }
+    // Chunks enqueued while planning keep their slots until the list is found valid, so at most
+    // one ring's worth of them: the next would wait for a slot that only this transfer can free.
     std::uint32_t enqueued = 0;
-    auto enqueue_planned = [&] {
-      for (; enqueued < p.chunks.size(); ++enqueued) enqueue_to_host_chunk(t, enqueued);
+    auto enqueue_planned = [&](std::size_t limit) {
+      for (; enqueued < std::min(p.chunks.size(), limit); ++enqueued) enqueue_to_host_chunk(t, enqueued);
     };
     try {
       // The first stretch is about one first chunk of 4 KB blocks; then larger ones.
@@ -710,10 +710,10 @@ Transfer EngineCore::submit_to_host_streamed(std::span<const BlockCopy> blocks, 
           rejected = std::current_exception();
           break;
         }
-        enqueue_planned();
+        enqueue_planned(slots_.size());
         step = std::min<std::size_t>(step * 2, 1024);
       }
-      if (!rejected) {
+      if (!rejected && t->plan_state.load(std::memory_order_relaxed) == TransferState::kPlanning) {
         try {
           timed([&] { builder->finish(); });
         } catch (const Error&) {
@@ -721,14 +721,18 @@ Transfer EngineCore::submit_to_host_streamed(std::span<const BlockCopy> blocks, 
         }
       }
       if (!rejected) {
-        enqueue_planned();
+        // Placing may begin.
+        t->plan_state.store(TransferState::kValid, std::memory_order_release);
+        if (enqueued != 0) pool_->wake();
+        enqueue_planned(p.chunks.size());
         for (std::uint32_t i = 0; i < p.direct.size(); ++i) enqueue_direct(*t, i);
       }
     } catch (...) {
-      t->fail(std::current_exception());
+      t->fail(std::current_exception());  // a device error: the pieces place nothing
     }
-    // Placing may begin (or, rejected, the chunks are dropped as their DMAs complete).
-    t->plan_state.store(rejected ? TransferState::kRejected : TransferState::kValid, std::memory_order_release);
+    // Rejected: the chunks enqueued so far are dropped as their DMAs complete.
+    if (rejected) t->plan_state.store(TransferState::kRejected, std::memory_order_release);
+    else t->plan_state.store(TransferState::kValid, std::memory_order_release);
     if (enqueued != 0) pool_->wake();
     finalize(*t);
   }

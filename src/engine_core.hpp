@@ -183,9 +183,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void begin_trace(TransferState& t, StreamHandle stream);
   void submit_gather(const std::shared_ptr<TransferState>& t, StreamHandle stream);
   void submit_gather_to_host(const std::shared_ptr<TransferState>& t, StreamHandle stream);
-  // `bytes`: the blocks' sizes summed (saturating).
-  Transfer submit_to_host_streamed(std::span<const BlockCopy> blocks, std::uint64_t bytes,
-                                   StreamHandle stream, std::uint32_t id);
+  Transfer submit_to_host_streamed(std::span<const BlockCopy> blocks, StreamHandle stream, std::uint32_t id);
   void enqueue_to_host_chunk(const std::shared_ptr<TransferState>& t, std::uint32_t k);
   bool poll_head_dma(Item& item);
   void submit_kernel(const std::shared_ptr<TransferState>& t, StreamHandle stream);

@@ -25,6 +25,7 @@ class EngineTest : public ::testing::TestWithParam<std::tuple<DeviceKind, Backen
   bool gather() const { return backend() == Backend::kGather; }
   // The zero-copy kernel reads sources with SM loads, which needs pinned memory.
   bool pinned_sources() const { return backend() == Backend::kZeroCopyKernel; }
+  void copy_to_host_found_bad_late(std::size_t staging);
   EngineOptions options() const {
     EngineOptions o = small_options();
     o.backend = backend();
@@ -423,8 +424,17 @@ TEST_P(EngineTest, CopyToHostBadInputIsRejectedNamingTheBlock) {
 // rejects the whole transfer, naming the block, and no byte reaches host memory; a good transfer
 // then places every byte, and only it is counted.
 TEST_P(EngineTest, CopyToHostFoundBadLateRejectsWholeAndPlacesNothing) {
+  // 128 slots of 256 KB: every chunk of the 4 MB transfer is enqueued while planning; 4 slots:
+  // only a ring's worth is, the rest after the list is found valid.
+  for (std::size_t staging : {std::size_t{32} << 20, std::size_t{1} << 20}) {
+    SCOPED_TRACE("staging " + std::to_string(staging));
+    copy_to_host_found_bad_late(staging);
+  }
+}
+
+void EngineTest::copy_to_host_found_bad_late(std::size_t staging) {
   EngineOptions o = options();
-  o.staging_bytes = 32 << 20;  // 128 slots of 256 KB: a 4 MB transfer cannot wrap onto itself
+  o.staging_bytes = staging;
   Engine engine = td_->make_engine(o);
   constexpr std::size_t kBlocks = 1024;
   DeviceBuffer src(dev(), kBlocks * 4096), dst_dev(dev(), 4096);
