@@ -395,6 +395,7 @@ EngineCore::Item& EngineCore::append_item(ItemKind kind, const std::shared_ptr<T
   it.piece_begin = 0;
   it.to_host = false;
   it.dma_ready.store(true, std::memory_order_relaxed);
+  it.held.store(false, std::memory_order_relaxed);
   it.ready.store(ready, std::memory_order_relaxed);
   return it;
 }
@@ -693,47 +694,58 @@ Transfer EngineCore::submit_to_host_streamed(std::span<const BlockCopy> blocks, 
       t->trace_start_ns = now_ns();
       device_->record_event(t->trace_start, stream);
     }
-    // Chunks enqueued while planning keep their slots until the list is found valid, so at most
-    // one ring's worth of them: the next would wait for a slot that only this transfer can free.
+    // First the leading chunks (1.75 MB with the default sizes), so that the copy engine has
+    // work at once; then the rest of the list is checked, so that placing can begin; then the
+    // rest is packed and its chunks enqueued as they close. Chunks enqueued before the check
+    // keep their slots until it is done, so never more of them than the ring has slots.
     std::uint32_t enqueued = 0;
+    std::vector<Item*> held;  // enqueued before the check: placing waits for release_held()
     auto enqueue_planned = [&](std::size_t limit) {
-      for (; enqueued < std::min(p.chunks.size(), limit); ++enqueued) enqueue_to_host_chunk(t, enqueued);
+      const bool planning = t->plan_state.load(std::memory_order_relaxed) == TransferState::kPlanning;
+      for (; enqueued < std::min(p.chunks.size(), limit); ++enqueued)
+        enqueue_to_host_chunk(t, enqueued, planning ? &held : nullptr);
     };
+    // Publishes the verdict (kValid or kRejected) to the gather threads, then lets them at the
+    // held chunks: placed, or dropped.
+    auto release_held = [&](int verdict) {
+      t->plan_state.store(verdict, std::memory_order_release);
+      for (Item* it : held) it->held.store(false, std::memory_order_release);
+      if (!held.empty()) pool_->wake();
+      held.clear();
+    };
+    const std::size_t early_chunks = std::min<std::size_t>(3, slots_.size());
+    constexpr std::size_t kStretch = 32;
     try {
-      // The first stretch is about one first chunk of 4 KB blocks; then larger ones.
-      std::size_t step = 64;
-      while (builder->validated() < builder->size()) {
-        const std::size_t end = builder->validated() + step;
+      if (t->plan_state.load(std::memory_order_relaxed) == TransferState::kPlanning) {
         try {
-          timed([&] { builder->advance(end); });
-        } catch (const Error&) {
-          rejected = std::current_exception();
-          break;
-        }
-        enqueue_planned(slots_.size());
-        step = std::min<std::size_t>(step * 2, 1024);
-      }
-      if (!rejected && t->plan_state.load(std::memory_order_relaxed) == TransferState::kPlanning) {
-        try {
-          timed([&] { builder->finish(); });
+          while (builder->packed() < builder->size() && p.chunks.size() < early_chunks) {
+            timed([&] { builder->advance(builder->packed() + kStretch); });
+            enqueue_planned(early_chunks);
+          }
+          timed([&] { builder->check(); });
         } catch (const Error&) {
           rejected = std::current_exception();
         }
       }
       if (!rejected) {
-        // Placing may begin.
-        t->plan_state.store(TransferState::kValid, std::memory_order_release);
-        if (enqueued != 0) pool_->wake();
+        release_held(TransferState::kValid);  // placing may begin
+        trace(id, TraceEvent::kPlanned);  // validated; packing goes on
+        std::size_t step = 256;
+        while (builder->packed() < builder->size()) {
+          timed([&] { builder->advance(builder->packed() + step); });
+          enqueue_planned(p.chunks.size());
+          step = std::min<std::size_t>(step * 2, 2048);
+        }
+        timed([&] { builder->finish(); });
         enqueue_planned(p.chunks.size());
         for (std::uint32_t i = 0; i < p.direct.size(); ++i) enqueue_direct(*t, i);
       }
     } catch (...) {
       t->fail(std::current_exception());  // a device error: the pieces place nothing
     }
-    // Rejected: the chunks enqueued so far are dropped as their DMAs complete.
-    if (rejected) t->plan_state.store(TransferState::kRejected, std::memory_order_release);
-    else t->plan_state.store(TransferState::kValid, std::memory_order_release);
-    if (enqueued != 0) pool_->wake();
+    // Rejected: the chunks enqueued so far are dropped as their DMAs complete. (After a device
+    // error the verdict is kValid, and the failed transfer's pieces place nothing either.)
+    release_held(rejected ? TransferState::kRejected : TransferState::kValid);
     finalize(*t);
   }
   st_plan_ns_.fetch_add(plan_ns, std::memory_order_relaxed);
@@ -747,7 +759,6 @@ Transfer EngineCore::submit_to_host_streamed(std::span<const BlockCopy> blocks, 
     }
     std::rethrow_exception(rejected);
   }
-  trace(id, TraceEvent::kPlanned);
   st_blocks_.fetch_add(blocks.size(), std::memory_order_relaxed);
   st_transfers_.fetch_add(1, std::memory_order_relaxed);  // counted once validated
   st_chunks_.fetch_add(p.chunks.size(), std::memory_order_relaxed);
@@ -796,11 +807,16 @@ void EngineCore::submit_gather_to_host(const std::shared_ptr<TransferState>& t, 
 
 // Takes a slot for chunk k of a device-to-host transfer, enqueues the chunk's DMA into it and
 // publishes the chunk's pieces (caller holds submit_mutex_).
-void EngineCore::enqueue_to_host_chunk(const std::shared_ptr<TransferState>& t, std::uint32_t k) {
+void EngineCore::enqueue_to_host_chunk(const std::shared_ptr<TransferState>& t, std::uint32_t k,
+                                       std::vector<Item*>* held) {
   const Plan& p = t->plan;
   const std::uint32_t slot = acquire_slot();
   Slot& s = slots_[slot];
   Item& it = append_item(ItemKind::kChunk, t, k, slot, false);
+  if (held != nullptr) {
+    it.held.store(true, std::memory_order_relaxed);
+    held->push_back(&it);
+  }
   const PlannedChunk& c = p.chunks[k];
   const std::uint32_t pieces = c.piece_end - c.piece_begin;
   it.piece_begin = c.piece_begin;
@@ -865,8 +881,14 @@ void EngineCore::enqueue_to_host_chunk(const std::shared_ptr<TransferState>& t, 
 bool EngineCore::poll_head_dma(Item& item) {
   if (item.dma_ready.load(std::memory_order_acquire)) return true;
   // The transfer is still being planned: its bytes may be placed only once it is found valid.
-  if (item.t->plan_state.load(std::memory_order_acquire) == TransferState::kPlanning) return false;
+  if (item.held.load(std::memory_order_acquire)) return false;
   if (dma_poller_.exchange(true, std::memory_order_acq_rel)) return false;
+  // Only a poller sets dma_ready: checked again while holding the poller's flag, the chunk
+  // cannot have been placed and issued (and `item.t` reset) under us.
+  if (item.dma_ready.load(std::memory_order_acquire) || item.held.load(std::memory_order_acquire)) {
+    dma_poller_.store(false, std::memory_order_release);
+    return item.dma_ready.load(std::memory_order_acquire);
+  }
   bool ready = false;
   try {
     ready = device_->event_done(slots_[item.slot].done);

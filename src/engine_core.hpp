@@ -162,6 +162,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     std::uint64_t flag_value = 0;  // the slot flag's value once this chunk is gathered
     bool to_host = false;          // a device-to-host chunk: pieces place staged bytes
     std::atomic<bool> dma_ready{true};  // to_host: the chunk's DMA into the slot has completed
+    // to_host: enqueued while its transfer was still being planned; placing waits until the
+    // submitter has found the whole list valid (or rejected it) and clears this. Kept here, not
+    // read through `t`, which the issuer may reset while a late poller still looks at the item.
+    std::atomic<bool> held{false};
     // Claim word of the pool: item sequence (32 bits) | next piece (16) | pieces (16).
     std::atomic<std::uint64_t> claim{0};
     std::atomic<std::uint32_t> pieces_left{0};
@@ -184,7 +188,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void submit_gather(const std::shared_ptr<TransferState>& t, StreamHandle stream);
   void submit_gather_to_host(const std::shared_ptr<TransferState>& t, StreamHandle stream);
   Transfer submit_to_host_streamed(std::span<const BlockCopy> blocks, StreamHandle stream, std::uint32_t id);
-  void enqueue_to_host_chunk(const std::shared_ptr<TransferState>& t, std::uint32_t k);
+  // Items enqueued while their transfer is being planned are added to `held` (placing waits).
+  void enqueue_to_host_chunk(const std::shared_ptr<TransferState>& t, std::uint32_t k,
+                             std::vector<Item*>* held = nullptr);
   bool poll_head_dma(Item& item);
   void submit_kernel(const std::shared_ptr<TransferState>& t, StreamHandle stream);
   void submit_copies(const std::shared_ptr<TransferState>& t, StreamHandle stream);

@@ -480,24 +480,37 @@ PlanBuilder::~PlanBuilder() = default;
 
 std::size_t PlanBuilder::size() const { return s_->blocks.size(); }
 std::size_t PlanBuilder::validated() const { return s_->validated; }
+std::size_t PlanBuilder::packed() const { return s_->placed; }
 
 void PlanBuilder::advance(std::size_t end) {
   State& st = *s_;
   end = std::min(end, st.blocks.size());
-  if (end <= st.validated) return;
-  validate_range(st.blocks, st.validated, end, st.cfg, st.cache, st.plan.scratch.pinned, st.dr, st.sr);
-  st.validated = end;
-  // Ranges are checked for overlaps at the end; a staged plan packs as it goes.
-  if (st.cfg.mode == PlanConfig::Mode::kStaged) st.coalesce(end);
+  if (end > st.validated) {
+    validate_range(st.blocks, st.validated, end, st.cfg, st.cache, st.plan.scratch.pinned, st.dr, st.sr);
+    st.validated = end;
+  }
+  // Ranges are checked for overlaps by check(); a staged plan packs as it goes.
+  if (st.cfg.mode == PlanConfig::Mode::kStaged && end > st.placed) st.coalesce(end);
+}
+
+void PlanBuilder::check() {
+  if (checked_) return;
+  State& st = *s_;
+  Plan& plan = st.plan;
+  if (st.validated < st.blocks.size()) {
+    validate_range(st.blocks, st.validated, st.blocks.size(), st.cfg, st.cache, plan.scratch.pinned, st.dr, st.sr);
+    st.validated = st.blocks.size();
+  }
+  if (!st.blocks.empty() && st.cfg.check_overlaps) check_overlaps(st.blocks, plan.scratch);
+  for (std::uint8_t p : plan.scratch.pinned) plan.all_pinned_host = plan.all_pinned_host && p != 0;
+  checked_ = true;
 }
 
 void PlanBuilder::finish() {
   State& st = *s_;
   Plan& plan = st.plan;
-  advance(st.blocks.size());
+  check();
   if (st.blocks.empty()) return;
-  if (st.cfg.check_overlaps) check_overlaps(st.blocks, plan.scratch);
-  for (std::uint8_t p : plan.scratch.pinned) plan.all_pinned_host = plan.all_pinned_host && p != 0;
   if (st.cfg.mode == PlanConfig::Mode::kPassThrough) {
     plan.direct.reserve(st.blocks.size());
     for (const BlockCopy& b : st.blocks) {
@@ -506,6 +519,7 @@ void PlanBuilder::finish() {
     }
     return;
   }
+  advance(st.blocks.size());
   st.place(st.cur);
   st.packer.finish();
 }

@@ -137,10 +137,11 @@ PlanBounds plan_bounds(std::size_t blocks, std::uint64_t bytes, const PlanConfig
 // Plans a transfer a stretch of blocks at a time, so that the chunks planned first can move
 // while the rest is validated and packed. advance(end) validates blocks up to `end` (throwing
 // gfd::Error naming the first bad one) and packs them: plan.chunks then holds every chunk closed
-// so far, final. finish() plans what is left, checks the destinations for overlaps (throws) and
-// closes the last chunk. With `stable`, the plan's ops, pieces and chunks are reserved for the
-// whole transfer up front (plan_bounds), so that closed chunks may be read by other threads while
-// planning goes on; stable() says whether that was possible (not for absurd sizes).
+// so far, final. check() validates every block and checks the destinations for overlaps (throws);
+// after it the whole transfer is known to be valid, and advance() only packs. finish() does what
+// is left and closes the last chunk. With `stable`, the plan's ops, pieces and chunks are reserved
+// for the whole transfer up front (plan_bounds), so that closed chunks may be read by other
+// threads while planning goes on; stable() says whether that was possible (not for absurd sizes).
 class PlanBuilder {
  public:
   PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& config,
@@ -149,15 +150,18 @@ class PlanBuilder {
   PlanBuilder(const PlanBuilder&) = delete;
   PlanBuilder& operator=(const PlanBuilder&) = delete;
   void advance(std::size_t end);
+  void check();
   void finish();
   std::size_t size() const;       // blocks in the transfer
   std::size_t validated() const;  // blocks validated so far
+  std::size_t packed() const;     // blocks packed so far
   bool stable() const { return stable_; }
 
  private:
   struct State;
   std::unique_ptr<State> s_;
   bool stable_ = false;
+  bool checked_ = false;
 };
 
 // Throws gfd::Error(kInvalidArgument) naming the first bad block; otherwise fills `plan`
