@@ -1,6 +1,8 @@
 // Public Engine / Transfer: thin forwarding to EngineCore.
 #include "gfd/engine.hpp"
 
+#include <string>
+
 #include "device.hpp"
 #include "engine_core.hpp"
 #include "gfd/error.hpp"
@@ -12,7 +14,16 @@ bool Transfer::done() const { return !state_ || state_->core->poll(*state_); }
 void Transfer::wait() const {
   if (!state_) return;
   state_->core->wait(*state_);
-  if (auto e = state_->failure()) std::rethrow_exception(e);
+  if (auto e = state_->failure()) {
+    // Thrown as a copy with a message of its own: the stored exception may be released on a
+    // gather thread (with the transfer's last reference) while the caller's handler still reads
+    // it, and the reference counts that order the two are invisible to ThreadSanitizer.
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& err) {
+      throw Error(err.code(), std::string(err.what()), err.block());
+    }
+  }
 }
 
 std::exception_ptr Transfer::error() const {
