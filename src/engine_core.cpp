@@ -694,9 +694,9 @@ Transfer EngineCore::submit_to_host_streamed(std::span<const BlockCopy> blocks, 
       t->trace_start_ns = now_ns();
       device_->record_event(t->trace_start, stream);
     }
-    // First the leading chunks (1.75 MB with the default sizes), so that the copy engine has
-    // work at once; then the rest of the list is checked, so that placing can begin; then the
-    // rest is packed and its chunks enqueued as they close. Chunks enqueued before the check
+    // First the leading chunks (3.75 MB with the default sizes), so that the copy engine has
+    // work at once and while the rest of the list is checked; then the next chunk is enqueued
+    // and placing may begin; then the rest is packed and its chunks enqueued as they close. Chunks enqueued before the check
     // keep their slots until it is done, so never more of them than the ring has slots.
     std::uint32_t enqueued = 0;
     std::vector<Item*> held;  // enqueued before the check: placing waits for release_held()
@@ -713,7 +713,7 @@ Transfer EngineCore::submit_to_host_streamed(std::span<const BlockCopy> blocks, 
       if (!held.empty()) pool_->wake();
       held.clear();
     };
-    const std::size_t early_chunks = std::min<std::size_t>(3, slots_.size());
+    const std::size_t early_chunks = std::min<std::size_t>(4, slots_.size());
     constexpr std::size_t kStretch = 32;
     try {
       if (t->plan_state.load(std::memory_order_relaxed) == TransferState::kPlanning) {
@@ -728,9 +728,18 @@ Transfer EngineCore::submit_to_host_streamed(std::span<const BlockCopy> blocks, 
         }
       }
       if (!rejected) {
-        release_held(TransferState::kValid);  // placing may begin
         trace(id, TraceEvent::kPlanned);  // validated; packing goes on
+        // The copy engine first: it may have run dry during the check (if a slot is left that
+        // this transfer does not hold). Then the threads may place the held chunks (waking
+        // them costs tens of microseconds).
+        const std::size_t next = enqueued + 1;
         std::size_t step = 256;
+        while (builder->packed() < builder->size() && p.chunks.size() < next) {
+          timed([&] { builder->advance(builder->packed() + step); });
+          step = std::min<std::size_t>(step * 2, 2048);
+        }
+        enqueue_planned(slots_.size());
+        release_held(TransferState::kValid);
         while (builder->packed() < builder->size()) {
           timed([&] { builder->advance(builder->packed() + step); });
           enqueue_planned(p.chunks.size());

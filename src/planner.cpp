@@ -288,11 +288,13 @@ class Packer {
     cap_ = cfg_.slot_bytes;
     if (k < 16) cap_ = std::min<std::uint64_t>(cap_, std::uint64_t{cfg_.first_chunk_bytes} << k);
     // Device to host, the gather threads place each chunk after its DMA, so the transfer ends
-    // with the placement of its last chunk: halve the chunks towards the end (down to the first
-    // chunk's size) so that little is left to place once the last DMA is done.
+    // with the placement of its last chunk: halve the chunks towards the end, down to half a
+    // slot (each chunk costs driver calls on the submission path, so no further), so that
+    // less is left to place once the last DMA is done.
     if (cfg_.direction == Direction::kToHost)
-      cap_ = std::min<std::uint64_t>(cap_, std::max<std::uint64_t>(cfg_.first_chunk_bytes,
-                                                                   align_up((left_ + 1) / 2, kAlign)));
+      cap_ = std::min<std::uint64_t>(
+          cap_, std::max<std::uint64_t>(std::max<std::uint64_t>(cfg_.first_chunk_bytes, cfg_.slot_bytes / 2),
+                                        align_up((left_ + 1) / 2, kAlign)));
     chunk_ = {};
     chunk_.op_begin = static_cast<std::uint32_t>(plan_.ops.size());
     chunk_.piece_begin = static_cast<std::uint32_t>(plan_.pieces.size());

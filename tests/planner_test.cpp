@@ -1020,7 +1020,7 @@ TEST(PlannerToHostTest, ScatteredDeviceSourcesAreNotContiguous) {
 }
 
 // Device to host, the last chunk is placed after the last DMA: chunks grow from the first
-// chunk's size, then halve towards the end, so the last one is no larger than the first.
+// chunk's size, then halve towards the end, so the last one is no larger than half a slot.
 TEST(PlannerToHostTest, ChunksTaperTowardsTheEnd) {
   PlanConfig cfg;  // the engine's defaults: 2 MB slots, 256 KB first chunk
   std::vector<BlockCopy> blocks;
@@ -1032,7 +1032,7 @@ TEST(PlannerToHostTest, ChunksTaperTowardsTheEnd) {
   for (const auto& c : down.chunks) sum += c.data_bytes;
   EXPECT_EQ(sum, 8 * kMiB);
   ASSERT_GE(down.chunks.size(), 4u);
-  EXPECT_LE(down.chunks.back().data_bytes, cfg.first_chunk_bytes);
+  EXPECT_LE(down.chunks.back().data_bytes, cfg.slot_bytes / 2);
   std::size_t peak = 0;
   for (std::size_t k = 1; k < down.chunks.size(); ++k)
     if (down.chunks[k].data_bytes > down.chunks[peak].data_bytes) peak = k;
