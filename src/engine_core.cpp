@@ -547,7 +547,7 @@ void EngineCore::submit_gather(const std::shared_ptr<TransferState>& t, StreamHa
     std::unique_lock lk(submit_mutex_);
     if (shutting_down_) throw Error(ErrorCode::kShutdown, "copy_to_device: the engine is shutting down");
     device_->record_event(t->start_event, stream);
-    begin_trace(*t, stream);
+    begin_trace(*t, stream, true);
     // From here the transfer must be finalized whatever happens, or submit would not return.
     try {
       for (std::uint32_t i = 0; i < p.direct.size(); ++i) {
@@ -613,12 +613,13 @@ void EngineCore::submit_gather(const std::shared_ptr<TransferState>& t, StreamHa
   }
 }
 
-// Tracing: timing events for the transfer's start on the caller's stream and for each chunk's
-// DMA. Created here, not on the issue path, so that tracing does not slow the issuer.
-void EngineCore::begin_trace(TransferState& t, StreamHandle stream) {
+// Tracing: timing events for the transfer's start on the caller's stream and, with
+// `dma_events`, for each chunk's DMA (created here, not on the issue path, so that tracing does
+// not slow the issuer).
+void EngineCore::begin_trace(TransferState& t, StreamHandle stream, bool dma_events) {
   if (!trace_on_.load(std::memory_order_relaxed)) return;
   t.trace_start = device_->create_event(true);
-  for (std::uint32_t k = 0; k < t.plan.chunks.size(); ++k)
+  for (std::uint32_t k = 0; dma_events && k < t.plan.chunks.size(); ++k)
     t.trace_dma.emplace_back(k, device_->create_event(true));
   t.trace_start_ns = now_ns();
   device_->record_event(t.trace_start, stream);
@@ -689,15 +690,12 @@ Transfer EngineCore::submit_to_host_streamed(std::span<const BlockCopy> blocks, 
     std::unique_lock lk(submit_mutex_);
     if (shutting_down_) throw Error(ErrorCode::kShutdown, "copy_to_host: the engine is shutting down");
     device_->record_event(t->start_event, stream);
-    if (trace_on_.load(std::memory_order_relaxed)) {
-      t->trace_start = device_->create_event(true);
-      t->trace_start_ns = now_ns();
-      device_->record_event(t->trace_start, stream);
-    }
+    begin_trace(*t, stream, false);  // each chunk's DMA event is made as the chunk is enqueued
     // First the leading chunks (3.75 MB with the default sizes), so that the copy engine has
     // work at once and while the rest of the list is checked; then the next chunk is enqueued
-    // and placing may begin; then the rest is packed and its chunks enqueued as they close. Chunks enqueued before the check
-    // keep their slots until it is done, so never more of them than the ring has slots.
+    // and placing may begin; then the rest is packed and its chunks enqueued as they close.
+    // Chunks enqueued before the check keep their slots until it is done, so never more of
+    // them than the ring has slots.
     std::uint32_t enqueued = 0;
     std::vector<Item*> held;  // enqueued before the check: placing waits for release_held()
     auto enqueue_planned = [&](std::size_t limit) {
@@ -792,11 +790,7 @@ void EngineCore::submit_gather_to_host(const std::shared_ptr<TransferState>& t, 
     std::unique_lock lk(submit_mutex_);
     if (shutting_down_) throw Error(ErrorCode::kShutdown, "copy_to_host: the engine is shutting down");
     device_->record_event(t->start_event, stream);
-    if (trace_on_.load(std::memory_order_relaxed)) {
-      t->trace_start = device_->create_event(true);
-      t->trace_start_ns = now_ns();
-      device_->record_event(t->trace_start, stream);
-    }
+    begin_trace(*t, stream, false);  // each chunk's DMA event is made as the chunk is enqueued
     try {
       for (std::uint32_t i = 0; i < p.direct.size(); ++i) enqueue_direct(*t, i);
       for (std::uint32_t k = 0; k < p.chunks.size(); ++k) enqueue_to_host_chunk(t, k);

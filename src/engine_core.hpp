@@ -184,7 +184,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   bool run_next_piece(bool may_poll = true);
   void run_piece(Item& item, std::uint32_t piece);
   void gather_piece(const Item& item, std::uint32_t piece);
-  void begin_trace(TransferState& t, StreamHandle stream);
+  void begin_trace(TransferState& t, StreamHandle stream, bool dma_events);
   void submit_gather(const std::shared_ptr<TransferState>& t, StreamHandle stream);
   void submit_gather_to_host(const std::shared_ptr<TransferState>& t, StreamHandle stream);
   Transfer submit_to_host_streamed(std::span<const BlockCopy> blocks, StreamHandle stream, std::uint32_t id);
