@@ -1,4 +1,4 @@
-// Public Engine / Transfer: thin forwarding to EngineCore.
+// Public Engine / Transfer: thin forwarding to the engine core and the transfer state.
 #include "gfd/engine.hpp"
 
 #include <string>
@@ -9,11 +9,11 @@
 
 namespace gfd {
 
-bool Transfer::done() const { return !state_ || state_->core->poll(*state_); }
+bool Transfer::done() const { return !state_ || state_->poll(); }
 
 void Transfer::wait() const {
   if (!state_) return;
-  state_->core->wait(*state_);
+  state_->wait();
   if (auto e = state_->failure()) {
     // Thrown as a copy with a message of its own: the stored exception may be released on a
     // gather thread (with the transfer's last reference) while the caller's handler still reads
@@ -28,17 +28,26 @@ void Transfer::wait() const {
 
 std::exception_ptr Transfer::error() const {
   if (!state_) return nullptr;
-  state_->core->wait(*state_);
+  state_->wait();
   return state_->failure();
 }
 
 std::uint64_t Transfer::bytes() const { return state_ ? state_->plan.total_bytes : 0; }
 
+namespace {
+// Options are checked before the device is opened, so that a bad option is reported as such on
+// a machine without a GPU too.
+const EngineOptions& checked(const EngineOptions& o) {
+  o.validate();
+  return o;
+}
+}  // namespace
+
 Engine::Engine(const EngineOptions& options)
-    : core_(detail::EngineCore::create(options, detail::make_cuda_device(options.device))) {}
+    : core_(detail::EngineCore::create(options, detail::make_cuda_device(checked(options).device))) {}
 
 Engine::Engine(int device) : Engine([device] {
-                                 EngineOptions o = EngineOptions::from_env();
+                                 EngineOptions o;
                                  o.device = device;
                                  return o;
                                }()) {}
@@ -60,14 +69,14 @@ Engine& Engine::operator=(Engine&& other) noexcept {
 }
 
 Transfer Engine::copy_to_device(std::span<const BlockCopy> blocks, cudaStream_t stream) {
-  return core_->submit(blocks, stream, detail::Direction::kToDevice);
+  return detail::EngineCore::of(*this).submit(blocks, stream, detail::Direction::kToDevice);
 }
 
 Transfer Engine::copy_to_host(std::span<const BlockCopy> blocks, cudaStream_t stream) {
-  return core_->submit(blocks, stream, detail::Direction::kToHost);
+  return detail::EngineCore::of(*this).submit(blocks, stream, detail::Direction::kToHost);
 }
 
-EngineStats Engine::stats() const { return core_->stats(); }
-const EngineOptions& Engine::options() const { return core_->options(); }
+EngineStats Engine::stats() const { return detail::EngineCore::of(*this).stats(); }
+const EngineOptions& Engine::options() const { return detail::EngineCore::of(*this).options(); }
 
 }  // namespace gfd

@@ -3,8 +3,11 @@
 #include <cstdlib>
 #include <string>
 
+#include <numa.h>
+
 #include "gfd/error.hpp"
 #include "gfd/options.hpp"
+#include "topology.hpp"
 
 namespace gfd {
 namespace {
@@ -74,7 +77,13 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
   env_bool("GFD_CHECK_OVERLAPS", o.check_overlaps);
   env_bool("GFD_SUBMITTER_GATHERS", o.submitter_gathers);
   env_bool("GFD_USE_ALL_LOCAL_CPUS", o.use_all_local_cpus);
-  env_bool("GFD_NONTEMPORAL_STORES", o.nontemporal_stores);
+  if (const char* v = std::getenv("GFD_STAGING_WRITES")) {
+    try {
+      o.staging_writes = staging_writes_from_string(v);
+    } catch (const Error&) {
+      bad_env("GFD_STAGING_WRITES", v, "auto, cldemote, streaming or plain");
+    }
+  }
   env_bool("GFD_PREISSUE", o.preissue);
   env_size("GFD_KERNEL_MAX_BYTES", o.kernel_max_bytes);
   env_int("GFD_PAGEABLE_CACHE_MS", o.pageable_cache_ms);
@@ -86,6 +95,46 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
     }
   }
   return o;
+}
+
+namespace {
+[[noreturn]] void bad_option(const std::string& msg) {
+  throw Error(ErrorCode::kInvalidArgument, "EngineOptions::" + msg);
+}
+template <class T>
+std::string str(T v) {
+  return std::to_string(v);
+}
+constexpr int kMaxCopyStreams = 16;
+}  // namespace
+
+void EngineOptions::validate() const {
+  if (device < 0) bad_option("device: " + str(device) + " is negative");
+  if (copy_streams < 1 || copy_streams > kMaxCopyStreams)
+    bad_option("copy_streams: " + str(copy_streams) + " is outside 1.." + str(kMaxCopyStreams));
+  if (slot_bytes < 4096) bad_option("slot_bytes: " + str(slot_bytes) + " is below 4096");
+  if (slot_bytes % 16 != 0) bad_option("slot_bytes: " + str(slot_bytes) + " is not a multiple of 16");
+  if (staging_bytes / slot_bytes < 2)
+    bad_option("staging_bytes: " + str(staging_bytes) + " must hold at least two slots of slot_bytes " +
+               str(slot_bytes) + " so that gathering and DMA overlap");
+  if (staging_bytes / slot_bytes > 65536)
+    bad_option("staging_bytes: " + str(staging_bytes / slot_bytes) + " slots is more than 65536; use larger slots");
+  if (piece_bytes < 256) bad_option("piece_bytes: " + str(piece_bytes) + " is below 256");
+  if (slot_bytes / piece_bytes > 32768)
+    bad_option("piece_bytes: " + str(piece_bytes) + " cuts a slot of " + str(slot_bytes) +
+               " bytes into more than 32768 pieces");
+  if (first_chunk_bytes < 4096) bad_option("first_chunk_bytes: " + str(first_chunk_bytes) + " is below 4096");
+  if (spin_us < 0) bad_option("spin_us: " + str(spin_us) + " is negative");
+  if (pageable_cache_ms < 0 || pageable_cache_ms > 3600000)
+    bad_option("pageable_cache_ms: " + str(pageable_cache_ms) + " is outside 0..3600000 (an hour)");
+  if (numa_node < -2) bad_option("numa_node: " + str(numa_node) + " is below -2");
+  if (numa_node >= 0 && (numa_available() < 0 || numa_node > numa_max_node()))
+    bad_option("numa_node: " + str(numa_node) + " does not exist on this machine");
+  if (gather_threads < 0) bad_option("gather_threads: " + str(gather_threads) + " is negative");
+  const auto ncpu = static_cast<long long>(detail::allowed_cpus().size());
+  if (gather_threads > ncpu)
+    bad_option("gather_threads: " + str(gather_threads) + " is more than the " + str(ncpu) +
+               " CPUs this process may use");
 }
 
 }  // namespace gfd

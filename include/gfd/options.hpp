@@ -46,9 +46,18 @@ struct EngineOptions {
   /// The submitting thread gathers too, until its pieces are all taken, instead of only
   /// waiting for the pool to wake up. copy_to_device then returns once the data is staged.
   bool submitter_gathers = true;
-  /// Write staging with non-temporal (streaming) stores where the CPU has them: the copy engine
-  /// reads the slot from memory right after, so caching its lines first only costs bandwidth.
-  bool nontemporal_stores = true;
+  /// How the gather threads write staging, which the copy engine reads right after; it decides
+  /// how often each staged byte crosses DRAM. kCldemote: plain stores, then CLDEMOTE of every
+  /// written line, which moves it from the core's private cache to the shared L3 where the
+  /// copy engine reads it (one DRAM crossing per byte: the source read). kStreaming:
+  /// non-temporal stores (the slot goes through DRAM: three crossings). kPlain: plain stores
+  /// (the copy engine then reads lines out of a core's private cache: slow). kAuto (default)
+  /// picks the first of those the CPU has; a requested mode the CPU lacks falls back the same
+  /// way (CLDEMOTE needs its CPUID flag, streaming needs AVX2). Device-to-host transfers place
+  /// blocks with streaming stores in kCldemote and kStreaming modes (kCldemote also demotes the
+  /// staging lines it read, for the next inbound DMA) and with plain stores in kPlain mode.
+  /// EngineStats::staging_writes reports the mode in force.
+  StagingWrites staging_writes = StagingWrites::kAuto;
   /// Enqueue each chunk's DMA when the chunk is handed to the gather threads, behind a wait on
   /// a flag in pinned memory that the thread finishing the chunk sets (a stream memory
   /// operation), so that no driver call sits between gathering and DMA. Where the GPU has no
@@ -77,12 +86,21 @@ struct EngineOptions {
   /// GFD_DEVICE, GFD_STAGING_BYTES, GFD_SLOT_BYTES, GFD_FIRST_CHUNK_BYTES, GFD_PIECE_BYTES,
   /// GFD_DIRECT_MIN_BYTES, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
   /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS, GFD_SUBMITTER_GATHERS,
-  /// GFD_USE_ALL_LOCAL_CPUS, GFD_NONTEMPORAL_STORES, GFD_PREISSUE, GFD_KERNEL_MAX_BYTES,
-  /// GFD_PAGEABLE_CACHE_MS, GFD_BACKEND (a backend name such as "batch_async"). Sizes accept K,
-  /// M and G suffixes.
+  /// GFD_USE_ALL_LOCAL_CPUS, GFD_STAGING_WRITES ("auto", "cldemote", "streaming" or "plain"),
+  /// GFD_PREISSUE, GFD_KERNEL_MAX_BYTES, GFD_PAGEABLE_CACHE_MS, GFD_BACKEND (a backend name such
+  /// as "batch_async"). Sizes accept K, M and G suffixes.
   /// Throws gfd::Error naming the variable when a value does not parse.
   static EngineOptions from_env(EngineOptions base);
   static EngineOptions from_env() { return from_env(EngineOptions{}); }
+
+  /// Checks every field against its limits without opening a device (so a bad option is
+  /// reported on a machine without a GPU too): copy_streams 1..16; slot_bytes >= 4096 and a
+  /// multiple of 16; staging_bytes holding 2..65536 slots; at most 32768 pieces of piece_bytes
+  /// (>= 256) per slot; first_chunk_bytes >= 4096; gather_threads 0..the CPUs this process may
+  /// use; spin_us >= 0; numa_node >= -2 and, when >= 0, a node of this machine;
+  /// pageable_cache_ms 0..3600000; device >= 0. Throws gfd::Error(kInvalidArgument) naming the
+  /// field. Engines call it before they touch the device.
+  void validate() const;
 };
 
 }  // namespace gfd

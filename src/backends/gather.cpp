@@ -1,0 +1,113 @@
+#include "backends/gather.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+
+#include "backends/gather_to_device.hpp"
+#include "backends/gather_to_host.hpp"
+#include "backends/zero_copy_kernel.hpp"
+
+namespace gfd::detail {
+
+StagingPipeline::StagingPipeline(const BackendSetup& setup)
+    : ctx(setup.ctx),
+      options(ctx->options),
+      ring(*ctx->device, ctx->counters,
+           RingConfig{options.staging_bytes / options.slot_bytes, options.slot_bytes, setup.numa_node,
+                      /*device_twin=*/true, /*flags=*/options.preissue}),
+      lanes(*ctx, options.copy_streams),
+      // Room for every slot's chunk plus the direct copies and finalizations between them.
+      queue(ring.size() + 4096, ctx->tracer),
+      store(resolve_staging_writes(options.staging_writes)),
+      preissue(options.preissue) {
+  Device* device = ctx->device.get();
+  pool = std::make_unique<GatherPool>(
+      options.gather_threads, setup.cpus, options.spin_us, [this] { return queue.run_next_piece(); },
+      [device](int index) {
+        Tracer::set_thread_index(index);
+        device->make_current();
+      });
+  queue.set_pool(pool.get());
+}
+
+StagingPipeline::~StagingPipeline() { pool.reset(); }
+
+namespace {
+
+class GatherBackend final : public BackendImpl {
+ public:
+  explicit GatherBackend(const BackendSetup& setup)
+      : pipe_(setup), to_device_(pipe_), to_host_(pipe_), kernel_(*pipe_.ctx, pipe_.ring, pipe_.lock) {}
+
+  TransferPtr submit(const Request& r) override {
+    EngineContext& ctx = *pipe_.ctx;
+    const EngineOptions& o = pipe_.options;
+    // Wake parked gather threads first: they are back and spinning by the time planning has
+    // produced pieces (a futex wake-up costs tens of microseconds, planning about as much).
+    if (!r.blocks.empty() &&
+        r.blocks.size() * std::min<std::size_t>(r.blocks[0].bytes, 1u << 30) > o.inline_gather_bytes)
+      pipe_.queue.wake();
+    const bool to_host = r.direction == Direction::kToHost;
+    // Device to host, too large for the kernel: planned a stretch at a time, with the DMAs of
+    // the chunks planned first already running (only placing the bytes waits for the whole
+    // list to be valid).
+    if (to_host && r.blocks.size() > 1 && total_bytes(r.blocks) > o.kernel_max_bytes)
+      return to_host_.submit(r, nullptr);
+    PlanConfig cfg = ctx.plan_config;
+    cfg.direction = r.direction;
+    Plan plan = ctx.plan(r.blocks, cfg, r.id);
+    if (plan.total_bytes == 0) {
+      ctx.plans.put(std::move(plan));
+      return nullptr;
+    }
+    // A small transfer is dominated by the staging pipeline's fixed costs: the kernel takes it
+    // where it can read the host memory.
+    const bool kernel = o.kernel_max_bytes != 0 && plan.total_bytes <= o.kernel_max_bytes &&
+                        plan.all_pinned_host && ctx.device->host_pointers_usable();
+    if (to_host && !kernel) return to_host_.submit(r, &plan);
+    TransferPtr t = make_transfer(pipe_.ctx, r.id, r.direction);
+    t->plan = std::move(plan);
+    if (kernel) kernel_.submit(*t, r.stream);
+    else to_device_.submit(t, r.stream);
+    return t;
+  }
+
+  void drain() noexcept override {
+    pipe_.queue.drain();  // every published item issued (the pool finishes its pieces)
+    pipe_.lanes.drain();
+    pipe_.ring.drain();   // kernels on callers' streams read their slots
+    pipe_.pool.reset();
+  }
+
+  void report(EngineStats& st) override {
+    {
+      std::lock_guard lk(pipe_.lock);
+      pipe_.ring.account_finished();
+    }
+    st.hugepages = pipe_.ring.hugepages();
+    st.staging_bytes = pipe_.ring.bytes();
+    st.gather_threads = pipe_.pool ? pipe_.pool->threads() : 0;
+    st.staging_writes = to_public(pipe_.store);
+  }
+
+ private:
+  static std::uint64_t total_bytes(std::span<const BlockCopy> blocks) {
+    std::uint64_t bytes = 0;
+    for (const BlockCopy& b : blocks) bytes = b.bytes > UINT64_MAX - bytes ? UINT64_MAX : bytes + b.bytes;
+    return bytes;
+  }
+
+  StagingPipeline pipe_;
+  GatherToDevice to_device_;
+  GatherToHost to_host_;
+  ZeroCopyKernel kernel_;
+};
+
+}  // namespace
+
+std::unique_ptr<BackendImpl> make_gather(const BackendSetup& setup) {
+  return std::make_unique<GatherBackend>(setup);
+}
+
+}  // namespace gfd::detail

@@ -1,0 +1,136 @@
+#include "backends/gather_to_device.hpp"
+
+#include <mutex>
+
+#include "engine_context.hpp"
+
+namespace gfd::detail {
+
+void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
+  const Plan& p = t->plan;
+  Tracer& tracer = p_.ctx->tracer;
+  // Waking the pool would cost more than gathering a small transfer on this thread.
+  const bool inline_gather = p.direct.empty() && p.chunks.size() == 1 &&
+                             p.total_bytes <= p_.options.inline_gather_bytes;
+  {
+    std::lock_guard lk(p_.lock);
+    p_.lanes.begin(*t, stream);
+    tracer.begin_transfer(*t, stream, true);
+    // From here the transfer must be finalized whatever happens, or the caller would wait forever.
+    try {
+      for (std::uint32_t i = 0; i < p.direct.size(); ++i) {
+        if (p_.preissue) p_.lanes.enqueue_direct(*t, i);
+        else p_.queue.publish(p_.queue.append(Item::Kind::kDirect, this, t, i, 0, true), 0);
+      }
+      for (std::uint32_t k = 0; k < p.chunks.size(); ++k) {
+        const std::uint32_t slot = p_.ring.acquire();
+        Slot& s = p_.ring[slot];
+        Item& it = p_.queue.append(Item::Kind::kChunk, this, t, k, slot, false);
+        const PlannedChunk& c = p.chunks[k];
+        if (!c.contiguous_device) write_scatter_entries(p, c, s.host, Direction::kToDevice);
+        const std::uint32_t pieces = c.piece_end - c.piece_begin;
+        it.piece_begin = c.piece_begin;
+        it.flag_value = ++s.flag_value;
+        it.pieces_left.store(pieces, std::memory_order_relaxed);
+        if (inline_gather) {
+          p_.queue.publish(it, 0);
+          for (std::uint32_t q = c.piece_begin; q < c.piece_end; ++q) gather_piece(it, q);
+          it.ready.store(true, std::memory_order_seq_cst);
+          if (p_.preissue) enqueue_issued(*t, k, slot, false);
+        } else {
+          p_.queue.publish_for_pool(it, pieces, k == 0);
+          // The DMA waits on the GPU for the gather threads' flag: no driver call is left
+          // between the end of the gather and the start of the DMA.
+          if (p_.preissue) enqueue_issued(*t, k, slot, true);
+        }
+        tracer.record(t->id, TraceEvent::kChunkPublished, k, pieces);
+      }
+    } catch (...) {
+      t->fail(std::current_exception());
+    }
+    if (p_.preissue) p_.lanes.finalize(*t);
+    else p_.queue.publish(p_.queue.append(Item::Kind::kFinalize, this, t, 0, 0, true), 0);
+  }
+  // The submitting thread would only wait now: it gathers too, while parked pool threads wake
+  // up (a futex wake-up costs tens of microseconds, a 4 KB block a microsecond). It leaves
+  // device-to-host chunks whose DMA is still running to the pool.
+  if (!inline_gather && p_.options.submitter_gathers)
+    while (p_.queue.run_next_piece(false)) {
+    }
+  // Advances the issue order past what is ready (gathered inline here, say): with preissue
+  // nothing else would for a transfer that had no pieces for the pool.
+  p_.queue.try_issue();
+  if (!p_.preissue) {
+    // The caller's stream must not wait on the GPU for anything the host has yet to do with
+    // the driver: cudaFree, lazy module loading and other implicit device synchronisations on
+    // any thread would then deadlock with the threads that still have to issue this transfer's
+    // DMAs. So return once the last DMA is enqueued and make the stream wait on its event.
+    // (With preissue every DMA is enqueued already and waits only on flags that the gather
+    // threads set without calling the driver.)
+    t->finalized.wait(false, std::memory_order_acquire);
+  }
+  t->join_stream(stream);
+}
+
+// Enqueues a chunk at submission (preissue) and marks its slot as carrying a DMA.
+void GatherToDevice::enqueue_issued(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait) {
+  Slot& s = p_.ring[slot];
+  s.timed = false;
+  try {
+    p_.lanes.enqueue_to_device(t, index, s, wait, s.flag_value);
+  } catch (...) {
+    s.mark_issued();
+    throw;
+  }
+  s.mark_issued();
+}
+
+void GatherToDevice::gather_piece(const Item& item, std::uint32_t piece) {
+  const Plan& p = item.t->plan;
+  const PlannedPiece& pc = p.pieces[piece];
+  const auto t0 = Clock::now();
+  gather_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, p_.ring[item.slot].host, p_.store);
+  Counters::add(p_.ctx->counters.gather_ns, ns_since(t0));
+}
+
+void GatherToDevice::run_piece(Item& item, std::uint32_t piece) { gather_piece(item, piece); }
+
+void GatherToDevice::chunk_done(Item& item) {
+  if (!p_.preissue) return;  // the issuer enqueues the DMA (issue_chunk)
+  p_.ctx->device->signal_value(p_.ring[item.slot].flag, item.flag_value);  // the DMA may start
+  p_.ctx->tracer.record(item.t->id, TraceEvent::kChunkIssued, item.index,
+                        static_cast<std::uint32_t>(item.t->plan.chunks[item.index].data_bytes));
+}
+
+void GatherToDevice::issue(Item& item) {
+  if (p_.preissue) return;  // everything was enqueued at submission
+  switch (item.kind) {
+    case Item::Kind::kChunk: issue_chunk(item); break;
+    case Item::Kind::kDirect:
+      try {
+        p_.lanes.enqueue_direct(*item.t, item.index);
+      } catch (...) {
+        item.t->fail(std::current_exception());
+      }
+      break;
+    case Item::Kind::kFinalize: p_.lanes.finalize(*item.t); break;
+  }
+}
+
+void GatherToDevice::issue_chunk(Item& item) {
+  TransferState& t = *item.t;
+  Slot& s = p_.ring[item.slot];
+  s.timed = false;
+  try {
+    if (!t.failure()) {  // a failed transfer moves nothing more; its slot is free again at once
+      p_.lanes.enqueue_to_device(t, item.index, s, false, 0);
+      p_.ctx->tracer.record(t.id, TraceEvent::kChunkIssued, item.index,
+                            static_cast<std::uint32_t>(t.plan.chunks[item.index].data_bytes));
+    }
+  } catch (...) {
+    t.fail(std::current_exception());
+  }
+  s.mark_issued();
+}
+
+}  // namespace gfd::detail

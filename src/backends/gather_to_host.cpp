@@ -1,0 +1,215 @@
+#include "backends/gather_to_host.hpp"
+
+#include <algorithm>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "engine_context.hpp"
+#include "gfd/error.hpp"
+
+namespace gfd::detail {
+
+TransferPtr GatherToHost::submit(const Request& r, Plan* whole) {
+  EngineContext& ctx = *p_.ctx;
+  TransferPtr t = make_transfer(p_.ctx, r.id, Direction::kToHost);
+  std::uint64_t plan_ns = 0;
+  auto timed = [&](auto&& step) {
+    const auto t0 = Clock::now();
+    step();
+    plan_ns += ns_since(t0);
+  };
+  const PointerClassifier classify = ctx.classifier();  // outlives the builder, which keeps it
+  std::optional<PlanBuilder> builder;
+  if (whole != nullptr) {
+    t->plan = std::move(*whole);
+  } else {
+    t->plan = ctx.plans.take();
+    t->plan_state.store(TransferState::kPlanning, std::memory_order_relaxed);
+    PlanConfig cfg = ctx.plan_config;
+    cfg.direction = Direction::kToHost;
+    timed([&] { builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true); });
+    // Without storage reserved up front (absurd sizes) the plan is made whole before anything moves.
+    if (!builder->stable()) {
+      timed([&] { builder->finish(); });
+      builder.reset();
+      t->plan_state.store(TransferState::kValid, std::memory_order_relaxed);
+    }
+  }
+  const Plan& p = t->plan;
+  std::exception_ptr rejected;
+  {
+    std::lock_guard lk(p_.lock);
+    p_.lanes.begin(*t, r.stream);
+    ctx.tracer.begin_transfer(*t, r.stream, false);  // each chunk's DMA event is made as it is enqueued
+    // First the leading chunks (3.75 MB with the default sizes), so that the copy engine has
+    // work at once and while the rest of the list is checked; then the next chunk is enqueued
+    // and placing may begin; then the rest is packed and its chunks enqueued as they close.
+    // Chunks enqueued before the check keep their slots until it is done, so never more of
+    // them than the ring has slots.
+    std::uint32_t enqueued = 0;
+    std::vector<Item*> held;  // enqueued before the check: placing waits for release_held()
+    auto enqueue_planned = [&](std::size_t limit) {
+      const bool planning = t->plan_state.load(std::memory_order_relaxed) == TransferState::kPlanning;
+      for (; enqueued < std::min(p.chunks.size(), limit); ++enqueued)
+        enqueue_chunk(t, enqueued, planning ? &held : nullptr);
+    };
+    // Publishes the verdict (kValid or kRejected) to the gather threads, then lets them at the
+    // held chunks: placed, or dropped.
+    auto release_held = [&](int verdict) {
+      t->plan_state.store(verdict, std::memory_order_release);
+      for (Item* it : held) it->held.store(false, std::memory_order_release);
+      if (!held.empty()) p_.queue.wake();
+      held.clear();
+    };
+    // Packs the next stretch of blocks, in stretches that double up to 2048 blocks.
+    std::size_t step = 256;
+    auto pack_more = [&] {
+      timed([&] { builder->advance(builder->packed() + step); });
+      step = std::min<std::size_t>(step * 2, 2048);
+    };
+    const std::size_t early_chunks = std::min<std::size_t>(4, p_.ring.size());
+    try {
+      if (t->plan_state.load(std::memory_order_relaxed) == TransferState::kPlanning) {
+        try {
+          constexpr std::size_t kStretch = 32;
+          while (builder->packed() < builder->size() && p.chunks.size() < early_chunks) {
+            timed([&] { builder->advance(builder->packed() + kStretch); });
+            enqueue_planned(early_chunks);
+          }
+          timed([&] { builder->check(); });
+        } catch (const Error&) {
+          rejected = std::current_exception();
+        }
+      }
+      if (!rejected) {
+        ctx.tracer.record(t->id, TraceEvent::kPlanned);  // validated; packing goes on
+        // The copy engine first: it may have run dry during the check (if a slot is left that
+        // this transfer does not hold). Then the threads may place the held chunks (waking
+        // them costs tens of microseconds).
+        if (builder) {
+          const std::size_t next = enqueued + 1;
+          while (builder->packed() < builder->size() && p.chunks.size() < next) pack_more();
+        }
+        enqueue_planned(p_.ring.size());
+        release_held(TransferState::kValid);
+        if (builder) {
+          while (builder->packed() < builder->size()) {
+            pack_more();
+            enqueue_planned(p.chunks.size());
+          }
+          timed([&] { builder->finish(); });
+        }
+        enqueue_planned(p.chunks.size());
+        for (std::uint32_t i = 0; i < p.direct.size(); ++i) p_.lanes.enqueue_direct(*t, i);
+      }
+    } catch (...) {
+      t->fail(std::current_exception());  // a device error: the pieces place nothing
+    }
+    // Rejected: the chunks enqueued so far are dropped as their DMAs complete. (After a device
+    // error the verdict is kValid, and the failed transfer's pieces place nothing either.)
+    release_held(rejected ? TransferState::kRejected : TransferState::kValid);
+    p_.lanes.finalize(*t);
+  }
+  Counters::add(ctx.counters.plan_ns, plan_ns);
+  if (rejected) {
+    // Nothing reaches host memory, but DMAs already enqueued read the (valid) device blocks
+    // planned first: later work on the caller's stream must not free or change them under it.
+    t->join_stream(r.stream, false);
+    std::rethrow_exception(rejected);
+  }
+  Counters::add(ctx.counters.chunks, p.chunks.size());
+  p_.queue.try_issue();
+  t->join_stream(r.stream);
+  return t;
+}
+
+void GatherToHost::enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vector<Item*>* held) {
+  const PlannedChunk& c = t->plan.chunks[k];
+  const std::uint32_t slot = p_.ring.acquire();
+  Item& it = p_.queue.append(Item::Kind::kChunk, this, t, k, slot, false);
+  if (held != nullptr) {
+    it.held.store(true, std::memory_order_relaxed);
+    held->push_back(&it);
+  }
+  const std::uint32_t pieces = c.piece_end - c.piece_begin;
+  it.piece_begin = c.piece_begin;
+  it.dma_ready.store(false, std::memory_order_relaxed);
+  it.pieces_left.store(pieces, std::memory_order_relaxed);
+  // The slot stays taken (kGathering) until its bytes are placed, not just until the DMA has
+  // filled it: the last piece frees it (chunk_done).
+  t->host_left.fetch_add(1, std::memory_order_relaxed);
+  try {
+    p_.lanes.enqueue_to_host(*t, k, p_.ring[slot]);
+  } catch (...) {
+    // Nothing will arrive in the slot: let the pieces run (a failed transfer's pieces place
+    // nothing) so that the items behind keep moving.
+    it.dma_ready.store(true, std::memory_order_release);
+    p_.queue.publish(it, pieces);
+    p_.queue.wake();
+    throw;
+  }
+  p_.queue.publish_for_pool(it, pieces, k == 0);
+  p_.ctx->tracer.record(t->id, TraceEvent::kChunkPublished, k, pieces);
+}
+
+ItemHandler::Claim GatherToHost::claimable(Item& item, bool may_poll) {
+  if (item.dma_ready.load(std::memory_order_acquire)) return Claim::kYes;
+  if (!may_poll) return Claim::kNotNow;
+  if (poll_head_dma(item)) return Claim::kYes;
+  // The chunk's bytes are not in the slot yet. The polling thread keeps looking (it counts as
+  // busy, so it does not park); the others have nothing to do.
+  return dma_poller_.load(std::memory_order_acquire) ? Claim::kNotNow : Claim::kBusy;
+}
+
+// The head item's DMA may not have completed: one thread at a time asks the device; the others
+// find no work and park. True when the chunk can be placed (or its DMA failed, which its
+// transfer then reports).
+bool GatherToHost::poll_head_dma(Item& item) {
+  if (item.dma_ready.load(std::memory_order_acquire)) return true;
+  // The transfer is still being planned: its bytes may be placed only once it is found valid.
+  if (item.held.load(std::memory_order_acquire)) return false;
+  if (dma_poller_.exchange(true, std::memory_order_acq_rel)) return false;
+  // Only a poller sets dma_ready: checked again while holding the poller's flag, the chunk
+  // cannot have been placed and issued (and `item.t` reset) under us.
+  if (item.dma_ready.load(std::memory_order_acquire) || item.held.load(std::memory_order_acquire)) {
+    dma_poller_.store(false, std::memory_order_release);
+    return item.dma_ready.load(std::memory_order_acquire);
+  }
+  bool ready = false;
+  try {
+    ready = p_.ctx->device->event_done(p_.ring[item.slot].done);
+  } catch (...) {
+    item.t->fail(std::current_exception());
+    ready = true;
+  }
+  if (ready) item.dma_ready.store(true, std::memory_order_release);
+  dma_poller_.store(false, std::memory_order_release);
+  if (ready) p_.queue.wake();
+  return ready;
+}
+
+void GatherToHost::run_piece(Item& item, std::uint32_t piece) {
+  const TransferState& t = *item.t;
+  const Plan& p = t.plan;
+  const PlannedPiece& pc = p.pieces[piece];
+  const auto t0 = Clock::now();
+  // A rejected or failed transfer places nothing: its slot holds nothing worth placing.
+  if (t.plan_state.load(std::memory_order_acquire) == TransferState::kValid &&
+      !t.failed.load(std::memory_order_acquire))
+    scatter_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, p_.ring[item.slot].host, p_.store);
+  Counters::add(p_.ctx->counters.gather_ns, ns_since(t0));
+}
+
+void GatherToHost::chunk_done(Item& item) {
+  // Placed: the slot may be reused. Its DMA is known to be done (the chunk became placeable when
+  // its event completed), so the next user need not ask the device again; after a failure that
+  // is not known.
+  Slot& s = p_.ring[item.slot];
+  TransferState& t = *item.t;
+  s.state.store(t.failure() ? Slot::kIssued : Slot::kFree, std::memory_order_release);
+  s.state.notify_all();
+  if (t.host_left.fetch_sub(1, std::memory_order_acq_rel) == 1) t.host_left.notify_all();
+}
+
+}  // namespace gfd::detail

@@ -1,0 +1,43 @@
+// Device to host through staging. Each chunk's device side is moved into its slot on the
+// device-to-host lane (packed on the GPU first when its device blocks are scattered), then the
+// gather threads place the slot's bytes at the host destinations. A large transfer is planned a
+// stretch of blocks at a time and each chunk's DMA is enqueued as soon as the chunk is planned
+// (its device blocks are validated by then, so the DMA reads only valid memory, and it writes
+// only the slot); a gather thread notices a chunk's DMA has completed (poll_head_dma), and the
+// chunk's pieces become claimable once the whole block list has been found valid. A bad block
+// anywhere rejects the transfer: its chunks are then dropped without touching host memory. The
+// caller's stream waits for the DMAs (after them the device blocks may change); the handle is
+// done when the last piece is placed.
+#pragma once
+
+#include <atomic>
+#include <vector>
+
+#include "backends/gather.hpp"
+
+namespace gfd::detail {
+
+class GatherToHost final : public ItemHandler {
+ public:
+  explicit GatherToHost(StagingPipeline& pipe) : p_(pipe) {}
+  // Enqueues request `r`. With `whole`, the plan made already (moved from); without, the
+  // transfer is planned here while its first chunks move. Throws gfd::Error for a bad block
+  // (nothing reaches host memory).
+  TransferPtr submit(const Request& r, Plan* whole);
+
+  Claim claimable(Item& item, bool may_poll) override;
+  void run_piece(Item& item, std::uint32_t piece) override;
+  void chunk_done(Item& item) override;
+  void issue(Item&) override {}  // each chunk's DMA is enqueued at submission
+
+ private:
+  // Takes a slot for chunk k, enqueues the chunk's DMA into it and publishes its pieces (caller
+  // holds the submission lock). Items enqueued while the transfer is planned go into `held`.
+  void enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vector<Item*>* held);
+  bool poll_head_dma(Item& item);
+
+  StagingPipeline& p_;
+  std::atomic<bool> dma_poller_{false};  // a thread is polling the head item's DMA
+};
+
+}  // namespace gfd::detail

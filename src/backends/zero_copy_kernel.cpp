@@ -1,0 +1,95 @@
+#include "backends/zero_copy_kernel.hpp"
+
+#include <algorithm>
+#include <mutex>
+
+namespace gfd::detail {
+
+void ZeroCopyKernel::submit(TransferState& t, StreamHandle stream) {
+  const Plan& p = t.plan;
+  const std::size_t total = p.ops.size() + p.direct.size();
+  const std::size_t per_slot = ring_.slot_bytes() / sizeof(ZeroCopyEntry);
+  auto entry = [&](std::size_t i) -> ZeroCopyEntry {
+    if (i < p.ops.size())
+      return {reinterpret_cast<std::uint64_t>(p.ops[i].src), reinterpret_cast<std::uint64_t>(p.ops[i].dst),
+              p.ops[i].bytes};
+    const DirectCopy& d = p.direct[i - p.ops.size()];
+    return {reinterpret_cast<std::uint64_t>(d.src), reinterpret_cast<std::uint64_t>(d.dst), d.bytes};
+  };
+  Device& d = *ctx_.device;
+  {
+    std::lock_guard lk(lock_);
+    try {
+      for (std::size_t i = 0; i < total; i += per_slot) {
+        const auto n = static_cast<std::uint32_t>(std::min(per_slot, total - i));
+        Slot& s = ring_[ring_.acquire()];
+        auto* entries = reinterpret_cast<ZeroCopyEntry*>(s.host);
+        for (std::uint32_t k = 0; k < n; ++k) entries[k] = entry(i + k);
+        s.timed = false;
+        try {
+          d.zero_copy(entries, n, stream);
+          d.record_event(s.done, stream);
+        } catch (...) {
+          s.mark_issued();
+          throw;
+        }
+        s.mark_issued();
+      }
+      d.record_event(t.done_event, stream);
+    } catch (...) {
+      t.fail(std::current_exception());
+    }
+  }
+  t.mark_finalized();
+}
+
+namespace {
+
+class ZeroCopyBackend final : public BackendImpl {
+ public:
+  explicit ZeroCopyBackend(const BackendSetup& setup)
+      : ctx_(setup.ctx),
+        ring_(*ctx_->device, ctx_->counters,
+              RingConfig{ctx_->options.staging_bytes / ctx_->options.slot_bytes, ctx_->options.slot_bytes,
+                         setup.numa_node, false, false}),
+        kernel_(*ctx_, ring_, lock_) {}
+
+  TransferPtr submit(const Request& r) override {
+    const BackendCaps& caps = backend_entry(Backend::kZeroCopyKernel).caps;
+    Plan plan = ctx_->plan(r.blocks, pass_through_config(*ctx_, caps, r.direction), r.id);
+    if (plan.total_bytes == 0) {
+      ctx_->plans.put(std::move(plan));
+      return nullptr;
+    }
+    TransferPtr t = make_transfer(ctx_, r.id, r.direction);
+    t->plan = std::move(plan);
+    kernel_.submit(*t, r.stream);
+    live_.add(t);
+    return t;
+  }
+
+  void drain() noexcept override {
+    ring_.drain();
+    live_.wait_all();
+  }
+
+  void report(EngineStats& st) override {
+    st.hugepages = ring_.hugepages();
+    st.staging_bytes = ring_.bytes();
+  }
+
+ private:
+  std::shared_ptr<EngineContext> ctx_;
+  FifoMutex lock_;
+  SlotRing ring_;
+  ZeroCopyKernel kernel_;
+  LiveTransfers live_;
+};
+
+}  // namespace
+
+std::unique_ptr<BackendImpl> make_zero_copy_kernel(const BackendSetup& setup) {
+  return std::make_unique<ZeroCopyBackend>(setup);
+}
+
+}  // namespace gfd::detail

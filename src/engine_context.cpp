@@ -1,0 +1,97 @@
+#include "engine_context.hpp"
+
+#include <algorithm>
+
+#include "sync.hpp"
+
+namespace gfd::detail {
+
+EventPool::~EventPool() {
+  EventHandle e = nullptr;
+  while (free_.pop(e)) device_.destroy_event(e);
+}
+
+EventHandle EventPool::get() {
+  EventHandle e = nullptr;
+  if (free_.pop(e)) return e;
+  return device_.create_event(false);
+}
+
+void EventPool::put(EventHandle e) {
+  if (e == nullptr) return;
+  bool kept = false;
+  try {
+    kept = free_.push(e);
+  } catch (...) {
+    // No memory for the list: the event is freed instead.
+  }
+  if (!kept) device_.destroy_event(e);
+}
+
+Plan PlanPool::take() {
+  std::lock_guard lk(mutex_);
+  if (spare_.empty()) return Plan{};
+  Plan p = std::move(spare_.back());
+  spare_.pop_back();
+  return p;
+}
+
+void PlanPool::put(Plan&& plan) noexcept {
+  constexpr std::size_t kSparePlans = 16;
+  try {
+    std::lock_guard lk(mutex_);
+    if (spare_.size() < kSparePlans) spare_.push_back(std::move(plan));
+  } catch (...) {
+    // Out of memory for the list: the plan is simply freed.
+  }
+}
+
+void Counters::fill(EngineStats& st) const {
+  st.bytes = bytes.load();
+  st.transfers = transfers.load();
+  st.blocks = blocks.load();
+  st.chunks = chunks.load();
+  st.scattered_chunks = scattered.load();
+  st.direct_copies = direct.load();
+  st.gather_seconds = static_cast<double>(gather_ns.load()) * 1e-9;
+  st.dma_seconds = dma_ms.load() * 1e-3;
+  st.submit_wait_seconds = static_cast<double>(submit_wait_ns.load()) * 1e-9;
+  st.plan_seconds = static_cast<double>(plan_ns.load()) * 1e-9;
+}
+
+namespace {
+PlanConfig staged_config(const EngineOptions& o, int device) {
+  PlanConfig c;
+  c.device = device;
+  c.slot_bytes = o.slot_bytes;
+  c.first_chunk_bytes = std::min(o.first_chunk_bytes, o.slot_bytes);
+  c.piece_bytes = o.piece_bytes;
+  c.direct_min_bytes = o.direct_min_bytes;
+  c.check_overlaps = o.check_overlaps;
+  return c;
+}
+}  // namespace
+
+EngineContext::EngineContext(const EngineOptions& resolved, std::shared_ptr<Device> d)
+    : device(std::move(d)),
+      options(resolved),
+      plan_config(staged_config(resolved, device->ordinal())),
+      events(*device),
+      tracer(*device),
+      pageable(static_cast<std::uint32_t>(resolved.pageable_cache_ms)) {}
+
+Plan EngineContext::plan(std::span<const BlockCopy> blocks, const PlanConfig& config, std::uint32_t id) {
+  const auto t0 = Clock::now();
+  Plan p = plans.take();
+  try {
+    make_plan(blocks, config, classifier(), p, &pageable);
+  } catch (...) {
+    plans.put(std::move(p));
+    throw;
+  }
+  Counters::add(counters.plan_ns, ns_since(t0));
+  tracer.record(id, TraceEvent::kPlanned);
+  return p;
+}
+
+}  // namespace gfd::detail

@@ -1,0 +1,84 @@
+// What the engine lends every backend and every transfer: the device, reusable events and plans,
+// the tracer, the counters and the planning settings. Transfers hold it by shared_ptr, so a
+// handle can be waited on (and its events returned) after its engine is gone.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include <boost/lockfree/stack.hpp>
+
+#include "device.hpp"
+#include "gfd/engine.hpp"
+#include "pipeline/tracer.hpp"
+#include "planner.hpp"
+
+namespace gfd::detail {
+
+// Events without timing, reused across transfers. Taken by submitters and returned by whichever
+// thread drops a transfer's last handle, so the free list is a lock-free stack.
+class EventPool {
+ public:
+  explicit EventPool(Device& d) : device_(d), free_(64) {}
+  ~EventPool();
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+  EventHandle get();
+  void put(EventHandle e);
+
+ private:
+  Device& device_;
+  boost::lockfree::stack<EventHandle> free_;
+};
+
+// Plans are recycled: a transfer's plan returns here when its handle goes away, so that steady
+// traffic allocates (and page-faults) nothing.
+class PlanPool {
+ public:
+  Plan take();
+  void put(Plan&& plan) noexcept;
+
+ private:
+  std::mutex mutex_;
+  std::vector<Plan> spare_;
+};
+
+// The engine's counters (EngineStats), bumped with relaxed atomics from any thread.
+struct Counters {
+  std::atomic<std::uint64_t> bytes{0}, transfers{0}, blocks{0}, chunks{0}, scattered{0}, direct{0},
+      gather_ns{0}, submit_wait_ns{0}, plan_ns{0};
+  std::atomic<double> dma_ms{0};
+  static void add(std::atomic<std::uint64_t>& c, std::uint64_t v) {
+    c.fetch_add(v, std::memory_order_relaxed);
+  }
+  void fill(EngineStats& st) const;
+};
+
+struct EngineContext {
+  EngineContext(const EngineOptions& resolved, std::shared_ptr<Device> d);
+  EngineContext(const EngineContext&) = delete;
+  EngineContext& operator=(const EngineContext&) = delete;
+
+  // Plans `blocks` of transfer `id` whole with `config` (validation first, all-or-nothing;
+  // throws gfd::Error naming the first bad block), timed into the counters and traced.
+  Plan plan(std::span<const BlockCopy> blocks, const PlanConfig& config, std::uint32_t id);
+  PointerClassifier classifier() {
+    return [this](const void* p) { return device->query_pointer(p); };
+  }
+
+  // Declared first: destroyed last, after everything that returns events or streams to it.
+  std::shared_ptr<Device> device;
+  EngineOptions options;   // the options in force, automatic choices resolved
+  PlanConfig plan_config;  // staged planning with the engine's sizes
+  EventPool events;
+  PlanPool plans;
+  Tracer tracer;
+  Counters counters;
+  PageableCache pageable;  // pageable host regions, across transfers
+};
+
+}  // namespace gfd::detail

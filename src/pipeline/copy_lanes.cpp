@@ -1,0 +1,129 @@
+#include "pipeline/copy_lanes.hpp"
+
+#include "engine_context.hpp"
+
+namespace gfd::detail {
+
+CopyLanes::CopyLanes(EngineContext& ctx, int h2d_lanes)
+    : ctx_(ctx), device_(*ctx.device), h2d_(static_cast<std::uint32_t>(h2d_lanes)) {
+  try {
+    for (std::uint32_t i = 0; i < h2d_ + 2; ++i) lanes_.push_back(device_.create_stream());
+  } catch (...) {
+    for (StreamHandle l : lanes_) device_.destroy_stream(l);
+    throw;
+  }
+}
+
+CopyLanes::~CopyLanes() {
+  for (StreamHandle l : lanes_) device_.destroy_stream(l);
+}
+
+void CopyLanes::begin(TransferState& t, StreamHandle stream) {
+  t.start_event = ctx_.events.get();
+  t.lane_events.resize(lanes_.size(), nullptr);
+  for (std::size_t l = 1; l < lanes_.size(); ++l) t.lane_events[l] = ctx_.events.get();
+  device_.record_event(t.start_event, stream);
+}
+
+StreamHandle CopyLanes::lane(TransferState& t, std::uint32_t lane) {
+  StreamHandle s = lanes_[lane];
+  if ((t.lanes_started & (1u << lane)) == 0) {
+    device_.stream_wait_event(s, t.start_event);  // after the work already on the caller's stream
+    t.lanes_started |= 1u << lane;
+  }
+  return s;
+}
+
+void CopyLanes::enqueue_direct(TransferState& t, std::uint32_t index) {
+  const DirectCopy& dc = t.plan.direct[index];
+  if (t.to_host()) device_.copy_d2h(dc.dst, dc.src, dc.bytes, lane(t, d2h()));
+  else device_.copy_h2d(dc.dst, dc.src, dc.bytes, lane(t, next_h2d()));
+  Counters::add(ctx_.counters.direct, 1);
+}
+
+void CopyLanes::enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s, bool wait,
+                                  std::uint64_t flag_value) {
+  const PlannedChunk& c = t.plan.chunks[index];
+  StreamHandle l = lane(t, next_h2d());
+  if (wait) device_.wait_value_geq(s.flag, flag_value, l);
+  device_.record_event(s.start, l);
+  if (c.contiguous_device) {
+    device_.copy_h2d(t.plan.ops[c.op_begin].dst, s.host, c.data_bytes, l);
+  } else {
+    device_.copy_h2d(s.dev, s.host, c.dma_bytes(), l);
+    device_.scatter(reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset), c.op_end - c.op_begin,
+                    s.dev, l);
+    Counters::add(ctx_.counters.scattered, 1);
+  }
+  device_.record_event(s.done, l);
+  if (t.trace_start != nullptr) device_.record_event(t.trace_dma[index].second, l);
+  s.timed = true;
+  Counters::add(ctx_.counters.chunks, 1);
+}
+
+void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s) {
+  const Plan& p = t.plan;
+  const PlannedChunk& c = p.chunks[index];
+  // No timing event (one driver call less per chunk on the submission path): device-to-host
+  // chunks are not in EngineStats::dma_seconds.
+  s.timed = false;
+  StreamHandle l = lane(t, d2h());
+  if (c.contiguous_device) {
+    device_.copy_d2h(s.host, p.ops[c.op_begin].src, c.data_bytes, l);
+  } else {
+    // The kernel packs the device blocks into the slot's device twin, then one DMA brings the
+    // data back. It reads its entries from the pinned slot over PCIe (one read per thread block,
+    // all in parallel); where the GPU cannot read host memory at its host address they are
+    // copied to the device first. The packing runs on a lane of its own, so that it overlaps the
+    // previous chunk's DMA; the device-to-host lane waits for it (the slot's start event, unused
+    // for timing here).
+    write_scatter_entries(p, c, s.host, Direction::kToHost);
+    StreamHandle pk = lane(t, pack());
+    const auto* entries = reinterpret_cast<const ScatterEntry*>(s.host + c.scatter_offset);
+    if (!device_.host_pointers_usable()) {
+      const std::size_t entry_bytes = (c.op_end - c.op_begin) * sizeof(ScatterEntry);
+      device_.copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, entry_bytes, pk);
+      entries = reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset);
+    }
+    device_.gather(entries, c.op_end - c.op_begin, s.dev, pk);
+    device_.record_event(s.start, pk);
+    device_.stream_wait_event(l, s.start);
+    device_.copy_d2h(s.host, s.dev, c.data_bytes, l);
+    Counters::add(ctx_.counters.scattered, 1);
+  }
+  device_.record_event(s.done, l);
+  if (t.trace_start != nullptr) {
+    t.trace_dma.emplace_back(index, device_.create_event(true));
+    device_.record_event(t.trace_dma.back().second, l);
+  }
+  ctx_.tracer.record(t.id, TraceEvent::kChunkIssued, index, static_cast<std::uint32_t>(c.data_bytes));
+}
+
+void CopyLanes::finalize(TransferState& t) {
+  try {
+    std::size_t home = 0;
+    while (home < lanes_.size() && (t.lanes_started & (1u << home)) == 0) ++home;
+    if (home == lanes_.size()) home = 0;
+    for (std::size_t l = home + 1; l < lanes_.size(); ++l) {
+      if ((t.lanes_started & (1u << l)) == 0) continue;
+      device_.record_event(t.lane_events[l], lanes_[l]);
+      device_.stream_wait_event(lanes_[home], t.lane_events[l]);
+    }
+    device_.record_event(t.done_event, lanes_[home]);
+  } catch (...) {
+    t.fail(std::current_exception());
+  }
+  t.mark_finalized();
+}
+
+void CopyLanes::drain() noexcept {
+  for (StreamHandle l : lanes_) {
+    try {
+      device_.stream_sync(l);
+    } catch (...) {
+      // A failed lane was reported to the transfers it carried; nothing more to do here.
+    }
+  }
+}
+
+}  // namespace gfd::detail

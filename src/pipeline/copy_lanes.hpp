@@ -1,0 +1,64 @@
+// DMA issue on the engine's copy lanes: dedicated non-blocking, highest-priority streams.
+// Host-to-device lanes 0..h2d-1 are taken in turn; then one device-to-host lane (one lane keeps
+// those DMAs in order, as the gather threads place chunks in order, and apart from host-to-device
+// DMAs that may wait on gathering); then one lane where scattered device blocks are packed for
+// it. A transfer's first use of a lane makes the lane wait for the transfer's start event on the
+// caller's stream, so nothing starts before the work the caller queued first.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "device.hpp"
+#include "pipeline/slot_ring.hpp"
+#include "pipeline/transfer.hpp"
+
+namespace gfd::detail {
+
+struct EngineContext;
+
+class CopyLanes {
+ public:
+  CopyLanes(EngineContext& ctx, int h2d_lanes);
+  ~CopyLanes();
+  CopyLanes(const CopyLanes&) = delete;
+  CopyLanes& operator=(const CopyLanes&) = delete;
+
+  // Gives the transfer its start event (recorded on `stream` now) and its lane events.
+  void begin(TransferState& t, StreamHandle stream);
+  std::uint32_t next_h2d() {
+    return static_cast<std::uint32_t>(rr_.fetch_add(1, std::memory_order_relaxed) % h2d_);
+  }
+  std::uint32_t d2h() const { return h2d_; }
+  std::uint32_t pack() const { return h2d_ + 1; }
+
+  // Direct copy `index` of the plan, from or to pinned memory, no staging.
+  void enqueue_direct(TransferState& t, std::uint32_t index);
+  // Chunk `index` from slot `s` to the device: with `wait`, behind a wait on the slot's flag
+  // reaching `flag_value` (set by the thread that finishes gathering the chunk); scattered
+  // destinations go through the slot's device twin and the scatter kernel.
+  void enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s, bool wait,
+                         std::uint64_t flag_value);
+  // Chunk `index` from the device into slot `s` (packed on the GPU first when its device blocks
+  // are scattered); `s.done` follows the DMA.
+  void enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s);
+  // Joins the lanes the transfer used into the first of them, records its done event there and
+  // marks it finalized (not on lane 0 regardless: a device-to-host transfer must not wait behind
+  // host-to-device DMAs). A device failure is recorded in the transfer.
+  void finalize(TransferState& t);
+  // Waits for every lane to run dry (shutdown).
+  void drain() noexcept;
+
+ private:
+  StreamHandle lane(TransferState& t, std::uint32_t lane);
+
+  EngineContext& ctx_;
+  Device& device_;
+  std::uint32_t h2d_;
+  std::vector<StreamHandle> lanes_;
+  // Next host-to-device lane, round robin: taken by the issuer and, with preissue, submitters.
+  std::atomic<std::uint64_t> rr_{0};
+};
+
+}  // namespace gfd::detail

@@ -1,0 +1,123 @@
+#include "pipeline/slot_ring.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "engine_context.hpp"
+#include "gfd/error.hpp"
+
+namespace gfd::detail {
+
+SlotRing::SlotRing(Device& device, Counters& counters, const RingConfig& c)
+    : device_(device), counters_(counters), slot_bytes_(c.slot_bytes), slots_(c.slots) {
+  const std::size_t ring = c.slots * c.slot_bytes;
+  staging_ = std::make_unique<HostStaging>(device, ring, c.numa_node);
+  if (c.device_twin) dev_staging_ = static_cast<std::byte*>(device.alloc_device(ring));
+  if (c.flags) {
+    constexpr std::size_t kLine = 64;  // one flag per cache line: threads set them concurrently
+    const std::size_t bytes = (c.slots * kLine + 4095) / 4096 * 4096;
+    void* f = nullptr;
+    if (posix_memalign(&f, 4096, bytes) != 0) throw Error(ErrorCode::kSystem, "out of memory for slot flags");
+    std::memset(f, 0, bytes);
+    flags_ = static_cast<std::uint64_t*>(f);
+    try {
+      device.register_host(flags_, bytes);
+    } catch (...) {
+      std::free(flags_);
+      flags_ = nullptr;
+      if (dev_staging_ != nullptr) device.free_device(dev_staging_);
+      throw;
+    }
+  }
+  for (std::size_t i = 0; i < c.slots; ++i) {
+    Slot& s = slots_[i];
+    s.host = staging_->data() + i * c.slot_bytes;
+    s.dev = dev_staging_ != nullptr ? dev_staging_ + i * c.slot_bytes : nullptr;
+    s.flag = flags_ != nullptr ? flags_ + i * (64 / sizeof(std::uint64_t)) : nullptr;
+    s.start = device.create_event(true);
+    s.done = device.create_event(true);
+  }
+}
+
+SlotRing::~SlotRing() {
+  for (Slot& s : slots_) {
+    if (s.start != nullptr) device_.destroy_event(s.start);
+    if (s.done != nullptr) device_.destroy_event(s.done);
+  }
+  if (dev_staging_ != nullptr) device_.free_device(dev_staging_);
+  if (flags_ != nullptr) {
+    device_.unregister_host(flags_);
+    std::free(flags_);
+  }
+}
+
+void SlotRing::wait_free(Slot& s) {
+  int st = s.state.load(std::memory_order_acquire);
+  while (st == Slot::kGathering) {
+    s.state.wait(Slot::kGathering, std::memory_order_acquire);
+    st = s.state.load(std::memory_order_acquire);
+  }
+  if (st == Slot::kIssued) {
+    try {
+      wait_event(device_, s.done);  // no slot is reused before its DMA has completed
+      account(s);
+    } catch (...) {
+      // The DMA failed: its own transfer reports that. Nothing runs on the device after a
+      // fault, so the slot is free.
+      s.timed = false;
+    }
+  }
+}
+
+// Adds a completed chunk's copy-engine time to the stats, once.
+void SlotRing::account(Slot& s) {
+  if (!s.timed) return;
+  s.timed = false;
+  counters_.dma_ms.fetch_add(device_.event_elapsed_ms(s.start, s.done));
+}
+
+std::uint32_t SlotRing::acquire() {
+  const auto idx = static_cast<std::uint32_t>(next_ % slots_.size());
+  Slot& s = slots_[idx];
+  const auto t0 = Clock::now();
+  wait_free(s);
+  Counters::add(counters_.submit_wait_ns, ns_since(t0));
+  s.state.store(Slot::kGathering, std::memory_order_relaxed);
+  ++next_;
+  return idx;
+}
+
+void SlotRing::account_finished() {
+  for (Slot& s : slots_) {
+    if (s.state.load(std::memory_order_acquire) != Slot::kIssued || !s.timed) continue;
+    try {
+      if (!device_.event_done(s.done)) continue;
+      account(s);
+    } catch (...) {
+      s.timed = false;
+    }
+  }
+}
+
+void SlotRing::drain() noexcept {
+  for (Slot& s : slots_) {
+    if (s.state.load(std::memory_order_acquire) != Slot::kIssued) continue;
+    try {
+      device_.event_sync(s.done);
+    } catch (...) {
+      // Reported to the transfer that enqueued the work.
+    }
+  }
+}
+
+void write_scatter_entries(const Plan& p, const PlannedChunk& c, std::byte* slot_host, Direction d) {
+  auto* entries = reinterpret_cast<ScatterEntry*>(slot_host + c.scatter_offset);
+  const bool to_host = d == Direction::kToHost;
+  for (std::uint32_t i = c.op_begin; i < c.op_end; ++i) {
+    const void* device_side = to_host ? static_cast<const void*>(p.ops[i].src) : p.ops[i].dst;
+    entries[i - c.op_begin] = {reinterpret_cast<std::uint64_t>(device_side), p.ops[i].slot_offset,
+                               p.ops[i].bytes};
+  }
+}
+
+}  // namespace gfd::detail

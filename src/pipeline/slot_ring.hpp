@@ -1,0 +1,91 @@
+// The staging ring: pinned host memory (staging.hpp: hugepages, NUMA-bound, registered once)
+// cut into slots, each with a device twin where chunks are scattered on the GPU, two timing
+// events and, for pre-issued DMAs, a flag in registered memory.
+//
+// A slot is kFree -> kGathering (taken by a submitter, filled by the gather threads) ->
+// kIssued (its DMA or kernel is enqueued; `done` is recorded after it) -> free again once `done`
+// has completed. No slot is reused before its event fires: acquire() waits for that.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "device.hpp"
+#include "planner.hpp"
+#include "staging.hpp"
+#include "sync.hpp"
+
+namespace gfd::detail {
+
+struct Counters;
+
+struct Slot {
+  enum State : int { kFree = 0, kGathering = 1, kIssued = 2 };
+  std::byte* host = nullptr;
+  std::byte* dev = nullptr;  // device staging twin (nullptr where the ring has none)
+  EventHandle start = nullptr, done = nullptr;
+  bool timed = false;                // start/done bracket a DMA not yet added to the stats
+  std::uint64_t* flag = nullptr;     // registered host memory a pre-issued DMA waits on
+  std::uint64_t flag_value = 0;      // value of the last chunk published in this slot
+  std::atomic<int> state{kFree};
+
+  // The slot's DMA or kernel is enqueued (or failed to be): waiters may look at `done`.
+  void mark_issued() {
+    state.store(kIssued, std::memory_order_release);
+    state.notify_all();
+  }
+};
+
+struct RingConfig {
+  std::size_t slots = 0;
+  std::size_t slot_bytes = 0;
+  int numa_node = -1;        // bind the host memory there (-1: no binding)
+  bool device_twin = false;  // allocate device staging of the same size
+  bool flags = false;        // one flag per slot for pre-issued DMAs
+};
+
+class SlotRing {
+ public:
+  SlotRing(Device& device, Counters& counters, const RingConfig& config);
+  ~SlotRing();
+  SlotRing(const SlotRing&) = delete;
+  SlotRing& operator=(const SlotRing&) = delete;
+
+  std::size_t size() const { return slots_.size(); }
+  std::size_t slot_bytes() const { return slot_bytes_; }
+  std::size_t bytes() const { return slots_.size() * slot_bytes_; }
+  HugepageKind hugepages() const { return staging_->hugepages(); }
+  Slot& operator[](std::size_t i) { return slots_[i]; }
+
+  // Takes the next slot in ring order, waiting until it is free (caller holds the submission
+  // lock, so slots are taken in order). The slot is kGathering on return.
+  std::uint32_t acquire();
+  // Adds the DMA time of slots that finished but were not reused yet to the stats (caller holds
+  // the submission lock).
+  void account_finished();
+  // Waits for every slot's enqueued DMA or kernel (shutdown).
+  void drain() noexcept;
+
+ private:
+  void wait_free(Slot& s);
+  void account(Slot& s);
+
+  Device& device_;
+  Counters& counters_;
+  std::size_t slot_bytes_;
+  std::unique_ptr<HostStaging> staging_;
+  std::byte* dev_staging_ = nullptr;
+  std::uint64_t* flags_ = nullptr;
+  std::vector<Slot> slots_;
+  std::uint64_t next_ = 0;
+};
+
+// Writes the scatter entries of chunk `c` into its slot after the data (where the chunk's
+// planned layout puts them): destinations for host to device (the scatter kernel places the
+// blocks), device sources for device to host (the gather kernel packs them).
+void write_scatter_entries(const Plan& p, const PlannedChunk& c, std::byte* slot_host, Direction d);
+
+}  // namespace gfd::detail

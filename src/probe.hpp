@@ -1,0 +1,86 @@
+// gfd/probe: the one internal header that benchmarks (bench/) may include besides the public
+// API. It gives them what a user program has no need for:
+//  - a device facade (memory, streams, copies) that is either the CUDA GPU or, on a machine
+//    without one, the host-emulated device ("host-only" mode: the real gather threads and staging
+//    ring, with host memcpys standing in for DMAs);
+//  - engines over that facade, and the engine's trace of one transfer's pipeline;
+//  - the GPU's locality as gfd sees it, for the benchmarks' topology lines;
+//  - the staging write loop itself, for host-memory load probes and gather-only rates.
+// Everything here is for measurement; none of it is a stable API.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gfd/gfd.hpp"
+#include "trace_event.hpp"
+
+namespace gfd::detail {
+class Device;
+}
+
+namespace gfd::probe {
+
+using TraceEvent = detail::TraceEvent;
+
+/// Number of usable CUDA GPUs (0 without a driver or GPU; never throws).
+int cuda_device_count() noexcept;
+
+/// A GPU, or the host-emulated stand-in for one. Streams are opaque handles (cudaStream_t on a
+/// GPU). All calls throw gfd::Error on failure.
+class Device {
+ public:
+  /// The CUDA GPU `ordinal`.
+  static Device cuda(int ordinal);
+  /// The host-emulated device numbered `ordinal` (device memory is host memory).
+  static Device emulated(int ordinal);
+
+  bool emulated() const { return emulated_; }
+  int ordinal() const;
+  /// PCI bus id ("dddd:bb:dd.f"), "" when emulated.
+  std::string pci_bus_id() const;
+  void make_current();
+  cudaStream_t create_stream();
+  void destroy_stream(cudaStream_t s);
+  void stream_sync(cudaStream_t s);
+  void* alloc_device(std::size_t bytes);
+  void free_device(void* p);
+  void register_host(void* p, std::size_t bytes);
+  void unregister_host(void* p);
+  void copy_h2d(void* dst, const void* src, std::size_t bytes, cudaStream_t s);
+  void copy_d2h(void* dst, const void* src, std::size_t bytes, cudaStream_t s);
+  void memset_async(void* dst, int value, std::size_t bytes, cudaStream_t s);
+  /// An engine over this device (options.device is ignored; the device's ordinal is used).
+  Engine make_engine(EngineOptions options) const;
+
+ private:
+  std::shared_ptr<detail::Device> d_;
+  bool emulated_ = false;
+};
+
+/// Tracing of one engine: records up to `capacity` points from now on (0 stops).
+void start_trace(Engine& engine, std::size_t capacity);
+/// The points recorded since start_trace (DMA completions included), and stops tracing.
+std::vector<TraceEvent> take_trace(Engine& engine);
+
+/// The GPU's NUMA node (-1: none reported) and local CPUs, as the engine reads them.
+struct Locality {
+  int numa_node = -1;
+  std::vector<int> cpus;
+};
+Locality gpu_locality(const Device& device);
+/// CPUs this process may run on.
+std::vector<int> allowed_cpus();
+/// NUMA nodes of this machine (1 without libnuma support).
+int numa_nodes();
+/// "0-3,8" for {0,1,2,3,8}.
+std::string format_cpulist(const std::vector<int>& cpus);
+
+/// Copies `bytes` from `src` to `dst` the way the gather threads write staging with `writes`
+/// (the engine's resolved StagingWrites, as EngineStats reports it).
+void copy_like_staging(void* dst, const void* src, std::size_t bytes, StagingWrites writes);
+
+}  // namespace gfd::probe

@@ -1,0 +1,29 @@
+// One point of an engine trace (tracer.hpp records them; benchmarks read them through probe.hpp
+// to find pipeline bubbles).
+#pragma once
+
+#include <cstdint>
+
+namespace gfd::detail {
+
+struct TraceEvent {
+  enum What : std::uint16_t {
+    kSubmit,          // copy_to_device / copy_to_host entered
+    kPlanned,         // validation and planning done
+    kChunkPublished,  // a = chunk, b = pieces
+    kPieceStart,      // a = chunk, b = piece
+    kPieceEnd,        // a = chunk, b = piece
+    kChunkIssued,     // a = chunk, b = bytes
+    kFinalized,       // the last DMA is enqueued
+    kReturn,          // the submitting call returns
+    kDmaDone,         // a = chunk: its DMA completed on the GPU (GPU clock mapped onto the host's,
+                      // from an event recorded at submission: early by the launch latency)
+  };
+  std::uint64_t ns;        // steady clock
+  std::uint32_t transfer;  // engine-wide transfer number
+  std::uint16_t what;
+  std::int16_t thread;     // gather thread index, -1 for other threads
+  std::uint32_t a, b;
+};
+
+}  // namespace gfd::detail
