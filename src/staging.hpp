@@ -6,6 +6,7 @@
 
 #include "device.hpp"
 #include "gfd/types.hpp"
+#include "host_memory.hpp"
 
 namespace gfd::detail {
 
@@ -13,23 +14,17 @@ class HostStaging {
  public:
   // numa_node < 0: no binding. Throws gfd::Error when memory cannot be had or registered.
   HostStaging(Device& device, std::size_t bytes, int numa_node);
-  ~HostStaging();
   HostStaging(const HostStaging&) = delete;
   HostStaging& operator=(const HostStaging&) = delete;
 
-  std::byte* data() const { return data_; }
+  std::byte* data() const { return memory_.data(); }
   std::size_t size() const { return bytes_; }
-  HugepageKind hugepages() const { return kind_; }
-  bool numa_bound() const { return bound_; }
+  HugepageKind hugepages() const { return memory_.hugepages(); }
+  bool numa_bound() const { return memory_.numa_node() >= 0; }
 
  private:
-  Device& device_;
-  std::byte* data_ = nullptr;
+  HostMemory memory_;
   std::size_t bytes_ = 0;
-  std::size_t mapped_ = 0;
-  void* mapping_ = nullptr;
-  HugepageKind kind_ = HugepageKind::kNone;
-  bool bound_ = false;
 };
 
 }  // namespace gfd::detail

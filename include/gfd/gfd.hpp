@@ -5,6 +5,7 @@
 #include "gfd/engine.hpp"
 #include "gfd/error.hpp"
 #include "gfd/group.hpp"
+#include "gfd/host_pool.hpp"
 #include "gfd/kv_cache.hpp"
 #include "gfd/options.hpp"
 #include "gfd/types.hpp"
