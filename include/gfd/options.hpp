@@ -63,12 +63,14 @@ struct EngineOptions {
   /// operation), so that no driver call sits between gathering and DMA. Where the GPU has no
   /// 64-bit stream memory operations the finishing thread issues the DMA itself.
   bool preissue = true;
-  /// Gather backend: transfers of at most this many bytes whose sources are all pinned are
-  /// copied by the zero-copy SM kernel in one launch instead of the staging pipeline: a small
-  /// transfer is dominated by the pipeline's fixed costs (on an H200, 16 x 4 KB took 17 us
-  /// through the kernel and 28 us staged). The kernel uses SMs for a few microseconds; set 0 to
-  /// keep every transfer off the SMs.
-  std::size_t kernel_max_bytes = std::size_t{1} << 20;
+  /// Gather backend: transfers of at most this many bytes whose host memory is all pinned are
+  /// copied by the zero-copy SM kernel in one launch instead of the staging pipeline. 0 (the
+  /// default) keeps every transfer off the SMs: a kernel queued behind a model's compute
+  /// kernels waits for them (it needs SMs), exactly when a busy server swaps in small,
+  /// latency-critical requests, while the copy engine does not wait. Set it (e.g. 1M) only
+  /// where the SMs are known to be idle during swaps: a tiny transfer then finishes a few
+  /// microseconds sooner.
+  std::size_t kernel_max_bytes = 0;
   /// How long, in milliseconds, the engine remembers a 2 MiB region of host memory that the
   /// driver reported as pageable (not pinned), so that blocks there need no driver query per
   /// page. Pageable blocks are staged whatever their region; memory registered with

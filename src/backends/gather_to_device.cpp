@@ -18,9 +18,9 @@ void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
     tracer.begin_transfer(*t, stream, true);
     // From here the transfer must be finalized whatever happens, or the caller would wait forever.
     try {
-      for (std::uint32_t i = 0; i < p.direct.size(); ++i) {
-        if (p_.preissue) p_.lanes.enqueue_direct(*t, i);
-        else p_.queue.publish(p_.queue.append(Item::Kind::kDirect, this, t, i, 0, true), 0);
+      if (!p.direct.empty()) {
+        if (p_.preissue) p_.lanes.enqueue_directs(*t);
+        else p_.queue.publish(p_.queue.append(Item::Kind::kDirect, this, t, 0, 0, true), 0);
       }
       for (std::uint32_t k = 0; k < p.chunks.size(); ++k) {
         const std::uint32_t slot = p_.ring.acquire();
@@ -108,7 +108,7 @@ void GatherToDevice::issue(Item& item) {
     case Item::Kind::kChunk: issue_chunk(item); break;
     case Item::Kind::kDirect:
       try {
-        p_.lanes.enqueue_direct(*item.t, item.index);
+        p_.lanes.enqueue_directs(*item.t);
       } catch (...) {
         item.t->fail(std::current_exception());
       }

@@ -101,7 +101,7 @@ TransferPtr GatherToHost::submit(const Request& r, Plan* whole) {
           timed([&] { builder->finish(); });
         }
         enqueue_planned(p.chunks.size());
-        for (std::uint32_t i = 0; i < p.direct.size(); ++i) p_.lanes.enqueue_direct(*t, i);
+        p_.lanes.enqueue_directs(*t);
       }
     } catch (...) {
       t->fail(std::current_exception());  // a device error: the pieces place nothing

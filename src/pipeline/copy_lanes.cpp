@@ -1,5 +1,7 @@
 #include "pipeline/copy_lanes.hpp"
 
+#include <algorithm>
+
 #include "engine_context.hpp"
 
 namespace gfd::detail {
@@ -34,11 +36,30 @@ StreamHandle CopyLanes::lane(TransferState& t, std::uint32_t lane) {
   return s;
 }
 
-void CopyLanes::enqueue_direct(TransferState& t, std::uint32_t index) {
-  const DirectCopy& dc = t.plan.direct[index];
-  if (t.to_host()) device_.copy_d2h(dc.dst, dc.src, dc.bytes, lane(t, d2h()));
-  else device_.copy_h2d(dc.dst, dc.src, dc.bytes, lane(t, next_h2d()));
-  Counters::add(ctx_.counters.direct, 1);
+void CopyLanes::enqueue_directs(TransferState& t) {
+  const std::vector<DirectCopy>& direct = t.plan.direct;
+  // Groups of this many copies alternate between the host-to-device lanes, so that the copy
+  // engines can overlap them (device to host keeps its one lane, in order).
+  constexpr std::size_t kGroup = 256;
+  thread_local std::vector<void*> dsts;
+  thread_local std::vector<const void*> srcs;
+  thread_local std::vector<std::size_t> sizes;
+  for (std::size_t i = 0; i < direct.size(); i += kGroup) {
+    const std::size_t n = std::min(kGroup, direct.size() - i);
+    dsts.resize(n);
+    srcs.resize(n);
+    sizes.resize(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      dsts[k] = direct[i + k].dst;
+      srcs[k] = direct[i + k].src;
+      sizes[k] = direct[i + k].bytes;
+    }
+    StreamHandle l = lane(t, t.to_host() ? d2h() : next_h2d());
+    if (n == 1 && t.to_host()) device_.copy_d2h(dsts[0], srcs[0], sizes[0], l);
+    else if (n == 1) device_.copy_h2d(dsts[0], srcs[0], sizes[0], l);
+    else device_.copy_batch(dsts.data(), srcs.data(), sizes.data(), n, t.to_host(), l);
+    Counters::add(ctx_.counters.direct, n);
+  }
 }
 
 void CopyLanes::enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s, bool wait,

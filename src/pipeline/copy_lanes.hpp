@@ -33,8 +33,10 @@ class CopyLanes {
   std::uint32_t d2h() const { return h2d_; }
   std::uint32_t pack() const { return h2d_ + 1; }
 
-  // Direct copy `index` of the plan, from or to pinned memory, no staging.
-  void enqueue_direct(TransferState& t, std::uint32_t index);
+  // The plan's direct copies (blocks large enough to need no staging, from or to pinned memory),
+  // in cudaMemcpyBatchAsync calls: one driver call per group instead of one per block, which is
+  // what makes 64 KB-256 KB blocks cheaper straight than staged.
+  void enqueue_directs(TransferState& t);
   // Chunk `index` from slot `s` to the device: with `wait`, behind a wait on the slot's flag
   // reaching `flag_value` (set by the thread that finishes gathering the chunk); scattered
   // destinations go through the slot's device twin and the scatter kernel.

@@ -47,7 +47,7 @@ struct Item {
   Kind kind = Kind::kChunk;
   ItemHandler* handler = nullptr;
   TransferPtr t;
-  std::uint32_t index = 0;  // chunk or direct copy index in the plan
+  std::uint32_t index = 0;  // kChunk: chunk index in the plan
   std::uint32_t slot = 0;
   std::uint32_t piece_begin = 0;
   std::uint64_t flag_value = 0;       // the slot flag's value once this chunk is gathered
