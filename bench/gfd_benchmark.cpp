@@ -501,11 +501,11 @@ int main(int argc, char** argv) try {
     const EngineOptions& o = be.engine.options();
     if (be.backend == Backend::kGather)
       std::printf("engine gather: %d gather threads on CPUs %s, NUMA node %d, ring %s in %s slots, hugepages %s, "
-                  "%d copy streams (+1 device to host), first chunk %s, pieces %s, %s stores, kernel for <= %s\n",
+                  "%d copy streams (+1 device to host), first chunk %s, pieces %s, staging writes %s, kernel for <= %s\n",
                   st.gather_threads, detail::format_cpulist(st.cpus).c_str(), st.numa_node,
                   format_size(st.staging_bytes).c_str(), format_size(st.slot_bytes).c_str(),
                   to_string(st.hugepages), o.copy_streams, format_size(o.first_chunk_bytes).c_str(),
-                  format_size(o.piece_bytes).c_str(), o.nontemporal_stores ? "streaming" : "normal",
+                  format_size(o.piece_bytes).c_str(), to_string(st.staging_writes),
                   format_size(o.kernel_max_bytes).c_str());
   }
   std::printf("direction: %s, host blocks %s\n", bench.to_host ? "device to host" : "host to device",

@@ -1,20 +1,30 @@
-// micro_gather: host gather throughput against the number of threads and the store kind (no GPU
-// needed). Replaces the plain program gfd_gather_bench.
+// micro_gather: host gather throughput against the number of threads and the staging write mode
+// (no GPU needed). Replaces the plain program gfd_gather_bench.
 //
 // One iteration gathers 2048 random cold 4 KB blocks (8 MB), picked at a 2x-block stride from a
 // pool of 8 x the L3 size (env GFD_MICRO_POOL_BYTES, e.g. 1G, overrides the size), into an 8 MB
 // staging area, as the engine's gather threads fill a staging slot: T persistent threads each
 // copy a contiguous share of the blocks with the engine's copy loop (gfd::detail::gather_ops,
-// which prefetches the next sources), storing with memcpy (normal) or streaming stores
-// (nontemporal). The threads meet at a barrier before and after each iteration; wall-clock
-// time. Several sets of picks are cycled so that a set's blocks have left the caches when it
-// comes round again. Reports bytes_per_second (payload bytes gathered).
+// which prefetches the next sources), writing staging in one of the modes of
+// EngineOptions::staging_writes: cldemote (plain stores, then CLDEMOTE of each line), streaming
+// (non-temporal stores) or plain. A mode the CPU lacks falls back as the engine's would; the
+// label then says what ran. The threads meet at a barrier before and after each iteration;
+// wall-clock time. Several sets of picks are cycled so that a set's blocks have left the caches
+// when it comes round again. Reports bytes_per_second (payload bytes gathered).
+//
+// BM_GatherRead/<mode> stands in for the copy engine's read of the slot: T threads gather 1 MB
+// (256 blocks) into one of 8 slots of the staging area, then the timing thread (another core
+// where there is one) reads the slot, one load per line. read_GB/s is that read's rate: lines
+// left in a gather core's private cache (plain), pushed to the L3 (cldemote) or sent to DRAM
+// (streaming). It is a CPU core's read, not the DMA's, so it only hints at what the copy
+// engine sees; only the GPU runs measure that.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -32,6 +42,7 @@
 
 namespace {
 
+using gfd::StagingWrites;
 using gfd::detail::StoreKind;
 
 constexpr std::size_t kBlock = 4096;
@@ -96,7 +107,16 @@ Fixture& fixture() {
   return f;
 }
 
-void BM_Gather(benchmark::State& state, StoreKind kind, gfd::detail::Prefetch pf) {
+// The mode as the engine resolves it on this CPU, and a label saying so where it falls back.
+StoreKind resolve(StagingWrites mode, std::string* label) {
+  const StoreKind kind = gfd::detail::resolve_staging_writes(mode);
+  if (gfd::detail::to_public(kind) != mode)
+    *label += std::string(", ") + gfd::to_string(mode) + " unsupported: " +
+              gfd::to_string(gfd::detail::to_public(kind));
+  return kind;
+}
+
+void BM_Gather(benchmark::State& state, StagingWrites mode, gfd::detail::Prefetch pf) {
   Fixture* f = nullptr;
   try {
     f = &fixture();
@@ -104,6 +124,8 @@ void BM_Gather(benchmark::State& state, StoreKind kind, gfd::detail::Prefetch pf
     state.SkipWithError((std::string("setup failed: ") + e.what()).c_str());
     return;
   }
+  std::string label = "pool " + gfd::bench::format_size(f->pool.bytes);
+  const StoreKind kind = resolve(mode, &label);
   const auto threads = static_cast<std::size_t>(state.range(0));
   const std::size_t n = kBlocksPerIteration;
 
@@ -132,9 +154,66 @@ void BM_Gather(benchmark::State& state, StoreKind kind, gfd::detail::Prefetch pf
   for (auto& t : workers) t.join();
 
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(n * kBlock));
+  state.SetLabel(label);
+}
+
+// Gather one 1 MB slot, then read it from the timing thread (see the top of the file).
+void BM_GatherRead(benchmark::State& state, StagingWrites mode) {
+  Fixture* f = nullptr;
+  try {
+    f = &fixture();
+  } catch (const std::exception& e) {
+    state.SkipWithError((std::string("setup failed: ") + e.what()).c_str());
+    return;
+  }
   std::string label = "pool " + gfd::bench::format_size(f->pool.bytes);
-  if (kind == StoreKind::kNonTemporal && !gfd::detail::nontemporal_supported())
-    label += ", no AVX2: memcpy";
+  const StoreKind kind = resolve(mode, &label);
+  const auto threads = static_cast<std::size_t>(state.range(0));
+  constexpr std::size_t kSlotBlocks = 256, kSlotBytes = kSlotBlocks * kBlock;
+  constexpr std::size_t kSlots = kStagingBytes / kSlotBytes;
+
+  std::barrier sync(static_cast<std::ptrdiff_t>(threads + 1));
+  std::size_t round = 0;  // written by the timing thread before the first barrier of a round
+  bool stop = false;      // likewise
+  std::vector<std::thread> workers;
+  for (std::size_t w = 0; w < threads; ++w) {
+    workers.emplace_back([&, w] {
+      const std::size_t lo = kSlotBlocks * w / threads, hi = kSlotBlocks * (w + 1) / threads;
+      std::vector<CopyOp> ops(hi - lo);
+      for (;;) {
+        sync.arrive_and_wait();
+        if (stop) return;
+        // Blocks of this round's part of a pick set, into this round's slot.
+        const std::vector<CopyOp>& set = f->sets[(round / kSlots) % f->sets.size()];
+        const std::size_t first = (round % kSlots) * kSlotBlocks;
+        for (std::size_t i = lo; i < hi; ++i)
+          ops[i - lo] = {set[first + i].src, (round % kSlots) * kSlotBytes + i * kBlock, kBlock};
+        gfd::detail::gather_ops(ops.data(), ops.size(), f->staging, kind);
+        sync.arrive_and_wait();
+      }
+    });
+  }
+  double read_seconds = 0;
+  std::uint64_t sink = 0;
+  for (auto _ : state) {
+    ++round;
+    sync.arrive_and_wait();  // go
+    sync.arrive_and_wait();  // the slot is written
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto* slot = reinterpret_cast<const std::uint64_t*>(f->staging + (round % kSlots) * kSlotBytes);
+    std::uint64_t sum = 0;
+    for (std::size_t i = 0; i < kSlotBytes / 8; i += 8) sum += slot[i];
+    sink += sum;
+    read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  stop = true;
+  sync.arrive_and_wait();
+  for (auto& t : workers) t.join();
+  benchmark::DoNotOptimize(sink);
+
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(kSlotBytes));
+  state.counters["read_GB/s"] =
+      read_seconds > 0 ? static_cast<double>(state.iterations()) * kSlotBytes / read_seconds / 1e9 : 0;
   state.SetLabel(label);
 }
 
@@ -149,31 +228,37 @@ void ThreadCounts(benchmark::internal::Benchmark* b) {
   }
 }
 
-// The engine's copy loop (defaults), then its two choices changed one at a time: the store
-// kind, and how much of which later block is prefetched (bytes, ops ahead).
+// The engine's copy loop (defaults) in each staging write mode, then the prefetch choices changed
+// one at a time (bytes, ops ahead; streaming stores, as measured before the modes existed).
 constexpr gfd::detail::Prefetch kDefault{};
-BENCHMARK_CAPTURE(BM_Gather, nontemporal, StoreKind::kNonTemporal, kDefault)
+BENCHMARK_CAPTURE(BM_Gather, cldemote, StagingWrites::kCldemote, kDefault)
     ->Apply(ThreadCounts)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gather, normal, StoreKind::kNormal, kDefault)->Apply(ThreadCounts)->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gather, nontemporal_no_prefetch, StoreKind::kNonTemporal, gfd::detail::Prefetch{0, 0})
+BENCHMARK_CAPTURE(BM_Gather, streaming, StagingWrites::kStreaming, kDefault)
     ->Apply(ThreadCounts)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gather, nontemporal_prefetch_1K_2, StoreKind::kNonTemporal, gfd::detail::Prefetch{1024, 2})
+BENCHMARK_CAPTURE(BM_Gather, plain, StagingWrites::kPlain, kDefault)->Apply(ThreadCounts)->UseRealTime();
+BENCHMARK_CAPTURE(BM_GatherRead, cldemote, StagingWrites::kCldemote)->Apply(ThreadCounts)->UseRealTime();
+BENCHMARK_CAPTURE(BM_GatherRead, streaming, StagingWrites::kStreaming)->Apply(ThreadCounts)->UseRealTime();
+BENCHMARK_CAPTURE(BM_GatherRead, plain, StagingWrites::kPlain)->Apply(ThreadCounts)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gather, streaming_no_prefetch, StagingWrites::kStreaming, gfd::detail::Prefetch{0, 0})
     ->Apply(ThreadCounts)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gather, nontemporal_prefetch_4K_4, StoreKind::kNonTemporal, gfd::detail::Prefetch{4096, 4})
+BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_1K_2, StagingWrites::kStreaming, gfd::detail::Prefetch{1024, 2})
     ->Apply(ThreadCounts)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gather, nontemporal_prefetch_1K_2_l1, StoreKind::kNonTemporal,
+BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_4K_4, StagingWrites::kStreaming, gfd::detail::Prefetch{4096, 4})
+    ->Apply(ThreadCounts)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_1K_2_l1, StagingWrites::kStreaming,
                   gfd::detail::Prefetch{1024, 2, true})
     ->Apply(ThreadCounts)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gather, nontemporal_prefetch_4K_2_l1, StoreKind::kNonTemporal,
+BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_4K_2_l1, StagingWrites::kStreaming,
                   gfd::detail::Prefetch{4096, 2, true})
     ->Apply(ThreadCounts)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gather, nontemporal_prefetch_4K_1, StoreKind::kNonTemporal, gfd::detail::Prefetch{4096, 1})
+BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_4K_1, StagingWrites::kStreaming, gfd::detail::Prefetch{4096, 1})
     ->Apply(ThreadCounts)
     ->UseRealTime();
 

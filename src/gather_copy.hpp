@@ -2,20 +2,54 @@
 //
 // Cold KV blocks lie scattered over a pool far larger than the caches and the hardware
 // prefetcher does not cross pages, so the loads of the next blocks are started while the
-// current one is copied. Staging is written with non-temporal stores where the CPU has them:
-// the copy engine reads the slot from memory right after, so pulling its lines into the cache
-// first (read-for-ownership) and having the DMA snoop them out again only costs bandwidth.
+// current one is copied.
+//
+// How staging is written decides how often each byte crosses DRAM; the copy engine reads the
+// slot right after it is filled (measured on the H200 host, issue 13):
+//  - plain stores, then CLDEMOTE of every written line: the stores hit the cache (the ring is
+//    far smaller than the L3, so a slot's lines are usually still there from its last use) and
+//    the demote moves them from the core's private L1/L2 to the shared L3, where the copy
+//    engine reads them: one DRAM crossing per byte (the source read). Fastest where the CPU
+//    has it (75% / 84% of the line rate against 66% / 72% streaming, 2048 / 16384 x 4 KB).
+//  - streaming (non-temporal) stores: no read-for-ownership, but every staged byte goes to
+//    DRAM and the DMA reads it back from there: three crossings per byte.
+//  - plain stores alone: the DMA finds the lines in a core's private cache and has to snoop
+//    them out one by one, which is slow (41-56%).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "gfd/types.hpp"
+
 namespace gfd::detail {
 
 enum class StoreKind : std::uint8_t {
-  kNormal,       // memcpy
-  kNonTemporal,  // streaming stores (falls back to memcpy where unsupported or unaligned)
+  kNormal,       // plain stores (memcpy)
+  kNonTemporal,  // streaming stores (memcpy where the CPU lacks AVX2, and for unaligned ends)
+  kCldemote,     // plain stores, then CLDEMOTE of each written line (a NOP where unsupported)
 };
+
+// What this CPU offers for writing staging.
+struct CpuStoreFeatures {
+  bool cldemote = false;   // CPUID.(EAX=7,ECX=0):ECX[25]
+  bool streaming = false;  // AVX2 (32-byte streaming stores)
+};
+// Detected once, at the first call.
+CpuStoreFeatures cpu_store_features() noexcept;
+
+// The store kind the gather threads use for `requested` on a CPU with `cpu`. kAuto picks the
+// fastest the CPU has: CLDEMOTE, else streaming stores, else plain stores. An explicit request
+// the CPU cannot honour falls back the same way (cldemote -> streaming -> plain; streaming ->
+// plain): CLDEMOTE would execute as a NOP there (plain stores, the slowest kind), and streaming
+// stores need AVX2. Plain is always honoured.
+StoreKind resolve_staging_writes(StagingWrites requested, CpuStoreFeatures cpu) noexcept;
+// The same, for this CPU.
+inline StoreKind resolve_staging_writes(StagingWrites requested) noexcept {
+  return resolve_staging_writes(requested, cpu_store_features());
+}
+// The public name of a store kind (never kAuto).
+StagingWrites to_public(StoreKind kind) noexcept;
 
 // How far ahead the copy loop starts loading: the first `bytes` of the op `ahead` places on.
 // A cold 4 KB block costs a DRAM round trip per line unless its loads are started early; one
@@ -26,20 +60,61 @@ struct Prefetch {
   bool to_l1 = false;  // prefetcht0 instead of prefetcht1
 };
 
-// True when this CPU can stream-store (AVX2).
+// True when this CPU can stream-store (AVX2). Same as cpu_store_features().streaming.
 bool nontemporal_supported() noexcept;
+// True when this CPU reports CLDEMOTE. Same as cpu_store_features().cldemote.
+bool cldemote_supported() noexcept;
 
 // Copies `count` ops (any struct with src, slot_offset and bytes, such as the planner's
-// GatherOp) into `base + slot_offset`, the sources of the next ops prefetched, and fences the
-// streaming stores at the end. Inline so the copy loop has no indirect call per block.
+// GatherOp) into `base + slot_offset`, the sources of the next ops prefetched; fences the
+// streaming stores at the end. With kCldemote every line the ops wrote is demoted once (see
+// copy_demote). Inline so the copy loop has no indirect call per block.
 template <class Op>
 void gather_ops(const Op* ops, std::size_t count, std::byte* base, StoreKind kind,
                 Prefetch pf = {}) noexcept;
 
-// Copies one block (no prefetch, no fence): memcpy or streaming stores.
+// Copies one block (no prefetch, no fence): memcpy, streaming stores, or memcpy and a demote
+// of every line the block touched.
 void copy_block(void* dst, const void* src, std::size_t bytes, StoreKind kind) noexcept;
 // Orders the streaming stores before what follows (sfence on x86).
 void store_fence() noexcept;
+
+// Plain-store copy that demotes the lines it wrote, for a run of ops written in ascending
+// address order. A line is demoted only once the copy has finished writing it: the last line,
+// when the block ends inside it, is left in `pending` (its address; 0: none), because the next
+// op usually continues it: demoting it now would have this core pull it straight back (the
+// manual warns against touching a demoted line again right away), and demoting it twice costs
+// an instruction for nothing. The next call demotes it with its own lines, or on its own when
+// the next op starts elsewhere; demote_pending() demotes what is left at the end. Large blocks
+// are copied and demoted 16 KB at a time so that the lines are still in L1/L2 when demoted.
+void copy_demote(void* dst, const void* src, std::size_t bytes, std::uintptr_t& pending) noexcept;
+// The demote half of copy_demote: `bytes` at `p` are done with (written, or read); demotes every
+// line of them except a last one they end inside, which becomes `pending` (a pending line that
+// this range neither covers nor ends in is demoted now).
+void demote_done(const void* p, std::size_t bytes, std::uintptr_t& pending) noexcept;
+// demote_done with the line demotes handed to `demote(begin, end)` ([begin, end) 64-byte
+// aligned, never empty), for tests.
+template <class Demote>
+void demote_done_with(std::uintptr_t p, std::size_t bytes, std::uintptr_t& pending,
+                      Demote&& demote) noexcept {
+  constexpr std::uintptr_t kMask = 63;
+  if (bytes == 0) return;
+  const std::uintptr_t e = p + bytes;
+  const std::uintptr_t lo = p & ~kMask;  // first line touched
+  const std::uintptr_t hi = e & ~kMask;  // lines [lo, hi) are finished
+  const std::uintptr_t next = (e & kMask) != 0 ? hi : 0;  // the line left open, if any
+  // A line an earlier range left open that this one neither finishes nor keeps open: the ops
+  // moved elsewhere, so nobody will finish it; demote it now.
+  if (pending != 0 && (pending < lo || pending >= hi) && pending != next)
+    demote(pending, pending + kMask + 1);
+  if (lo < hi) demote(lo, hi);
+  pending = next;
+}
+// Demotes the pending line, if any, and clears it.
+void demote_pending(std::uintptr_t& pending) noexcept;
+// CLDEMOTE of every line in [begin, end) (64-byte aligned); nothing where the CPU lacks it.
+void demote_lines(std::uintptr_t begin, std::uintptr_t end) noexcept;
+
 // Starts the loads of the first min(bytes, pf.bytes) bytes of `p`, into L2 by default (more
 // lines can be in flight there than in L1).
 inline void prefetch_block(const void* p, std::size_t bytes, const Prefetch& pf) noexcept {
@@ -57,20 +132,51 @@ void gather_ops(const Op* ops, std::size_t count, std::byte* base, StoreKind kin
   if (pf.bytes != 0)
     for (std::size_t i = 0; i < count && i < pf.ahead; ++i)
       prefetch_block(ops[i].src, ops[i].bytes, pf);
+  std::uintptr_t pending = 0;  // kCldemote: a line the last op left partly written
   for (std::size_t i = 0; i < count; ++i) {
     if (pf.bytes != 0 && i + pf.ahead < count)
       prefetch_block(ops[i + pf.ahead].src, ops[i + pf.ahead].bytes, pf);
-    copy_block(base + ops[i].slot_offset, ops[i].src, ops[i].bytes, kind);
+    if (kind == StoreKind::kCldemote)
+      copy_demote(base + ops[i].slot_offset, ops[i].src, ops[i].bytes, pending);
+    else
+      copy_block(base + ops[i].slot_offset, ops[i].src, ops[i].bytes, kind);
   }
+  // Streaming stores are weakly ordered: fence them before the caller publishes the slot.
+  // Plain stores need no fence (x86 keeps stores in order; the caller's release does the
+  // rest), and CLDEMOTE is only a hint with no effect on what other agents see.
   if (kind == StoreKind::kNonTemporal) store_fence();
+  else if (kind == StoreKind::kCldemote) demote_pending(pending);
 }
 
 // The reverse, for device-to-host transfers: each op's bytes from `base + slot_offset` (a staging
 // slot the DMA has just filled) to its host destination `dst`. The slot is read in order, which
-// the hardware prefetcher follows; destinations are written with streaming stores by default,
-// since a swapped-out KV block is not read again soon.
+// the hardware prefetcher follows. Per mode (the engine passes the same kind as for gathering):
+//  - kNonTemporal: destinations written with streaming stores. A swapped-out KV block is not
+//    read again soon, so there is nothing to gain from caching it, and streaming stores skip the
+//    read-for-ownership of the destination: the block crosses DRAM once (the write), not twice.
+//  - kCldemote: the destinations are written the same way, with streaming stores: demoting them
+//    would only park them in the L3 (no device or core reads them next) and still pay the
+//    read-for-ownership. What the demote can do here is on the slot side: the reads leave clean
+//    copies of the slot's lines in this core's L1/L2, and the next DMA into this slot has to
+//    invalidate each of them there (a snoop per line). Demoting the lines just read moves them
+//    to the L3, where the next inbound DMA finds them without asking the core (and leaves the
+//    core's L2 to the next piece). It costs one instruction per 64 bytes read. Comparing
+//    GFD_STAGING_WRITES=cldemote with =streaming on device-to-host transfers measures exactly
+//    this demote; both modes store to the destination the same way.
+//  - kNormal: plain stores (a runtime that reads the blocks right back may prefer them cached).
 template <class Op>
 void scatter_ops(const Op* ops, std::size_t count, const std::byte* base, StoreKind kind) noexcept {
+  if (kind == StoreKind::kCldemote) {
+    std::uintptr_t pending = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::byte* src = base + ops[i].slot_offset;
+      copy_block(ops[i].dst, src, ops[i].bytes, StoreKind::kNonTemporal);
+      demote_done(src, ops[i].bytes, pending);
+    }
+    demote_pending(pending);
+    store_fence();
+    return;
+  }
   for (std::size_t i = 0; i < count; ++i) copy_block(ops[i].dst, base + ops[i].slot_offset, ops[i].bytes, kind);
   if (kind == StoreKind::kNonTemporal) store_fence();
 }

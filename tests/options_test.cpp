@@ -20,7 +20,7 @@ const std::vector<std::string>& gfd_variables() {
       "GFD_FIRST_CHUNK_BYTES", "GFD_PIECE_BYTES",        "GFD_DIRECT_MIN_BYTES",
       "GFD_INLINE_GATHER_BYTES", "GFD_GATHER_THREADS",   "GFD_COPY_STREAMS",
       "GFD_NUMA_NODE",        "GFD_SPIN_US",             "GFD_CHECK_OVERLAPS",
-      "GFD_SUBMITTER_GATHERS", "GFD_NONTEMPORAL_STORES", "GFD_KERNEL_MAX_BYTES", "GFD_PREISSUE", "GFD_USE_ALL_LOCAL_CPUS",
+      "GFD_SUBMITTER_GATHERS", "GFD_STAGING_WRITES", "GFD_KERNEL_MAX_BYTES", "GFD_PREISSUE", "GFD_USE_ALL_LOCAL_CPUS",
       "GFD_BACKEND"};
   return names;
 }
@@ -69,7 +69,7 @@ gfd::EngineOptions custom_base() {
   o.spin_us = 7;
   o.check_overlaps = false;
   o.submitter_gathers = false;
-  o.nontemporal_stores = false;
+  o.staging_writes = gfd::StagingWrites::kPlain;
   o.preissue = false;
   o.use_all_local_cpus = true;
   o.kernel_max_bytes = std::size_t{24} << 10;
@@ -91,7 +91,7 @@ void expect_same(const gfd::EngineOptions& a, const gfd::EngineOptions& b) {
   EXPECT_EQ(a.spin_us, b.spin_us);
   EXPECT_EQ(a.check_overlaps, b.check_overlaps);
   EXPECT_EQ(a.submitter_gathers, b.submitter_gathers);
-  EXPECT_EQ(a.nontemporal_stores, b.nontemporal_stores);
+  EXPECT_EQ(a.staging_writes, b.staging_writes);
   EXPECT_EQ(a.preissue, b.preissue);
   EXPECT_EQ(a.use_all_local_cpus, b.use_all_local_cpus);
   EXPECT_EQ(a.kernel_max_bytes, b.kernel_max_bytes);
@@ -154,7 +154,7 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
       {"GFD_SPIN_US", "0", [](auto& o) { o.spin_us = 0; }},
       {"GFD_CHECK_OVERLAPS", "1", [](auto& o) { o.check_overlaps = true; }},
       {"GFD_SUBMITTER_GATHERS", "on", [](auto& o) { o.submitter_gathers = true; }},
-      {"GFD_NONTEMPORAL_STORES", "true", [](auto& o) { o.nontemporal_stores = true; }},
+      {"GFD_STAGING_WRITES", "cldemote", [](auto& o) { o.staging_writes = gfd::StagingWrites::kCldemote; }},
       {"GFD_PREISSUE", "1", [](auto& o) { o.preissue = true; }},
       {"GFD_USE_ALL_LOCAL_CPUS", "0", [](auto& o) { o.use_all_local_cpus = false; }},
       {"GFD_KERNEL_MAX_BYTES", "256K", [](auto& o) { o.kernel_max_bytes = std::size_t{256} << 10; }},
@@ -303,7 +303,52 @@ TEST(BackendNamesTest, UnknownNameListsTheKnownOnes) {
 TEST(OptionsFromEnvTest, UnknownBackendIsRejectedNamingTheVariable) {
   EnvGuard env;
   expect_rejected(env, "GFD_BACKEND", "fast");
-  expect_rejected(env, "GFD_NONTEMPORAL_STORES", "maybe");
+}
+
+TEST(StagingWritesNamesTest, EveryModeRoundTripsThroughItsName) {
+  for (gfd::StagingWrites w : gfd::kAllStagingWrites)
+    EXPECT_EQ(gfd::staging_writes_from_string(gfd::to_string(w)), w);
+  EXPECT_STREQ(gfd::to_string(gfd::StagingWrites::kAuto), "auto");
+  EXPECT_STREQ(gfd::to_string(gfd::StagingWrites::kCldemote), "cldemote");
+  EXPECT_STREQ(gfd::to_string(gfd::StagingWrites::kStreaming), "streaming");
+  EXPECT_STREQ(gfd::to_string(gfd::StagingWrites::kPlain), "plain");
+}
+
+TEST(StagingWritesNamesTest, UnknownNameListsTheKnownOnes) {
+  try {
+    (void)gfd::staging_writes_from_string("nontemporal");
+    ADD_FAILURE() << "accepted";
+  } catch (const gfd::Error& e) {
+    EXPECT_EQ(e.code(), gfd::ErrorCode::kInvalidArgument);
+    for (gfd::StagingWrites w : gfd::kAllStagingWrites)
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring, gfd::to_string(w), e.what());
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "nontemporal", e.what());
+  }
+}
+
+TEST(OptionsFromEnvTest, StagingWritesDefaultsToAuto) {
+  EXPECT_EQ(gfd::EngineOptions{}.staging_writes, gfd::StagingWrites::kAuto);
+}
+
+TEST(OptionsFromEnvTest, StagingWritesAcceptsEveryModeName) {
+  EnvGuard env;
+  const std::pair<const char*, gfd::StagingWrites> cases[] = {
+      {"auto", gfd::StagingWrites::kAuto},
+      {"cldemote", gfd::StagingWrites::kCldemote},
+      {"streaming", gfd::StagingWrites::kStreaming},
+      {"plain", gfd::StagingWrites::kPlain}};
+  for (const auto& [name, mode] : cases) {
+    env.set("GFD_STAGING_WRITES", name);
+    gfd::EngineOptions expected = custom_base();
+    expected.staging_writes = mode;
+    expect_same(gfd::EngineOptions::from_env(custom_base()), expected);
+  }
+}
+
+TEST(OptionsFromEnvTest, StagingWritesRejectsOtherValuesNamingTheVariable) {
+  EnvGuard env;
+  for (const char* v : {"", "1", "true", "nontemporal", "Streaming", "CLDEMOTE", "plain ", " auto"})
+    expect_rejected(env, "GFD_STAGING_WRITES", v);
 }
 
 }  // namespace

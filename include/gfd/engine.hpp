@@ -63,6 +63,9 @@ struct EngineStats {
   std::size_t slot_bytes = 0;        ///< slot size
   std::vector<int> cpus;             ///< CPUs the gather threads may run on
   int cpu_sharing = 1;               ///< GPUs whose engines split this GPU's local CPUs (1: none)
+  /// How the gather threads write staging: EngineOptions::staging_writes as resolved for this
+  /// CPU (never kAuto).
+  StagingWrites staging_writes = StagingWrites::kPlain;
 };
 
 /// A transfer engine bound to one GPU: a pinned staging ring, a pool of gather threads and

@@ -29,6 +29,19 @@ enum class Backend {
 inline constexpr Backend kAllBackends[] = {Backend::kGather, Backend::kBatchAsync,
                                            Backend::kPerBlock, Backend::kZeroCopyKernel};
 
+/// How the gather threads write the pinned staging ring that the copy engine then reads (and,
+/// for device-to-host transfers, how they place blocks; see EngineOptions::staging_writes).
+enum class StagingWrites {
+  kAuto,       ///< the fastest this CPU has: kCldemote, else kStreaming, else kPlain (default)
+  kCldemote,   ///< plain stores, then CLDEMOTE of every written line (to the shared L3)
+  kStreaming,  ///< non-temporal (streaming) stores, straight to memory
+  kPlain,      ///< plain stores only
+};
+
+/// Every staging write mode, in the order above.
+inline constexpr StagingWrites kAllStagingWrites[] = {StagingWrites::kAuto, StagingWrites::kCldemote,
+                                                      StagingWrites::kStreaming, StagingWrites::kPlain};
+
 /// What kind of pages back the staging ring.
 enum class HugepageKind {
   kHugetlb,      ///< reserved hugetlbfs pages (MAP_HUGETLB)
@@ -41,5 +54,9 @@ const char* to_string(Backend backend) noexcept;
 /// The backend named `name` (as to_string gives it); throws gfd::Error listing the names.
 Backend backend_from_string(std::string_view name);
 const char* to_string(HugepageKind kind) noexcept;
+/// "auto", "cldemote", "streaming", "plain".
+const char* to_string(StagingWrites writes) noexcept;
+/// The mode named `name` (as to_string gives it); throws gfd::Error listing the names.
+StagingWrites staging_writes_from_string(std::string_view name);
 
 }  // namespace gfd
