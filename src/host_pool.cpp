@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <numa.h>
 
+#include <algorithm>
 #include <string>
 
 #include "gfd/error.hpp"
@@ -33,7 +34,15 @@ std::shared_ptr<detail::Device> cuda_device_for(const HostPoolOptions& o) {
   // torch.cuda.current_device() must not change under it).
   int previous = -1;
   const bool had = cudaGetDevice(&previous) == cudaSuccess;
-  std::shared_ptr<detail::Device> d = detail::make_cuda_device(o.device >= 0 ? o.device : 0);
+  std::shared_ptr<detail::Device> d;
+  try {
+    d = detail::make_cuda_device(o.device >= 0 ? o.device : 0);
+  } catch (const Error& e) {
+    if (had) (void)cudaSetDevice(previous);
+    throw Error(e.code(), std::string("HostPool: ") +
+                              (o.register_memory ? "registration" : "the GPU's NUMA locality") +
+                              " needs device " + std::to_string(std::max(o.device, 0)) + ": " + e.what());
+  }
   if (had) (void)cudaSetDevice(previous);
   return d;
 }

@@ -1,0 +1,502 @@
+"""gfd: fast scattered KV-cache block transfers between host memory and GPUs.
+
+One :class:`Engine` per GPU moves many small blocks between (pinned) host memory and that GPU's
+memory: CPU gather threads pack the blocks into a pinned staging ring, and large DMAs on
+dedicated copy-engine streams carry them, so no SM is used. Transfers are ordered on a CUDA
+stream like any other work on it (torch's current stream by default).
+
+The calls serving runtimes make::
+
+    import torch, gfd
+
+    engine = gfd.Engine(device=0)
+    gpu_k = torch.empty(num_blocks, block_size, heads, head_dim, dtype=torch.float16, device="cuda")
+    cpu_k = gfd.empty_pinned((num_cpu_blocks, block_size, heads, head_dim), torch.float16)
+    cpu_k = torch.from_dlpack(cpu_k)                           # a pinned CPU tensor
+    mapping = torch.tensor([[3, 0], [9, 1]], dtype=torch.int64)  # (src block, dst block) rows
+    t = engine.swap_blocks(cpu_k, gpu_k, mapping)             # vLLM's swap_blocks contract
+    # kernels queued on torch's current stream from here on see the blocks; no host wait
+    t.wait()                                                  # or t.done() to poll
+
+Tensors come in through DLPack (``__dlpack__``) or the CUDA array interface, so torch is not
+needed to build or import gfd. Every error is a :class:`gfd.Error` with ``.code`` and
+``.block``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+import weakref
+from typing import Any, Iterable, Optional, Sequence
+
+from . import _gfd
+from ._gfd import Buffer, Error
+
+__all__ = [
+    "Engine",
+    "Transfer",
+    "Error",
+    "HostPool",
+    "Buffer",
+    "empty_pinned",
+    "option_names",
+    "stats_names",
+    "default_options",
+    "backends",
+    "cuda_device_count",
+]
+
+__version__ = "0.1.0"
+
+#: Names of every Engine option (the fields of gfd::EngineOptions), in declaration order.
+option_names: tuple = tuple(_gfd.option_names)
+#: Keys of the dict Engine.stats() returns (the fields of gfd::EngineStats).
+stats_names: tuple = tuple(_gfd.stats_names)
+#: Every option's default value.
+default_options: dict = dict(_gfd.default_options)
+
+
+def backends() -> list:
+    """Names of the transfer backends ('gather', 'batch_async', 'per_block', 'zero_copy_kernel')."""
+    return list(_gfd.backend_names())
+
+
+def cuda_device_count() -> int:
+    """Usable CUDA devices in this process (0 without a driver or a GPU)."""
+    return _gfd.cuda_device_count()
+
+
+def _error(message: str, code: str = "invalid_argument", block: Optional[int] = None) -> Error:
+    """A gfd.Error raised from Python, with the attributes the compiled ones carry."""
+    e = Error(message)
+    e.code = code
+    e.block = block
+    return e
+
+
+# --------------------------------------------------------------------------------------------
+# Streams
+
+
+def _stream_handle(stream: Any, device: int, emulated: bool) -> Optional[int]:
+    """The cudaStream_t (as an int) a transfer is ordered on.
+
+    None: torch's current stream for the engine's device when torch is loaded and has used CUDA
+    (without it, work cannot be queued on any other stream yet), else the default stream (0).
+    Also accepted: torch.cuda.Stream (``.cuda_stream``), any object with ``__cuda_stream__``
+    (returning ``(version, handle)``), or an int handle.
+    """
+    if stream is None:
+        if emulated:
+            return None  # the emulated engine's stand-in for the default stream
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            cuda = getattr(torch, "cuda", None)
+            if cuda is not None and cuda.is_initialized():
+                return int(cuda.current_stream(device).cuda_stream)
+        return 0
+    if isinstance(stream, bool):
+        raise TypeError("stream: expected a CUDA stream, got bool")
+    if isinstance(stream, int):
+        if stream < 0:
+            raise _error(f"stream: handle {stream} is negative")
+        return stream
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        value = proto() if callable(proto) else proto
+        if not isinstance(value, tuple) or len(value) != 2:
+            raise TypeError("stream: __cuda_stream__ must return (version, handle)")
+        return int(value[1])
+    handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream, torch.cuda.ExternalStream
+    if handle is not None:
+        return int(handle)
+    raise TypeError(
+        "stream: expected None, an int handle, a torch.cuda.Stream or an object with "
+        f"__cuda_stream__, got {type(stream).__name__}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Transfers
+
+# Transfers whose Python handle went away before they were done: their objects stay referenced
+# here until the transfer completes (checked at every submission and at exit).
+_orphans: list = []
+_orphans_lock = threading.Lock()
+
+
+def _prune_orphans() -> None:
+    if not _orphans:
+        return
+    with _orphans_lock:
+        _orphans[:] = [(t, keep) for (t, keep) in _orphans if not t.done()]
+
+
+class Transfer:
+    """Handle of one submitted transfer.
+
+    It keeps the Python objects of the transfer (tensors, index arrays) alive until the transfer
+    is done, so that their memory cannot be freed or reused while blocks are in flight, even if
+    this handle is dropped first.
+    """
+
+    __slots__ = ("_t", "_keep")
+
+    def __init__(self, t: Any, keep: tuple) -> None:
+        self._t = t
+        self._keep = keep  # the C++ handle holds the DLPack exports (t.keep) itself
+
+    def done(self) -> bool:
+        """True once every byte is in place (or the transfer failed). Never blocks."""
+        if self._t.done():
+            self._release()
+            return True
+        return False
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until the transfer is done (the GIL is released meanwhile).
+
+        Returns True when it is done, False if ``timeout`` seconds passed first. Raises the
+        transfer's :class:`gfd.Error` if it failed.
+        """
+        try:
+            ok = self._t.wait(timeout)
+        except BaseException:
+            if self._t.done():
+                self._release()
+            raise
+        if ok:
+            self._release()
+        return ok
+
+    def error(self) -> Optional[Error]:
+        """The failure of the transfer as a :class:`gfd.Error`, or None. Blocks like wait()."""
+        e = self._t.error()
+        self._release()
+        return e
+
+    @property
+    def bytes(self) -> int:
+        """Payload bytes this transfer moves."""
+        return self._t.bytes
+
+    def _release(self) -> None:
+        if self._keep is not None:
+            self._keep = None
+            self._t.keep = []
+
+    def __repr__(self) -> str:
+        state = "done" if self._t.done() else "in flight"
+        return f"gfd.Transfer({self._t.bytes} bytes, {state})"
+
+    def __del__(self) -> None:
+        try:
+            if self._keep is not None and not self._t.done():
+                with _orphans_lock:
+                    _orphans.append((self._t, self._keep))
+        except Exception:  # interpreter shutdown
+            pass
+
+
+# --------------------------------------------------------------------------------------------
+# Engines
+
+_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+def _names(name: str, value: Any) -> tuple:
+    """(objects, [(name, count)]) for a tensor or a list of tensors."""
+    if isinstance(value, (list, tuple)):
+        return list(value), [(name, len(value))]
+    return [value], [(name, 0)]
+
+
+class Engine:
+    """A transfer engine bound to one GPU.
+
+    ``gfd.Engine(device=0, **options)`` takes every option of gfd::EngineOptions by name
+    (see :data:`gfd.option_names` and the README's option table), with the defaults for the
+    rest; ``gfd.Engine.from_env(**options)`` starts from the GFD_* environment variables
+    instead. Sizes take ints or strings such as ``"64M"``; ``backend`` and ``staging_writes``
+    take names (``"gather"``, ``"auto"``...).
+
+    An engine owns a pinned staging ring, a pool of gather threads and its copy streams; keep one
+    per GPU for the life of the process. It is thread-safe. Use it as a context manager or call
+    :meth:`close`; engines still open at exit are closed then.
+    """
+
+    def __init__(self, device: int = 0, **options: Any) -> None:
+        self._init(_gfd._Engine(device, options, False))
+
+    @classmethod
+    def from_env(cls, device: Optional[int] = None, **options: Any) -> "Engine":
+        """An engine configured by the GFD_* environment variables (GFD_DEVICE included, unless
+        ``device`` is given), then by ``options``."""
+        self = cls.__new__(cls)
+        self._init(_gfd._Engine(device, options, True))
+        return self
+
+    @classmethod
+    def _wrap(cls, core: Any) -> "Engine":
+        self = cls.__new__(cls)
+        self._init(core)
+        return self
+
+    def _init(self, core: Any) -> None:
+        self._core = core
+        self._device = core.device
+        self._emulated = core.emulated
+        _engines.add(self)
+
+    # -- life ----------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> int:
+        """The CUDA device ordinal this engine serves."""
+        return self._device
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    def close(self) -> None:
+        """Waits for every submitted transfer, then frees the engine's threads, staging ring and
+        streams. Idempotent. Transfers submitted earlier may still be waited on afterwards."""
+        core = self.__dict__.get("_core")
+        if core is not None and not core.closed:
+            core.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"gfd.Engine(device={self._device}, closed)"
+        o = self._core.options()
+        return f"gfd.Engine(device={self._device}, backend={o['backend']!r})"
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def options(self) -> dict:
+        """The options in force (automatic choices resolved), by name."""
+        return self._core.options()
+
+    def stats(self) -> dict:
+        """Counters since creation (bytes, transfers, blocks, chunks, seconds spent gathering,
+        in DMA, waiting and planning) and what the engine got (hugepages, numa_node,
+        gather_threads, staging_bytes, cpus, ...): see gfd::EngineStats."""
+        return self._core.stats()
+
+    # -- transfers -----------------------------------------------------------------------------
+
+    def _stream(self, stream: Any) -> Optional[int]:
+        return _stream_handle(stream, self._device, self._emulated)
+
+    def copy_to_device(self, src_ptrs: Any, dst_ptrs: Any, sizes: Any, stream: Any = None) -> Transfer:
+        """Copies ``sizes[i]`` bytes from host address ``src_ptrs[i]`` (pinned or pageable) to
+        device address ``dst_ptrs[i]`` on this engine's GPU, for every i, ordered on ``stream``.
+
+        The arrays are integer numpy arrays, CPU tensors or lists (``sizes`` may be one int for
+        all blocks). Every block is validated first; a bad one raises :class:`gfd.Error` with
+        ``.block`` set to its index, and nothing is copied. Returns once every block is staged
+        and every DMA enqueued; work queued on ``stream`` afterwards sees the data. Sources must
+        stay unchanged until the transfer is done.
+        """
+        _prune_orphans()
+        s = self._stream(stream)
+        t = self._core.copy_to_device(src_ptrs, dst_ptrs, sizes, s)
+        return Transfer(t, (src_ptrs, dst_ptrs, sizes))
+
+    def copy_to_host(self, src_ptrs: Any, dst_ptrs: Any, sizes: Any, stream: Any = None) -> Transfer:
+        """Copies blocks from this engine's GPU (``src_ptrs``) to host memory (``dst_ptrs``),
+        after the work already queued on ``stream``; the transfer is done when every byte is in
+        host memory. Arguments and validation as for :meth:`copy_to_device`."""
+        _prune_orphans()
+        s = self._stream(stream)
+        t = self._core.copy_to_host(src_ptrs, dst_ptrs, sizes, s)
+        return Transfer(t, (src_ptrs, dst_ptrs, sizes))
+
+    def swap_blocks(self, src: Any, dst: Any, block_mapping: Any, stream: Any = None) -> Transfer:
+        """vLLM's ``swap_blocks(src, dst, block_mapping)``: copies block ``block_mapping[i, 0]``
+        of ``src`` to block ``block_mapping[i, 1]`` of ``dst`` for every row i, in one transfer.
+
+        ``src`` and ``dst`` are caches whose first dimension is the block index (the other
+        dimensions of a block contiguous), of one dtype and block size: one pinned host cache
+        (a CPU tensor, e.g. from :func:`empty_pinned`) and one on this engine's GPU, in either
+        direction. ``block_mapping`` is an [N, 2] integer CPU tensor, numpy array or list of
+        pairs. ``src`` and ``dst`` may also be equally long lists of caches (every layer's K and
+        V, say): then the same mapping applies to each pair, all in ONE transfer.
+
+        Ordered on ``stream`` (default: torch's current stream); device caches are made ready on
+        it through DLPack. Errors name the argument; a bad block raises :class:`gfd.Error` whose
+        ``.block`` is the mapping row.
+        """
+        _prune_orphans()
+        srcs, src_names = _names("src", src)
+        dsts, dst_names = _names("dst", dst)
+        s = self._stream(stream)
+        t = self._core.swap(srcs, dsts, block_mapping, None, None, s, "swap_blocks", src_names, dst_names)
+        return Transfer(t, (src, dst, block_mapping))
+
+    def transfer_kv_all_layers(
+        self,
+        src_k_layers: Sequence[Any],
+        dst_k_layers: Sequence[Any],
+        src_v_layers: Optional[Sequence[Any]],
+        dst_v_layers: Optional[Sequence[Any]],
+        src_indices: Any,
+        dst_indices: Any,
+        stream: Any = None,
+    ) -> Transfer:
+        """Every layer's K and V blocks for one list of block ids, in ONE transfer (what
+        SGLang's ``transfer_kv_all_layer`` does): block ``src_indices[i]`` of
+        ``src_k_layers[l]`` goes to block ``dst_indices[i]`` of ``dst_k_layers[l]``, and the
+        same for V, for every layer l and every i. Pass None for both V lists when there is no V
+        (MLA). Each tensor as in :meth:`swap_blocks`; the index arrays are 1-D integer CPU
+        tensors, numpy arrays or lists. A bad block raises :class:`gfd.Error` whose ``.block``
+        is its position i in the index arrays.
+        """
+        _prune_orphans()
+        if (src_v_layers is None) != (dst_v_layers is None):
+            raise _error("transfer_kv_all_layers: src_v_layers and dst_v_layers must both be given or both be None")
+        srcs = list(src_k_layers)
+        dsts = list(dst_k_layers)
+        src_names = [("src_k_layers", len(srcs))]
+        dst_names = [("dst_k_layers", len(dsts))]
+        if src_v_layers is not None:
+            sv, dv = list(src_v_layers), list(dst_v_layers)
+            if len(sv) != len(srcs) or len(dv) != len(dsts):
+                raise _error("transfer_kv_all_layers: the K and V layer lists differ in length")
+            srcs += sv
+            dsts += dv
+            src_names.append(("src_v_layers", len(sv)))
+            dst_names.append(("dst_v_layers", len(dv)))
+        s = self._stream(stream)
+        t = self._core.swap(srcs, dsts, None, src_indices, dst_indices, s, "transfer_kv_all_layers",
+                            src_names, dst_names)
+        return Transfer(t, (srcs, dsts, src_indices, dst_indices))
+
+
+@atexit.register
+def _close_all() -> None:
+    """Closes every engine still open at exit (waiting for their transfers), while the CUDA
+    runtime is still there."""
+    for e in list(_engines):
+        try:
+            e.close()
+        except Exception:
+            pass
+    with _orphans_lock:
+        _orphans.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# Pinned host memory
+
+
+def _dtype_name(dtype: Any) -> str:
+    """'float16' for 'float16', torch.float16, numpy.float16 or numpy.dtype('float16')."""
+    if isinstance(dtype, str):
+        name = dtype
+    elif isinstance(dtype, type):
+        name = {float: "float64", int: "int64", bool: "bool"}.get(dtype, dtype.__name__)
+    else:
+        name = getattr(dtype, "name", None)
+        if not isinstance(name, str):
+            name = str(dtype)
+    return name[len("torch."):] if name.startswith("torch.") else name
+
+
+class HostPool:
+    """Pinned host memory for a runtime's KV pool, placed where the gather path reads it fastest:
+    huge pages where the system gives them (reserved hugetlb pages, else transparent huge pages,
+    else ordinary pages), bound to the GPU's NUMA node, registered with CUDA (portable: every GPU
+    of the process, and so several engines, can use it). ``bytes`` is rounded up to 2 MiB.
+
+    ``device``: the GPU whose NUMA node the memory goes on (-1: none). ``numa_node``: -1 = that
+    GPU's node, >= 0 = this node, -2 = no binding. ``register=False`` gives pageable memory with
+    the same pages and placement (no GPU needed).
+
+    :meth:`view` makes typed buffers of it; the pool's memory lives as long as the pool or any
+    buffer or tensor made from it.
+    """
+
+    def __init__(self, bytes: int, device: int = 0, numa_node: int = -1, register: bool = True) -> None:
+        self._pool = _gfd._HostPool(bytes, device, numa_node, register)
+
+    @classmethod
+    def _wrap(cls, pool: Any) -> "HostPool":
+        self = cls.__new__(cls)
+        self._pool = pool
+        return self
+
+    @property
+    def address(self) -> int:
+        """Address of the first byte (2 MiB aligned)."""
+        return self._pool.address
+
+    @property
+    def nbytes(self) -> int:
+        """Usable bytes (the requested size rounded up to 2 MiB)."""
+        return self._pool.nbytes
+
+    @property
+    def hugepages(self) -> str:
+        """'hugetlb', 'transparent' or 'none': the pages behind the pool."""
+        return self._pool.hugepages
+
+    @property
+    def numa_node(self) -> int:
+        """The node the memory is bound to, or -1."""
+        return self._pool.numa_node
+
+    @property
+    def registered(self) -> bool:
+        """Whether the pool is registered with CUDA (page-locked)."""
+        return self._pool.registered
+
+    @property
+    def device(self) -> int:
+        return self._pool.device
+
+    def view(self, shape: Any, dtype: Any = "uint8", offset: int = 0) -> Buffer:
+        """A :class:`gfd.Buffer` of ``shape`` and ``dtype`` at byte ``offset`` of the pool
+        (compact, row-major); ``torch.from_dlpack`` or ``numpy.asarray`` turn it into a tensor
+        or array sharing the memory."""
+        return self._pool.view(shape, _dtype_name(dtype), offset)
+
+    def __repr__(self) -> str:
+        return (f"gfd.HostPool({self.nbytes} bytes, hugepages={self.hugepages!r}, "
+                f"numa_node={self.numa_node}, registered={self.registered})")
+
+
+def empty_pinned(shape: Any, dtype: Any = "uint8", device: int = 0, numa_node: int = -1) -> Buffer:
+    """An uninitialised (in fact zero-filled) pinned host array of ``shape`` and ``dtype`` in a
+    :class:`HostPool` of its own (huge pages, the GPU's NUMA node, registered with CUDA).
+
+    Returns a :class:`gfd.Buffer`; ``torch.from_dlpack(buf)`` gives a CPU tensor on it (pinned:
+    ``is_pinned()`` is True), ``numpy.asarray(buf)`` a numpy array. The memory lives as long as
+    any of them. ``dtype``: a torch or numpy dtype or its name ('float16', 'bfloat16', ...).
+    """
+    name = _dtype_name(dtype)
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    n = 1
+    for d in dims:
+        n *= int(d)
+    item = _ITEMSIZE.get(name)
+    if item is None:
+        raise _error(f"dtype: '{name}' is not a dtype gfd knows ({', '.join(_gfd.dtype_names)})")
+    pool = _gfd._HostPool(max(1, n * item), device, numa_node, True)
+    return pool.view(dims, name, 0)
+
+
+_ITEMSIZE = {
+    "bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4,
+    "int64": 8, "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+    "float8_e4m3fn": 1, "float8_e5m2": 1,
+}

@@ -1,0 +1,72 @@
+"""Testing hooks: gfd without a GPU, and raw device memory for tests and the benchmark.
+
+The emulated device stands in for a GPU: its "device memory" is host memory, its streams are
+threads that honour CUDA's ordering and events. An engine on it runs gfd's whole pipeline, so
+the binding (argument handling, list building, errors, stream ordering, transfer lifetime and
+the bytes moved) is tested on any machine, with numpy only. Not part of the stable API.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from . import Engine, _dtype_name, _gfd
+
+_t = _gfd._testing
+
+
+def emulated_engine(copy_delay_us: int = 0, ordinal: int = 0, fault: str = "", **options: Any) -> Engine:
+    """An Engine on the emulated device (ordinal ``ordinal``) with ``options``.
+
+    ``copy_delay_us`` makes every emulated copy sleep that long first (transfers then stay in
+    flight long enough to observe). ``fault`` names a device operation ("copy_h2d", "copy_d2h",
+    "scatter", "gather", "zero_copy", "copy_batch") that fails as a GPU fault would, leaving
+    the device in a sticky error state. stream=None is an emulated stream standing in for the
+    default stream."""
+    return Engine._wrap(_t.emulated_engine(options, copy_delay_us, ordinal, fault))
+
+
+def device_buffer(engine: Engine, shape: Any, dtype: Any = "uint8") -> _gfd.Buffer:
+    """Device memory of the engine's GPU as a gfd.Buffer (DLPack device: CUDA). On the emulated
+    device it also has __array_interface__, so numpy.asarray shows the "device" bytes."""
+    return _t.device_buffer(engine._core, shape, _dtype_name(dtype))
+
+
+def pinned_buffer(engine: Engine, shape: Any, dtype: Any = "uint8") -> _gfd.Buffer:
+    """A pinned host buffer (a HostPool registered with the engine's device: on the emulated
+    device, registered with the emulator)."""
+    return _t.pinned_buffer(engine._core, shape, _dtype_name(dtype))
+
+
+def create_stream(engine: Engine) -> int:
+    """A new stream of the engine's device, as an int handle."""
+    return _t.create_stream(engine._core)
+
+
+def destroy_stream(engine: Engine, stream: int) -> None:
+    _t.destroy_stream(engine._core, stream)
+
+
+def stream_sync(engine: Engine, stream: Optional[int] = None) -> None:
+    """Waits for everything queued on ``stream`` (None: the engine's default stream)."""
+    _t.stream_sync(engine._core, stream)
+
+
+def delay(engine: Engine, microseconds: int, stream: Optional[int] = None) -> None:
+    """Holds ``stream`` for that long (a spin kernel on a GPU): work queued after it waits."""
+    _t.delay(engine._core, microseconds, stream)
+
+
+def copy(engine: Engine, dst: int, src: int, nbytes: int, to_device: bool, stream: Optional[int] = None) -> None:
+    """One plain asynchronous copy (cudaMemcpyAsync) on ``stream``."""
+    _t.copy(engine._core, dst, src, nbytes, to_device, stream)
+
+
+def memset(engine: Engine, dst: int, value: int, nbytes: int, stream: Optional[int] = None) -> None:
+    _t.memset(engine._core, dst, value, nbytes, stream)
+
+
+def pointer_kind(engine: Engine, address: int) -> str:
+    """'pageable', 'pinned', 'device', 'other_device' or 'managed', as the engine's device
+    sees the address."""
+    return _t.pointer_kind(engine._core, address)

@@ -1,0 +1,135 @@
+"""Engine construction, options, stats, lifetime and errors (emulated device; no GPU needed)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import gfd
+from gfd import _testing
+from conftest import ROOT, small_options
+
+
+def header_fields(path, struct):
+    """Field names of `struct` in a public header, in declaration order."""
+    text = open(os.path.join(ROOT, path)).read()
+    body = text[text.index("struct " + struct + " {"):]
+    body = body[:body.index("\n};")]
+    names = []
+    for line in body.splitlines():
+        line = line.split("///")[0].split("//")[0].strip()
+        m = re.match(r"^(?!static|using|return)[\w:<>, ]+?\s+(\w+)\s*(=.*)?;$", line)
+        if m and "(" not in line:
+            names.append(m.group(1))
+    return names
+
+
+def test_every_option_is_covered():
+    # The compiled module also checks the count at compile time; this names what is missing.
+    assert list(gfd.option_names) == header_fields("include/gfd/options.hpp", "EngineOptions")
+    assert set(gfd.default_options) == set(gfd.option_names)
+
+
+def test_every_stat_is_covered(engine):
+    assert list(gfd.stats_names) == header_fields("include/gfd/engine.hpp", "EngineStats")
+    s = engine.stats()
+    assert list(s) == list(gfd.stats_names)
+    assert s["transfers"] == 0 and s["bytes"] == 0
+    assert s["hugepages"] in ("hugetlb", "transparent", "none")
+    assert isinstance(s["cpus"], list)
+
+
+def test_options_by_name_round_trip():
+    e = _testing.emulated_engine(**small_options(spin_us=77, check_overlaps=False, backend="per_block",
+                                                 staging_bytes="2M"))
+    with e:
+        o = e.options()
+        assert set(o) == set(gfd.option_names)
+        assert o["spin_us"] == 77
+        assert o["check_overlaps"] is False
+        assert o["backend"] == "per_block"
+        assert o["staging_bytes"] == 2 << 20
+        assert e.device == 0
+        assert "per_block" in repr(e)
+
+
+def test_unknown_option_is_a_type_error():
+    with pytest.raises(TypeError, match="unknown option 'spin_uss'.*spin_us"):
+        _testing.emulated_engine(spin_uss=1)
+
+
+@pytest.mark.parametrize("name,value", [("spin_us", "fast"), ("check_overlaps", "yes"),
+                                        ("staging_bytes", 1.5), ("backend", 3)])
+def test_option_of_the_wrong_type(name, value):
+    with pytest.raises(TypeError, match=name):
+        _testing.emulated_engine(**{name: value})
+
+
+@pytest.mark.parametrize("name,value", [("copy_streams", 0), ("backend", "fastest"),
+                                        ("staging_bytes", "12Q"), ("spin_us", -1),
+                                        ("staging_writes", "sideways")])
+def test_bad_option_value_names_it(name, value):
+    with pytest.raises(gfd.Error) as info:
+        _testing.emulated_engine(**small_options(**{name: value}))
+    assert info.value.code == "invalid_argument"
+    assert info.value.block is None
+    assert name.split("_")[0] in str(info.value)
+
+
+def test_error_is_a_runtime_error_with_code_and_block():
+    assert issubclass(gfd.Error, RuntimeError)
+    e = gfd._error("x: y")
+    assert e.code == "invalid_argument" and e.block is None and str(e) == "x: y"
+
+
+def test_close_is_idempotent_and_calls_after_close_fail(engine):
+    with engine as e:
+        assert not e.closed
+    assert engine.closed
+    engine.close()
+    with pytest.raises(gfd.Error) as info:
+        engine.stats()
+    assert info.value.code == "shutdown"
+    with pytest.raises(gfd.Error):
+        engine.copy_to_device([], [], [])
+    assert "closed" in repr(engine)
+
+
+def test_backends_listed():
+    assert gfd.backends() == ["gather", "batch_async", "per_block", "zero_copy_kernel"]
+
+
+@pytest.mark.skipif(gfd.cuda_device_count() > 0, reason="this machine has a GPU")
+def test_real_engine_without_gpu_fails_clearly():
+    with pytest.raises(gfd.Error) as info:
+        gfd.Engine(0)
+    assert info.value.code != "invalid_argument"
+    assert str(info.value)
+
+
+def test_from_env_names_a_bad_variable(monkeypatch):
+    monkeypatch.setenv("GFD_SPIN_US", "soon")
+    with pytest.raises(gfd.Error) as info:
+        gfd.Engine.from_env()
+    assert "GFD_SPIN_US" in str(info.value)
+
+
+def test_engines_are_closed_at_exit():
+    # An engine left open with a transfer in flight: the interpreter exits cleanly.
+    code = (
+        "import gfd, numpy as np\n"
+        "from gfd import _testing as T\n"
+        "e = T.emulated_engine(copy_delay_us=20000)\n"
+        "src = T.pinned_buffer(e, (8, 4096))\n"
+        "dst = T.device_buffer(e, (8, 4096))\n"
+        "np.asarray(src)[:] = 7\n"
+        "t = e.swap_blocks(src, dst, [[i, i] for i in range(8)])\n"
+        "del t\n"
+        "print('ok')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
