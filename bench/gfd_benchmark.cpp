@@ -20,13 +20,9 @@
 #include <vector>
 
 #include "bench_common.hpp"
-#include "device.hpp"
-#include "emulated_device.hpp"
-#include "engine_core.hpp"
-#include "gather_copy.hpp"
 #include "gfd/gfd.hpp"
 #include "load_kernel.cuh"
-#include "topology.hpp"
+#include "probe.hpp"
 
 namespace {
 
@@ -43,7 +39,8 @@ const std::map<std::string, std::string> kFlags = {
     {"warm", "              reuse the same source blocks every repetition (default: cold)"},
     {"dst", "=MODE          contiguous | scattered | both (default contiguous)"},
     {"device", "=N          CUDA device (default 0)"},
-    {"pool-bytes", "=S      source pool size (default max(8 x L3, 32 x largest transfer))"},
+    {"pool-bytes", "=S      source pool size (default max(8 x L3, 32 x largest transfer), at most RAM/2;\n"
+                   "                   host-only: also at most RAM/8 and 1G)"},
     {"csv", "=FILE          write results as CSV"},
     {"json", "=FILE         write results as JSON"},
     {"quick", "             a short grid: 2048 x 4K only"},
@@ -76,8 +73,8 @@ struct BackendEngine {
 
 class Bench {
  public:
-  std::shared_ptr<detail::Device> dev;
-  detail::StreamHandle stream = nullptr;
+  probe::Device dev;
+  cudaStream_t stream = nullptr;
   bool host_only = false, warm = false, trace = false, to_host = false;
   int iters = 30, warmup = 5;
   std::size_t batch = 1;
@@ -92,9 +89,9 @@ class Bench {
     std::vector<double> us;
     for (int i = 0; i < warmup + iters; ++i) {
       const auto t0 = Clock::now();
-      if (to_host) dev->copy_d2h(ref_src, dst, bytes, stream);
-      else dev->copy_h2d(dst, ref_src, bytes, stream);
-      dev->stream_sync(stream);
+      if (to_host) dev.copy_d2h(ref_src, dst, bytes, stream);
+      else dev.copy_h2d(dst, ref_src, bytes, stream);
+      dev.stream_sync(stream);
       if (i >= warmup) us.push_back(since_us(t0));
     }
     return percentiles(us);
@@ -127,22 +124,21 @@ class Bench {
 
   // One transfer in the configured direction; device-to-host handles are waited on by callers.
   Transfer submit(Engine& engine, const std::vector<BlockCopy>& blocks) {
-    const auto s = static_cast<cudaStream_t>(stream);
-    return to_host ? engine.copy_to_host(blocks, s) : engine.copy_to_device(blocks, s);
+    return to_host ? engine.copy_to_host(blocks, stream) : engine.copy_to_device(blocks, stream);
   }
 
   // Moves one fresh set and compares every byte: to the device, against the host blocks with the
   // device area cleared first; to the host, against the device area (given fresh bytes first).
   bool verify(Engine& engine, Blocks& b, std::size_t size, bool scattered) {
     const std::size_t span = 2 * b.sets[0].size() * size;
-    if (to_host) dev->copy_h2d(dst, ref_src, std::min(span, max_bytes), stream);
-    else dev->memset_async(dst, 0, span, stream);
+    if (to_host) dev.copy_h2d(dst, ref_src, std::min(span, max_bytes), stream);
+    else dev.memset_async(dst, 0, span, stream);
     refill(b, size, scattered);
     const std::vector<BlockCopy>& blocks = b.sets[0];
     submit(engine, blocks).wait();
     std::vector<std::byte> back(span);
-    dev->copy_d2h(back.data(), dst, span, stream);
-    dev->stream_sync(stream);
+    dev.copy_d2h(back.data(), dst, span, stream);
+    dev.stream_sync(stream);
     for (const BlockCopy& c : blocks) {
       const std::byte* device = static_cast<const std::byte*>(to_host ? c.src : c.dst);
       const void* host = to_host ? c.dst : c.src;
@@ -156,14 +152,13 @@ class Bench {
     const bool scattered = mode == "scattered";
     Blocks b = make_blocks(n, size, batch);
     refill(b, size, scattered);
-    auto& core = detail::EngineCore::of(be.engine);
     std::vector<double> us, submit_us;
     double cpu0 = 0;
     for (int i = 0; i < warmup + iters; ++i) {
       if (!warm && i > 0) refill(b, size, scattered);
       if (i == warmup) {
         cpu0 = process_cpu_seconds();
-        if (trace && be.backend == Backend::kGather) core.start_trace(1 << 20);
+        if (trace && be.backend == Backend::kGather) probe::start_trace(be.engine, 1 << 20);
       }
       const auto t0 = Clock::now();
       std::vector<Transfer> handles;
@@ -171,7 +166,7 @@ class Bench {
       const double sub = since_us(t0);
       // To the device the stream's completion means the data is there; to the host the handle's.
       for (Transfer& h : handles) h.wait();
-      dev->stream_sync(stream);
+      dev.stream_sync(stream);
       if (i >= warmup) {
         us.push_back(since_us(t0) / static_cast<double>(batch));
         submit_us.push_back(sub / static_cast<double>(batch));
@@ -188,7 +183,7 @@ class Bench {
     r.submit_us = percentiles(submit_us).p50;
     r.threads = be.engine.stats().gather_threads;
     r.cpu_s_per_gb = cpu / (static_cast<double>(n * size) * batch * iters * 1e-9);
-    if (trace && be.backend == Backend::kGather) print_trace(core.take_trace(), us, n, size, mode);
+    if (trace && be.backend == Backend::kGather) print_trace(probe::take_trace(be.engine), us, n, size, mode);
     r.verified = verify(be.engine, b, size, scattered);
     if (!r.verified) {
       ++failures;
@@ -199,9 +194,9 @@ class Bench {
   }
 
   // The pipeline timeline of the median timed transfer: where the time goes.
-  void print_trace(const std::vector<detail::TraceEvent>& ev, const std::vector<double>& us, std::size_t n,
+  void print_trace(const std::vector<probe::TraceEvent>& ev, const std::vector<double>& us, std::size_t n,
                    std::size_t size, const std::string& mode) {
-    using E = detail::TraceEvent;
+    using E = probe::TraceEvent;
     std::vector<std::uint32_t> ids;
     for (const E& e : ev)
       if (e.what == E::kSubmit) ids.push_back(e.transfer);
@@ -280,7 +275,7 @@ class Bench {
     cudaDeviceGetStreamPriorityRange(&lo, &hi);
     cudaStream_t load_stream = nullptr;
     cudaStreamCreateWithPriority(&load_stream, cudaStreamNonBlocking, lo);  // lowest priority
-    float* sink = static_cast<float*>(dev->alloc_device(sizeof(float) * 8 * sms * 4096));
+    float* sink = static_cast<float*>(dev.alloc_device(sizeof(float) * 8 * sms * 4096));
     cudaEvent_t a = nullptr, z = nullptr;
     cudaEventCreate(&a);
     cudaEventCreate(&z);
@@ -312,8 +307,9 @@ class Bench {
       Blocks b = make_blocks(n, size, 1);
       refill(b, size, false);
       for (int i = 0; i < warmup; ++i) {
-        be.engine.copy_to_device(b.sets[0], static_cast<cudaStream_t>(stream));
-        dev->stream_sync(stream);
+        const Transfer t = be.engine.copy_to_device(b.sets[0], stream);
+        dev.stream_sync(stream);
+        t.wait();
       }
       std::vector<double> us;
       run_load(rounds, waves);
@@ -321,9 +317,10 @@ class Bench {
       while (cudaEventQuery(z) == cudaErrorNotReady || static_cast<int>(us.size()) < iters) {
         if (!warm) refill(b, size, false);
         const auto t0 = Clock::now();
-        be.engine.copy_to_device(b.sets[0], static_cast<cudaStream_t>(stream));
-        dev->stream_sync(stream);
+        const Transfer t = be.engine.copy_to_device(b.sets[0], stream);
+        dev.stream_sync(stream);
         us.push_back(since_us(t0));
+        t.wait();  // done with the stream; throws the transfer's error, if any
         if (us.size() > 100000) break;
       }
       const double loaded_ms = elapsed_ms();
@@ -348,7 +345,7 @@ class Bench {
     }
     cudaEventDestroy(a);
     cudaEventDestroy(z);
-    dev->free_device(sink);
+    dev.free_device(sink);
     cudaStreamDestroy(load_stream);
     return rows;
   }
@@ -373,7 +370,7 @@ void host_load_probe(Bench& b, std::size_t bytes) {
         std::vector<std::byte> a(kBuf, std::byte{1}), c(kBuf);
         while (!stop.load(std::memory_order_relaxed)) {
           for (std::size_t off = 0; off < kBuf && !stop.load(std::memory_order_relaxed); off += 1 << 20) {
-            detail::copy_block(c.data() + off, a.data() + off, 1 << 20, detail::StoreKind::kNonTemporal);
+            probe::copy_like_staging(c.data() + off, a.data() + off, 1 << 20, StagingWrites::kStreaming);
             copied.fetch_add(1 << 20, std::memory_order_relaxed);
           }
         }
@@ -431,6 +428,9 @@ void print_latency(const std::vector<Row>& rows) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  // Line-buffered stdout: the notes and header lines reach a pipe in order with the progress
+  // lines and the engines' "gfd:" lines, which go to stderr.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   Flags flags(argc, argv, kFlags);
   if (flags.has("help")) {
     std::cout << "gfd_benchmark: scattered host-to-GPU block copies, every backend against the contiguous DMA\n"
@@ -465,20 +465,54 @@ int main(int argc, char** argv) try {
     for (std::size_t s : {512, 1024, 16384, 65536, 262144})
       grid.push_back({std::min<std::size_t>(2048, (std::size_t{256} << 20) / s), s});
   }
-  for (auto [n, s] : grid) bench.max_bytes = std::max(bench.max_bytes, n * s);
+  auto largest_transfer = [&] {
+    std::size_t m = 0;
+    for (auto [n, s] : grid) m = std::max(m, n * s);
+    return m;
+  };
 
-  if (detail::cuda_device_count() == 0) {
+  if (probe::cuda_device_count() == 0) {
     bench.host_only = true;
     std::printf("No CUDA GPU is visible here: measuring the host side only (gather threads into the\n"
                 "real staging ring; the emulated device's 'DMA' is a host memcpy). These figures are\n"
                 "labelled host-only and say nothing about PCIe; only the gather backend is run.\n");
-    bench.dev = std::make_shared<detail::EmulatedDevice>(0);
+    bench.dev = probe::Device::emulated(0);
     backends = {Backend::kGather};
     if (flags.has("under-load")) std::printf("--under-load needs a GPU: skipped.\n");
   } else {
-    bench.dev = detail::make_cuda_device(device);
+    bench.dev = probe::Device::cuda(device);
   }
-  detail::Device& d = *bench.dev;
+
+  // The source pool: several times the L3 (cold sources) and the largest transfer, within RAM. A
+  // host-only run (a CI box, a laptop) keeps it small. A transfer takes its blocks at a 2x
+  // stride from half the pool at most, so grid points too large for the pool get fewer blocks.
+  const auto phys = static_cast<std::size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<std::size_t>(sysconf(_SC_PAGE_SIZE));
+  const std::size_t default_pool = std::max(8 * l3_bytes(), 32 * largest_transfer());
+  std::size_t pool_bytes = 0;
+  std::string pool_rule;
+  if (flags.has("pool-bytes")) {
+    pool_bytes = std::min(parse_size(flags.get("pool-bytes")), phys / 2);
+    pool_rule = "--pool-bytes";
+  } else if (bench.host_only) {
+    pool_bytes = std::min({default_pool, phys / 8, std::size_t{1} << 30});
+    pool_rule = "host-only: min(max(8 x L3, 32 x largest transfer) = " + format_size(default_pool) + ", RAM/8, 1G)";
+  } else {
+    pool_bytes = std::min(default_pool, phys / 2);
+    pool_rule = "max(8 x L3, 32 x largest transfer), at most RAM/2";
+  }
+  pool_bytes = std::max(pool_bytes & ~((std::size_t{1} << 20) - 1), std::size_t{1} << 20);  // whole MiB
+  for (auto& [n, s] : grid) {
+    const std::size_t fit = pool_bytes / (4 * s);
+    if (n > fit) {
+      if (fit == 0) throw std::invalid_argument("source pool of " + format_size(pool_bytes) + " cannot hold a block of " + format_size(s));
+      std::printf("%zu x %s does not fit a %s source pool: %zu blocks instead\n", n, format_size(s).c_str(),
+                  format_size(pool_bytes).c_str(), fit);
+      n = fit;
+    }
+  }
+  bench.max_bytes = largest_transfer();
+
+  probe::Device& d = bench.dev;
   d.make_current();
   bench.stream = d.create_stream();
 
@@ -489,20 +523,15 @@ int main(int argc, char** argv) try {
     EngineOptions eo = EngineOptions::from_env();
     eo.device = d.ordinal();
     eo.backend = b;
-    engines.push_back({b, detail::EngineCore::make_engine(eo, bench.dev)});
+    engines.push_back({b, d.make_engine(eo)});
   }
-  const long phys = sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGE_SIZE);
-  std::size_t pool_bytes = flags.has("pool-bytes") ? parse_size(flags.get("pool-bytes"))
-                                                   : std::max(8 * l3_bytes(), 32 * bench.max_bytes);
-  if (bench.host_only) pool_bytes = std::min(pool_bytes, static_cast<std::size_t>(phys / 4));
-  pool_bytes = std::min(pool_bytes, static_cast<std::size_t>(phys / 2));
   for (const BackendEngine& be : engines) {
     const EngineStats st = be.engine.stats();
     const EngineOptions& o = be.engine.options();
     if (be.backend == Backend::kGather)
       std::printf("engine gather: %d gather threads on CPUs %s, NUMA node %d, ring %s in %s slots, hugepages %s, "
                   "%d copy streams (+1 device to host), first chunk %s, pieces %s, staging writes %s, kernel for <= %s\n",
-                  st.gather_threads, detail::format_cpulist(st.cpus).c_str(), st.numa_node,
+                  st.gather_threads, probe::format_cpulist(st.cpus).c_str(), st.numa_node,
                   format_size(st.staging_bytes).c_str(), format_size(st.slot_bytes).c_str(),
                   to_string(st.hugepages), o.copy_streams, format_size(o.first_chunk_bytes).c_str(),
                   format_size(o.piece_bytes).c_str(), to_string(st.staging_writes),
@@ -510,10 +539,11 @@ int main(int argc, char** argv) try {
   }
   std::printf("direction: %s, host blocks %s\n", bench.to_host ? "device to host" : "host to device",
               pageable ? "pageable" : "pinned");
-  std::printf("device: %s | sources: %s, pool %s (L3 %s), 2x block stride | %d timed reps after %d warm-up\n",
+  std::printf("device: %s | sources: %s, pool %s (%s; L3 %s), 2x block stride | %d timed reps after %d warm-up\n",
               bench.host_only ? "emulated (host-only)" : ("CUDA " + std::to_string(d.ordinal())).c_str(),
               bench.warm ? "warm (same blocks every rep)" : "cold (fresh random blocks every rep)",
-              format_size(pool_bytes).c_str(), format_size(l3_bytes()).c_str(), bench.iters, bench.warmup);
+              format_size(pool_bytes).c_str(), pool_rule.c_str(), format_size(l3_bytes()).c_str(), bench.iters,
+              bench.warmup);
 
   bench.pool = std::make_unique<Pool>(pool_bytes);
   if (!pageable) d.register_host(bench.pool->data, bench.pool->bytes);  // pinned, as a KV pool usually is

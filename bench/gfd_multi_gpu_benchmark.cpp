@@ -3,8 +3,6 @@
 // every backend, the scaling efficiency against G x the 1-GPU aggregate, and each GPU's
 // contiguous pinned DMA rate measured in the same run. Repetitions start together (a barrier);
 // cold sources by default; every byte is verified once per G, backend and GPU.
-#include <numa.h>
-
 #include <algorithm>
 #include <barrier>
 #include <chrono>
@@ -19,11 +17,8 @@
 #include <vector>
 
 #include "bench_common.hpp"
-#include "device.hpp"
-#include "emulated_device.hpp"
-#include "engine_core.hpp"
 #include "gfd/gfd.hpp"
-#include "topology.hpp"
+#include "probe.hpp"
 
 namespace {
 
@@ -49,8 +44,8 @@ const std::map<std::string, std::string> kFlags = {
 // One GPU's side of the benchmark: its device, stream, source pool and destination.
 struct Gpu {
   int ordinal = 0;
-  std::shared_ptr<detail::Device> dev;
-  detail::StreamHandle stream = nullptr;
+  probe::Device dev;
+  cudaStream_t stream = nullptr;
   std::unique_ptr<Pool> pool;
   std::byte* ref_src = nullptr;
   std::byte* dst = nullptr;
@@ -77,6 +72,8 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  // Line-buffered stdout: notes and tables reach a pipe in order with the progress on stderr.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   Flags flags(argc, argv, kFlags);
   if (flags.has("help")) {
     std::cout << "gfd_multi_gpu_benchmark: one thread per GPU, every backend, G = 1 ... all GPUs\n"
@@ -92,7 +89,7 @@ int main(int argc, char** argv) try {
   std::vector<Backend> backends = backends_flag(flags);
 
   // Devices: the CUDA GPUs, or two emulated ones (host-only) where there is none.
-  const bool host_only = detail::cuda_device_count() == 0;
+  const bool host_only = probe::cuda_device_count() == 0;
   std::vector<int> ordinals;
   if (host_only) {
     std::printf("No CUDA GPU is visible here: two emulated devices stand in (host-only: the gather\n"
@@ -119,34 +116,34 @@ int main(int argc, char** argv) try {
   for (int i = 0; i < all; ++i) {
     Gpu& g = gpus[static_cast<std::size_t>(i)];
     g.ordinal = ordinals[static_cast<std::size_t>(i)];
-    g.dev = host_only ? std::shared_ptr<detail::Device>(std::make_shared<detail::EmulatedDevice>(i))
-                      : detail::make_cuda_device(g.ordinal);
+    g.dev = host_only ? probe::Device::emulated(i) : probe::Device::cuda(g.ordinal);
   }
-  // One group of engines per backend; engines of one backend never share CPUs.
+  // One group of engines per backend; engines of one backend never share CPUs. GFD_* settings
+  // apply to every engine: EngineOptions::from_env() is passed explicitly (a group made with
+  // default options does not read the environment).
   std::map<Backend, std::unique_ptr<EngineGroup>> groups;
   for (Backend b : backends) {
     std::vector<Engine> engines;
     for (Gpu& g : gpus) {
       EngineOptions o = EngineOptions::from_env();
-      o.device = g.ordinal;
       o.backend = b;
-      engines.push_back(detail::EngineCore::make_engine(o, g.dev));
+      engines.push_back(g.dev.make_engine(o));
     }
     groups[b] = std::make_unique<EngineGroup>(std::move(engines));
   }
 
   // Topology.
   std::printf("topology: %d NUMA node(s); %zu CPUs this process may use\n",
-              numa_available() < 0 ? 1 : numa_max_node() + 1, detail::allowed_cpus().size());
+              probe::numa_nodes(), probe::allowed_cpus().size());
   EngineGroup& first = *groups.begin()->second;
   for (int i = 0; i < all; ++i) {
     Gpu& g = gpus[static_cast<std::size_t>(i)];
-    const detail::GpuLocality loc = detail::read_gpu_locality(g.dev->pci_bus_id());
+    const probe::Locality loc = probe::gpu_locality(g.dev);
     EngineGroup& gather = groups.count(Backend::kGather) ? *groups[Backend::kGather] : first;
     const EngineStats st = gather[static_cast<std::size_t>(i)].stats();
     std::printf("  GPU %d (%s): NUMA node %d, local CPUs %s | gather engine: CPUs %s, %d threads%s, ring on node %d\n",
-                g.ordinal, host_only ? "emulated" : g.dev->pci_bus_id().c_str(), loc.numa_node,
-                detail::format_cpulist(loc.cpus).c_str(), detail::format_cpulist(st.cpus).c_str(),
+                g.ordinal, host_only ? "emulated" : g.dev.pci_bus_id().c_str(), loc.numa_node,
+                probe::format_cpulist(loc.cpus).c_str(), probe::format_cpulist(st.cpus).c_str(),
                 st.gather_threads,
                 st.cpu_sharing > 1 ? (", CPUs split with " + std::to_string(st.cpu_sharing - 1) + " other GPU(s)").c_str()
                                    : "",
@@ -159,15 +156,15 @@ int main(int argc, char** argv) try {
   if (host_only) pool_bytes = std::min<std::size_t>(pool_bytes, std::size_t{512} << 20);
   first.run([&](std::size_t i, Engine&) {
     Gpu& g = gpus[i];
-    g.stream = g.dev->create_stream();
+    g.stream = g.dev.create_stream();
     g.pool = std::make_unique<Pool>(pool_bytes);
-    g.dev->register_host(g.pool->data, g.pool->bytes);
+    g.dev.register_host(g.pool->data, g.pool->bytes);
     void* p = nullptr;
     if (posix_memalign(&p, 1 << 21, bytes) != 0) throw std::bad_alloc();
     g.ref_src = static_cast<std::byte*>(p);
     std::memcpy(g.ref_src, g.pool->data, bytes);
-    g.dev->register_host(g.ref_src, bytes);
-    g.dst = static_cast<std::byte*>(g.dev->alloc_device(bytes));
+    g.dev.register_host(g.ref_src, bytes);
+    g.dst = static_cast<std::byte*>(g.dev.alloc_device(bytes));
     g.picker = std::make_unique<SourcePicker>(g.pool->bytes, size, 0xBEEF + 977 * i);
   });
   std::printf("each GPU: %zu x %s per repetition, sources %s, pool %s per GPU, 2x stride | %d reps after %d warm-up\n",
@@ -182,12 +179,12 @@ int main(int argc, char** argv) try {
     std::vector<double> alone(static_cast<std::size_t>(G));
     for (int i = 0; i < G; ++i) {
       Gpu& g = gpus[static_cast<std::size_t>(i)];
-      g.dev->make_current();
+      g.dev.make_current();
       std::vector<double> us;
       for (int r = 0; r < warmup + iters; ++r) {
         const auto t0 = Clock::now();
-        g.dev->copy_h2d(g.dst, g.ref_src, bytes, g.stream);
-        g.dev->stream_sync(g.stream);
+        g.dev.copy_h2d(g.dst, g.ref_src, bytes, g.stream);
+        g.dev.stream_sync(g.stream);
         if (r >= warmup) us.push_back(since_us(t0));
       }
       alone[static_cast<std::size_t>(i)] = bytes / (percentiles(us).p50 * 1e3);
@@ -234,7 +231,7 @@ int main(int argc, char** argv) try {
         if (group) {
           const EngineStats st = (*group)[static_cast<std::size_t>(i)].stats();
           r.threads = st.gather_threads;
-          r.cpus = detail::format_cpulist(st.cpus);
+          r.cpus = probe::format_cpulist(st.cpus);
         }
         rows.push_back(r);
       }
@@ -257,8 +254,8 @@ int main(int argc, char** argv) try {
     {
       const auto us = timed(first, [&](std::size_t i, Engine&) {
         Gpu& g = gpus[i];
-        g.dev->copy_h2d(g.dst, g.ref_src, bytes, g.stream);
-        g.dev->stream_sync(g.stream);
+        g.dev.copy_h2d(g.dst, g.ref_src, bytes, g.stream);
+        g.dev.stream_sync(g.stream);
       });
       const double ref_aggregate = static_cast<double>(G) * bytes / (percentiles(slowest(us)).p50 * 1e3);
       summarize("contiguous", us, alone, -1, nullptr, std::vector<bool>(G, true));
@@ -266,20 +263,21 @@ int main(int argc, char** argv) try {
         EngineGroup& group = *groups[b];
         const auto t = timed(group, [&](std::size_t i, Engine& e) {
           Gpu& g = gpus[i];
-          e.copy_to_device(g.blocks, static_cast<cudaStream_t>(g.stream));
-          g.dev->stream_sync(g.stream);
+          const Transfer t = e.copy_to_device(g.blocks, g.stream);
+          g.dev.stream_sync(g.stream);
+          t.wait();  // done with the stream; throws the transfer's error, if any
         });
         // Verify every GPU's bytes, outside the timed region.
         std::vector<bool> ok(G, true);
         group.run([&](std::size_t i, Engine& e) {
           if (static_cast<int>(i) >= G) return;
           Gpu& g = gpus[i];
-          g.dev->memset_async(g.dst, 0, bytes, g.stream);
+          g.dev.memset_async(g.dst, 0, bytes, g.stream);
           g.refill(n, size);
-          e.copy_to_device(g.blocks, static_cast<cudaStream_t>(g.stream)).wait();
+          e.copy_to_device(g.blocks, g.stream).wait();
           std::vector<std::byte> back(bytes);
-          g.dev->copy_d2h(back.data(), g.dst, bytes, g.stream);
-          g.dev->stream_sync(g.stream);
+          g.dev.copy_d2h(back.data(), g.dst, bytes, g.stream);
+          g.dev.stream_sync(g.stream);
           for (std::size_t k = 0; k < n && ok[i]; ++k)
             ok[i] = std::memcmp(back.data() + k * size, g.blocks[k].src, size) == 0;
         });
@@ -331,11 +329,11 @@ int main(int argc, char** argv) try {
 
   first.run([&](std::size_t i, Engine&) {
     Gpu& g = gpus[i];
-    g.dev->free_device(g.dst);
-    g.dev->unregister_host(g.ref_src);
+    g.dev.free_device(g.dst);
+    g.dev.unregister_host(g.ref_src);
     free(g.ref_src);
-    g.dev->unregister_host(g.pool->data);
-    g.dev->destroy_stream(g.stream);
+    g.dev.unregister_host(g.pool->data);
+    g.dev.destroy_stream(g.stream);
   });
   groups.clear();
   if (failures != 0) {

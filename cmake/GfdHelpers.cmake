@@ -7,9 +7,15 @@ function(gfd_add_test name)
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES TIMEOUT 600)
 endfunction()
 
-# gfd_add_bench(name SOURCES ...): a benchmark program.
+# gfd_add_bench(name [INTERNAL] SOURCES ...): a benchmark program. By default it sees gfd's
+# public API and src/probe.hpp only (bench/); INTERNAL gives it every internal header, for the
+# microbenchmarks of internals in tests/micro/.
 function(gfd_add_bench name)
-  cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
+  cmake_parse_arguments(ARG "INTERNAL" "" "SOURCES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE gfd_internal)
+  if(ARG_INTERNAL)
+    target_link_libraries(${name} PRIVATE gfd_internal)
+  else()
+    target_link_libraries(${name} PRIVATE gfd_probe)
+  endif()
 endfunction()

@@ -73,10 +73,12 @@ int main(int argc, char** argv) try {
       check(cudaMemsetAsync(cache.v[l] + id * kBlockBytes, 0, kBlockBytes, stream), "memset V");
     }
   const auto in = gfd::kv_copy_list(cache, pool, ids, slots, gfd::KvDirection::kSwapIn);
-  engine.copy_to_device(in, stream);  // ordered after the memsets; kernels queued next see it
+  // Ordered after the memsets; work queued on the stream next (here the download) sees the data.
+  const gfd::Transfer swap_in = engine.copy_to_device(in, stream);
   std::vector<std::byte> back(cache_bytes);
   check(cudaMemcpyAsync(back.data(), mem, cache_bytes, cudaMemcpyDeviceToHost, stream), "download");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  swap_in.wait();  // throws the transfer's gfd::Error if it failed
 
   const bool ok = back == original;
   std::printf("kv_swap: swapped %zu blocks x %zu layers x K,V (%zu copies, %.1f MB) out and back in: %s\n",

@@ -48,15 +48,55 @@ const DriverApi& driver() {
   return api;
 }
 
+// Errors of the first runtime call that mean "there is no GPU to use here" rather than a fault:
+// no driver (the runtime reports an insufficient driver when libcuda is absent), a driver older
+// than the runtime, no device, or every device unavailable.
+bool means_no_device(cudaError_t err) {
+  switch (err) {
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorStubLibrary:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorSystemNotReady:
+    case cudaErrorCallRequiresNewerDriver:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Checks that CUDA device `ordinal` exists, with plain messages for the cases a user meets on a
+// machine without a GPU (ErrorCode::kNoDevice) instead of a CUDA error code.
+void check_device_exists(int ordinal) {
+  if (ordinal < 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                "device: " + std::to_string(ordinal) + " is not a CUDA device ordinal (negative)");
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (means_no_device(err))
+      throw Error(ErrorCode::kNoDevice,
+                  std::string("no CUDA GPU or driver is present (") + cudaGetErrorName(err) + ": " +
+                      cudaGetErrorString(err) +
+                      "); gfd needs an NVIDIA GPU with its driver to create an Engine");
+    GFD_CUDA_CHECK(err);
+  }
+  if (count == 0)
+    throw Error(ErrorCode::kNoDevice,
+                "no CUDA GPU or driver is present (the driver reports no device); gfd needs an "
+                "NVIDIA GPU to create an Engine");
+  if (ordinal >= count)
+    throw Error(ErrorCode::kNoDevice, "CUDA device " + std::to_string(ordinal) +
+                                          " does not exist (" + std::to_string(count) + " visible)");
+}
+
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
-    int count = 0;
-    GFD_CUDA_CHECK(cudaGetDeviceCount(&count));
-    if (ordinal < 0 || ordinal >= count)
-      throw Error(ErrorCode::kInvalidArgument, "device: ordinal " + std::to_string(ordinal) +
-                                                   " is out of range (" + std::to_string(count) +
-                                                   " CUDA devices visible)");
+    check_device_exists(ordinal);
     GFD_CUDA_CHECK(cudaSetDevice(ordinal));
     char bus[32] = {};
     GFD_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, ordinal));
@@ -225,7 +265,7 @@ class CudaDevice final : public Device {
                                              value, CU_STREAM_WAIT_VALUE_GEQ);
     // The driver's codes are the runtime's for these errors (700: illegal address, ...).
     if (r != CUDA_SUCCESS)
-      throw_cuda_error(static_cast<cudaError_t>(r), "cuStreamWaitValue64(lane, slot flag)", __FILE__, __LINE__);
+      throw_cuda_error(static_cast<cudaError_t>(r), "cuStreamWaitValue64(lane, slot flag)", GFD_SOURCE_FILE_, __LINE__);
   }
   void signal_value(std::uint64_t* addr, std::uint64_t value) override {
     std::atomic_ref<std::uint64_t>(*addr).store(value, std::memory_order_release);

@@ -9,6 +9,7 @@ const char* to_string(ErrorCode code) noexcept {
   switch (code) {
     case ErrorCode::kInvalidArgument: return "invalid_argument";
     case ErrorCode::kCuda: return "cuda";
+    case ErrorCode::kNoDevice: return "no_device";
     case ErrorCode::kSystem: return "system";
     case ErrorCode::kShutdown: return "shutdown";
   }
@@ -47,6 +48,13 @@ const char* to_string(HugepageKind kind) noexcept {
 
 namespace detail {
 
+const char* base_name(const char* path) noexcept {
+  const char* base = path;
+  for (const char* p = path; *p != '\0'; ++p)
+    if (*p == '/' || *p == '\\') base = p + 1;
+  return base;
+}
+
 void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line) {
   // A sticky error poisons the context: say so, the caller cannot recover by retrying.
   const bool sticky = err == cudaErrorIllegalAddress || err == cudaErrorLaunchFailure ||
@@ -55,7 +63,7 @@ void throw_cuda_error(cudaError_t err, const char* call, const char* file, int l
                       err == cudaErrorInvalidPc || err == cudaErrorAssert;
   std::string msg = std::string(call) + " failed: " + cudaGetErrorName(err) + " (" +
                     cudaGetErrorString(err) + ")" + (sticky ? " [sticky: the CUDA context is unusable]" : "") +
-                    " at " + file + ":" + std::to_string(line);
+                    " at " + base_name(file) + ":" + std::to_string(line);
   throw Error(ErrorCode::kCuda, msg);
 }
 

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <thread>  // operator<< of std::thread::id, for EXPECT_NE
 
 #include "test_support.hpp"
 #include "topology.hpp"

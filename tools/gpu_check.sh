@@ -102,7 +102,7 @@ if [ "$MODE" = probe ]; then
   for t in 8 10 12 15; do
     GFD_GATHER_THREADS=$t run_bench "threads_$t" --blocks 2048,16384 --backends gather
   done
-  timeout 150 build-gpu/bench/micro_ring --benchmark_min_time=0.1 > "$OUT/micro_ring.log" 2>&1
+  timeout 150 build-gpu/tests/micro/micro_ring --benchmark_min_time=0.1 > "$OUT/micro_ring.log" 2>&1
   summary "== micro_ring: rc=$?"
   grep -E "^BM_" "$OUT/micro_ring.log" >> "$OUT/summary.txt"
 fi
@@ -116,7 +116,7 @@ if [ "$MODE" = swap ]; then
   run_bench d2h_pageable --quick --direction d2h --pageable
   run_bench d2h_sweep --direction d2h
   run_bench h2d_pageable_sweep --pageable
-  timeout 120 build-gpu/bench/micro_pointer --benchmark_min_time=0.05s > "$OUT/micro_pointer.log" 2>&1
+  timeout 120 build-gpu/tests/micro/micro_pointer --benchmark_min_time=0.05s > "$OUT/micro_pointer.log" 2>&1
   summary "== micro_pointer: rc=$?"
   grep -E "^BM_" "$OUT/micro_pointer.log" | awk '{print $1, $2, $3, $NF}' >> "$OUT/summary.txt"
   timeout 60 build-gpu/examples/kv_swap > "$OUT/kv_swap.log" 2>&1
@@ -146,7 +146,7 @@ if [ "$MODE" = final ]; then
   run_bench trace_16384 --blocks 16384 --backends gather --trace
   GFD_KERNEL_MAX_BYTES=0 run_bench nokernel_latency --blocks 16,64,256 --backends gather --iters 50
   for m in micro_planner micro_ring micro_gather; do
-    timeout 150 build-gpu/bench/$m --benchmark_min_time=0.1 > "$OUT/$m.log" 2>&1
+    timeout 150 build-gpu/tests/micro/$m --benchmark_min_time=0.1 > "$OUT/$m.log" 2>&1
     summary "== $m: rc=$?"
   done
   grep -E "^BM_" "$OUT/micro_planner.log" "$OUT/micro_gather.log" | sed 's/^.*\/\(micro_[a-z]*\).log:/\1 /' |

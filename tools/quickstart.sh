@@ -14,7 +14,8 @@ usage: tools/quickstart.sh bench [gfd_benchmark args...]
   bench  checks/installs the build requirements (tools/setup.sh), configures and builds a
          Release build in build/, then runs build/bench/gfd_benchmark with the given
          arguments (none: its defaults; --help lists them)
-  test   the same setup and build, then runs every test with ctest
+  test   the same setup and build, then runs every test with ctest and lists the skipped
+         tests with their reasons (tools/ctest_skips.sh)
 
   CUDA_ARCHS=90 tools/quickstart.sh ...   builds for those CUDA architectures only
 EOF
@@ -68,6 +69,9 @@ case "$cmd" in
     step "running the test suite"
     rc=0
     run ctest --test-dir build --output-on-failure --timeout 600 || rc=$?
+    # CTest shows a skipped test only as "Skipped": list them with the reasons they gave.
+    echo
+    "$ROOT/tools/ctest_skips.sh" build || true
     echo
     if [ "$rc" -eq 0 ]; then
       echo "quickstart: all tests passed"

@@ -23,4 +23,5 @@ export LSAN_OPTIONS="suppressions=$SUPP/lsan.supp"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$SUPP/tsan.supp"
 ctest --test-dir "$DIR" --output-on-failure -j"$JOBS" --timeout 600
+tools/ctest_skips.sh "$DIR" || true
 echo "sanitize: $SAN: all tests passed"

@@ -73,9 +73,13 @@ struct EngineStats {
 /// at once. Destruction waits for every submitted transfer to complete.
 class Engine {
  public:
-  /// An engine for `options.device` (options are used as given; see EngineOptions::from_env).
+  /// An engine for `options.device`, with `options` used as given: the environment is read only
+  /// where the caller asks for it, `Engine(EngineOptions::from_env())`. Throws gfd::Error with
+  /// ErrorCode::kNoDevice when no CUDA GPU or driver is present or the device does not exist,
+  /// kInvalidArgument for a bad option.
   explicit Engine(const EngineOptions& options);
-  /// An engine for `device` with defaults and GFD_* environment overrides (GFD_DEVICE ignored).
+  /// An engine for `device` with the default options. GFD_* environment variables are not read;
+  /// for them use `Engine(EngineOptions::from_env())` (with `device` set as needed).
   explicit Engine(int device = 0);
   ~Engine();
   Engine(Engine&&) noexcept;
@@ -85,21 +89,40 @@ class Engine {
 
   /// Copies every block from host memory to this engine's GPU, ordered on `stream`: the copies
   /// start only after work already queued on `stream`, and work queued on `stream` afterwards
-  /// sees the data (no host synchronisation needed). Every block is validated first; a bad one
-  /// throws gfd::Error naming its index and nothing is copied. Returns once every block is
-  /// gathered into staging (the calling thread helps) and every DMA is enqueued; it never waits
-  /// for a DMA to finish except to reuse a staging slot when the ring is full. Source blocks
-  /// must stay unchanged until the returned handle is done.
-  Transfer copy_to_device(std::span<const BlockCopy> blocks, cudaStream_t stream);
+  /// sees the data (no host synchronisation needed). Returns once every block is gathered into
+  /// staging (the calling thread helps) and every DMA is enqueued; it never waits for a DMA to
+  /// finish except to reuse a staging slot when the ring is full. Source blocks must stay
+  /// unchanged until the returned handle is done.
+  ///
+  /// Rejection: every block is validated before anything moves, so a bad block (or an
+  /// overlap) throws gfd::Error(kInvalidArgument) from this call, naming its index, and nothing
+  /// is copied. What fails later (a CUDA error while the DMAs run, the engine shutting down)
+  /// surfaces at wait() / error() of the handle.
+  ///
+  /// Completion: the handle is done() when the transfer's DMAs have completed, i.e. when the
+  /// data is on the GPU; by then `stream` may still have earlier work to run, but anything
+  /// queued on `stream` after this call already sees the data, whether done() is true or not.
+  [[nodiscard]] Transfer copy_to_device(std::span<const BlockCopy> blocks, cudaStream_t stream);
 
   /// Copies every block from this engine's GPU to host memory (pinned or pageable), ordered on
   /// `stream`: the copies start only after work already queued on `stream`, and work queued on
   /// `stream` afterwards may overwrite the source blocks (the device has finished reading them).
-  /// The handle is done only when every byte is in host memory. Validation as for
-  /// copy_to_device (sources must be device memory of this GPU, destinations host memory). With
-  /// the gather backend, scattered device blocks are packed on the GPU into staging, moved in
-  /// large DMAs and placed by the gather threads; the call returns once everything is enqueued.
-  Transfer copy_to_host(std::span<const BlockCopy> blocks, cudaStream_t stream);
+  /// Validation as for copy_to_device (sources must be device memory of this GPU, destinations
+  /// host memory). With the gather backend, scattered device blocks are packed on the GPU into
+  /// staging, moved in large DMAs and placed by the gather threads; the call returns once
+  /// everything is enqueued.
+  ///
+  /// Rejection: the gather backend plans while its first DMAs run, but the whole block list is
+  /// still checked before this call returns, so a bad block (or an overlap) also throws
+  /// gfd::Error(kInvalidArgument) from this call, naming its index, and no byte is written to
+  /// host memory (DMAs already enqueued into staging are dropped; `stream` still waits for
+  /// them). Later failures surface at wait() / error() of the handle.
+  ///
+  /// Completion: the handle is done() only when every byte is in host memory. That is after the
+  /// DMAs `stream` waits for, because the gather threads place the staged bytes in host memory
+  /// once those DMAs complete: `stream` may run on before done() is true, and host code must
+  /// wait for the handle (not for the stream) before it reads the destinations.
+  [[nodiscard]] Transfer copy_to_host(std::span<const BlockCopy> blocks, cudaStream_t stream);
 
   /// Counters since creation.
   EngineStats stats() const;

@@ -11,6 +11,7 @@ namespace gfd {
 enum class ErrorCode {
   kInvalidArgument,  ///< a bad block, option or argument; nothing was copied
   kCuda,             ///< a CUDA call failed (the message names the call and file:line)
+  kNoDevice,         ///< no CUDA GPU or driver is present, or the requested GPU does not exist
   kSystem,           ///< an operating-system call failed (mmap, mbind, thread creation, ...)
   kShutdown,         ///< the engine was destroyed before the transfer could run
 };
@@ -33,7 +34,7 @@ class Error : public std::runtime_error {
   std::size_t block_;
 };
 
-/// Short name of an error code ("invalid_argument", "cuda", ...).
+/// Short name of an error code ("invalid_argument", "cuda", "no_device", ...).
 const char* to_string(ErrorCode code) noexcept;
 
 }  // namespace gfd

@@ -18,9 +18,10 @@ namespace gfd {
 class EngineGroup {
  public:
   /// An engine for each of `devices` (CUDA ordinals, no repeats), each with `options` with its
-  /// `device` replaced. Throws gfd::Error naming the device that cannot be used.
-  explicit EngineGroup(std::span<const int> devices,
-                       const EngineOptions& options = EngineOptions::from_env());
+  /// `device` replaced. Throws gfd::Error naming the device that cannot be used. The default is
+  /// the default options: the environment is not read unless the caller passes
+  /// `EngineOptions::from_env()` (whose GFD_DEVICE is then replaced like any device).
+  explicit EngineGroup(std::span<const int> devices, const EngineOptions& options = EngineOptions{});
   /// A group of engines made elsewhere.
   explicit EngineGroup(std::vector<Engine> engines);
 

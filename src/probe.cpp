@@ -1,0 +1,86 @@
+// gfd/probe for the benchmarks: the device facade, engines over it and their trace, locality and
+// the staging copy loop, over the library's internals.
+#include "probe.hpp"
+
+#include <numa.h>
+
+#include <utility>
+
+#include "device.hpp"
+#include "emulated_device.hpp"
+#include "engine_core.hpp"
+#include "gather_copy.hpp"
+#include "gfd/error.hpp"
+#include "topology.hpp"
+
+namespace gfd::probe {
+
+namespace {
+detail::StreamHandle handle(cudaStream_t s) { return static_cast<detail::StreamHandle>(s); }
+}  // namespace
+
+int cuda_device_count() noexcept { return detail::cuda_device_count(); }
+
+Device Device::cuda(int ordinal) {
+  Device d;
+  d.d_ = detail::make_cuda_device(ordinal);
+  return d;
+}
+
+Device Device::emulated(int ordinal) {
+  Device d;
+  d.d_ = std::make_shared<detail::EmulatedDevice>(ordinal);
+  d.emulated_ = true;
+  return d;
+}
+
+int Device::ordinal() const { return d_->ordinal(); }
+std::string Device::pci_bus_id() const { return d_->pci_bus_id(); }
+void Device::make_current() { d_->make_current(); }
+cudaStream_t Device::create_stream() { return static_cast<cudaStream_t>(d_->create_stream()); }
+void Device::destroy_stream(cudaStream_t s) { d_->destroy_stream(handle(s)); }
+void Device::stream_sync(cudaStream_t s) { d_->stream_sync(handle(s)); }
+void* Device::alloc_device(std::size_t bytes) { return d_->alloc_device(bytes); }
+void Device::free_device(void* p) { d_->free_device(p); }
+void Device::register_host(void* p, std::size_t bytes) { d_->register_host(p, bytes); }
+void Device::unregister_host(void* p) { d_->unregister_host(p); }
+void Device::copy_h2d(void* dst, const void* src, std::size_t bytes, cudaStream_t s) {
+  d_->copy_h2d(dst, src, bytes, handle(s));
+}
+void Device::copy_d2h(void* dst, const void* src, std::size_t bytes, cudaStream_t s) {
+  d_->copy_d2h(dst, src, bytes, handle(s));
+}
+void Device::memset_async(void* dst, int value, std::size_t bytes, cudaStream_t s) {
+  d_->memset_async(dst, value, bytes, handle(s));
+}
+
+Engine Device::make_engine(EngineOptions options) const {
+  options.device = d_->ordinal();
+  return detail::EngineCore::make_engine(options, d_);
+}
+
+void start_trace(Engine& engine, std::size_t capacity) {
+  detail::EngineCore::of(engine).start_trace(capacity);
+}
+
+std::vector<TraceEvent> take_trace(Engine& engine) { return detail::EngineCore::of(engine).take_trace(); }
+
+Locality gpu_locality(const Device& device) {
+  const detail::GpuLocality loc = detail::read_gpu_locality(device.pci_bus_id());
+  return Locality{loc.numa_node, loc.cpus};
+}
+
+std::vector<int> allowed_cpus() { return detail::allowed_cpus(); }
+
+int numa_nodes() { return numa_available() < 0 ? 1 : numa_max_node() + 1; }
+
+std::string format_cpulist(const std::vector<int>& cpus) { return detail::format_cpulist(cpus); }
+
+void copy_like_staging(void* dst, const void* src, std::size_t bytes, StagingWrites writes) {
+  // Resolved as the engine resolves it (kAuto, or a mode this CPU lacks, falls back).
+  const detail::StoreKind kind = detail::resolve_staging_writes(writes);
+  detail::copy_block(dst, src, bytes, kind);
+  if (kind == detail::StoreKind::kNonTemporal) detail::store_fence();
+}
+
+}  // namespace gfd::probe
