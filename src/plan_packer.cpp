@@ -1,0 +1,106 @@
+// The planner's packer: staged segments into chunks and gather pieces, and plan_bounds.
+#include "planner_internal.hpp"
+
+#include <algorithm>
+
+namespace gfd::detail::plan_internal {
+namespace {
+
+constexpr std::uint64_t kAlign = 16;
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+std::uint64_t align_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
+
+}  // namespace
+
+void Packer::add(const Segment& seg) {
+  std::uint64_t done = 0;
+  while (done < seg.bytes) {
+    if (!open_) open_chunk();
+    const std::uint64_t n_ops = plan_.ops.size() - chunk_.op_begin;
+    // Room for this op's payload while leaving space for n_ops + 1 scatter entries.
+    const std::uint64_t entries = (n_ops + 1) * sizeof(ScatterEntry);
+    std::uint64_t room = 0;
+    if (cap_ > entries) room = align_down(cap_ - entries, kAlign);
+    room = room > chunk_.data_bytes ? room - chunk_.data_bytes : 0;
+    if (room == 0) {
+      close_chunk();
+      continue;
+    }
+    std::uint64_t take = std::min<std::uint64_t>(seg.bytes - done, room);
+    take = std::min<std::uint64_t>(take, cfg_.piece_bytes - piece_fill_);
+    plan_.ops.push_back({seg.src + done, seg.dst + done, chunk_.data_bytes, take});
+    left_ -= std::min(left_, take);
+    chunk_.data_bytes += take;
+    piece_fill_ += take;
+    done += take;
+    if (piece_fill_ >= cfg_.piece_bytes) close_piece();
+  }
+}
+
+void Packer::finish() {
+  if (open_) close_chunk();
+}
+
+void Packer::open_chunk() {
+  const std::size_t k = plan_.chunks.size();
+  cap_ = cfg_.slot_bytes;
+  if (k < 16) cap_ = std::min<std::uint64_t>(cap_, std::uint64_t{cfg_.first_chunk_bytes} << k);
+  // Device to host, the gather threads place each chunk after its DMA, so the transfer ends
+  // with the placement of its last chunk: halve the chunks towards the end, down to half a
+  // slot (each chunk costs driver calls on the submission path, so no further), so that
+  // less is left to place once the last DMA is done.
+  if (cfg_.direction == Direction::kToHost)
+    cap_ = std::min<std::uint64_t>(
+        cap_, std::max<std::uint64_t>(std::max<std::uint64_t>(cfg_.first_chunk_bytes, cfg_.slot_bytes / 2),
+                                      align_up((left_ + 1) / 2, kAlign)));
+  chunk_ = {};
+  chunk_.op_begin = static_cast<std::uint32_t>(plan_.ops.size());
+  chunk_.piece_begin = static_cast<std::uint32_t>(plan_.pieces.size());
+  piece_begin_ = chunk_.op_begin;
+  piece_fill_ = 0;
+  open_ = true;
+}
+
+void Packer::close_piece() {
+  const auto end = static_cast<std::uint32_t>(plan_.ops.size());
+  if (end > piece_begin_) plan_.pieces.push_back({piece_begin_, end});
+  piece_begin_ = end;
+  piece_fill_ = 0;
+}
+
+void Packer::close_chunk() {
+  close_piece();
+  chunk_.op_end = static_cast<std::uint32_t>(plan_.ops.size());
+  chunk_.piece_end = static_cast<std::uint32_t>(plan_.pieces.size());
+  chunk_.contiguous_device = true;
+  const bool to_host = cfg_.direction == Direction::kToHost;
+  for (std::uint32_t i = chunk_.op_begin + 1; i < chunk_.op_end && chunk_.contiguous_device; ++i) {
+    const GatherOp& a = plan_.ops[i - 1];
+    const GatherOp& b = plan_.ops[i];
+    chunk_.contiguous_device = to_host ? a.src + a.bytes == b.src : a.dst + a.bytes == b.dst;
+  }
+  chunk_.scatter_offset = align_up(chunk_.data_bytes, kAlign);
+  plan_.chunks.push_back(chunk_);
+  open_ = false;
+}
+
+}  // namespace gfd::detail::plan_internal
+
+namespace gfd::detail {
+
+PlanBounds plan_bounds(std::size_t blocks, std::uint64_t bytes, const PlanConfig& cfg) {
+  // A chunk other than the last closes only when full: its data plus one scatter entry per op
+  // (and one more), aligned down to 16, reach its capacity, which is at least cmin. An op ends
+  // where its block run ends (at most one per block) or where a piece closes; a piece closes
+  // when full or with its chunk. Summing over the chunks bounds their number.
+  const std::uint64_t cmin = std::min<std::uint64_t>(cfg.first_chunk_bytes, cfg.slot_bytes);
+  const std::uint64_t entry = sizeof(ScatterEntry);
+  const std::uint64_t full_pieces = bytes / cfg.piece_bytes;
+  PlanBounds b;
+  b.chunks = (bytes + entry * (blocks + full_pieces) + cmin) / (cmin - 2 * entry - 16 - 15) + 1;
+  b.pieces = full_pieces + b.chunks;
+  b.ops = blocks + b.pieces;
+  return b;
+}
+
+}  // namespace gfd::detail

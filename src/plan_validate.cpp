@@ -1,0 +1,221 @@
+// Block validation for the planner: pointer classification (RangeCache), per-block checks, overlaps.
+#include "planner_internal.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "gfd/error.hpp"
+
+namespace gfd::detail {
+namespace {
+
+// CUDA registers and allocates host memory in whole pages and keeps device allocations in their
+// own address ranges, so a 4 KB page the driver does not know holds no CUDA memory at all.
+constexpr std::uintptr_t kGranule = 4096;
+
+std::string hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+[[noreturn]] void bad_block(std::size_t i, const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, "block " + std::to_string(i) + ": " + what, i);
+}
+
+// Sorts (key, index) pairs by key: LSD radix sort on the keys' offsets from the smallest, in
+// 11-bit digits. A few passes over the array instead of n log n comparisons: this runs for
+// every transfer with scattered destinations (a paged KV cache), before any data moves.
+void radix_sort(std::vector<std::pair<std::uintptr_t, std::uint32_t>>& v,
+                std::vector<std::pair<std::uintptr_t, std::uint32_t>>& tmp,
+                std::vector<std::uint32_t>& count) {
+  if (v.size() < 2) return;
+  if (v.size() < 256) {  // a few passes over 2048 buckets cost more than sorting a few keys
+    std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    return;
+  }
+  std::uintptr_t lo = v[0].first, hi = v[0].first;
+  for (const auto& e : v) {
+    lo = std::min(lo, e.first);
+    hi = std::max(hi, e.first);
+  }
+  tmp.resize(v.size());
+  constexpr unsigned kBits = 11;
+  constexpr std::size_t kBuckets = std::size_t{1} << kBits;
+  count.resize(kBuckets);
+  for (unsigned shift = 0; shift < 64 && ((hi - lo) >> shift) != 0; shift += kBits) {
+    std::fill(count.begin(), count.end(), 0);
+    for (const auto& e : v) ++count[((e.first - lo) >> shift) & (kBuckets - 1)];
+    std::uint32_t sum = 0;
+    for (auto& c : count) {
+      const std::uint32_t x = c;
+      c = sum;
+      sum += x;
+    }
+    for (const auto& e : v) tmp[count[((e.first - lo) >> shift) & (kBuckets - 1)]++] = e;
+    v.swap(tmp);
+  }
+}
+
+}  // namespace
+
+std::string describe(const PointerInfo& info) {
+  switch (info.kind) {
+    case PointerKind::kPageableHost: return "pageable host memory";
+    case PointerKind::kPinnedHost: return "pinned host memory";
+    case PointerKind::kDevice: return "device memory of GPU " + std::to_string(info.device);
+    case PointerKind::kOtherDevice: return "device memory of GPU " + std::to_string(info.device);
+    case PointerKind::kManaged: return "managed memory";
+  }
+  return "unknown memory";
+}
+
+namespace plan_internal {
+
+const PointerInfo* RangeCache::lookup(const void* p, bool whole_region) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  for (const auto& r : ranges_)
+    if (a >= r.begin && a < r.end) return &r;
+  const bool shared = whole_region && shared_ != nullptr;
+  if (shared && shared_->contains(a, now_ms_)) return region(a);
+  const std::uintptr_t page = a / kGranule;
+  if (pageable_.count(page) != 0) return shared ? region(a) : &kPageable;
+  PointerInfo info = classify_(p);
+  if (info.begin < info.end) {
+    ranges_.push_back(info);
+    return &ranges_.back();
+  }
+  if (info.kind == PointerKind::kPageableHost) {
+    pageable_.insert(page);
+    if (shared_ != nullptr) shared_->insert(a, now_ms_);
+    return shared ? region(a) : &kPageable;
+  }
+  others_.push_back(info);
+  return &others_.back();
+}
+
+const PointerInfo* RangeCache::region(std::uintptr_t a) {
+  const std::uintptr_t begin = a & ~(PageableCache::kGranule - 1);
+  region_ = {PointerKind::kPageableHost, -1, begin, begin + PageableCache::kGranule};
+  return &region_;
+}
+
+void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::size_t end,
+                    const PlanConfig& cfg, RangeCache& cache, std::vector<std::uint8_t>& pinned,
+                    const PointerInfo*& dr, const PointerInfo*& sr) {
+  const bool to_host = cfg.direction == Direction::kToHost;
+  const std::size_t direct_min = cfg.direct_min_bytes != 0 ? cfg.direct_min_bytes : SIZE_MAX;
+  const char* dev_name = to_host ? "source" : "destination";
+  const char* host_name = to_host ? "destination" : "source";
+  const auto device_side = [to_host](const BlockCopy& b) { return to_host ? b.src : static_cast<const void*>(b.dst); };
+  const auto host_side = [to_host](const BlockCopy& b) { return to_host ? static_cast<const void*>(b.dst) : b.src; };
+  // Every check of one block, with the messages; updates the ranges.
+  auto check = [&](std::size_t i) {
+    const BlockCopy& b = blocks[i];
+    const void* dp = device_side(b);
+    const void* hp = host_side(b);
+    const auto d = reinterpret_cast<std::uintptr_t>(dp);
+    const auto s = reinterpret_cast<std::uintptr_t>(hp);
+    if (b.src == nullptr) bad_block(i, "source pointer is null");
+    if (b.dst == nullptr) bad_block(i, "destination pointer is null");
+    if (b.bytes == 0) bad_block(i, "size is zero");
+    if (b.bytes > UINTPTR_MAX - reinterpret_cast<std::uintptr_t>(b.src))
+      bad_block(i, "source " + hex(b.src) + " + " + std::to_string(b.bytes) +
+                       " bytes overflows the address space");
+    if (b.bytes > UINTPTR_MAX - reinterpret_cast<std::uintptr_t>(b.dst))
+      bad_block(i, "destination " + hex(b.dst) + " + " + std::to_string(b.bytes) +
+                       " bytes overflows the address space");
+
+    if (dr == nullptr || d < dr->begin || d + b.bytes > dr->end) {
+      dr = cache.lookup(dp, false);
+      if (dr->kind != PointerKind::kDevice || dr->device != cfg.device)
+        bad_block(i, std::string(dev_name) + " " + hex(dp) + " is not device memory of GPU " +
+                         std::to_string(cfg.device) + " (it is " + describe(*dr) + ")");
+      if (dr->end != 0 && d + b.bytes > dr->end)
+        bad_block(i, std::string(dev_name) + " " + hex(dp) + " + " + std::to_string(b.bytes) +
+                         " bytes runs past the end of its device allocation (" +
+                         std::to_string(dr->end - d) + " bytes left)");
+    }
+    // A pageable region (from the shared cache) does not say whether a block large enough for
+    // the direct path is pinned: ask about that block itself.
+    const bool big = b.bytes >= direct_min;
+    if (sr == nullptr || s < sr->begin || s >= sr->end || (big && sr->kind == PointerKind::kPageableHost)) {
+      sr = cache.lookup(hp, !big && !cfg.require_pinned_host);
+      if (sr->kind == PointerKind::kDevice || sr->kind == PointerKind::kOtherDevice)
+        bad_block(i, std::string(host_name) + " " + hex(hp) + " is " + describe(*sr) + "; a " +
+                         (to_host ? "device-to-host transfer needs a host destination"
+                                  : "host-to-device transfer needs a host source"));
+    }
+    pinned[i] = sr->kind == PointerKind::kPinnedHost && sr->end != 0 && s + b.bytes <= sr->end;
+    if (cfg.require_pinned_host && pinned[i] == 0)
+      bad_block(i, std::string(host_name) + " " + hex(hp) + " is " +
+                       (sr->kind == PointerKind::kPinnedHost ? std::string("only partly pinned")
+                                                             : describe(*sr)) +
+                       "; " + cfg.pinned_reason + " needs pinned host memory (cudaHostAlloc or "
+                       "cudaHostRegister)");
+  };
+  const std::size_t n = end;
+  std::size_t i = begin;
+  while (i < n) {
+    if (dr != nullptr && sr != nullptr && dr->end != 0 && sr->end != 0) {
+      // The common case without calls or branches per condition: the block lies wholly in the
+      // current device range (so neither pointer is null and nothing overflows) and starts in
+      // the current host range. Anything else leaves this loop for the detailed checks above.
+      const std::uintptr_t db = dr->begin, de = dr->end, sb = sr->begin, se = sr->end;
+      const bool pinned_range = sr->kind == PointerKind::kPinnedHost;
+      const bool need_pinned = cfg.require_pinned_host;
+      for (; i < n; ++i) {
+        const auto s = reinterpret_cast<std::uintptr_t>(host_side(blocks[i]));
+        const auto d = reinterpret_cast<std::uintptr_t>(device_side(blocks[i]));
+        const std::size_t len = blocks[i].bytes;
+        const bool in_src = s >= sb && s < se;
+        const bool whole_src = len <= se - s;
+        const bool ok = (d >= db) & (d < de) & (len - 1 < de - d) & in_src & (s != 0) &
+                        (whole_src | (len <= UINTPTR_MAX - s)) & ((!need_pinned) | (pinned_range & whole_src)) &
+                        (pinned_range | (len < direct_min));
+        if (!ok) break;
+        pinned[i] = static_cast<std::uint8_t>(pinned_range & whole_src);
+      }
+      if (i == n) break;
+    }
+    check(i);
+    ++i;
+  }
+}
+
+void check_overlaps(std::span<const BlockCopy> blocks, Plan::Scratch& scratch) {
+  auto begin_of = [&](std::size_t i) { return reinterpret_cast<std::uintptr_t>(blocks[i].dst); };
+  auto end_of = [&](std::size_t i) { return begin_of(i) + blocks[i].bytes; };
+  auto report = [&](std::size_t a, std::size_t b) {
+    const std::size_t lo = std::min(a, b), hi = std::max(a, b);
+    throw Error(ErrorCode::kInvalidArgument,
+                "block " + std::to_string(hi) + ": destination range overlaps block " +
+                    std::to_string(lo) + " (" + hex(blocks[hi].dst) + " and " +
+                    hex(blocks[lo].dst) + ")",
+                hi);
+  };
+  bool ascending = true;
+  for (std::size_t i = 1; i < blocks.size() && ascending; ++i)
+    ascending = begin_of(i) >= begin_of(i - 1);
+  if (ascending) {
+    for (std::size_t i = 1; i < blocks.size(); ++i)
+      if (begin_of(i) < end_of(i - 1)) report(i - 1, i);
+    return;
+  }
+  auto& order = scratch.order;
+  order.resize(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    order[i] = {begin_of(i), static_cast<std::uint32_t>(i)};
+  radix_sort(order, scratch.tmp, scratch.count);  // stable: equal addresses stay in index order
+  // Keep the block reaching furthest so far: a long block can overlap several later ones.
+  std::size_t far = order[0].second;
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    const std::size_t cur = order[k].second;
+    if (begin_of(cur) < end_of(far)) report(far, cur);
+    if (end_of(cur) > end_of(far)) far = cur;
+  }
+}
+
+}  // namespace plan_internal
+}  // namespace gfd::detail
