@@ -13,12 +13,14 @@
 // when it comes round again. Reports bytes_per_second (payload bytes gathered).
 //
 // BM_GatherRead/<mode> stands in for the copy engine's read of the slot: T threads gather 1 MB
-// (256 blocks) into one of 8 slots of the staging area, then the timing thread (another core
-// where there is one) reads the slot, one load per line. read_GB/s is that read's rate: lines
-// left in a gather core's private cache (plain), pushed to the L3 (cldemote) or sent to DRAM
-// (streaming). It is a CPU core's read, not the DMA's, so it only hints at what the copy
-// engine sees; only the GPU runs measure that.
+// (256 blocks) into one of 8 slots of the staging area, then the timing thread, pinned to a CPU
+// of its own (the writers get the others), reads the slot, one load per line. read_GB/s is that
+// read's rate: lines left in a gather core's private cache (plain), pushed to the L3 (cldemote)
+// or sent to DRAM (streaming). It is a CPU core's read, not the DMA's, so it only hints at what
+// the copy engine sees; only the GPU runs measure that.
 #include <benchmark/benchmark.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -172,12 +174,29 @@ void BM_GatherRead(benchmark::State& state, StagingWrites mode) {
   constexpr std::size_t kSlotBlocks = 256, kSlotBytes = kSlotBlocks * kBlock;
   constexpr std::size_t kSlots = kStagingBytes / kSlotBytes;
 
+  // The reader (this thread) on the first allowed CPU, the writers on the others, so that the
+  // read crosses cores as the copy engine's does (where there are too few CPUs, writers share).
+  cpu_set_t saved;
+  CPU_ZERO(&saved);
+  const bool pin = sched_getaffinity(0, sizeof(saved), &saved) == 0 && CPU_COUNT(&saved) >= 2;
+  std::vector<int> cpus;
+  for (int c = 0; pin && c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &saved)) cpus.push_back(c);
+  auto pin_to = [](int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+  };
+  if (pin) pin_to(cpus[0]);
+
   std::barrier sync(static_cast<std::ptrdiff_t>(threads + 1));
   std::size_t round = 0;  // written by the timing thread before the first barrier of a round
   bool stop = false;      // likewise
   std::vector<std::thread> workers;
   for (std::size_t w = 0; w < threads; ++w) {
     workers.emplace_back([&, w] {
+      if (pin) pin_to(cpus[1 + w % (cpus.size() - 1)]);
       const std::size_t lo = kSlotBlocks * w / threads, hi = kSlotBlocks * (w + 1) / threads;
       std::vector<CopyOp> ops(hi - lo);
       for (;;) {
@@ -209,6 +228,7 @@ void BM_GatherRead(benchmark::State& state, StagingWrites mode) {
   stop = true;
   sync.arrive_and_wait();
   for (auto& t : workers) t.join();
+  if (pin) pthread_setaffinity_np(pthread_self(), sizeof(saved), &saved);
   benchmark::DoNotOptimize(sink);
 
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(kSlotBytes));
