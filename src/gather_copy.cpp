@@ -42,8 +42,11 @@ StoreKind resolve_staging_writes(StagingWrites requested, CpuStoreFeatures cpu) 
   const StoreKind without_cldemote = cpu.streaming ? StoreKind::kNonTemporal : StoreKind::kNormal;
   switch (requested) {
     case StagingWrites::kPlain: return StoreKind::kNormal;
-    case StagingWrites::kStreaming: return without_cldemote;
+    // auto: streaming stores where the CPU has them. Measured in the engine on the H200
+    // (bench/RESULTS.md, 2026-12-01), CLDEMOTE tied with them host to device and lost 20
+    // points device to host, so it is chosen only when asked for.
     case StagingWrites::kAuto:
+    case StagingWrites::kStreaming: return without_cldemote;
     case StagingWrites::kCldemote: break;
   }
   return cpu.cldemote ? StoreKind::kCldemote : without_cldemote;

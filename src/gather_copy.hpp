@@ -38,10 +38,11 @@ struct CpuStoreFeatures {
 // Detected once, at the first call.
 CpuStoreFeatures cpu_store_features() noexcept;
 
-// The store kind the gather threads use for `requested` on a CPU with `cpu`. kAuto picks the
-// fastest the CPU has: CLDEMOTE, else streaming stores, else plain stores. An explicit request
-// the CPU cannot honour falls back the same way (cldemote -> streaming -> plain; streaming ->
-// plain): CLDEMOTE would execute as a NOP there (plain stores, the slowest kind), and streaming
+// The store kind the gather threads use for `requested` on a CPU with `cpu`. kAuto picks
+// streaming stores, else plain stores: in the engine on the H200 CLDEMOTE tied with streaming
+// stores host to device and lost device to host (bench/RESULTS.md, 2026-12-01), although a
+// stand-alone pipeline had gained from it. An explicit request the CPU cannot honour falls back
+// (cldemote -> streaming -> plain; streaming -> plain): CLDEMOTE would execute as a NOP there (plain stores, the slowest kind), and streaming
 // stores need AVX2. Plain is always honoured.
 StoreKind resolve_staging_writes(StagingWrites requested, CpuStoreFeatures cpu) noexcept;
 // The same, for this CPU.

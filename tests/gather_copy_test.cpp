@@ -217,8 +217,8 @@ TEST(GatherCopyTest, DemoteBookkeepingDemotesEachWrittenLineOnceAfterItsLastWrit
 
 TEST(StagingWritesResolveTest, AutoPicksTheFastestTheCpuHas) {
   using gfd::detail::resolve_staging_writes;
-  EXPECT_EQ(resolve_staging_writes(StagingWrites::kAuto, CpuStoreFeatures{true, true}), StoreKind::kCldemote);
-  EXPECT_EQ(resolve_staging_writes(StagingWrites::kAuto, CpuStoreFeatures{true, false}), StoreKind::kCldemote);
+  EXPECT_EQ(resolve_staging_writes(StagingWrites::kAuto, CpuStoreFeatures{true, true}), StoreKind::kNonTemporal);
+  EXPECT_EQ(resolve_staging_writes(StagingWrites::kAuto, CpuStoreFeatures{true, false}), StoreKind::kNormal);
   EXPECT_EQ(resolve_staging_writes(StagingWrites::kAuto, CpuStoreFeatures{false, true}), StoreKind::kNonTemporal);
   EXPECT_EQ(resolve_staging_writes(StagingWrites::kAuto, CpuStoreFeatures{false, false}), StoreKind::kNormal);
 }

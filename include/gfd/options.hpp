@@ -23,9 +23,12 @@ struct EngineOptions {
   /// Work unit of one gather thread. Chunks are split into pieces of about this size so that
   /// every thread helps to fill the chunk the copy engine needs next.
   std::size_t piece_bytes = std::size_t{32} << 10;
-  /// Blocks (after coalescing) of at least this many bytes whose source is pinned are copied
-  /// by the copy engine straight from the source, with no staging.
-  std::size_t direct_min_bytes = std::size_t{1} << 20;
+  /// Blocks (after coalescing) of at least this many bytes whose host side is pinned are copied
+  /// by the copy engine straight from (or to) host memory, with no staging, in
+  /// cudaMemcpyBatchAsync groups. On an H200, 2048 x 64 KB blocks went from 70% of the line rate
+  /// staged to 90% direct, 256 KB blocks from 76% to 97%; 16 KB blocks were faster staged
+  /// (bench/RESULTS.md, 2026-12-01). 0 disables the direct path.
+  std::size_t direct_min_bytes = std::size_t{64} << 10;
   /// Transfers of at most this many bytes are gathered by the submitting thread itself:
   /// waking the pool would cost more than the copy.
   std::size_t inline_gather_bytes = std::size_t{128} << 10;
@@ -52,8 +55,9 @@ struct EngineOptions {
   /// copy engine reads it (one DRAM crossing per byte: the source read). kStreaming:
   /// non-temporal stores (the slot goes through DRAM: three crossings). kPlain: plain stores
   /// (the copy engine then reads lines out of a core's private cache: slow). kAuto (default)
-  /// picks the first of those the CPU has; a requested mode the CPU lacks falls back the same
-  /// way (CLDEMOTE needs its CPUID flag, streaming needs AVX2). Device-to-host transfers place
+  /// picks kStreaming where the CPU has it, else kPlain (measured in the engine on an H200,
+  /// kCldemote tied with kStreaming host to device and lost device to host: bench/RESULTS.md);
+  /// a requested mode the CPU lacks falls back (CLDEMOTE needs its CPUID flag, streaming AVX2). Device-to-host transfers place
   /// blocks with streaming stores in kCldemote and kStreaming modes (kCldemote also demotes the
   /// staging lines it read, for the next inbound DMA) and with plain stores in kPlain mode.
   /// EngineStats::staging_writes reports the mode in force.

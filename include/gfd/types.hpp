@@ -32,7 +32,7 @@ inline constexpr Backend kAllBackends[] = {Backend::kGather, Backend::kBatchAsyn
 /// How the gather threads write the pinned staging ring that the copy engine then reads (and,
 /// for device-to-host transfers, how they place blocks; see EngineOptions::staging_writes).
 enum class StagingWrites {
-  kAuto,       ///< the fastest this CPU has: kCldemote, else kStreaming, else kPlain (default)
+  kAuto,       ///< kStreaming where the CPU has it, else kPlain (default; measured fastest)
   kCldemote,   ///< plain stores, then CLDEMOTE of every written line (to the shared L3)
   kStreaming,  ///< non-temporal (streaming) stores, straight to memory
   kPlain,      ///< plain stores only

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# One lease on the GPU machine for a change to the engine: builds this tree and, when OLD_SRC
+# names a source tree of an earlier commit, that one too; runs the test suite (and the Python
+# suite when the package builds); then interleaves the benchmarks of both builds so that before
+# and after are measured in the same lease, three runs each, plus the staging-write modes, the
+# direct-copy threshold and small-transfer latency. Full logs go to $OUT/logs.tgz, the summary
+# to $OUT/summary.txt and the terminal, last.
+#   OLD_SRC=.gpu_old tools/gpu_compare.sh [sections...]   sections: test before-after writes
+#                                                         direct latency python (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+FINAL=${OUT:-$PWD/gpu_out}
+W=$(mktemp -d /tmp/gfd_cmp.XXXXXX)
+mkdir -p "$FINAL"
+SECTIONS=${*:-test before-after writes direct latency python}
+has() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
+J=$(nproc)
+say() { echo "$*" | tee -a "$W/summary.txt"; }
+{ nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
+  nproc; lscpu | grep -E "Model name|L3|NUMA|Flags" | sed 's/Flags:.*\(cldemote\).*/Flags: ... \1 .../'; } > "$W/machine.txt" 2>&1
+PY=$(command -v python3)
+SECONDS=0
+(cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DGFD_BUILD_PYTHON=ON \
+   -DPython_EXECUTABLE="$PY" && cmake --build build-gpu -j"$J" -- -k) > "$W/build.log" 2>&1 &
+NEW=$!
+if [ -n "${OLD_SRC:-}" ]; then
+  (cmake -S "$OLD_SRC" -B build-old -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DGFD_BUILD_TESTS=OFF \
+     -DGFD_BUILD_EXAMPLES=OFF && cmake --build build-old -j"$J" --target gfd_benchmark) > "$W/build_old.log" 2>&1 &
+  OLD=$!
+  wait $OLD; say "build old: rc=$?"
+fi
+wait $NEW; say "build new: rc=$? (${SECONDS}s)"
+grep -E "error" "$W/build.log" | head -5 | tee -a "$W/summary.txt"
+
+# A benchmark run; its result rows (backend, blocks, size, ratio, GB/s) go to the summary.
+bench() {  # label binary args...
+  local label=$1 bin=$2; shift 2
+  timeout 120 "$bin" "$@" > "$W/$label.log" 2> "$W/$label.err"
+  local rc=$?
+  awk -v l="$label" -v rc="$rc" '/^blocks /{t=1;next} t&&NF==0{t=0} t{printf "%-28s %-16s %6s x %-7s p50 %8s us %7s GB/s ratio %s\n", l, $4, $1, $2, $6, $8, $11}' \
+    "$W/$label.log" | tee -a "$W/summary.txt"
+  [ $rc -ne 0 ] && say "$label: rc=$rc $(tail -2 "$W/$label.err" | tr '\n' ' ')"
+  grep -h "^engine gather" "$W/$label.log" | head -1 >> "$W/engines.txt"
+}
+B=build-gpu/bench/gfd_benchmark
+O=build-old/bench/gfd_benchmark
+
+if has test; then
+  SECONDS=0
+  (cd build-gpu && timeout 240 ctest -j4 --timeout 120) > "$W/ctest.log" 2>&1
+  say "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$W/ctest.log") (${SECONDS}s)"
+  grep -E "\*\*\*Failed|Timeout|Exception" "$W/ctest.log" | head -20 | tee -a "$W/summary.txt"
+fi
+if has before-after && [ -x "$O" ]; then
+  for i in 1 2 3; do
+    bench "old_quick_$i" "$O" --quick
+    bench "new_quick_$i" "$B" --quick
+  done
+fi
+if has writes; then
+  for i in 1 2 3; do
+    for m in cldemote streaming plain; do
+      GFD_STAGING_WRITES=$m bench "writes_${m}_$i" "$B" --blocks 2048,16384 --backends gather
+    done
+  done
+  GFD_STAGING_WRITES=cldemote bench writes_cldemote_warm "$B" --blocks 2048 --warm --backends gather
+  GFD_STAGING_WRITES=cldemote bench writes_cldemote_1K "$B" --blocks 2048 --block-sizes 1024 --backends gather
+  for m in cldemote streaming; do
+    GFD_STAGING_WRITES=$m bench "writes_${m}_d2h" "$B" --quick --direction d2h --backends gather
+  done
+fi
+if has direct; then
+  for d in 1M 128K 32K; do
+    GFD_DIRECT_MIN_BYTES=$d bench "direct_$d" "$B" --blocks 2048 --block-sizes 16384,65536,262144 \
+      --backends gather
+  done
+  bench direct_batch "$B" --blocks 2048 --block-sizes 16384,65536,262144 --backends batch_async
+fi
+if has latency; then
+  bench latency_staged "$B" --blocks 16,64 --backends gather,zero_copy_kernel
+  GFD_KERNEL_MAX_BYTES=1M bench latency_kernel1M "$B" --blocks 16,64 --backends gather
+fi
+if has python && [ -d build-gpu/python ]; then
+  SECONDS=0
+  export PYTHONPATH=$PWD/build-gpu/python${PYTHONPATH:+:$PYTHONPATH}
+  timeout 240 "$PY" -m pytest -q tests/python > "$W/pytest.log" 2>&1
+  say "pytest: rc=$? $(tail -1 "$W/pytest.log") (${SECONDS}s)"
+  grep -E "FAILED|Error" "$W/pytest.log" | head -10 | tee -a "$W/summary.txt"
+  timeout 120 "$PY" examples/python/swap_kv.py > "$W/swap_kv.log" 2>&1
+  say "swap_kv example: rc=$?"; tail -8 "$W/swap_kv.log" | tee -a "$W/summary.txt"
+  for i in 1 2 3; do
+    timeout 120 "$PY" -m gfd.bench > "$W/pybench_$i.log" 2>&1
+    say "python -m gfd.bench #$i: rc=$?"; tail -4 "$W/pybench_$i.log" | tee -a "$W/summary.txt"
+    bench "cxx_quick_gather_$i" "$B" --quick --backends gather
+  done
+fi
+cat "$W/engines.txt" 2>/dev/null | sort -u | tee -a "$W/summary.txt"
+tar -czf "$FINAL/logs.tgz" -C "$W" . 2>/dev/null
+cp "$W/summary.txt" "$FINAL/summary.txt"
