@@ -124,7 +124,7 @@ def _stream_handle(stream: Any, device: int, emulated: bool) -> Optional[int]:
 # Transfers whose Python handle went away before they were done: their objects stay referenced
 # here until the transfer completes (checked at every submission and at exit).
 _orphans: list = []
-_orphans_lock = threading.Lock()
+_orphans_lock = threading.RLock()  # __del__ may run (garbage collection) while it is held
 
 
 def _prune_orphans() -> None:
@@ -267,6 +267,14 @@ class Engine:
         core = self.__dict__.get("_core")
         if core is not None and not core.closed:
             core.close()
+
+    def __del__(self) -> None:
+        # Waits for the engine's transfers with the GIL released (the compiled engine's own
+        # destructor would wait holding it).
+        try:
+            self.close()
+        except Exception:
+            pass
 
     def __enter__(self) -> "Engine":
         return self

@@ -1107,12 +1107,16 @@ using namespace gfd::python;
 PYBIND11_MODULE(_gfd, m) {
   m.doc() = "gfd's compiled core; use the gfd package.";
 
+  py::dict error_defaults;  // class attributes: instances made in Python read these
+  error_defaults["code"] = py::str("invalid_argument");
+  error_defaults["block"] = py::none();
   g_error_type = PyErr_NewExceptionWithDoc(
       "gfd.Error",
       "Every error gfd reports. `code` names the kind ('invalid_argument', 'cuda', 'system', "
-      "'shutdown', ...); `block` is the index of the offending block (for swap_blocks: the row of "
-      "the block mapping), or None. The message says exactly what and where.",
-      PyExc_RuntimeError, nullptr);
+      "'shutdown', 'no_device', ...); `block` is the index of the offending block (for "
+      "swap_blocks: the row of the block mapping), or None. The message says exactly what and where.",
+      PyExc_RuntimeError, error_defaults.ptr());
+  if (g_error_type == nullptr) throw py::error_already_set();
   m.attr("Error") = py::handle(g_error_type);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
