@@ -70,6 +70,10 @@ struct BackendEntry {
 // The table row of `b`.
 const BackendEntry& backend_entry(Backend b);
 
+// Plans request `r` whole with `config` (throws gfd::Error for a bad block) and returns the new
+// transfer holding the plan, or nullptr when there is nothing to move.
+TransferPtr plan_transfer(const std::shared_ptr<EngineContext>& ctx, const Request& r, const PlanConfig& config);
+
 // Pass-through planning (one copy per coalesced block) for the block-by-block and kernel
 // backends, with their pinned-memory requirement.
 PlanConfig pass_through_config(const EngineContext& ctx, const BackendCaps& caps, Direction d);

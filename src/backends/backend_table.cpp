@@ -35,6 +35,17 @@ const BackendEntry& backend_entry(Backend b) {
               "EngineOptions::backend: " + std::to_string(static_cast<int>(b)) + " is not a backend");
 }
 
+TransferPtr plan_transfer(const std::shared_ptr<EngineContext>& ctx, const Request& r, const PlanConfig& config) {
+  Plan plan = ctx->plan(r.blocks, config, r.id);
+  if (plan.total_bytes == 0) {
+    ctx->plans.put(std::move(plan));
+    return nullptr;
+  }
+  TransferPtr t = make_transfer(ctx, r.id, r.direction);
+  t->plan = std::move(plan);
+  return t;
+}
+
 PlanConfig pass_through_config(const EngineContext& ctx, const BackendCaps& caps, Direction d) {
   PlanConfig c = ctx.plan_config;
   c.direction = d;

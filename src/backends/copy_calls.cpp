@@ -11,13 +11,8 @@ class CopyCalls final : public BackendImpl {
       : ctx_(setup.ctx), caps_(caps), batched_(batched) {}
 
   TransferPtr submit(const Request& r) override {
-    Plan plan = ctx_->plan(r.blocks, pass_through_config(*ctx_, caps_, r.direction), r.id);
-    if (plan.total_bytes == 0) {
-      ctx_->plans.put(std::move(plan));
-      return nullptr;
-    }
-    TransferPtr t = make_transfer(ctx_, r.id, r.direction);
-    t->plan = std::move(plan);
+    TransferPtr t = plan_transfer(ctx_, r, pass_through_config(*ctx_, caps_, r.direction));
+    if (!t) return nullptr;
     try {
       if (batched_) copy_batched(*t, r.stream);
       else copy_each(*t, r.stream);

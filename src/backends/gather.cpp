@@ -56,19 +56,15 @@ class GatherBackend final : public BackendImpl {
       return to_host_.submit(r, nullptr);
     PlanConfig cfg = ctx.plan_config;
     cfg.direction = r.direction;
-    Plan plan = ctx.plan(r.blocks, cfg, r.id);
-    if (plan.total_bytes == 0) {
-      ctx.plans.put(std::move(plan));
-      return nullptr;
-    }
+    TransferPtr t = plan_transfer(pipe_.ctx, r, cfg);
+    if (!t) return nullptr;
     // A small transfer is dominated by the staging pipeline's fixed costs: the kernel takes it
     // where it can read the host memory.
+    const Plan& plan = t->plan;
     const bool kernel = o.kernel_max_bytes != 0 && plan.total_bytes <= o.kernel_max_bytes &&
                         plan.all_pinned_host && ctx.device->host_pointers_usable();
-    if (to_host && !kernel) return to_host_.submit(r, &plan);
-    TransferPtr t = make_transfer(pipe_.ctx, r.id, r.direction);
-    t->plan = std::move(plan);
     if (kernel) kernel_.submit(*t, r.stream);
+    else if (to_host) to_host_.submit(r, t);
     else to_device_.submit(t, r.stream);
     return t;
   }

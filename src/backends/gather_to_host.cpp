@@ -10,9 +10,10 @@
 
 namespace gfd::detail {
 
-TransferPtr GatherToHost::submit(const Request& r, Plan* whole) {
+TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned) {
   EngineContext& ctx = *p_.ctx;
-  TransferPtr t = make_transfer(p_.ctx, r.id, Direction::kToHost);
+  const bool plan_here = !planned;
+  TransferPtr t = plan_here ? make_transfer(p_.ctx, r.id, Direction::kToHost) : std::move(planned);
   std::uint64_t plan_ns = 0;
   auto timed = [&](auto&& step) {
     const auto t0 = Clock::now();
@@ -21,9 +22,7 @@ TransferPtr GatherToHost::submit(const Request& r, Plan* whole) {
   };
   const PointerClassifier classify = ctx.classifier();  // outlives the builder, which keeps it
   std::optional<PlanBuilder> builder;
-  if (whole != nullptr) {
-    t->plan = std::move(*whole);
-  } else {
+  if (plan_here) {
     t->plan = ctx.plans.take();
     t->plan_state.store(TransferState::kPlanning, std::memory_order_relaxed);
     PlanConfig cfg = ctx.plan_config;

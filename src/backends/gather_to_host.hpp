@@ -20,10 +20,10 @@ namespace gfd::detail {
 class GatherToHost final : public ItemHandler {
  public:
   explicit GatherToHost(StagingPipeline& pipe) : p_(pipe) {}
-  // Enqueues request `r`. With `whole`, the plan made already (moved from); without, the
-  // transfer is planned here while its first chunks move. Throws gfd::Error for a bad block
-  // (nothing reaches host memory).
-  TransferPtr submit(const Request& r, Plan* whole);
+  // Enqueues request `r`: `planned`, a transfer planned whole already, or (nullptr) a new one
+  // planned here while its first chunks move. Throws gfd::Error for a bad block (nothing
+  // reaches host memory).
+  TransferPtr submit(const Request& r, TransferPtr planned);
 
   Claim claimable(Item& item, bool may_poll) override;
   void run_piece(Item& item, std::uint32_t piece) override;

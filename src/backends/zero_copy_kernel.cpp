@@ -56,13 +56,8 @@ class ZeroCopyBackend final : public BackendImpl {
 
   TransferPtr submit(const Request& r) override {
     const BackendCaps& caps = backend_entry(Backend::kZeroCopyKernel).caps;
-    Plan plan = ctx_->plan(r.blocks, pass_through_config(*ctx_, caps, r.direction), r.id);
-    if (plan.total_bytes == 0) {
-      ctx_->plans.put(std::move(plan));
-      return nullptr;
-    }
-    TransferPtr t = make_transfer(ctx_, r.id, r.direction);
-    t->plan = std::move(plan);
+    TransferPtr t = plan_transfer(ctx_, r, pass_through_config(*ctx_, caps, r.direction));
+    if (!t) return nullptr;
     kernel_.submit(*t, r.stream);
     live_.add(t);
     return t;
