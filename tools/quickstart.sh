@@ -14,8 +14,9 @@ usage: tools/quickstart.sh bench [gfd_benchmark args...]
   bench  checks/installs the build requirements (tools/setup.sh), configures and builds a
          Release build in build/, then runs build/bench/gfd_benchmark with the given
          arguments (none: its defaults; --help lists them)
-  test   the same setup and build, then runs every test with ctest and lists the skipped
-         tests with their reasons (tools/ctest_skips.sh)
+  test   the same setup and build, then runs every test with ctest, lists the skipped tests
+         with their reasons (tools/ctest_skips.sh), then builds the Python package and runs
+         its pytest suite (tools/python_test.sh)
 
   CUDA_ARCHS=90 tools/quickstart.sh ...   builds for those CUDA architectures only
 EOF
@@ -72,11 +73,17 @@ case "$cmd" in
     # CTest shows a skipped test only as "Skipped": list them with the reasons they gave.
     echo
     "$ROOT/tools/ctest_skips.sh" build || true
+    # The Python package, built from the same build/ (-DGFD_BUILD_PYTHON=ON), and its suite.
+    step "building the Python package and running its tests (tools/python_test.sh)"
+    prc=0
+    BUILD_DIR=build run "$ROOT/tools/python_test.sh" -q || prc=$?
     echo
-    if [ "$rc" -eq 0 ]; then
+    if [ "$rc" -eq 0 ] && [ "$prc" -eq 0 ]; then
       echo "quickstart: all tests passed"
     else
-      echo "quickstart: ctest failed (exit status $rc)" >&2
+      [ "$rc" -eq 0 ] || echo "quickstart: ctest failed (exit status $rc)" >&2
+      [ "$prc" -eq 0 ] || echo "quickstart: the Python suite failed (exit status $prc)" >&2
+      [ "$rc" -ne 0 ] || rc=$prc
     fi
     exit "$rc"
     ;;
