@@ -6,7 +6,8 @@
 # direct-copy threshold and small-transfer latency. Full logs go to $OUT/logs.tgz, the summary
 # to $OUT/summary.txt and the terminal, last.
 #   OLD_SRC=.gpu_old tools/gpu_compare.sh [sections...]   sections: test before-after writes
-#                                                         direct latency python (default: all)
+#                                                         direct latency python multi
+#                                                         (default: all but multi)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
@@ -93,6 +94,13 @@ if has python && [ -d build-gpu/python ]; then
     say "python -m gfd.bench #$i: rc=$?"; tail -4 "$W/pybench_$i.log" | tee -a "$W/summary.txt"
     bench "cxx_quick_gather_$i" "$B" --quick --backends gather
   done
+fi
+if has multi; then
+  # Every GPU at once, one thread each (gfd_multi_gpu_benchmark), cold sources, every backend.
+  SECONDS=0
+  timeout 300 build-gpu/bench/gfd_multi_gpu_benchmark > "$W/multi_cold.log" 2>&1
+  say "multi_cold: rc=$? (${SECONDS}s)"
+  sed -n '/^topology:/,/^each GPU/p;/^G    backend/,$p' "$W/multi_cold.log" | tee -a "$W/summary.txt"
 fi
 cat "$W/engines.txt" 2>/dev/null | sort -u | tee -a "$W/summary.txt"
 tar -czf "$FINAL/logs.tgz" -C "$W" . 2>/dev/null
