@@ -1200,7 +1200,7 @@ made from it.)doc")
            "DLPack export (no copy).")
       .def("__dlpack_device__", [](const Buffer& b) {
         return py::make_tuple(b.device_type, b.device_type == dlpack::kCPU ? 0 : b.device_id);
-      })
+      }, "(DLPack device type, device id): (1, 0) for host memory, (2, ordinal) for a GPU's.")
       .def_property_readonly("__array_interface__", [](const Buffer& b) -> py::dict {
         if (!b.host_accessible) throw py::attribute_error("device memory has no __array_interface__");
         py::dict d;
@@ -1215,11 +1215,13 @@ made from it.)doc")
       })
       .def_property_readonly("ptr", [](const Buffer& b) { return reinterpret_cast<std::uintptr_t>(b.data); },
                              "Address of the first element.")
-      .def_property_readonly("shape", [](const Buffer& b) { return py::tuple(py::cast(b.shape)); })
-      .def_property_readonly("dtype", [](const Buffer& b) { return std::string(b.dtype->name); })
-      .def_property_readonly("itemsize", &Buffer::itemsize)
-      .def_property_readonly("nbytes", &Buffer::nbytes)
-      .def_property_readonly("is_host", [](const Buffer& b) { return b.device_type == dlpack::kCPU; })
+      .def_property_readonly("shape", [](const Buffer& b) { return py::tuple(py::cast(b.shape)); }, "Dimensions (a tuple).")
+      .def_property_readonly("dtype", [](const Buffer& b) { return std::string(b.dtype->name); },
+                             "Element type name ('float16', 'bfloat16', 'uint8', ...).")
+      .def_property_readonly("itemsize", &Buffer::itemsize, "Bytes per element.")
+      .def_property_readonly("nbytes", &Buffer::nbytes, "Bytes of the view.")
+      .def_property_readonly("is_host", [](const Buffer& b) { return b.device_type == dlpack::kCPU; },
+                             "True for host memory, False for device memory.")
       .def_property_readonly("pool", [](const Buffer& b) -> py::object {
         return b.pool ? py::cast(b.pool) : py::none();
       }, "The HostPool behind a host buffer, or None.")
