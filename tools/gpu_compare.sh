@@ -6,7 +6,8 @@
 # direct-copy threshold and small-transfer latency. Full logs go to $OUT/logs.tgz, the summary
 # to $OUT/summary.txt and the terminal, last.
 #   OLD_SRC=.gpu_old tools/gpu_compare.sh [sections...]   sections: test before-after writes
-#                                                         direct latency python multi
+#                                                         direct latency python quick
+#                                                         sweep multi
 #                                                         (default: all but multi)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,6 +95,13 @@ if has python && [ -d build-gpu/python ]; then
     say "python -m gfd.bench #$i: rc=$?"; tail -4 "$W/pybench_$i.log" | tee -a "$W/summary.txt"
     bench "cxx_quick_gather_$i" "$B" --quick --backends gather
   done
+fi
+if has quick; then
+  for i in 1 2 3; do bench "quick_$i" "$B" --quick; done
+  bench quick_d2h "$B" --quick --direction d2h
+fi
+if has sweep; then
+  bench sweep_cold "$B"
 fi
 if has multi; then
   # Every GPU at once, one thread each (gfd_multi_gpu_benchmark), cold sources, every backend.
