@@ -17,23 +17,14 @@ namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-class HostPoolTest : public ::testing::TestWithParam<DeviceKind> {
+class HostPoolTest : public DeviceParamTest {
  protected:
-  void SetUp() override {
-    if (GetParam() == DeviceKind::kCuda) {
-      const std::string why = cuda_skip_reason();
-      if (!why.empty()) GTEST_SKIP() << why;
-    }
-    td_ = open_test_device(GetParam());
-    ASSERT_NE(td_, nullptr);
-  }
   // The public constructor on CUDA; the same options over the emulated device otherwise.
   HostPool make(const HostPoolOptions& o) {
     if (GetParam() == DeviceKind::kCuda) return HostPool(o);
     return detail::HostPoolAccess::make(o, td_->device);
   }
   detail::Device& dev() { return *td_->device; }
-  std::unique_ptr<TestDevice> td_;
 };
 
 TEST_P(HostPoolTest, ReportsWhatItGot) {

@@ -30,18 +30,7 @@ long env_long(const char* name, long fallback) {
   return end != v && *end == '\0' && x > 0 ? x : fallback;
 }
 
-class StressTest : public ::testing::TestWithParam<DeviceKind> {
- protected:
-  void SetUp() override {
-    if (GetParam() == DeviceKind::kCuda) {
-      const std::string why = cuda_skip_reason();
-      if (!why.empty()) GTEST_SKIP() << why;
-    }
-    td_ = open_test_device(GetParam());
-    ASSERT_NE(td_, nullptr);
-  }
-  std::unique_ptr<TestDevice> td_;
-};
+class StressTest : public DeviceParamTest {};
 
 // `staging_bytes`: the ring. 1 MB: the larger requests span it several times. 32 MB: no request
 // can wrap around it, so device-to-host requests are planned while their first DMAs run.

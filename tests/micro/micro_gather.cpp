@@ -109,6 +109,16 @@ Fixture& fixture() {
   return f;
 }
 
+// The fixture, or nullptr after marking the benchmark skipped when it cannot be set up.
+Fixture* fixture_or_skip(benchmark::State& state) {
+  try {
+    return &fixture();
+  } catch (const std::exception& e) {
+    state.SkipWithError((std::string("setup failed: ") + e.what()).c_str());
+    return nullptr;
+  }
+}
+
 // The mode as the engine resolves it on this CPU, and a label saying so where it falls back.
 StoreKind resolve(StagingWrites mode, std::string* label) {
   const StoreKind kind = gfd::detail::resolve_staging_writes(mode);
@@ -119,13 +129,8 @@ StoreKind resolve(StagingWrites mode, std::string* label) {
 }
 
 void BM_Gather(benchmark::State& state, StagingWrites mode, gfd::detail::Prefetch pf) {
-  Fixture* f = nullptr;
-  try {
-    f = &fixture();
-  } catch (const std::exception& e) {
-    state.SkipWithError((std::string("setup failed: ") + e.what()).c_str());
-    return;
-  }
+  Fixture* f = fixture_or_skip(state);
+  if (f == nullptr) return;
   std::string label = "pool " + gfd::bench::format_size(f->pool.bytes);
   const StoreKind kind = resolve(mode, &label);
   const auto threads = static_cast<std::size_t>(state.range(0));
@@ -161,13 +166,8 @@ void BM_Gather(benchmark::State& state, StagingWrites mode, gfd::detail::Prefetc
 
 // Gather one 1 MB slot, then read it from the timing thread (see the top of the file).
 void BM_GatherRead(benchmark::State& state, StagingWrites mode) {
-  Fixture* f = nullptr;
-  try {
-    f = &fixture();
-  } catch (const std::exception& e) {
-    state.SkipWithError((std::string("setup failed: ") + e.what()).c_str());
-    return;
-  }
+  Fixture* f = fixture_or_skip(state);
+  if (f == nullptr) return;
   std::string label = "pool " + gfd::bench::format_size(f->pool.bytes);
   const StoreKind kind = resolve(mode, &label);
   const auto threads = static_cast<std::size_t>(state.range(0));

@@ -78,6 +78,21 @@ std::unique_ptr<TestDevice> open_test_device(DeviceKind kind, int ordinal = 0,
 // Why a CUDA suite is skipped here, or "" when a GPU is present.
 std::string cuda_skip_reason(int needed_devices = 1);
 
+// A suite run once per device kind: SetUp skips the CUDA run where no GPU is visible (with the
+// reason) and opens the device into td_.
+class DeviceParamTest : public ::testing::TestWithParam<DeviceKind> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == DeviceKind::kCuda) {
+      const std::string why = cuda_skip_reason();
+      if (!why.empty()) GTEST_SKIP() << why;
+    }
+    td_ = open_test_device(GetParam());
+    ASSERT_NE(td_, nullptr);
+  }
+  std::unique_ptr<TestDevice> td_;
+};
+
 // Small engine options for tests: a small ring so that transfers cycle through it.
 EngineOptions small_options();
 
