@@ -5,6 +5,7 @@
 
 #include <numa.h>
 
+#include "env.hpp"
 #include "gfd/error.hpp"
 #include "gfd/options.hpp"
 #include "topology.hpp"
@@ -47,14 +48,8 @@ void env_int(const char* name, int& field) {
     field = static_cast<int>(x);
   }
 }
-void env_bool(const char* name, bool& field) {
-  if (const char* v = std::getenv(name)) {
-    const std::string s = v;
-    if (s == "1" || s == "true" || s == "on") field = true;
-    else if (s == "0" || s == "false" || s == "off") field = false;
-    else bad_env(name, v, "0 or 1");
-  }
-}
+// The one boolean parser of every GFD_* variable (env.hpp).
+void env_bool(const char* name, bool& field) { field = detail::env_flag(name, field); }
 
 void env_size(const char* name, std::size_t& field) {
   if (const char* v = std::getenv(name)) field = parse_size(name, v);

@@ -9,46 +9,59 @@
 namespace gfd::detail {
 
 SlotRing::SlotRing(Device& device, Counters& counters, const RingConfig& c)
-    : device_(device), counters_(counters), slot_bytes_(c.slot_bytes), slots_(c.slots) {
+    : device_(device),
+      counters_(counters),
+      slot_bytes_(c.slot_bytes),
+      memory_(c.slots * c.slot_bytes, c.numa_node, "staging"),
+      slots_(c.slots) {
   const std::size_t ring = c.slots * c.slot_bytes;
-  staging_ = std::make_unique<HostStaging>(device, ring, c.numa_node);
-  if (c.device_twin) dev_staging_ = static_cast<std::byte*>(device.alloc_device(ring));
-  if (c.flags) {
-    constexpr std::size_t kLine = 64;  // one flag per cache line: threads set them concurrently
-    const std::size_t bytes = (c.slots * kLine + 4095) / 4096 * 4096;
-    void* f = nullptr;
-    if (posix_memalign(&f, 4096, bytes) != 0) throw Error(ErrorCode::kSystem, "out of memory for slot flags");
-    std::memset(f, 0, bytes);
-    flags_ = static_cast<std::uint64_t*>(f);
-    try {
-      device.register_host(flags_, bytes);
-    } catch (...) {
-      std::free(flags_);
-      flags_ = nullptr;
-      if (dev_staging_ != nullptr) device.free_device(dev_staging_);
-      throw;
+  memory_.populate();  // fault every page in now, not during the first transfer
+  memory_.register_with(device);
+  try {
+    if (c.device_twin) dev_staging_ = static_cast<std::byte*>(device.alloc_device(ring));
+    if (c.flags) {
+      constexpr std::size_t kLine = 64;  // one flag per cache line: threads set them concurrently
+      const std::size_t bytes = (c.slots * kLine + 4095) / 4096 * 4096;
+      void* f = nullptr;
+      if (posix_memalign(&f, 4096, bytes) != 0) throw Error(ErrorCode::kSystem, "out of memory for slot flags");
+      std::memset(f, 0, bytes);
+      try {
+        device.register_host(f, bytes);
+      } catch (...) {
+        std::free(f);
+        throw;
+      }
+      flags_ = static_cast<std::uint64_t*>(f);  // release() unregisters and frees it
     }
-  }
-  for (std::size_t i = 0; i < c.slots; ++i) {
-    Slot& s = slots_[i];
-    s.host = staging_->data() + i * c.slot_bytes;
-    s.dev = dev_staging_ != nullptr ? dev_staging_ + i * c.slot_bytes : nullptr;
-    s.flag = flags_ != nullptr ? flags_ + i * (64 / sizeof(std::uint64_t)) : nullptr;
-    s.start = device.create_event(true);
-    s.done = device.create_event(true);
+    for (std::size_t i = 0; i < c.slots; ++i) {
+      Slot& s = slots_[i];
+      s.host = memory_.data() + i * c.slot_bytes;
+      s.dev = dev_staging_ != nullptr ? dev_staging_ + i * c.slot_bytes : nullptr;
+      s.flag = flags_ != nullptr ? flags_ + i * (64 / sizeof(std::uint64_t)) : nullptr;
+      s.start = device.create_event(true);
+      s.done = device.create_event(true);
+    }
+  } catch (...) {
+    release();  // the destructor does not run for a constructor that throws
+    throw;
   }
 }
 
-SlotRing::~SlotRing() {
+SlotRing::~SlotRing() { release(); }
+
+void SlotRing::release() noexcept {
   for (Slot& s : slots_) {
     if (s.start != nullptr) device_.destroy_event(s.start);
     if (s.done != nullptr) device_.destroy_event(s.done);
+    s.start = s.done = nullptr;
   }
   if (dev_staging_ != nullptr) device_.free_device(dev_staging_);
+  dev_staging_ = nullptr;
   if (flags_ != nullptr) {
     device_.unregister_host(flags_);
     std::free(flags_);
   }
+  flags_ = nullptr;
 }
 
 void SlotRing::wait_free(Slot& s) {

@@ -1,4 +1,4 @@
-// The staging ring: pinned host memory (staging.hpp: hugepages, NUMA-bound, registered once)
+// The staging ring: pinned host memory (host_memory.hpp: hugepages, NUMA-bound, registered once)
 // cut into slots, each with a device twin where chunks are scattered on the GPU, two timing
 // events and, for pre-issued DMAs, a flag in registered memory.
 //
@@ -15,7 +15,7 @@
 
 #include "device.hpp"
 #include "planner.hpp"
-#include "staging.hpp"
+#include "host_memory.hpp"
 #include "sync.hpp"
 
 namespace gfd::detail {
@@ -57,7 +57,7 @@ class SlotRing {
   std::size_t size() const { return slots_.size(); }
   std::size_t slot_bytes() const { return slot_bytes_; }
   std::size_t bytes() const { return slots_.size() * slot_bytes_; }
-  HugepageKind hugepages() const { return staging_->hugepages(); }
+  HugepageKind hugepages() const { return memory_.hugepages(); }
   Slot& operator[](std::size_t i) { return slots_[i]; }
 
   // Takes the next slot in ring order, waiting until it is free (caller holds the submission
@@ -72,11 +72,12 @@ class SlotRing {
  private:
   void wait_free(Slot& s);
   void account(Slot& s);
+  void release() noexcept;
 
   Device& device_;
   Counters& counters_;
   std::size_t slot_bytes_;
-  std::unique_ptr<HostStaging> staging_;
+  HostMemory memory_;  // the ring: hugepages, NUMA-bound, registered once for the engine's life
   std::byte* dev_staging_ = nullptr;
   std::uint64_t* flags_ = nullptr;
   std::vector<Slot> slots_;
