@@ -7,8 +7,9 @@
 # to $OUT/summary.txt and the terminal, last.
 #   OLD_SRC=.gpu_old tools/gpu_compare.sh [sections...]   sections: test before-after writes
 #                                                         direct latency python quick
-#                                                         sweep multi
-#                                                         (default: all but multi)
+#                                                         sweep multi knobs
+#                                                         (default: all but multi and knobs)
+#   TARGETS="gfd_benchmark micro_gather" limits the build to those targets (a faster lease).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
@@ -23,7 +24,7 @@ say() { echo "$*" | tee -a "$W/summary.txt"; }
 PY=$(command -v python3)
 SECONDS=0
 (cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DGFD_BUILD_PYTHON=ON \
-   -DPython_EXECUTABLE="$PY" && cmake --build build-gpu -j"$J" -- -k) > "$W/build.log" 2>&1 &
+   -DPython_EXECUTABLE="$PY" && cmake --build build-gpu -j"$J" ${TARGETS:+--target $TARGETS} -- -k) > "$W/build.log" 2>&1 &
 NEW=$!
 if [ -n "${OLD_SRC:-}" ]; then
   (cmake -S "$OLD_SRC" -B build-old -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DGFD_BUILD_TESTS=OFF \
@@ -102,6 +103,36 @@ if has quick; then
 fi
 if has sweep; then
   bench sweep_cold "$B"
+fi
+if has knobs; then
+  # The pipeline's settings, one change at a time from the defaults, interleaved, three rounds:
+  # staging write mode against ring and slot size (does a ring that stays in the L3 let the copy
+  # engine read CLDEMOTE'd lines from there?), piece size, first chunk, streams, threads.
+  # KNOBS="name:VAR=v,VAR=v ..." replaces the list.
+  KNOBS=${KNOBS:-"default: cld8M1M:GFD_STAGING_WRITES=cldemote,GFD_STAGING_BYTES=8M,GFD_SLOT_BYTES=1M cld16M1M:GFD_STAGING_WRITES=cldemote,GFD_STAGING_BYTES=16M,GFD_SLOT_BYTES=1M cld64M1M:GFD_STAGING_WRITES=cldemote,GFD_SLOT_BYTES=1M str64M1M:GFD_SLOT_BYTES=1M str8M1M:GFD_STAGING_BYTES=8M,GFD_SLOT_BYTES=1M plain8M1M:GFD_STAGING_WRITES=plain,GFD_STAGING_BYTES=8M,GFD_SLOT_BYTES=1M"}
+  for i in 1 2 3; do
+    for k in $KNOBS; do
+      name=${k%%:*}; vars=${k#*:}
+      env $(echo "$vars" | tr ',' ' ') bench "knob_${name}_$i" "$B" --blocks 2048,16384 --backends gather ${KNOB_ARGS:-}
+    done
+  done
+  M=build-gpu/tests/micro
+  # The yardstick: the same pipeline with nothing around it (tests/micro/ref_pipeline.cpp).
+  if [ -x $M/ref_pipeline ]; then
+    for i in 1 2 3; do
+      for v in "streaming 8" "cldemote 8" "cldemote 64" "streaming 64"; do
+        set -- $v
+        for n in 2048 16384; do
+          timeout 60 $M/ref_pipeline --blocks $n --writes $1 --slots $2 > "$W/ref_${1}_$2_${n}_$i.log" 2>&1
+          echo "ref $1 slots=$2 n=$n #$i: $(tail -1 "$W/ref_${1}_$2_${n}_$i.log")" | tee -a "$W/summary.txt"
+        done
+      done
+    done
+  fi
+  [ -x $M/micro_gather ] && timeout 120 $M/micro_gather --benchmark_filter='BM_Gather/' > "$W/micro_gather.log" 2>&1 \
+    && grep -E "^BM_" "$W/micro_gather.log" | tee -a "$W/summary.txt"
+  [ -x $M/micro_planner ] && timeout 60 $M/micro_planner --benchmark_filter='ascending_dst/blocks:2048|shuffled_dst/blocks:2048' > "$W/micro_planner.log" 2>&1 \
+    && grep -E "^BM_" "$W/micro_planner.log" | tee -a "$W/summary.txt"
 fi
 if has multi; then
   # Every GPU at once, one thread each (gfd_multi_gpu_benchmark), cold sources, every backend.
