@@ -128,7 +128,9 @@ struct Pipeline {
     generation.fetch_add(1, std::memory_order_acq_rel);
     std::size_t opened = 0, issued = 0;
     while (issued < nchunks) {
-      while (opened < nchunks && (opened < slots || cudaEventQuery(slot_done[opened % slots]) == cudaSuccess))
+      // A slot opens once the chunk that used it last has been issued and its DMA is done.
+      while (opened < nchunks &&
+             (opened < slots || (opened - slots < issued && cudaEventQuery(slot_done[opened % slots]) == cudaSuccess)))
         chunk_open[opened++].store(true, std::memory_order_release);
       if (issued < opened && (!gather || chunk_left[issued].load(std::memory_order_acquire) == 0)) {
         const std::size_t bytes = std::min(per_chunk, n - issued * per_chunk) * bs;
