@@ -113,7 +113,8 @@ if has knobs; then
   for i in 1 2 3; do
     for k in $KNOBS; do
       name=${k%%:*}; vars=${k#*:}
-      env $(echo "$vars" | tr ',' ' ') bench "knob_${name}_$i" "$B" --blocks 2048,16384 --backends gather ${KNOB_ARGS:-}
+      (for a in $(echo "$vars" | tr ',' ' '); do export "$a"; done
+       bench "knob_${name}_$i" "$B" --blocks 2048,16384 --backends gather ${KNOB_ARGS:-})
     done
   done
   M=build-gpu/tests/micro
