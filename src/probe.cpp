@@ -11,6 +11,7 @@
 #include "engine_core.hpp"
 #include "gather_copy.hpp"
 #include "gfd/error.hpp"
+#include "host_pool.hpp"
 #include "topology.hpp"
 
 namespace gfd::probe {
@@ -81,6 +82,22 @@ void copy_like_staging(void* dst, const void* src, std::size_t bytes, StagingWri
   const detail::StoreKind kind = detail::resolve_staging_writes(writes);
   detail::copy_block(dst, src, bytes, kind);
   if (kind == detail::StoreKind::kNonTemporal) detail::store_fence();
+}
+
+void gather_like_engine(const StagedBlock* blocks, std::size_t count, void* staging, StagingWrites writes) {
+  // gather_ops is the gather threads' own loop (GatherToDevice::gather_piece), with its default
+  // prefetch; StagedBlock has the fields it reads (src, slot_offset, bytes).
+  detail::gather_ops(blocks, count, static_cast<std::byte*>(staging), detail::resolve_staging_writes(writes));
+}
+
+void place_like_engine(const StagedBlock* blocks, std::size_t count, const void* staging,
+                       StagingWrites writes) {
+  detail::scatter_ops(blocks, count, static_cast<const std::byte*>(staging),
+                      detail::resolve_staging_writes(writes));
+}
+
+HostPool make_host_pool(const Device& device, const HostPoolOptions& options) {
+  return detail::HostPoolAccess::make(options, device.d_);
 }
 
 }  // namespace gfd::probe

@@ -5,7 +5,9 @@
 //    ring, with host memcpys standing in for DMAs);
 //  - engines over that facade, and the engine's trace of one transfer's pipeline;
 //  - the GPU's locality as gfd sees it, for the benchmarks' topology lines;
-//  - the staging write loop itself, for host-memory load probes and gather-only rates.
+//  - the staging write loop itself, for host-memory load probes and gather-only rates, and the
+//    engine's piece loops (gather into staging, place from it) over a caller's block list;
+//  - gfd::HostPool over this facade (on the emulated device too).
 // Everything here is for measurement; none of it is a stable API.
 #pragma once
 
@@ -57,6 +59,7 @@ class Device {
   Engine make_engine(EngineOptions options) const;
 
  private:
+  friend HostPool make_host_pool(const Device& device, const HostPoolOptions& options);
   std::shared_ptr<detail::Device> d_;
   bool emulated_ = false;
 };
@@ -82,5 +85,27 @@ std::string format_cpulist(const std::vector<int>& cpus);
 /// Copies `bytes` from `src` to `dst` the way the gather threads write staging with `writes`
 /// (the engine's resolved StagingWrites, as EngineStats reports it).
 void copy_like_staging(void* dst, const void* src, std::size_t bytes, StagingWrites writes);
+
+/// One block (or part of one) of a staged piece: `bytes` between host memory and
+/// `staging + slot_offset` (src is read when gathering, dst written when placing).
+struct StagedBlock {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::uint64_t slot_offset = 0;
+  std::uint64_t bytes = 0;
+};
+/// Copies `count` blocks from their `src` into `staging + slot_offset` exactly as a gather thread
+/// copies one piece of a host-to-device chunk (the same loop: the next blocks prefetched, the
+/// store kind of `writes` resolved as the engine resolves it, streaming stores fenced).
+void gather_like_engine(const StagedBlock* blocks, std::size_t count, void* staging, StagingWrites writes);
+/// The reverse, as the threads place one piece of a device-to-host chunk: `staging + slot_offset`
+/// to each block's `dst`, with the engine's placing stores for `writes`.
+void place_like_engine(const StagedBlock* blocks, std::size_t count, const void* staging,
+                       StagingWrites writes);
+
+/// A gfd::HostPool made for `device`: its locality and registration go through the facade, so on
+/// the emulated device the pool is registered with the emulator (pinned as far as engines over
+/// it are concerned) and gets no NUMA locality.
+HostPool make_host_pool(const Device& device, const HostPoolOptions& options);
 
 }  // namespace gfd::probe
