@@ -76,7 +76,9 @@ std::vector<std::size_t> Flags::get_sizes(const std::string& n, const std::vecto
 
 std::string Flags::usage(const std::map<std::string, std::string>& known) {
   std::string u = "flags:\n";
-  for (const auto& [k, v] : known) u += "  --" + k + (v.find('=') == 0 ? "" : " ") + v + "\n";
+  // "=VALUE" and "[=VALUE]" (an optional value) follow the name directly.
+  for (const auto& [k, v] : known)
+    u += "  --" + k + (v.rfind("=", 0) == 0 || v.rfind("[=", 0) == 0 ? "" : " ") + v + "\n";
   return u;
 }
 
@@ -130,14 +132,11 @@ std::size_t l3_bytes() {
   return std::size_t{256} << 20;
 }
 
-Pool::Pool(std::size_t b) : bytes(b) {
-  void* p = mmap(nullptr, b, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::runtime_error("pool: mmap of " + std::to_string(b) + " bytes failed");
-  data = static_cast<std::byte*>(p);
+void fill_random(std::byte* data, std::size_t bytes) {
   const unsigned nt = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   std::vector<std::thread> ts;
   for (unsigned t = 0; t < nt; ++t) {
-    ts.emplace_back([this, t, nt] {
+    ts.emplace_back([data, bytes, t, nt] {
       const std::size_t words = bytes / 8;
       const std::size_t lo = words * t / nt, hi = words * (t + 1) / nt;
       std::uint64_t x = 0x9E3779B97F4A7C15ull * (t + 1);
@@ -151,6 +150,14 @@ Pool::Pool(std::size_t b) : bytes(b) {
     });
   }
   for (auto& t : ts) t.join();
+  for (std::size_t i = bytes / 8 * 8; i < bytes; ++i) data[i] = std::byte{0x5A};
+}
+
+Pool::Pool(std::size_t b) : bytes(b) {
+  void* p = mmap(nullptr, b, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::runtime_error("pool: mmap of " + std::to_string(b) + " bytes failed");
+  data = static_cast<std::byte*>(p);
+  fill_random(data, bytes);
 }
 
 Pool::~Pool() { munmap(data, bytes); }

@@ -37,7 +37,11 @@ Percentiles percentiles(std::vector<double> v);
 // Bytes of the last-level cache (sysfs), or 256 MiB when unknown.
 std::size_t l3_bytes();
 
-// A large host pool of random bytes, filled by several threads.
+// Fills `bytes` at `data` with random, never-zero 64-bit words, on several threads (the first
+// touch of fresh pages, where nothing touched them before).
+void fill_random(std::byte* data, std::size_t bytes);
+
+// A large host pool of random bytes (an anonymous mmap), filled by several threads.
 struct Pool {
   std::byte* data = nullptr;
   std::size_t bytes = 0;

@@ -3,6 +3,8 @@
 namespace gfd::bench {
 namespace {
 
+static_assert((kSinkFloats & (kSinkFloats - 1)) == 0, "kSinkFloats must be a power of two");
+
 __global__ void __launch_bounds__(256) fma_load(float* sink, std::uint32_t iters) {
   // Four independent chains keep the FMA pipes busy; the result is stored only if it takes an
   // impossible value, so the compiler cannot drop the work and nothing is written in practice.
@@ -13,7 +15,7 @@ __global__ void __launch_bounds__(256) fma_load(float* sink, std::uint32_t iters
     c = fmaf(c, 0.999999f, 1e-7f);
     d = fmaf(d, 0.999999f, 1e-7f);
   }
-  if (a + b + c + d == -1.0f) sink[blockIdx.x] = a;
+  if (a + b + c + d == -1.0f) sink[blockIdx.x & (kSinkFloats - 1)] = a;
 }
 
 }  // namespace
@@ -29,6 +31,26 @@ cudaError_t launch_fma_load(float* sink, std::uint32_t iters, std::uint32_t wave
   const std::uint32_t grid = waves * 8u * static_cast<std::uint32_t>(sms);
   fma_load<<<grid, 256, 0, stream>>>(sink, iters);
   return cudaGetLastError();
+}
+
+cudaError_t make_fma_series(float* sink, std::uint32_t iters, std::uint32_t waves, int sms,
+                            std::uint32_t kernels, cudaStream_t capture_stream, cudaGraphExec_t* out) {
+  *out = nullptr;
+  // Thread-local capture: other threads (the engines' gather threads) may call CUDA meanwhile.
+  cudaError_t e = cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) return e;
+  const std::uint32_t grid = waves * 8u * static_cast<std::uint32_t>(sms);
+  for (std::uint32_t k = 0; k < kernels; ++k) fma_load<<<grid, 256, 0, capture_stream>>>(sink, iters);
+  const cudaError_t launched = cudaGetLastError();
+  cudaGraph_t graph = nullptr;
+  e = cudaStreamEndCapture(capture_stream, &graph);
+  if (launched != cudaSuccess || e != cudaSuccess) {
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    return launched != cudaSuccess ? launched : e;
+  }
+  e = cudaGraphInstantiate(out, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  return e;
 }
 
 }  // namespace gfd::bench
