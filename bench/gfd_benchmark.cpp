@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -23,6 +24,8 @@
 #include "gfd/gfd.hpp"
 #include "load_kernel.cuh"
 #include "probe.hpp"
+#include "source_pool.hpp"
+#include "stage_only.hpp"
 
 namespace {
 
@@ -45,7 +48,14 @@ const std::map<std::string, std::string> kFlags = {
     {"json", "=FILE         write results as JSON"},
     {"quick", "             a short grid: 2048 x 4K only"},
     {"batch", "=K           submit K transfers back to back per repetition, one sync (default 1)"},
-    {"under-load", "        also measure each backend while a compute kernel fills every SM"},
+    {"under-load", "[=M[,M...]] also measure each backend (2048 x 4K, or the first grid point) while compute\n"
+                   "                   fills every SM; modes: high (one long kernel, transfers on a highest-priority\n"
+                   "                   stream), equal (one long kernel, transfers on a stream of its priority, as a\n"
+                   "                   runtime's current stream), short (short kernels back to back, equal priority);\n"
+                   "                   all three when no mode is given"},
+    {"pool", "=P[,P...]     source pool: cuda (cudaHostAlloc, default), gfd (gfd::HostPool: huge pages, the\n"
+             "                   GPU's NUMA node, registered), mmap (mmap + cudaHostRegister), both (= cuda,gfd);\n"
+             "                   several: the whole grid once per pool"},
     {"trace", "             print the gather pipeline's timeline of the median transfer"},
     {"host-load-probe", "   only measure the contiguous DMA while 0 to 15 threads copy host memory"},
     {"direction", "=D       h2d (host to device, default) or d2h (device to host); --dst then names the\n"
@@ -56,14 +66,55 @@ const std::map<std::string, std::string> kFlags = {
 
 struct Row {
   std::size_t n = 0, size = 0;
-  std::string dst, backend, load = "none";
+  std::string dst, backend, load = "none", pool;
   Percentiles us;
   double ref_gbps = 0, cpu_s_per_gb = 0, submit_us = 0, slowdown = -1;
+  double stage_gbps = -1;  // gather-only (place-only to the host) rate of the same run; -1: none
+  double kept = -1;        // under load: P50 GB/s under load / the same backend's idle P50; -1: none
   int threads = 0;
   bool verified = false;
   double p50_gbps() const { return us.p50 > 0 ? n * size / (us.p50 * 1e3) : 0; }
   double p90_gbps() const { return us.p90 > 0 ? n * size / (us.p90 * 1e3) : 0; }  // slower tail
+  // The pipeline against the slower of its two halves measured alone: -1 without a gather-only rate.
+  double eff() const {
+    const double bound = std::min(stage_gbps, ref_gbps);
+    return stage_gbps > 0 && bound > 0 ? p50_gbps() / bound : -1;
+  }
 };
+
+// The --under-load modes, in the order they run, and each one's `load` label in the rows ("sm",
+// the high-priority mode, keeps the label older runs and tools/plot_results.py use).
+struct LoadMode {
+  const char* name;
+  const char* label;
+};
+constexpr LoadMode kLoadModes[] = {{"high", "sm"}, {"equal", "sm-equal"}, {"short", "sm-short"}};
+
+std::vector<LoadMode> load_modes_flag(const Flags& flags) {
+  const std::string v = flags.get("under-load");
+  if (v == "1" || v == "all") return {std::begin(kLoadModes), std::end(kLoadModes)};
+  std::vector<LoadMode> out;
+  for (std::size_t pos = 0; pos <= v.size();) {
+    const std::size_t comma = std::min(v.find(',', pos), v.size());
+    const std::string name = v.substr(pos, comma - pos);
+    const LoadMode* hit = nullptr;
+    for (const LoadMode& m : kLoadModes)
+      if (name == m.name) hit = &m;
+    if (hit == nullptr)
+      throw std::invalid_argument("--under-load=" + v + ": '" + name +
+                                  "' is not a mode (high, equal, short, or a comma list of them; "
+                                  "--under-load alone runs all three)");
+    bool seen = false;
+    for (const LoadMode& m : out) seen = seen || m.name == hit->name;
+    if (!seen) out.push_back(*hit);
+    pos = comma + 1;
+  }
+  return out;
+}
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string("under load: ") + what + ": " + cudaGetErrorString(e));
+}
 
 double gbps(std::size_t bytes, double us) { return us > 0 ? bytes / (us * 1e3) : 0; }
 struct BackendEngine {
@@ -78,11 +129,14 @@ class Bench {
   bool host_only = false, warm = false, trace = false, to_host = false;
   int iters = 30, warmup = 5;
   std::size_t batch = 1;
-  std::unique_ptr<Pool> pool;
+  std::unique_ptr<SourcePool> pool;
+  std::unique_ptr<HostPool> stage_buffer;  // declared first: outlives the threads that write it
+  std::unique_ptr<StageOnly> stage;  // the gather-only / place-only threads (with a gather engine)
   std::byte* ref_src = nullptr;
   std::byte* dst = nullptr;
   std::size_t max_bytes = 0;
   int failures = 0;
+  std::string pool_name;  // the kind of `pool`, for the rows
 
   // One contiguous pinned cudaMemcpyAsync of `bytes`, timed like the backends (call to sync).
   Percentiles reference(std::size_t bytes) {
@@ -104,8 +158,8 @@ class Bench {
     std::vector<std::size_t> dst_pages;
     std::vector<std::vector<BlockCopy>> sets;
   };
-  Blocks make_blocks(std::size_t n, std::size_t size, std::size_t sets) {
-    Blocks b{SourcePicker(pool->bytes, size, 0xC0FFEE + n * 31 + size), std::mt19937_64(n ^ size),
+  Blocks make_blocks(std::size_t n, std::size_t size, std::size_t sets, std::uint64_t seed = 0xC0FFEE) {
+    Blocks b{SourcePicker(pool->bytes(), size, seed + n * 31 + size), std::mt19937_64(n ^ size),
              std::vector<std::size_t>(2 * n), std::vector<std::vector<BlockCopy>>(sets, std::vector<BlockCopy>(n))};
     std::iota(b.dst_pages.begin(), b.dst_pages.end(), 0);
     return b;
@@ -115,7 +169,7 @@ class Bench {
       const auto src = b.picker.pick(blocks.size());
       if (scattered) std::shuffle(b.dst_pages.begin(), b.dst_pages.end(), b.rng);
       for (std::size_t i = 0; i < blocks.size(); ++i) {
-        std::byte* host = pool->data + src[i];
+        std::byte* host = pool->data() + src[i];
         std::byte* device = dst + (scattered ? b.dst_pages[i] : i) * size;
         blocks[i] = to_host ? BlockCopy{device, host, size} : BlockCopy{host, device, size};
       }
@@ -178,6 +232,7 @@ class Bench {
     r.size = size;
     r.dst = mode;
     r.backend = to_string(be.backend);
+    r.pool = pool_name;
     r.us = percentiles(us);
     r.ref_gbps = ref_gbps;
     r.submit_us = percentiles(submit_us).p50;
@@ -265,88 +320,190 @@ class Bench {
                   c.first < 1e17 ? c.first : -1.0, c.last, c.issued, c.dma_done, c.threads.size());
   }
 
-  // Each backend while a compute kernel keeps every SM busy: its rate, and how much longer the
-  // compute kernel takes than alone.
+  // The gather-only (host to device) or place-only (device to host) rate of one configuration:
+  // the stage-only threads copy the same kind of block lists (fresh blocks each repetition unless
+  // warm, from the same pool with the same picker, another seed so that they are not the blocks
+  // the pipeline just read) between the pool and the staging-sized buffer, timed call to
+  // all-done, P50 over the same repetitions. Checks the bytes of the last repetition.
+  double stage_only_gbps(std::size_t n, std::size_t size, bool& verified) {
+    Blocks b = make_blocks(n, size, 1, 0x57A6E);
+    refill(b, size, false);
+    std::vector<double> us;
+    for (int i = 0; i < warmup + iters; ++i) {
+      if (!warm && i > 0) refill(b, size, false);
+      const double t = stage->run(b.sets[0]);
+      if (i >= warmup) us.push_back(t);
+    }
+    verified = stage->verify();
+    if (!verified) {
+      ++failures;
+      std::fprintf(stderr, "VERIFY FAILED: %s-only, %zu x %zu: staged bytes differ\n", to_host ? "place" : "gather",
+                   n, size);
+    }
+    return gbps(n * size, percentiles(us).p50);
+  }
+
+  // Each backend while compute keeps every SM busy, in each of `modes`: its rate, the rate kept
+  // against the same backend idle (`idle_gbps`), and how much longer the compute takes than alone.
+  //  - high: one long kernel (many waves of ~20 us thread blocks, ~0.4 s) on a lowest-priority
+  //    stream, the transfers on the benchmark's highest-priority stream;
+  //  - equal: the same kernel, the transfers on another stream of the kernel's own priority, as a
+  //    runtime that copies on its current stream gets it;
+  //  - short: short kernels back to back (2 waves of ~50 us blocks, ~0.1 ms each, ~0.4 s in all,
+  //    captured in one CUDA graph), like a model's layers, the transfers at equal priority.
+  // Each load runs up to 3 times per backend, until `iters` transfers started while it ran; only
+  // those are counted (a transfer that cannot start before the load ends counts once, with all
+  // of its wait).
   std::vector<Row> under_load(std::vector<BackendEngine>& engines, std::size_t n, std::size_t size,
-                              double ref_gbps, int device) {
+                              double ref_gbps, int device, const std::vector<LoadMode>& modes,
+                              const std::function<double(BackendEngine&)>& idle_gbps) {
     std::vector<Row> rows;
     const int sms = sm_count(device);
-    int lo = 0, hi = 0;
-    cudaDeviceGetStreamPriorityRange(&lo, &hi);
-    cudaStream_t load_stream = nullptr;
-    cudaStreamCreateWithPriority(&load_stream, cudaStreamNonBlocking, lo);  // lowest priority
-    float* sink = static_cast<float*>(dev.alloc_device(sizeof(float) * 8 * sms * 4096));
+    if (sms <= 0) throw std::runtime_error("under load: cannot read the GPU's SM count");
+    int least = 0, greatest = 0;
+    cuda_ok(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    // The load's stream and the equal-priority transfer stream: both at the least priority, which
+    // is also the default priority of streams created without one (torch's, say).
+    cudaStream_t load_stream = nullptr, equal_stream = nullptr;
+    cuda_ok(cudaStreamCreateWithPriority(&load_stream, cudaStreamNonBlocking, least), "load stream");
+    cuda_ok(cudaStreamCreateWithPriority(&equal_stream, cudaStreamNonBlocking, least), "equal-priority stream");
+    float* sink = static_cast<float*>(dev.alloc_device(sizeof(float) * kSinkFloats));
     cudaEvent_t a = nullptr, z = nullptr;
-    cudaEventCreate(&a);
-    cudaEventCreate(&z);
-    auto run_load = [&](std::uint32_t rounds, std::uint32_t waves) {
-      cudaEventRecord(a, load_stream);
-      if (launch_fma_load(sink, rounds, waves, sms, load_stream) != cudaSuccess)
-        throw std::runtime_error("compute load kernel failed to launch");
-      cudaEventRecord(z, load_stream);
+    cuda_ok(cudaEventCreate(&a), "cudaEventCreate");
+    cuda_ok(cudaEventCreate(&z), "cudaEventCreate");
+    cudaGraphExec_t series = nullptr;
+    auto cleanup = [&] {
+      if (series != nullptr) cudaGraphExecDestroy(series);
+      cudaEventDestroy(a);
+      cudaEventDestroy(z);
+      dev.free_device(sink);
+      cudaStreamDestroy(load_stream);
+      cudaStreamDestroy(equal_stream);
     };
-    auto elapsed_ms = [&] {
-      cudaEventSynchronize(z);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, a, z);
-      return static_cast<double>(ms);
-    };
-    // Calibrate: thread blocks of about 20 us, waves for about 300 ms in all.
-    std::uint32_t rounds = 1000;
-    run_load(rounds, 1);
-    const double one = elapsed_ms();
-    rounds = static_cast<std::uint32_t>(std::max(1.0, rounds * 0.020 / std::max(one, 1e-3)));
-    run_load(rounds, 10);
-    const double wave_ms = elapsed_ms() / 10;
-    const auto waves = static_cast<std::uint32_t>(std::clamp(300.0 / std::max(wave_ms, 1e-3), 20.0, 4096.0));
-    run_load(rounds, waves);
-    const double alone_ms = elapsed_ms();
-    std::printf("\nunder load: %d SMs x 8 blocks of 256 threads per wave, %u waves of %.3f ms; %.1f ms alone\n",
-                sms, waves, wave_ms, alone_ms);
-    for (BackendEngine& be : engines) {
-      Blocks b = make_blocks(n, size, 1);
-      refill(b, size, false);
-      for (int i = 0; i < warmup; ++i) {
-        const Transfer t = be.engine.copy_to_device(b.sets[0], stream);
-        dev.stream_sync(stream);
-        t.wait();
+    try {
+      std::function<void()> launch;  // enqueues the current mode's load on load_stream
+      auto run_load = [&] {
+        cuda_ok(cudaEventRecord(a, load_stream), "cudaEventRecord");
+        launch();
+        cuda_ok(cudaEventRecord(z, load_stream), "cudaEventRecord");
+      };
+      auto elapsed_ms = [&] {
+        cuda_ok(cudaEventSynchronize(z), "compute load");
+        float ms = 0;
+        cuda_ok(cudaEventElapsedTime(&ms, a, z), "cudaEventElapsedTime");
+        return static_cast<double>(ms);
+      };
+      auto kernel = [&](std::uint32_t rounds, std::uint32_t waves) {
+        launch = [&, rounds, waves] { cuda_ok(launch_fma_load(sink, rounds, waves, sms, load_stream), "load kernel launch"); };
+      };
+      // Calibrate: rounds for thread blocks of about 20 us. A wave's time is read off a kernel of
+      // 10 waves, so that the launch overhead does not count as block time.
+      std::uint32_t rounds = 1000;
+      kernel(rounds, 1);  // a first launch loads the module
+      run_load();
+      elapsed_ms();
+      kernel(rounds, 10);
+      run_load();
+      rounds = static_cast<std::uint32_t>(std::max(1.0, rounds * 0.020 / std::max(elapsed_ms() / 10, 1e-4)));
+      kernel(rounds, 10);
+      run_load();
+      const double wave_ms = elapsed_ms() / 10;
+      constexpr double kLoadMs = 400;
+
+      for (const LoadMode& mode : modes) {
+        const bool high = std::string(mode.name) == "high";
+        const bool shorts = std::string(mode.name) == "short";
+        cudaStream_t ts = high ? stream : equal_stream;
+        std::string what;
+        if (!shorts) {
+          const auto waves = static_cast<std::uint32_t>(std::clamp(kLoadMs / std::max(wave_ms, 1e-3), 20.0, 1e6));
+          kernel(rounds, waves);
+          char buf[200];
+          std::snprintf(buf, sizeof buf, "one kernel of %u waves of %.3f ms (%d SMs x 8 blocks of 256 threads each)",
+                        waves, wave_ms, sms);
+          what = buf;
+        } else {
+          // Blocks of ~50 us, two waves a kernel: ~0.1 ms kernels.
+          const auto short_rounds = static_cast<std::uint32_t>(std::max(1.0, rounds * 2.5));
+          kernel(short_rounds, 2);
+          run_load();
+          const double kernel_ms = elapsed_ms();
+          const auto count = static_cast<std::uint32_t>(std::clamp(kLoadMs / std::max(kernel_ms, 1e-3), 50.0, 8000.0));
+          if (series != nullptr) cudaGraphExecDestroy(series);
+          series = nullptr;
+          cuda_ok(make_fma_series(sink, short_rounds, 2, sms, count, load_stream, &series), "capturing the kernel series");
+          launch = [&] { cuda_ok(cudaGraphLaunch(series, load_stream), "cudaGraphLaunch"); };
+          char buf[200];
+          std::snprintf(buf, sizeof buf, "%u kernels of %.3f ms back to back (2 waves of %d SMs x 8 blocks each, one CUDA graph)",
+                        count, kernel_ms, sms);
+          what = buf;
+        }
+        run_load();  // a first run uploads the graph and settles the clocks
+        elapsed_ms();
+        double alone_ms = 1e30;
+        for (int i = 0; i < 2; ++i) {
+          run_load();
+          alone_ms = std::min(alone_ms, elapsed_ms());
+        }
+        std::printf("\nunder load (%s): %s, %.1f ms alone; transfers on %s\n", mode.name, what.c_str(), alone_ms,
+                    high ? "the benchmark's highest-priority stream, the load on a lowest-priority one"
+                         : "a stream of the load's own priority (the default priority)");
+        for (BackendEngine& be : engines) {
+          Blocks b = make_blocks(n, size, 1);
+          refill(b, size, false);
+          for (int i = 0; i < warmup; ++i) {
+            const Transfer t = be.engine.copy_to_device(b.sets[0], ts);
+            dev.stream_sync(ts);
+            t.wait();
+          }
+          std::vector<double> us, loaded_ms;
+          for (int round = 0; round < 3 && static_cast<int>(us.size()) < iters; ++round) {
+            run_load();
+            while (us.size() < 100000) {
+              if (!warm) refill(b, size, false);
+              const cudaError_t q = cudaEventQuery(z);
+              if (q == cudaSuccess) break;
+              if (q != cudaErrorNotReady) cuda_ok(q, "compute load");
+              const auto t0 = Clock::now();
+              const Transfer t = be.engine.copy_to_device(b.sets[0], ts);
+              dev.stream_sync(ts);
+              us.push_back(since_us(t0));
+              t.wait();  // done with the stream; throws the transfer's error, if any
+            }
+            loaded_ms.push_back(elapsed_ms());
+          }
+          Row r;
+          r.n = n;
+          r.size = size;
+          r.dst = "contiguous";
+          r.backend = to_string(be.backend);
+          r.load = mode.label;
+          r.pool = pool_name;
+          r.us = percentiles(us);
+          r.ref_gbps = ref_gbps;
+          r.threads = be.engine.stats().gather_threads;
+          r.slowdown = percentiles(loaded_ms).p50 / alone_ms - 1;
+          const double idle = idle_gbps(be);
+          r.kept = idle > 0 ? r.p50_gbps() / idle : -1;
+          r.verified = verify(be.engine, b, size, false);
+          if (!r.verified) {
+            ++failures;
+            std::fprintf(stderr, "VERIFY FAILED under load (%s): %s\n", mode.name, r.backend.c_str());
+          }
+          std::fprintf(stderr,
+                       "under load (%s): %-16s %8.2f GB/s over %zu transfers (%.0f%% of %.2f idle), compute %.1f ms "
+                       "(%+.1f%%)\n",
+                       mode.name, r.backend.c_str(), r.p50_gbps(), us.size(), 100 * r.kept, idle,
+                       percentiles(loaded_ms).p50, 100 * r.slowdown);
+          rows.push_back(r);
+        }
       }
-      std::vector<double> us;
-      run_load(rounds, waves);
-      // Transfers back to back for as long as the load runs (at least `iters` of them).
-      while (cudaEventQuery(z) == cudaErrorNotReady || static_cast<int>(us.size()) < iters) {
-        if (!warm) refill(b, size, false);
-        const auto t0 = Clock::now();
-        const Transfer t = be.engine.copy_to_device(b.sets[0], stream);
-        dev.stream_sync(stream);
-        us.push_back(since_us(t0));
-        t.wait();  // done with the stream; throws the transfer's error, if any
-        if (us.size() > 100000) break;
-      }
-      const double loaded_ms = elapsed_ms();
-      Row r;
-      r.n = n;
-      r.size = size;
-      r.dst = "contiguous";
-      r.backend = to_string(be.backend);
-      r.load = "sm";
-      r.us = percentiles(us);
-      r.ref_gbps = ref_gbps;
-      r.threads = be.engine.stats().gather_threads;
-      r.slowdown = loaded_ms / alone_ms - 1;
-      r.verified = verify(be.engine, b, size, false);
-      if (!r.verified) {
-        ++failures;
-        std::fprintf(stderr, "VERIFY FAILED under load: %s\n", r.backend.c_str());
-      }
-      std::fprintf(stderr, "under load: %-16s %8.2f GB/s over %zu transfers, compute kernel %.1f ms (%+.1f%%)\n",
-                   r.backend.c_str(), r.p50_gbps(), us.size(), loaded_ms, 100 * r.slowdown);
-      rows.push_back(r);
+    } catch (...) {
+      cudaDeviceSynchronize();  // nothing of the load may still run when its buffers go
+      cleanup();
+      throw;
     }
-    cudaEventDestroy(a);
-    cudaEventDestroy(z);
-    dev.free_device(sink);
-    cudaStreamDestroy(load_stream);
+    cleanup();
     return rows;
   }
 };
@@ -389,17 +546,23 @@ void host_load_probe(Bench& b, std::size_t bytes) {
               " of host memory traffic per byte moved: gather read, staging write, DMA read)\n");
 }
 
-void print_rows(const std::vector<Row>& rows) {
-  std::printf("\n%-6s %-5s %-10s %-16s %-5s %9s %9s %9s %9s %9s %7s %7s %8s %8s %s\n", "blocks", "size", "dst",
-              "backend", "load", "p50_us", "p90_us", "p50_GB/s", "p90_GB/s", "ref_GB/s", "ratio", "thr",
-              "cpu_s/GB", "slowdown", "verified");
+void print_rows(const std::vector<Row>& rows, bool to_host) {
+  // tools/gpu_compare.sh reads fields 1, 2, 4, 6, 8 and 11 of the rows after this header: new
+  // columns go at the end.
+  std::printf("\n%-6s %-5s %-10s %-16s %-8s %9s %9s %9s %9s %9s %7s %7s %8s %8s %-8s %-5s %16s %7s %7s\n", "blocks",
+              "size", "dst", "backend", "load", "p50_us", "p90_us", "p50_GB/s", "p90_GB/s", "ref_GB/s", "ratio", "thr",
+              "cpu_s/GB", "slowdown", "verified", "pool", to_host ? "place_only_GB/s" : "gather_only_GB/s", "eff",
+              "kept");
   for (const Row& r : rows) {
-    char slow[16] = "-";
+    char slow[16] = "-", stage[24] = "-", eff[16] = "-", kept[16] = "-";
     if (r.slowdown >= -0.5) std::snprintf(slow, sizeof slow, "%+.1f%%", 100 * r.slowdown);
-    std::printf("%-6zu %-5s %-10s %-16s %-5s %9.1f %9.1f %9.2f %9.2f %9.2f %6.1f%% %7d %8.3f %8s %s\n", r.n,
-                format_size(r.size).c_str(), r.dst.c_str(), r.backend.c_str(), r.load.c_str(), r.us.p50, r.us.p90,
+    if (r.stage_gbps > 0) std::snprintf(stage, sizeof stage, "%.2f", r.stage_gbps);
+    if (r.eff() >= 0) std::snprintf(eff, sizeof eff, "%.1f%%", 100 * r.eff());
+    if (r.kept >= 0) std::snprintf(kept, sizeof kept, "%.1f%%", 100 * r.kept);
+    std::printf("%-6zu %-5s %-10s %-16s %-8s %9.1f %9.1f %9.2f %9.2f %9.2f %6.1f%% %7d %8.3f %8s %-8s %-5s %16s %7s %7s\n",
+                r.n, format_size(r.size).c_str(), r.dst.c_str(), r.backend.c_str(), r.load.c_str(), r.us.p50, r.us.p90,
                 r.p50_gbps(), r.p90_gbps(), r.ref_gbps, r.ref_gbps > 0 ? 100 * r.p50_gbps() / r.ref_gbps : 0,
-                r.threads, r.cpu_s_per_gb, slow, r.verified ? "yes" : "NO");
+                r.threads, r.cpu_s_per_gb, slow, r.verified ? "yes" : "NO", r.pool.c_str(), stage, eff, kept);
   }
 }
 
@@ -408,20 +571,27 @@ void print_latency(const std::vector<Row>& rows) {
   for (const Row& r : rows) any = any || (r.size == 4096 && r.n <= 256 && r.load == "none");
   if (!any) return;
   std::printf("\nsmall-request latency (4 KB blocks, call to stream sync returning), us:\n");
-  std::printf("%-16s %-10s %12s %12s %12s\n", "backend", "dst", "16 p50/p90", "64 p50/p90", "256 p50/p90");
-  std::set<std::pair<std::string, std::string>> keys;
+  std::printf("%-16s %-10s %-5s %12s %12s %12s\n", "backend", "dst", "pool", "16 p50/p90", "64 p50/p90",
+              "256 p50/p90");
+  std::vector<std::string> pools;  // in the order they ran
   for (const Row& r : rows)
-    if (r.load == "none") keys.insert({r.backend, r.dst});
-  for (const auto& [backend, dst] : keys) {
-    std::printf("%-16s %-10s", backend.c_str(), dst.c_str());
-    for (std::size_t n : {16, 64, 256}) {
-      const Row* hit = nullptr;
-      for (const Row& r : rows)
-        if (r.backend == backend && r.dst == dst && r.n == n && r.size == 4096 && r.load == "none") hit = &r;
-      if (hit) std::printf(" %5.1f/%-6.1f", hit->us.p50, hit->us.p90);
-      else std::printf(" %12s", "-");
+    if (std::find(pools.begin(), pools.end(), r.pool) == pools.end()) pools.push_back(r.pool);
+  for (const std::string& pool : pools) {
+    std::set<std::pair<std::string, std::string>> keys;
+    for (const Row& r : rows)
+      if (r.load == "none" && r.pool == pool) keys.insert({r.backend, r.dst});
+    for (const auto& [backend, dst] : keys) {
+      std::printf("%-16s %-10s %-5s", backend.c_str(), dst.c_str(), pool.c_str());
+      for (std::size_t n : {16, 64, 256}) {
+        const Row* hit = nullptr;
+        for (const Row& r : rows)
+          if (r.backend == backend && r.dst == dst && r.pool == pool && r.n == n && r.size == 4096 && r.load == "none")
+            hit = &r;
+        if (hit) std::printf(" %5.1f/%-6.1f", hit->us.p50, hit->us.p90);
+        else std::printf(" %12s", "-");
+      }
+      std::printf("\n");
     }
-    std::printf("\n");
   }
 }
 
@@ -452,6 +622,15 @@ int main(int argc, char** argv) try {
   if (dst_mode != "contiguous" && dst_mode != "scattered" && dst_mode != "both")
     throw std::invalid_argument("--dst must be contiguous, scattered or both");
   std::vector<Backend> backends = backends_flag(flags);
+  // --pool: cudaHostAlloc by default, as runtimes allocate their pinned KV pool today; with
+  // --pageable (no pinned pool at all), the unregistered mmap the benchmark has always used.
+  std::vector<PoolKind> pools{pageable ? PoolKind::kMmap : PoolKind::kCuda};
+  if (flags.has("pool")) pools = pool_kinds_flag(flags.get("pool"));
+  if (pageable && std::find(pools.begin(), pools.end(), PoolKind::kCuda) != pools.end())
+    throw std::invalid_argument("--pool=cuda with --pageable: cudaHostAlloc memory is always pinned; "
+                                "use --pool=mmap or --pool=gfd (unregistered) with --pageable");
+  std::vector<LoadMode> load_modes;
+  if (flags.has("under-load")) load_modes = load_modes_flag(flags);
 
   // The grid: N sweep at 4 KB, then a block-size sweep at N = 2048 (capped at 256 MB a transfer).
   std::vector<std::pair<std::size_t, std::size_t>> grid;
@@ -478,7 +657,8 @@ int main(int argc, char** argv) try {
                 "labelled host-only and say nothing about PCIe; only the gather backend is run.\n");
     bench.dev = probe::Device::emulated(0);
     backends = {Backend::kGather};
-    if (flags.has("under-load")) std::printf("--under-load needs a GPU: skipped.\n");
+    if (flags.has("under-load"))
+      std::printf("--under-load needs a GPU (its load is compute kernels on the SMs): skipped.\n");
   } else {
     bench.dev = probe::Device::cuda(device);
   }
@@ -539,29 +719,32 @@ int main(int argc, char** argv) try {
   }
   std::printf("direction: %s, host blocks %s\n", bench.to_host ? "device to host" : "host to device",
               pageable ? "pageable" : "pinned");
-  std::printf("device: %s | sources: %s, pool %s (%s; L3 %s), 2x block stride | %d timed reps after %d warm-up\n",
+  std::string pool_kinds;
+  for (PoolKind k : pools) pool_kinds += (pool_kinds.empty() ? "" : ",") + std::string(to_string(k));
+  std::printf("device: %s | sources: %s, pool %s%s, %s (%s; L3 %s), 2x block stride | %d timed reps after %d "
+              "warm-up\n",
               bench.host_only ? "emulated (host-only)" : ("CUDA " + std::to_string(d.ordinal())).c_str(),
-              bench.warm ? "warm (same blocks every rep)" : "cold (fresh random blocks every rep)",
-              format_size(pool_bytes).c_str(), pool_rule.c_str(), format_size(l3_bytes()).c_str(), bench.iters,
-              bench.warmup);
+              bench.warm ? "warm (same blocks every rep)" : "cold (fresh random blocks every rep)", pool_kinds.c_str(),
+              pools.size() > 1 ? " (the whole grid once per pool)" : "", format_size(pool_bytes).c_str(),
+              pool_rule.c_str(), format_size(l3_bytes()).c_str(), bench.iters, bench.warmup);
 
-  bench.pool = std::make_unique<Pool>(pool_bytes);
-  if (!pageable) d.register_host(bench.pool->data, bench.pool->bytes);  // pinned, as a KV pool usually is
   {
     void* p = nullptr;
     if (posix_memalign(&p, 1 << 21, bench.max_bytes) != 0) throw std::bad_alloc();
     bench.ref_src = static_cast<std::byte*>(p);
-    std::memcpy(bench.ref_src, bench.pool->data, bench.max_bytes);
+    fill_random(bench.ref_src, bench.max_bytes);
     d.register_host(bench.ref_src, bench.max_bytes);
   }
   bench.dst = static_cast<std::byte*>(d.alloc_device(2 * bench.max_bytes));
 
   auto release = [&] {
+    bench.stage.reset();  // its threads, before the buffer they write
+    bench.stage_buffer.reset();
+    bench.pool.reset();
     engines.clear();
     d.free_device(bench.dst);
     d.unregister_host(bench.ref_src);
     free(bench.ref_src);
-    if (!pageable) d.unregister_host(bench.pool->data);
     d.destroy_stream(bench.stream);
   };
   if (flags.has("host-load-probe")) {
@@ -570,40 +753,125 @@ int main(int argc, char** argv) try {
     release();
     return 0;
   }
+
+  // The gather-only (place-only to the host) threads: as many as copy in the engine
+  // (gather_threads, plus the submitting thread when submitter_gathers), pinned to the engine's
+  // gather CPUs, into a buffer the size of the engine's ring allocated as the ring is (HostPool:
+  // huge pages, the engine's NUMA node, registered).
+  const BackendEngine* gather_engine = nullptr;
+  for (const BackendEngine& be : engines)
+    if (be.backend == Backend::kGather) gather_engine = &be;
+  // Whether a transfer of n blocks of `size` is staged at all: blocks of direct_min_bytes and up
+  // from pinned memory go to the copy engine directly, and small pinned transfers to the kernel
+  // when kernel_max_bytes says so; neither has a gather side to compare with.
+  auto staged = [&](std::size_t n, std::size_t size) {
+    const EngineOptions& o = gather_engine->engine.options();
+    const bool direct = !pageable && o.direct_min_bytes != 0 && size >= o.direct_min_bytes;
+    const bool kernel = !pageable && n * size <= o.kernel_max_bytes;
+    return !direct && !kernel;
+  };
+  if (gather_engine != nullptr) {
+    const EngineStats st = gather_engine->engine.stats();
+    const EngineOptions& o = gather_engine->engine.options();
+    HostPoolOptions so;
+    so.bytes = st.staging_bytes;
+    so.device = d.ordinal();
+    so.numa_node = st.numa_node >= 0 ? st.numa_node : -2;  // the engine's node, or unbound as its ring
+    bench.stage_buffer = std::make_unique<HostPool>(probe::make_host_pool(d, so));
+    StageOnly::Config c;
+    c.workers = st.gather_threads;
+    c.cpus = st.cpus;
+    c.caller_copies = o.submitter_gathers;
+    c.spin_us = o.spin_us;
+    c.piece_bytes = o.piece_bytes;
+    c.inline_bytes = o.inline_gather_bytes;
+    c.writes = st.staging_writes;
+    c.to_host = bench.to_host;
+    bench.stage = std::make_unique<StageOnly>(c, bench.stage_buffer->data(), st.staging_bytes);
+    std::printf("%s-only: %d threads (%d pinned to the engine's gather CPUs %s%s), %s pieces in order, staging "
+                "writes %s, %s a %s buffer (hugepages %s, NUMA node %d), transfers up to %s by the calling thread "
+                "alone; no engine, no DMA\n",
+                bench.to_host ? "place" : "gather", bench.stage->threads(), c.workers,
+                c.cpus.empty() ? "(none reported: unpinned)" : probe::format_cpulist(c.cpus).c_str(),
+                c.caller_copies ? ", + the calling thread, unpinned, as the submitting thread" : "",
+                format_size(c.piece_bytes).c_str(), to_string(c.writes), bench.to_host ? "from" : "into",
+                format_size(st.staging_bytes).c_str(), to_string(bench.stage_buffer->hugepages()),
+                bench.stage_buffer->numa_node(), format_size(c.inline_bytes).c_str());
+  }
+
   std::vector<Row> rows;
   std::vector<std::string> dst_modes;
   if (dst_mode != "scattered") dst_modes.push_back("contiguous");
   if (dst_mode != "contiguous") dst_modes.push_back("scattered");
-  const std::size_t total = grid.size() * dst_modes.size() * engines.size();
+  const std::size_t total = pools.size() * grid.size() * dst_modes.size() * engines.size();
   std::size_t done = 0;
   const auto start = Clock::now();
-  std::map<std::pair<std::size_t, std::size_t>, double> ref_rates;
-  for (auto [n, size] : grid) {
-    const std::size_t bytes = n * size;
-    const double ref_gbps = gbps(bytes, bench.reference(bytes).p50);
-    ref_rates[{n, size}] = ref_gbps;
-    for (const std::string& mode : dst_modes) {
-      for (BackendEngine& be : engines) {
-        ++done;
-        Row r = bench.measure(be, n, size, mode, ref_gbps);
-        std::fprintf(stderr, "[%zu/%zu %5.1fs] %5zu x %-4s %-10s %-16s %8.2f GB/s (%5.1f%% of %.2f)%s\n", done,
-                     total, since_us(start) * 1e-6, n, format_size(size).c_str(), mode.c_str(), r.backend.c_str(),
-                     r.p50_gbps(), 100 * r.p50_gbps() / ref_gbps, ref_gbps, r.verified ? "" : " VERIFY FAILED");
-        rows.push_back(r);
+  if (!load_modes.empty() && bench.to_host)
+    std::printf("--under-load measures host-to-device transfers only: skipped with --direction d2h.\n");
+  for (PoolKind kind : pools) {
+    bench.pool.reset();  // the last pool goes before the next is made: each may take half the RAM
+    bench.pool = std::make_unique<SourcePool>(kind, pool_bytes, d, !pageable);
+    bench.pool_name = to_string(kind);
+    std::printf("pool %s: %s, %s\n", bench.pool_name.c_str(), format_size(pool_bytes).c_str(),
+                bench.pool->description().c_str());
+    std::map<std::pair<std::size_t, std::size_t>, double> ref_rates;
+    for (auto [n, size] : grid) {
+      const std::size_t bytes = n * size;
+      const double ref_gbps = gbps(bytes, bench.reference(bytes).p50);
+      ref_rates[{n, size}] = ref_gbps;
+      const std::size_t first_row = rows.size();
+      for (const std::string& mode : dst_modes) {
+        for (BackendEngine& be : engines) {
+          ++done;
+          Row r = bench.measure(be, n, size, mode, ref_gbps);
+          std::fprintf(stderr, "[%zu/%zu %5.1fs] %5zu x %-4s %-10s %-16s %8.2f GB/s (%5.1f%% of %.2f)%s\n", done,
+                       total, since_us(start) * 1e-6, n, format_size(size).c_str(), mode.c_str(), r.backend.c_str(),
+                       r.p50_gbps(), 100 * r.p50_gbps() / ref_gbps, ref_gbps, r.verified ? "" : " VERIFY FAILED");
+          rows.push_back(r);
+        }
+      }
+      if (gather_engine != nullptr && staged(n, size)) {
+        bool ok = false;
+        const double g = bench.stage_only_gbps(n, size, ok);
+        for (std::size_t i = first_row; i < rows.size(); ++i)
+          if (rows[i].backend == to_string(Backend::kGather)) rows[i].stage_gbps = g;
+        std::fprintf(stderr, "[%5.1fs] %5zu x %-4s %s-only %8.2f GB/s (%d threads)%s\n", since_us(start) * 1e-6, n,
+                     format_size(size).c_str(), bench.to_host ? "place" : "gather", g, bench.stage->threads(),
+                     ok ? "" : " VERIFY FAILED");
       }
     }
+    if (!load_modes.empty() && !bench.host_only && !bench.to_host) {
+      const auto [n, size] = flags.has("blocks") || flags.has("block-sizes")
+                                 ? grid.front()
+                                 : std::pair<std::size_t, std::size_t>{2048, 4096};
+      if (!ref_rates.count({n, size})) ref_rates[{n, size}] = gbps(n * size, bench.reference(n * size).p50);
+      const double ref = ref_rates[{n, size}];
+      // The same backend idle, single transfers: from the grid's row of this pool, or measured now
+      // (once: a row of its own, unless the grid's rows are batched).
+      std::map<Backend, double> idle_rates;
+      auto idle = [&, n = n, size = size](BackendEngine& be) {
+        if (idle_rates.count(be.backend)) return idle_rates[be.backend];
+        if (bench.batch == 1)
+          for (const Row& r : rows)
+            if (r.pool == bench.pool_name && r.load == "none" && r.dst == "contiguous" && r.n == n &&
+                r.size == size && r.backend == to_string(be.backend))
+              return idle_rates[be.backend] = r.p50_gbps();
+        const std::size_t batch = bench.batch;
+        bench.batch = 1;
+        const Row r = bench.measure(be, n, size, "contiguous", ref);
+        bench.batch = batch;
+        if (batch == 1) rows.push_back(r);
+        return idle_rates[be.backend] = r.p50_gbps();
+      };
+      for (Row& r : bench.under_load(engines, n, size, ref, d.ordinal(), load_modes, idle)) rows.push_back(r);
+    }
   }
-  if (flags.has("under-load") && bench.to_host)
-    std::printf("--under-load measures host-to-device transfers only: skipped with --direction d2h.\n");
-  if (flags.has("under-load") && !bench.host_only && !bench.to_host) {
-    const auto [n, size] = flags.has("blocks") || flags.has("block-sizes") ? grid.front()
-                                                                          : std::pair<std::size_t, std::size_t>{2048, 4096};
-    if (!ref_rates.count({n, size})) ref_rates[{n, size}] = gbps(n * size, bench.reference(n * size).p50);
-    for (Row& r : bench.under_load(engines, n, size, ref_rates[{n, size}], d.ordinal())) rows.push_back(r);
-  }
+  if (bench.stage && !bench.stage->pinned())
+    std::printf("note: the %s-only threads could not be pinned to the engine's gather CPUs; they ran unpinned\n",
+                bench.to_host ? "place" : "gather");
 
   if (bench.batch > 1) std::printf("\n(%zu transfers back to back per repetition; times are per transfer)", bench.batch);
-  print_rows(rows);
+  print_rows(rows, bench.to_host);
   print_latency(rows);
   for (BackendEngine& be : engines) {
     if (be.backend != Backend::kGather) continue;
@@ -619,15 +887,19 @@ int main(int argc, char** argv) try {
   const char* dir = bench.to_host ? "d2h" : "h2d";
   const char* sources = bench.warm ? "warm" : "cold";
   auto slowdown = [](const Row& r) { return r.slowdown >= -0.5 ? std::to_string(r.slowdown) : std::string(); };
+  // Optional numbers: empty in the CSV, null in the JSON.
+  auto opt = [](double v, bool json) { return v >= 0 ? std::to_string(v) : std::string(json ? "null" : ""); };
   if (flags.has("csv")) {
     std::ofstream f(flags.get("csv"));
     f << "mode,sources,direction,load,blocks,block_size,dst,backend,p50_us,p90_us,p50_gbps,p90_gbps,ref_gbps,"
-         "ratio_p50,ratio_p90,cpu_s_per_gb,threads,compute_slowdown,verified\n";
+         "ratio_p50,ratio_p90,cpu_s_per_gb,threads,compute_slowdown,verified,pool,gather_only_gbps,eff,"
+         "rate_kept\n";
     for (const Row& r : rows)
       f << label << ',' << sources << ',' << dir << ',' << r.load << ',' << r.n << ',' << r.size << ',' << r.dst << ','
         << r.backend << ',' << r.us.p50 << ',' << r.us.p90 << ',' << r.p50_gbps() << ',' << r.p90_gbps() << ','
         << r.ref_gbps << ',' << r.p50_gbps() / r.ref_gbps << ',' << r.p90_gbps() / r.ref_gbps << ','
-        << r.cpu_s_per_gb << ',' << r.threads << ',' << slowdown(r) << ',' << (r.verified ? 1 : 0) << '\n';
+        << r.cpu_s_per_gb << ',' << r.threads << ',' << slowdown(r) << ',' << (r.verified ? 1 : 0) << ',' << r.pool
+        << ',' << opt(r.stage_gbps, false) << ',' << opt(r.eff(), false) << ',' << opt(r.kept, false) << '\n';
   }
   if (flags.has("json")) {
     std::ofstream f(flags.get("json"));
@@ -639,7 +911,9 @@ int main(int argc, char** argv) try {
         << ",\"p90_us\":" << r.us.p90 << ",\"p50_gbps\":" << r.p50_gbps() << ",\"p90_gbps\":" << r.p90_gbps()
         << ",\"ref_gbps\":" << r.ref_gbps << ",\"cpu_s_per_gb\":" << r.cpu_s_per_gb << ",\"threads\":" << r.threads
         << ",\"compute_slowdown\":" << (r.slowdown >= -0.5 ? std::to_string(r.slowdown) : "null")
-        << ",\"verified\":" << (r.verified ? "true" : "false") << "}";
+        << ",\"verified\":" << (r.verified ? "true" : "false") << ",\"pool\":\"" << r.pool
+        << "\",\"gather_only_gbps\":" << opt(r.stage_gbps, true) << ",\"eff\":" << opt(r.eff(), true)
+        << ",\"rate_kept\":" << opt(r.kept, true) << "}";
     }
     f << "]}\n";
   }
