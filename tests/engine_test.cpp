@@ -26,6 +26,7 @@ class EngineTest : public ::testing::TestWithParam<std::tuple<DeviceKind, Backen
   // The zero-copy kernel reads sources with SM loads, which needs pinned memory.
   bool pinned_sources() const { return backend() == Backend::kZeroCopyKernel; }
   void copy_to_host_found_bad_late(std::size_t staging);
+  void copy_to_device_found_bad_late(std::size_t staging);
   EngineOptions options() const {
     EngineOptions o = small_options();
     o.backend = backend();
@@ -481,6 +482,67 @@ void EngineTest::copy_to_host_found_bad_late(std::size_t staging) {
   for (std::size_t i = 0; i < kBlocks; ++i)
     bad += std::memcmp(good[i].dst, init.data() + i * 4096, 4096) != 0;
   EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(engine.stats().transfers, transfers_before + 1);
+}
+
+// Host to device, large enough that the gather backend plans while the first chunks are
+// gathered: a bad block found late or an overlap found at the end rejects the whole transfer,
+// naming the block, and no byte reaches the device; the held chunks' slots are freed (more
+// rejected transfers in a row than the ring has slots, then a good one, which lands whole).
+TEST_P(EngineTest, CopyToDeviceFoundBadLateRejectsWholeAndCopiesNothing) {
+  // 128 slots of 256 KB: every chunk of the 4 MB transfer is gathered while planning; 4 slots:
+  // three chunks are, the rest is planned only after the check.
+  for (std::size_t staging : {std::size_t{32} << 20, std::size_t{1} << 20}) {
+    SCOPED_TRACE("staging " + std::to_string(staging));
+    copy_to_device_found_bad_late(staging);
+  }
+}
+
+void EngineTest::copy_to_device_found_bad_late(std::size_t staging) {
+  EngineOptions o = options();
+  o.staging_bytes = staging;
+  Engine engine = td_->make_engine(o);
+  constexpr std::size_t kBlocks = 1024;
+  HostBuffer pool(dev(), 2 * kBlocks * 4096, pinned_sources());
+  fill_random(pool.data(), pool.size(), 96);
+  DeviceBuffer dst(dev(), kBlocks * 4096), other(dev(), 4096);
+  std::vector<BlockCopy> good;
+  for (std::size_t i = 0; i < kBlocks; ++i)
+    good.push_back({pool.data() + ((i * 613) % kBlocks) * 8192, dst.data() + i * 4096, 4096});
+  const std::uint64_t transfers_before = engine.stats().transfers;
+  struct Case {
+    std::size_t block;
+    BlockCopy b;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {900, {other.data(), dst.data() + 900 * 4096, 4096}, "needs a host source"},
+      {1000, {pool.data() + 8192, dst.data() + 10 * 4096 + 100, 4096}, "overlaps"},
+  };
+  for (const Case& c : cases) {
+    for (int round = 0; round < 6; ++round) {
+      td_->fill(dst.data(), 0x5A, dst.size());
+      std::vector<BlockCopy> v = good;
+      v[c.block] = c.b;
+      try {
+        (void)engine.copy_to_device(v, td_->cuda_stream());
+        ADD_FAILURE() << "accepted: " << c.needle;
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << e.what();
+        EXPECT_EQ(e.block(), c.block) << e.what();
+      }
+      dev().stream_sync(td_->stream);
+      // The held chunks are gathered and dropped by the gather threads: give a wrong DMA time.
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      const auto got = td_->read(dst.data(), dst.size());
+      const auto touched = std::count_if(got.begin(), got.end(), [](std::byte b) { return b != std::byte{0x5A}; });
+      EXPECT_EQ(touched, 0) << c.needle << ": bytes of device memory written by a rejected transfer";
+    }
+  }
+  EXPECT_EQ(engine.stats().transfers, transfers_before) << "rejected transfers are not counted";
+  engine.copy_to_device(good, td_->cuda_stream()).wait();
+  expect_landed(good, dst);
   EXPECT_EQ(engine.stats().transfers, transfers_before + 1);
 }
 

@@ -52,8 +52,12 @@ class GatherBackend final : public BackendImpl {
     // Device to host, too large for the kernel: planned a stretch at a time, with the DMAs of
     // the chunks planned first already running (only placing the bytes waits for the whole
     // list to be valid).
-    if (to_host && r.blocks.size() > 1 && total_bytes(r.blocks) > o.kernel_max_bytes)
-      return to_host_.submit(r, nullptr);
+    const std::uint64_t bytes = r.blocks.size() > 1 ? total_bytes(r.blocks) : 0;
+    if (to_host && bytes > o.kernel_max_bytes) return to_host_.submit(r, nullptr);
+    // Host to device, too large for the kernel and for gathering on this thread alone: planned
+    // while the first chunks are gathered (the DMAs wait for the whole list to be valid).
+    if (!to_host && bytes > o.kernel_max_bytes && bytes > o.inline_gather_bytes)
+      return to_device_.submit_planning(r);
     PlanConfig cfg = ctx.plan_config;
     cfg.direction = r.direction;
     TransferPtr t = plan_transfer(pipe_.ctx, r, cfg);
