@@ -7,7 +7,7 @@
 # to $OUT/summary.txt and the terminal, last.
 #   OLD_SRC=.gpu_old tools/gpu_compare.sh [sections...]   sections: test before-after writes
 #                                                         direct latency python quick
-#                                                         sweep multi knobs
+#                                                         sweep multi knobs features
 #                                                         (default: all but multi and knobs)
 #   TARGETS="gfd_benchmark micro_gather" limits the build to those targets (a faster lease).
 set -uo pipefail
@@ -97,6 +97,13 @@ if has python && [ -d build-gpu/python ]; then
     bench "cxx_quick_gather_$i" "$B" --quick --backends gather
   done
 fi
+if has features; then
+  # gfd_benchmark's source pools and load modes.
+  bench feat_pools "$B" --quick --pool=cuda,gfd,mmap --backends gather,zero_copy_kernel
+  grep -iE "^pool|pool " "$W/feat_pools.log" | head -12 >> "$W/summary.txt"
+  bench feat_load "$B" --quick --under-load --backends gather,zero_copy_kernel
+  grep -E "load|kept|slowdown" "$W/feat_load.log" | head -30 >> "$W/summary.txt"
+fi
 if has quick; then
   for i in 1 2 3; do bench "quick_$i" "$B" --quick; done
   bench quick_d2h "$B" --quick --direction d2h
@@ -109,7 +116,7 @@ if has knobs; then
   # staging write mode against ring and slot size (does a ring that stays in the L3 let the copy
   # engine read CLDEMOTE'd lines from there?), piece size, first chunk, streams, threads.
   # KNOBS="name:VAR=v,VAR=v ..." replaces the list.
-  KNOBS=${KNOBS:-"default: cld8M1M:GFD_STAGING_WRITES=cldemote,GFD_STAGING_BYTES=8M,GFD_SLOT_BYTES=1M cld16M1M:GFD_STAGING_WRITES=cldemote,GFD_STAGING_BYTES=16M,GFD_SLOT_BYTES=1M cld64M1M:GFD_STAGING_WRITES=cldemote,GFD_SLOT_BYTES=1M str64M1M:GFD_SLOT_BYTES=1M str8M1M:GFD_STAGING_BYTES=8M,GFD_SLOT_BYTES=1M plain8M1M:GFD_STAGING_WRITES=plain,GFD_STAGING_BYTES=8M,GFD_SLOT_BYTES=1M"}
+  KNOBS=${KNOBS:-"default: cld8M1M:GFD_STAGING_WRITES=cldemote,GFD_STAGING_BYTES=8M,GFD_SLOT_BYTES=1M cld16M1M:GFD_STAGING_WRITES=cldemote,GFD_STAGING_BYTES=16M,GFD_SLOT_BYTES=1M str64M1M:GFD_SLOT_BYTES=1M plain8M1M:GFD_STAGING_WRITES=plain,GFD_STAGING_BYTES=8M,GFD_SLOT_BYTES=1M"}
   for i in 1 2 3; do
     for k in $KNOBS; do
       name=${k%%:*}; vars=${k#*:}
@@ -121,7 +128,7 @@ if has knobs; then
   # The yardstick: the same pipeline with nothing around it (tests/micro/ref_pipeline.cpp).
   if [ -x $M/ref_pipeline ]; then
     for i in 1 2 3; do
-      for v in "streaming 8" "cldemote 8" "cldemote 64" "streaming 64"; do
+      for v in ${REF_VARIANTS:-"streaming 8" "cldemote 8"}; do
         set -- $v
         for n in 2048 16384; do
           timeout 60 $M/ref_pipeline --blocks $n --writes $1 --slots $2 > "$W/ref_${1}_$2_${n}_$i.log" 2>&1
