@@ -7,7 +7,7 @@
 # to $OUT/summary.txt and the terminal, last.
 #   OLD_SRC=.gpu_old tools/gpu_compare.sh [sections...]   sections: test before-after writes
 #                                                         direct latency python quick
-#                                                         sweep multi knobs features
+#                                                         sweep multi knobs features trace
 #                                                         (default: all but multi and knobs)
 #   TARGETS="gfd_benchmark micro_gather" limits the build to those targets (a faster lease).
 set -uo pipefail
@@ -103,6 +103,13 @@ if has features; then
   grep -iE "^pool|pool " "$W/feat_pools.log" | head -12 >> "$W/summary.txt"
   bench feat_load "$B" --quick --under-load --backends gather,zero_copy_kernel
   grep -E "load|kept|slowdown" "$W/feat_load.log" | head -30 >> "$W/summary.txt"
+fi
+if has trace; then
+  # The pipeline's timeline of the median transfer, default settings and the knob named by TRACE_KNOB.
+  timeout 120 "$B" --quick --backends gather --trace > "$W/trace_default.log" 2>&1
+  sed -n '/^trace:/,/^$/p' "$W/trace_default.log" | head -16 | tee -a "$W/summary.txt"
+  timeout 120 "$B" --blocks 16384 --backends gather --trace > "$W/trace_16384.log" 2>&1
+  sed -n '/^trace:/,/^$/p' "$W/trace_16384.log" | head -24 | tee -a "$W/summary.txt"
 fi
 if has quick; then
   for i in 1 2 3; do bench "quick_$i" "$B" --quick; done
