@@ -18,7 +18,7 @@ void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
   {
     std::lock_guard lk(p_.lock);
     p_.lanes.begin(*t, stream);
-    tracer.begin_transfer(*t, stream, true);
+    tracer.begin_transfer(*t, stream);
     // From here the transfer must be finalized whatever happens, or the caller would wait forever.
     try {
       if (!p.direct.empty()) {
@@ -109,7 +109,7 @@ TransferPtr GatherToDevice::submit_planning(const Request& r) {
   {
     std::lock_guard lk(p_.lock);
     p_.lanes.begin(*t, r.stream);
-    ctx.tracer.begin_transfer(*t, r.stream, true);
+    ctx.tracer.begin_transfer(*t, r.stream);
     // The chunks packed before the check hold their slots until it is done: never as many of
     // them as the ring has slots, or the next one would wait for a slot that waits for it.
     const std::size_t early = p_.ring.size() - 1;

@@ -40,7 +40,7 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned) {
   {
     std::lock_guard lk(p_.lock);
     p_.lanes.begin(*t, r.stream);
-    ctx.tracer.begin_transfer(*t, r.stream, false);  // each chunk's DMA event is made as it is enqueued
+    ctx.tracer.begin_transfer(*t, r.stream);
     // First the leading chunks (3.75 MB with the default sizes), so that the copy engine has
     // work at once and while the rest of the list is checked; then the next chunk is enqueued
     // and placing may begin; then the rest is packed and its chunks enqueued as they close.

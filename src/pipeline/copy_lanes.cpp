@@ -77,7 +77,10 @@ void CopyLanes::enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s
     Counters::add(ctx_.counters.scattered, 1);
   }
   device_.record_event(s.done, l);
-  if (t.trace_start != nullptr) device_.record_event(t.trace_dma[index].second, l);
+  if (t.trace_start != nullptr) {  // made as the DMA is enqueued: chunks may be planned later
+    t.trace_dma.emplace_back(index, device_.create_event(true));
+    device_.record_event(t.trace_dma.back().second, l);
+  }
   s.timed = true;
   Counters::add(ctx_.counters.chunks, 1);
 }

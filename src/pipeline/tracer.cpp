@@ -34,11 +34,9 @@ void Tracer::start(std::size_t capacity) {
   on_.store(capacity > 0);
 }
 
-void Tracer::begin_transfer(TransferState& t, StreamHandle stream, bool dma_events) {
+void Tracer::begin_transfer(TransferState& t, StreamHandle stream) {
   if (!on()) return;
   t.trace_start = device_.create_event(true);
-  for (std::uint32_t k = 0; dma_events && k < t.plan.chunks.size(); ++k)
-    t.trace_dma.emplace_back(k, device_.create_event(true));
   t.trace_start_ns = now_ns();
   device_.record_event(t.trace_start, stream);
 }

@@ -36,10 +36,9 @@ class Tracer {
   // The points recorded, with the DMA completions of the traced transfers; stops tracing.
   std::vector<TraceEvent> take();
 
-  // A traced transfer: a timing event for its start on the caller's stream and, with
-  // `dma_events`, one for each planned chunk's DMA (made here, not on the issue path, so that
-  // tracing does not slow the issuer). No-op when tracing is off.
-  void begin_transfer(TransferState& t, StreamHandle stream, bool dma_events);
+  // A traced transfer: a timing event for its start on the caller's stream (the copy lanes add
+  // one after each chunk's DMA as they enqueue it). No-op when tracing is off.
+  void begin_transfer(TransferState& t, StreamHandle stream);
   // Called as a traced transfer goes away: its events are read when the trace is taken.
   void keep(std::uint32_t id, std::uint64_t start_ns, EventHandle start,
             std::vector<std::pair<std::uint32_t, EventHandle>>&& dma);
