@@ -274,6 +274,7 @@ class Bench {
     std::map<int, double> busy;
     std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint64_t> open;
     double planned = 0, finalized = 0, returned = 0, first_piece = 1e18, last_piece = 0;
+    std::map<std::uint32_t, double> stages;  // E::Stage -> time
     for (const E& e : ev)
       if (e.transfer == id && e.what == E::kSubmit) t0 = e.ns;
     for (const E& e : ev) {
@@ -297,6 +298,7 @@ class Bench {
         case E::kFinalized: finalized = t; break;
         case E::kDmaDone: chunks[e.a].dma_done = t; break;
         case E::kReturn: returned = t; break;
+        case E::kStage: stages[e.a] = t; break;
         default: break;
       }
     }
@@ -308,6 +310,12 @@ class Bench {
     std::printf("  planned %.1f us | first piece starts %.1f | last piece ends %.1f | last DMA enqueued %.1f | "
                 "call returns %.1f\n",
                 planned, first_piece, last_piece, finalized, returned);
+    if (!stages.empty()) {
+      const char* names[] = {"pool woken", "plan storage", "lanes begun"};
+      std::printf("  submission:");
+      for (auto [k, t] : stages) std::printf(" %s %.1f |", k < 3 ? names[k] : "?", t);
+      std::printf("\n");
+    }
     std::printf("  threads that gathered: %zu (-1 = the submitting thread); busy %.1f us in total = %.1f threads "
                 "on average over the %.1f us gather window\n",
                 busy.size(), busy_sum, window > 0 ? busy_sum / window : 0, window);

@@ -18,6 +18,13 @@ struct TraceEvent {
     kReturn,          // the submitting call returns
     kDmaDone,         // a = chunk: its DMA completed on the GPU (GPU clock mapped onto the host's,
                       // from an event recorded at submission: early by the launch latency)
+    kStage,           // a = Stage: a step of the submission path is done
+  };
+  // kStage points, in submission order.
+  enum Stage : std::uint32_t {
+    kPoolWoken,      // the gather pool was woken
+    kPlanStorage,    // the plan's storage is reserved (planning while gathering)
+    kLanesBegun,     // the transfer's start is recorded on the caller's stream
   };
   std::uint64_t ns;        // steady clock
   std::uint32_t transfer;  // engine-wide transfer number

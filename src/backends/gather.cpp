@@ -46,8 +46,10 @@ class GatherBackend final : public BackendImpl {
     // Wake parked gather threads first: they are back and spinning by the time planning has
     // produced pieces (a futex wake-up costs tens of microseconds, planning about as much).
     if (!r.blocks.empty() &&
-        r.blocks.size() * std::min<std::size_t>(r.blocks[0].bytes, 1u << 30) > o.inline_gather_bytes)
+        r.blocks.size() * std::min<std::size_t>(r.blocks[0].bytes, 1u << 30) > o.inline_gather_bytes) {
       pipe_.queue.wake();
+      ctx.tracer.record(r.id, TraceEvent::kStage, TraceEvent::kPoolWoken, 0);
+    }
     const bool to_host = r.direction == Direction::kToHost;
     // Device to host, too large for the kernel: planned a stretch at a time, with the DMAs of
     // the chunks planned first already running (only placing the bytes waits for the whole

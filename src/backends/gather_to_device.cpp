@@ -93,6 +93,7 @@ TransferPtr GatherToDevice::submit_planning(const Request& r) {
   cfg.direction = Direction::kToDevice;
   std::optional<PlanBuilder> builder;
   timed([&] { builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true); });
+  ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kPlanStorage, 0);
   if (!builder->stable()) {
     // Without storage reserved up front (absurd sizes) the plan is made whole before anything
     // moves (a bad block throws from here).
@@ -110,6 +111,7 @@ TransferPtr GatherToDevice::submit_planning(const Request& r) {
     std::lock_guard lk(p_.lock);
     p_.lanes.begin(*t, r.stream);
     ctx.tracer.begin_transfer(*t, r.stream);
+    ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kLanesBegun, 0);
     // The chunks packed before the check hold their slots until it is done: never as many of
     // them as the ring has slots, or the next one would wait for a slot that waits for it.
     const std::size_t early = p_.ring.size() - 1;
