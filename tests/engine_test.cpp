@@ -485,13 +485,12 @@ void EngineTest::copy_to_host_found_bad_late(std::size_t staging) {
   EXPECT_EQ(engine.stats().transfers, transfers_before + 1);
 }
 
-// Host to device, large enough that the gather backend plans while the first chunks are
-// gathered: a bad block found late or an overlap found at the end rejects the whole transfer,
-// naming the block, and no byte reaches the device; the held chunks' slots are freed (more
-// rejected transfers in a row than the ring has slots, then a good one, which lands whole).
+// Host to device, large enough that the gather backend packs while the first chunks are
+// gathered: a bad block late in the list or an overlap found at the end rejects the whole
+// transfer, naming the block, and no byte reaches the device; no slot is lost (more rejected
+// transfers in a row than the ring has slots, then a good one, which lands whole).
 TEST_P(EngineTest, CopyToDeviceFoundBadLateRejectsWholeAndCopiesNothing) {
-  // 128 slots of 256 KB: every chunk of the 4 MB transfer is gathered while planning; 4 slots:
-  // three chunks are, the rest is planned only after the check.
+  // 128 slots of 256 KB (the whole 4 MB transfer fits) and 4 slots (the ring turns).
   for (std::size_t staging : {std::size_t{32} << 20, std::size_t{1} << 20}) {
     SCOPED_TRACE("staging " + std::to_string(staging));
     copy_to_device_found_bad_late(staging);
@@ -533,8 +532,7 @@ void EngineTest::copy_to_device_found_bad_late(std::size_t staging) {
         EXPECT_EQ(e.block(), c.block) << e.what();
       }
       dev().stream_sync(td_->stream);
-      // The held chunks are gathered and dropped by the gather threads: give a wrong DMA time.
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // time for a wrong DMA to land
       const auto got = td_->read(dst.data(), dst.size());
       const auto touched = std::count_if(got.begin(), got.end(), [](std::byte b) { return b != std::byte{0x5A}; });
       EXPECT_EQ(touched, 0) << c.needle << ": bytes of device memory written by a rejected transfer";

@@ -40,7 +40,7 @@ void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
           it.ready.store(true, std::memory_order_seq_cst);
           if (p_.preissue) enqueue_issued(*t, k, slot, false);
         } else {
-          const Item& it = publish_chunk(t, k, false);
+          const Item& it = publish_chunk(t, k);
           // The DMA waits on the GPU for the gather threads' flag: no driver call is left
           // between the end of the gather and the start of the DMA.
           if (p_.preissue) enqueue_issued(*t, k, it.slot, true);
@@ -81,7 +81,6 @@ TransferPtr GatherToDevice::submit_planning(const Request& r) {
   EngineContext& ctx = *p_.ctx;
   TransferPtr t = make_transfer(p_.ctx, r.id, Direction::kToDevice);
   t->plan = ctx.plans.take();
-  t->plan_state.store(TransferState::kPlanning, std::memory_order_relaxed);
   std::uint64_t plan_ns = 0;
   auto timed = [&](auto&& step) {
     const auto t0 = Clock::now();
@@ -94,95 +93,65 @@ TransferPtr GatherToDevice::submit_planning(const Request& r) {
   std::optional<PlanBuilder> builder;
   timed([&] { builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true); });
   ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kPlanStorage, 0);
+  // Every block is checked before anything moves (a bad block throws from here, naming it):
+  // a read-only pass over the list, done before the gather threads load the memory system.
+  // Packing, which writes the plan, follows a stretch at a time while they gather.
+  try {
+    timed([&] { builder->check(); });
+  } catch (...) {
+    Counters::add(ctx.counters.plan_ns, plan_ns);
+    throw;
+  }
+  ctx.tracer.record(t->id, TraceEvent::kPlanned);
   if (!builder->stable()) {
-    // Without storage reserved up front (absurd sizes) the plan is made whole before anything
-    // moves (a bad block throws from here).
+    // Without storage reserved up front (absurd sizes) the plan is packed whole first.
     timed([&] { builder->finish(); });
     builder.reset();
-    t->plan_state.store(TransferState::kValid, std::memory_order_relaxed);
     Counters::add(ctx.counters.plan_ns, plan_ns);
-    ctx.tracer.record(t->id, TraceEvent::kPlanned);
     submit(t, r.stream);
     return t;
   }
   const Plan& p = t->plan;
-  std::exception_ptr rejected;
   {
     std::lock_guard lk(p_.lock);
     p_.lanes.begin(*t, r.stream);
     ctx.tracer.begin_transfer(*t, r.stream);
     ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kLanesBegun, 0);
-    // The chunks packed before the check hold their slots until it is done: never as many of
-    // them as the ring has slots, or the next one would wait for a slot that waits for it.
-    const std::size_t early = p_.ring.size() - 1;
     std::uint32_t published = 0;
-    held_.clear();
-    auto publish_packed = [&](std::size_t limit, bool held) {
-      for (; published < std::min(p.chunks.size(), limit); ++published) {
-        Item& it = publish_chunk(t, published, held);
-        if (held) held_.push_back(&it);
-        else if (p_.preissue) enqueue_issued(*t, published, it.slot, true);
+    auto publish_packed = [&] {
+      for (; published < p.chunks.size(); ++published) {
+        const Item& it = publish_chunk(t, published);
+        if (p_.preissue) enqueue_issued(*t, published, it.slot, true);
       }
-    };
-    // The held chunks may be issued now: their DMAs go (enqueued already, or by the issuer) or,
-    // rejected or failed, their slots are freed once their pieces are done (issue()).
-    auto release_held = [&] {
-      if (held_.empty()) return;
-      for (Item* it : held_) it->held.store(false, std::memory_order_seq_cst);
-      held_.clear();
-      p_.queue.try_issue();
     };
     // From here the transfer must be finalized whatever happens, or the caller would wait forever.
     try {
-      try {
-        // Small stretches first, so that the gather threads get the first chunk at once; then
-        // larger ones, so that the rest of the list is checked while they gather.
-        std::size_t step = 32;
-        while (builder->packed() < builder->size() && p.chunks.size() < early) {
-          timed([&] { builder->advance(builder->packed() + step); });
-          step = std::min<std::size_t>(step * 2, 1024);
-          publish_packed(early, true);
-        }
-        timed([&] { builder->check(); });
-      } catch (const Error&) {
-        rejected = std::current_exception();
+      // A small stretch first, so that the gather threads get the first chunk at once; then
+      // larger ones.
+      std::size_t step = 64;
+      while (builder->packed() < builder->size()) {
+        timed([&] { builder->advance(builder->packed() + step); });
+        step = std::min<std::size_t>(step * 2, 2048);
+        publish_packed();
       }
-      if (!rejected) {
-        ctx.tracer.record(t->id, TraceEvent::kPlanned);  // validated; packing may go on
-        t->plan_state.store(TransferState::kValid, std::memory_order_release);
-        // The chunks gathered (or being gathered) meanwhile go to the copy engine first: their
-        // DMAs wait for their flags like any other.
-        if (p_.preissue)
-          for (std::size_t i = 0; i < held_.size(); ++i) enqueue_issued(*t, static_cast<std::uint32_t>(i), held_[i]->slot, true);
-        // Before any further slot is taken: the next one may be a held chunk's, free only once
-        // that chunk is issued.
-        release_held();
-        while (builder->packed() < builder->size()) {
-          timed([&] { builder->advance(builder->packed() + 2048); });
-          publish_packed(p.chunks.size(), false);
-        }
-        timed([&] { builder->finish(); });
-        publish_packed(p.chunks.size(), false);
-        if (!p.direct.empty()) {
-          if (p_.preissue) p_.lanes.enqueue_directs(*t);
-          else p_.queue.publish(p_.queue.append(Item::Kind::kDirect, this, t, 0, 0, true), 0);
-        }
+      timed([&] { builder->finish(); });
+      publish_packed();
+      if (!p.direct.empty()) {
+        if (p_.preissue) p_.lanes.enqueue_directs(*t);
+        else p_.queue.publish(p_.queue.append(Item::Kind::kDirect, this, t, 0, 0, true), 0);
       }
     } catch (...) {
       t->fail(std::current_exception());  // a device error: the rest moves nothing
     }
-    if (rejected) t->plan_state.store(TransferState::kRejected, std::memory_order_release);
-    release_held();
     if (p_.preissue) p_.lanes.finalize(*t);
     else p_.queue.publish(p_.queue.append(Item::Kind::kFinalize, this, t, 0, 0, true), 0);
   }
   Counters::add(ctx.counters.plan_ns, plan_ns);
-  if (rejected) std::rethrow_exception(rejected);  // nothing was enqueued that reaches the device
   finish_submit(*t, r.stream, true);
   return t;
 }
 
-Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, bool held) {
+Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k) {
   const Plan& p = t->plan;
   const PlannedChunk& c = p.chunks[k];
   const std::uint32_t slot = p_.ring.acquire();
@@ -192,7 +161,6 @@ Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, bool 
   const std::uint32_t pieces = c.piece_end - c.piece_begin;
   it.piece_begin = c.piece_begin;
   it.flag_value = ++s.flag_value;
-  it.held.store(held, std::memory_order_relaxed);
   it.pieces_left.store(pieces, std::memory_order_relaxed);
   p_.queue.publish_for_pool(it, pieces, k == 0);
   p_.ctx->tracer.record(t->id, TraceEvent::kChunkPublished, k, pieces);
@@ -215,8 +183,6 @@ void GatherToDevice::enqueue_issued(TransferState& t, std::uint32_t index, std::
 void GatherToDevice::gather_piece(const Item& item, std::uint32_t piece) {
   const Plan& p = item.t->plan;
   const PlannedPiece& pc = p.pieces[piece];
-  // A rejected transfer's chunks go nowhere: their pieces have nothing to do.
-  if (item.t->plan_state.load(std::memory_order_acquire) == TransferState::kRejected) return;
   const auto t0 = Clock::now();
   gather_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, p_.ring[item.slot].host, p_.store);
   Counters::add(p_.ctx->counters.gather_ns, ns_since(t0));
@@ -232,16 +198,7 @@ void GatherToDevice::chunk_done(Item& item) {
 }
 
 void GatherToDevice::issue(Item& item) {
-  if (p_.preissue) {
-    // Everything was enqueued at submission, except the chunks of a transfer rejected or failed
-    // while they were held: no DMA reads their slots, which are free now that their pieces are
-    // done (a slot whose DMA was enqueued is kIssued already).
-    if (item.kind == Item::Kind::kChunk && p_.ring[item.slot].state.load(std::memory_order_acquire) == Slot::kGathering &&
-        (item.t->plan_state.load(std::memory_order_acquire) == TransferState::kRejected ||
-         item.t->failed.load(std::memory_order_acquire)))
-      p_.ring[item.slot].mark_issued();
-    return;
-  }
+  if (p_.preissue) return;  // everything was enqueued at submission
   switch (item.kind) {
     case Item::Kind::kChunk: issue_chunk(item); break;
     case Item::Kind::kDirect:
@@ -260,8 +217,7 @@ void GatherToDevice::issue_chunk(Item& item) {
   Slot& s = p_.ring[item.slot];
   s.timed = false;
   try {
-    // A failed or rejected transfer moves nothing more; its slot is free again at once.
-    if (!t.failure() && t.plan_state.load(std::memory_order_acquire) != TransferState::kRejected) {
+    if (!t.failure()) {  // a failed transfer moves nothing more; its slot is free again at once
       p_.lanes.enqueue_to_device(t, item.index, s, false, 0);
       p_.ctx->tracer.record(t.id, TraceEvent::kChunkIssued, item.index,
                             static_cast<std::uint32_t>(t.plan.chunks[item.index].data_bytes));

@@ -2,12 +2,9 @@
 // order by the gather threads (and the submitter); the thread that finishes the chunk's last
 // piece lets its DMA go: with preissue by setting the slot's flag that the already-enqueued DMA
 // waits on, otherwise by marking the item ready for the in-order issuer. The caller's stream
-// waits on the transfer's done event. A large transfer is planned while it is gathered
-// (submit_planning): the chunks packed before the list is known valid are gathered at once and
-// held back from the copy engine until it is.
+// waits on the transfer's done event. A large transfer is packed while it is gathered
+// (submit_planning), once every block has been checked.
 #pragma once
-
-#include <vector>
 
 #include "backends/gather.hpp"
 
@@ -18,10 +15,10 @@ class GatherToDevice final : public ItemHandler {
   explicit GatherToDevice(StagingPipeline& pipe) : p_(pipe) {}
   // Enqueues the planned transfer `t`; returns once every DMA is enqueued.
   void submit(const TransferPtr& t, StreamHandle stream);
-  // Plans `r` while its first chunks are gathered: the gather threads start on the first chunk
-  // as soon as it is packed, and no DMA is enqueued before the whole list has been found valid
-  // (a bad block throws gfd::Error naming it, and nothing reaches the device). Returns once every
-  // DMA is enqueued, like submit().
+  // Plans `r` while its first chunks are gathered: checks every block first (a bad block throws
+  // gfd::Error naming it, and nothing moves), then packs the list a stretch at a time, and the
+  // gather threads start on each chunk as soon as it is packed. Returns once every DMA is
+  // enqueued, like submit().
   TransferPtr submit_planning(const Request& r);
 
   void run_piece(Item& item, std::uint32_t piece) override;
@@ -31,8 +28,8 @@ class GatherToDevice final : public ItemHandler {
  private:
   void gather_piece(const Item& item, std::uint32_t piece);
   // Takes the next slot for chunk `k`, writes its scatter entries and hands its pieces to the
-  // pool. A `held` chunk is not issued until its transfer's list is found valid or rejected.
-  Item& publish_chunk(const TransferPtr& t, std::uint32_t k, bool held);
+  // pool.
+  Item& publish_chunk(const TransferPtr& t, std::uint32_t k);
   void enqueue_issued(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait);
   // After the enqueues: the submitter gathers too (`help`), then issues what is ready and makes
   // the caller's stream wait for the transfer.
@@ -40,7 +37,6 @@ class GatherToDevice final : public ItemHandler {
   void issue_chunk(Item& item);
 
   StagingPipeline& p_;
-  std::vector<Item*> held_;  // submit_planning's held chunks (under the submission lock)
 };
 
 }  // namespace gfd::detail

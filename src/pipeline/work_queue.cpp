@@ -97,7 +97,7 @@ void WorkQueue::try_issue() {
     const std::uint64_t start = n;
     while (n < tail_.load(std::memory_order_seq_cst)) {
       Item& it = items_[n % items_.size()];
-      if (!issuable(it)) break;
+      if (!it.ready.load(std::memory_order_seq_cst)) break;
       it.handler->issue(it);
       it.t.reset();
       ++n;
@@ -106,13 +106,11 @@ void WorkQueue::try_issue() {
     issuing_.store(false, std::memory_order_seq_cst);
     if (n != start && tail_waiters_.load(std::memory_order_seq_cst) > 0) issued_.notify_all();
     // A piece may have completed between our last check and the release of the baton.
-    if (n < tail_.load(std::memory_order_seq_cst) && issuable(items_[n % items_.size()])) continue;
+    if (n < tail_.load(std::memory_order_seq_cst) &&
+        items_[n % items_.size()].ready.load(std::memory_order_seq_cst))
+      continue;
     return;
   }
-}
-
-bool WorkQueue::issuable(const Item& it) {
-  return it.ready.load(std::memory_order_seq_cst) && !it.held.load(std::memory_order_seq_cst);
 }
 
 void WorkQueue::drain() noexcept {

@@ -52,10 +52,9 @@ struct Item {
   std::uint32_t piece_begin = 0;
   std::uint64_t flag_value = 0;       // the slot flag's value once this chunk is gathered
   std::atomic<bool> dma_ready{true};  // device to host: the chunk's DMA into the slot completed
-  // Published while its transfer was still being planned: the item is not issued (and, device to
-  // host, its bytes are not placed) until the submitter has found the whole list valid (or
-  // rejected it) and clears this. Kept here, not read through `t`, which the issuer may reset
-  // while a late poller still looks at the item.
+  // Device to host: enqueued while its transfer was still being planned; placing waits until the
+  // submitter has found the whole list valid (or rejected it) and clears this. Kept here, not
+  // read through `t`, which the issuer may reset while a late poller still looks at the item.
   std::atomic<bool> held{false};
   // Claim word: item sequence (32 bits) | next piece (16) | pieces (16).
   std::atomic<std::uint64_t> claim{0};
@@ -92,8 +91,6 @@ class WorkQueue {
 
  private:
   void run_piece(Item& item, std::uint32_t piece);
-  // Ready (its pieces done) and not held.
-  static bool issuable(const Item& it);
 
   Tracer& tracer_;
   GatherPool* pool_ = nullptr;
