@@ -20,7 +20,7 @@ GatherPool::GatherPool(int threads, std::vector<int> cpus, int spin_us, Work wor
     for (int i = 0; i < threads; ++i) threads_.emplace_back([this, i] { loop(i); });
   } catch (...) {
     stop_.store(true);
-    wake();
+    wake_all();
     for (auto& t : threads_) t.join();
     throw;
   }
@@ -28,15 +28,23 @@ GatherPool::GatherPool(int threads, std::vector<int> cpus, int spin_us, Work wor
 
 GatherPool::~GatherPool() {
   stop_.store(true, std::memory_order_seq_cst);
-  wake();
+  wake_all();
   for (auto& t : threads_) t.join();
 }
 
 void GatherPool::wake() {
   // Pairs with loop(): a thread that registered as a sleeper either sees the new epoch (and
-  // through it the work published before this call) or is woken by this notify.
+  // through it the work published before this call) or is woken by a notify. Only one thread
+  // is woken here, and it wakes the others: each thread woken costs the waker an interrupt to
+  // another CPU, and waking all fifteen from the submitting thread took it 10-25 us on the
+  // H200 host (a VM) before it could even start planning (gfd_benchmark --trace).
   epoch_.fetch_add(1, std::memory_order_seq_cst);
-  if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_one();
+}
+
+void GatherPool::wake_all() {
+  epoch_.fetch_add(1, std::memory_order_seq_cst);
+  epoch_.notify_all();
 }
 
 void GatherPool::loop(int index) {
@@ -63,6 +71,9 @@ void GatherPool::loop(int index) {
       epoch_.wait(e, std::memory_order_seq_cst);
     }
     sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+    // Back because the epoch moved: work is coming, so the threads still parked come back too
+    // (wake() woke only one of them). This thread pays for it while the submitter plans.
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "engine_context.hpp"
 #include "gfd/error.hpp"
@@ -117,11 +118,20 @@ TransferPtr GatherToDevice::submit_planning(const Request& r) {
     p_.lanes.begin(*t, r.stream);
     ctx.tracer.begin_transfer(*t, r.stream);
     ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kLanesBegun, 0);
-    std::uint32_t published = 0;
+    // Chunks go to the gather threads as soon as they are packed; their DMAs (four driver calls
+    // each, several microseconds in a VM) are enqueued after that, while the threads gather, but
+    // never lag by a ring's worth: a slot is taken again only once its DMA is enqueued.
+    std::uint32_t published = 0, enqueued = 0;
+    std::vector<Item*>& items = items_;
+    items.clear();
+    auto enqueue_up_to = [&](std::uint32_t end) {
+      for (; enqueued < end; ++enqueued) enqueue_issued(*t, enqueued, items[enqueued]->slot, true);
+    };
+    const auto lag = static_cast<std::uint32_t>(p_.ring.size() - 1);
     auto publish_packed = [&] {
       for (; published < p.chunks.size(); ++published) {
-        const Item& it = publish_chunk(t, published);
-        if (p_.preissue) enqueue_issued(*t, published, it.slot, true);
+        if (p_.preissue && published >= enqueued + lag) enqueue_up_to(published - lag + 1);
+        items.push_back(&publish_chunk(t, published));
       }
     };
     // From here the transfer must be finalized whatever happens, or the caller would wait forever.
@@ -136,12 +146,20 @@ TransferPtr GatherToDevice::submit_planning(const Request& r) {
       }
       timed([&] { builder->finish(); });
       publish_packed();
+      if (p_.preissue) enqueue_up_to(published);
       if (!p.direct.empty()) {
         if (p_.preissue) p_.lanes.enqueue_directs(*t);
         else p_.queue.publish(p_.queue.append(Item::Kind::kDirect, this, t, 0, 0, true), 0);
       }
     } catch (...) {
       t->fail(std::current_exception());  // a device error: the rest moves nothing
+      // Published chunks whose DMAs were not enqueued: their slots are free once their pieces
+      // are done (the items are not reused while this submitter holds the lock).
+      for (std::uint32_t k = enqueued; p_.preissue && k < published; ++k) {
+        while (!items[k]->ready.load(std::memory_order_acquire))
+          if (!p_.queue.run_next_piece(false)) std::this_thread::yield();
+        p_.ring[items[k]->slot].mark_issued();
+      }
     }
     if (p_.preissue) p_.lanes.finalize(*t);
     else p_.queue.publish(p_.queue.append(Item::Kind::kFinalize, this, t, 0, 0, true), 0);

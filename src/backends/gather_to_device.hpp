@@ -6,6 +6,8 @@
 // (submit_planning), once every block has been checked.
 #pragma once
 
+#include <vector>
+
 #include "backends/gather.hpp"
 
 namespace gfd::detail {
@@ -37,6 +39,7 @@ class GatherToDevice final : public ItemHandler {
   void issue_chunk(Item& item);
 
   StagingPipeline& p_;
+  std::vector<Item*> items_;  // submit_planning: each chunk's item (under the submission lock)
 };
 
 }  // namespace gfd::detail
