@@ -118,16 +118,17 @@ TransferPtr GatherToDevice::submit_planning(const Request& r) {
     p_.lanes.begin(*t, r.stream);
     ctx.tracer.begin_transfer(*t, r.stream);
     ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kLanesBegun, 0);
-    // Chunks go to the gather threads as soon as they are packed; their DMAs (four driver calls
-    // each, several microseconds in a VM) are enqueued after that, while the threads gather, but
-    // never lag by a ring's worth: a slot is taken again only once its DMA is enqueued.
+    // Chunks go to the gather threads as soon as they are packed; each chunk's DMA (four driver
+    // calls, several microseconds in a VM) is enqueued once the next chunk is out too, so that
+    // the threads always have a chunk to gather while the submitter talks to the driver (and a
+    // slot is taken again only once its DMA is enqueued).
     std::uint32_t published = 0, enqueued = 0;
     std::vector<Item*>& items = items_;
     items.clear();
     auto enqueue_up_to = [&](std::uint32_t end) {
       for (; enqueued < end; ++enqueued) enqueue_issued(*t, enqueued, items[enqueued]->slot, true);
     };
-    const auto lag = static_cast<std::uint32_t>(p_.ring.size() - 1);
+    const std::uint32_t lag = 1;
     auto publish_packed = [&] {
       for (; published < p.chunks.size(); ++published) {
         if (p_.preissue && published >= enqueued + lag) enqueue_up_to(published - lag + 1);
