@@ -131,8 +131,8 @@ TransferPtr GatherToDevice::submit_planning(const Request& r) {
     const std::uint32_t lag = 1;
     auto publish_packed = [&] {
       for (; published < p.chunks.size(); ++published) {
-        if (p_.preissue && published >= enqueued + lag) enqueue_up_to(published - lag + 1);
         items.push_back(&publish_chunk(t, published));
+        if (p_.preissue && published >= lag) enqueue_up_to(published - lag + 1);
       }
     };
     // From here the transfer must be finalized whatever happens, or the caller would wait forever.
