@@ -53,7 +53,9 @@ struct EngineStats {
   std::uint64_t scattered_chunks = 0;///< chunks placed by the scatter kernel
   std::uint64_t direct_copies = 0;   ///< blocks sent straight from pinned memory
   double gather_seconds = 0;         ///< CPU time spent gathering, summed over threads
-  double dma_seconds = 0;            ///< copy-engine time of staged host-to-device chunks (GPU clock)
+  double dma_seconds = 0;            ///< copy-engine time of staged host-to-device chunks on the
+                                     ///< copy lanes (GPU clock; not the small transfers of at most
+                                     ///< inline_gather_bytes, moved on the caller's stream untimed)
   double submit_wait_seconds = 0;    ///< time submitters waited for a free slot
   double plan_seconds = 0;           ///< time spent validating and planning transfers
   HugepageKind hugepages = HugepageKind::kNone;  ///< pages the staging ring actually got

@@ -29,8 +29,9 @@ struct EngineOptions {
   /// staged to 90% direct, 256 KB blocks from 76% to 97%; 16 KB blocks were faster staged
   /// (bench/RESULTS.md, 2026-12-01). 0 disables the direct path.
   std::size_t direct_min_bytes = std::size_t{64} << 10;
-  /// Transfers of at most this many bytes are gathered by the submitting thread itself:
-  /// waking the pool would cost more than the copy.
+  /// Transfers of at most this many bytes (one chunk) are gathered by the submitting thread
+  /// itself, and their one DMA goes on the caller's stream instead of the copy lanes: waking the
+  /// pool, and the lanes' stream joins, would cost more than the copy.
   std::size_t inline_gather_bytes = std::size_t{128} << 10;
   /// Gather threads; 0 = one per GPU-local CPU, less one for the submitting thread.
   int gather_threads = 0;

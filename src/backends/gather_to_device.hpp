@@ -29,6 +29,8 @@ class GatherToDevice final : public ItemHandler {
 
  private:
   void gather_piece(const Item& item, std::uint32_t piece);
+  // A one-chunk transfer of at most inline_gather_bytes: gathered here, moved on `stream`.
+  void submit_inline(TransferState& t, StreamHandle stream);
   // Takes the next slot for chunk `k`, writes its scatter entries and hands its pieces to the
   // pool.
   Item& publish_chunk(const TransferPtr& t, std::uint32_t k);

@@ -64,10 +64,15 @@ void CopyLanes::enqueue_directs(TransferState& t) {
 
 void CopyLanes::enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s, bool wait,
                                   std::uint64_t flag_value) {
-  const PlannedChunk& c = t.plan.chunks[index];
   StreamHandle l = lane(t, next_h2d());
   if (wait) device_.wait_value_geq(s.flag, flag_value, l);
   device_.record_event(s.start, l);
+  move_to_device(t, index, s, l);
+  s.timed = true;
+}
+
+void CopyLanes::move_to_device(TransferState& t, std::uint32_t index, Slot& s, StreamHandle l) {
+  const PlannedChunk& c = t.plan.chunks[index];
   if (c.contiguous_device) {
     device_.copy_h2d(t.plan.ops[c.op_begin].dst, s.host, c.data_bytes, l);
   } else {
@@ -81,7 +86,6 @@ void CopyLanes::enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s
     t.trace_dma.emplace_back(index, device_.create_event(true));
     device_.record_event(t.trace_dma.back().second, l);
   }
-  s.timed = true;
   Counters::add(ctx_.counters.chunks, 1);
 }
 

@@ -42,6 +42,9 @@ class CopyLanes {
   // destinations go through the slot's device twin and the scatter kernel.
   void enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s, bool wait,
                          std::uint64_t flag_value);
+  // The same on stream `l` as it stands (no lane, no wait, no timing event): the DMA (and the
+  // scatter kernel for scattered destinations), then `s.done`.
+  void move_to_device(TransferState& t, std::uint32_t index, Slot& s, StreamHandle l);
   // Chunk `index` from the device into slot `s` (packed on the GPU first when its device blocks
   // are scattered); `s.done` follows the DMA.
   void enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s);
