@@ -8,8 +8,11 @@
 #   OLD_SRC=.gpu_old tools/gpu_compare.sh [sections...]   sections: test before-after writes
 #                                                         direct latency python quick
 #                                                         sweep multi knobs features trace
+#                                                         ref d2h pageable
 #                                                         (default: all but multi and knobs)
 #   TARGETS="gfd_benchmark micro_gather" limits the build to those targets (a faster lease).
+#   NEW_BA_ARGS="--pool=mmap" is passed to the new build's before-after runs (an older
+#   gfd_benchmark took its sources from an mmap pool; the new one's default is cudaHostAlloc).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
@@ -57,7 +60,7 @@ fi
 if has before-after && [ -x "$O" ]; then
   for i in 1 2 3; do
     bench "old_quick_$i" "$O" --quick
-    bench "new_quick_$i" "$B" --quick
+    bench "new_quick_$i" "$B" --quick ${NEW_BA_ARGS:-}
   done
 fi
 if has writes; then
@@ -111,12 +114,19 @@ if has trace; then
   timeout 120 "$B" --blocks 16384 --backends gather --trace > "$W/trace_16384.log" 2>&1
   sed -n '/^trace:/,/^$/p' "$W/trace_16384.log" | head -24 | tee -a "$W/summary.txt"
 fi
+if has d2h; then
+  for i in 1 2 3; do bench "d2h_$i" "$B" --quick --direction d2h; done
+fi
+if has pageable; then
+  for i in 1 2 3; do bench "pageable_$i" "$B" --quick --pageable; done
+fi
 if has quick; then
   for i in 1 2 3; do bench "quick_$i" "$B" --quick; done
   bench quick_d2h "$B" --quick --direction d2h
 fi
 if has sweep; then
   bench sweep_cold "$B"
+  bench sweep_warm_2048 "$B" --warm --blocks 2048 --backends gather,zero_copy_kernel
 fi
 if has knobs; then
   # The pipeline's settings, one change at a time from the defaults, interleaved, three rounds:
@@ -131,7 +141,9 @@ if has knobs; then
        bench "knob_${name}_$i" "$B" --blocks 2048,16384 --backends gather ${KNOB_ARGS:-})
     done
   done
-  M=build-gpu/tests/micro
+fi
+M=build-gpu/tests/micro
+if has knobs || has ref; then
   # The yardstick: the same pipeline with nothing around it (tests/micro/ref_pipeline.cpp).
   if [ -x $M/ref_pipeline ]; then
     for i in 1 2 3; do
@@ -144,6 +156,8 @@ if has knobs; then
       done
     done
   fi
+fi
+if has knobs; then
   [ -x $M/micro_gather ] && timeout 120 $M/micro_gather --benchmark_filter='BM_Gather/' > "$W/micro_gather.log" 2>&1 \
     && grep -E "^BM_" "$W/micro_gather.log" | tee -a "$W/summary.txt"
   [ -x $M/micro_planner ] && timeout 60 $M/micro_planner --benchmark_filter='ascending_dst/blocks:2048|shuffled_dst/blocks:2048' > "$W/micro_planner.log" 2>&1 \
