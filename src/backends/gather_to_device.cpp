@@ -175,7 +175,7 @@ TransferPtr GatherToDevice::submit_planning(const Request& r) {
       t->fail(std::current_exception());  // a device error: the rest moves nothing
       // Published chunks whose DMAs were not enqueued: their slots are free once their pieces
       // are done (the items are not reused while this submitter holds the lock).
-      for (std::uint32_t k = enqueued; p_.preissue && k < published; ++k) {
+      for (std::size_t k = enqueued; p_.preissue && k < items.size(); ++k) {
         while (!items[k]->ready.load(std::memory_order_acquire))
           if (!p_.queue.run_next_piece(false)) std::this_thread::yield();
         p_.ring[items[k]->slot].mark_issued();
