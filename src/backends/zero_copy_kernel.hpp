@@ -1,7 +1,7 @@
 // zero_copy_kernel: an SM kernel reads pinned host memory through unified addressing and writes
 // the device blocks (or the reverse), on the caller's stream. The block list goes into staging
-// slots and, in one DMA, to their device twins, where the kernel reads it; each slot is reused
-// only after the kernel that reads it has finished. Also used by the gather backend for small transfers with pinned host
+// slots (pinned, read by the kernel over PCIe); each slot is reused only after the kernel that
+// reads it has finished. Also used by the gather backend for small transfers with pinned host
 // memory (EngineOptions::kernel_max_bytes), on the gather backend's own ring.
 #pragma once
 
