@@ -20,7 +20,7 @@ GatherPool::GatherPool(int threads, std::vector<int> cpus, int spin_us, Work wor
     for (int i = 0; i < threads; ++i) threads_.emplace_back([this, i] { loop(i); });
   } catch (...) {
     stop_.store(true);
-    wake_all();
+    wake();
     for (auto& t : threads_) t.join();
     throw;
   }
@@ -28,23 +28,24 @@ GatherPool::GatherPool(int threads, std::vector<int> cpus, int spin_us, Work wor
 
 GatherPool::~GatherPool() {
   stop_.store(true, std::memory_order_seq_cst);
-  wake_all();
+  wake();
   for (auto& t : threads_) t.join();
 }
 
 void GatherPool::wake() {
   // Pairs with loop(): a thread that registered as a sleeper either sees the new epoch (and
-  // through it the work published before this call) or is woken by a notify. Only one thread
-  // is woken here, and it wakes the others: each thread woken costs the waker an interrupt to
-  // another CPU, and waking all fifteen from the submitting thread took it 10-25 us on the
-  // H200 host (a VM) before it could even start planning (gfd_benchmark --trace).
+  // through it the work published before this call) or is woken by this notify.
   epoch_.fetch_add(1, std::memory_order_seq_cst);
-  if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_one();
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
 }
 
-void GatherPool::wake_all() {
+void GatherPool::wake_one() {
+  // As wake(), but only one thread is woken here, and it wakes the others: each thread woken
+  // costs the waker an interrupt to another CPU, and waking all fifteen from the submitting
+  // thread took it 10-25 us on the H200 host (a VM) before it could start planning
+  // (gfd_benchmark --trace).
   epoch_.fetch_add(1, std::memory_order_seq_cst);
-  epoch_.notify_all();
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_one();
 }
 
 void GatherPool::loop(int index) {
@@ -72,7 +73,7 @@ void GatherPool::loop(int index) {
     }
     sleepers_.fetch_sub(1, std::memory_order_seq_cst);
     // Back because the epoch moved: work is coming, so the threads still parked come back too
-    // (wake() woke only one of them). This thread pays for it while the submitter plans.
+    // (wake_one() woke only this one). This thread pays for it while the submitter plans.
     if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
   }
 }

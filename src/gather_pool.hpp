@@ -24,15 +24,17 @@ class GatherPool {
   GatherPool& operator=(const GatherPool&) = delete;
 
   // New work is published, or about to be: parked threads come back and spin while they look
-  // for it (the caller wakes one, which wakes the others). Cheap when no thread is parked.
+  // for it. Cheap when no thread is parked.
   void wake();
+  // The same, with the cost of waking moved off the caller: it wakes one thread, which wakes
+  // the others (a transfer's submitter, before it plans).
+  void wake_one();
   int threads() const { return static_cast<int>(threads_.size()); }
   // False when some thread could not be pinned to the requested CPUs.
   bool pinned() const { return pinned_.load(); }
 
  private:
   void loop(int index);
-  void wake_all();  // stop: every thread at once
   std::vector<std::thread> threads_;
   std::vector<int> cpus_;
   int spin_us_;

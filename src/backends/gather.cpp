@@ -47,7 +47,7 @@ class GatherBackend final : public BackendImpl {
     // produced pieces (a futex wake-up costs tens of microseconds, planning about as much).
     if (!r.blocks.empty() &&
         r.blocks.size() * std::min<std::size_t>(r.blocks[0].bytes, 1u << 30) > o.inline_gather_bytes) {
-      pipe_.queue.wake();
+      pipe_.queue.wake_for_transfer();
       ctx.tracer.record(r.id, TraceEvent::kStage, TraceEvent::kPoolWoken, 0);
     }
     const bool to_host = r.direction == Direction::kToHost;

@@ -17,6 +17,10 @@ void WorkQueue::wake() {
   if (pool_ != nullptr) pool_->wake();
 }
 
+void WorkQueue::wake_for_transfer() {
+  if (pool_ != nullptr) pool_->wake_one();
+}
+
 Item& WorkQueue::append(Item::Kind kind, ItemHandler* handler, const TransferPtr& t,
                         std::uint32_t index, std::uint32_t slot, bool ready) {
   const std::uint64_t n = tail_.load(std::memory_order_relaxed);

@@ -70,6 +70,8 @@ class WorkQueue {
   // The pool to wake when pieces are published (set once, before any item).
   void set_pool(GatherPool* pool) { pool_ = pool; }
   void wake();
+  // Wakes the pool for a transfer about to be planned (GatherPool::wake_one).
+  void wake_for_transfer();
 
   // Takes the next item (caller holds the submission lock); waits while the queue is full.
   Item& append(Item::Kind kind, ItemHandler* handler, const TransferPtr& t, std::uint32_t index,
