@@ -12,13 +12,15 @@ Expected CSV header (one row per configuration and backend; extra columns are ig
 Several CSVs (e.g. a cold and a warm run) are merged. Colour shows the backend, line style the
 sources (solid cold, dashed warm) and a black dotted line the contiguous pinned
 cudaMemcpyAsync reference (ref_gbps) of the same bytes. Only rows with load == "none" go into
-the two sweeps; rows with load == "sm" (measured while a compute kernel keeps every SM busy)
-go into the under-load bar chart. Rows whose `verified` is not 1/true/yes are skipped.
+the two sweeps; rows with load == "sm", "sm-equal" or "sm-short" (measured while compute
+kernels keep every SM busy) go into one under-load bar chart per load mode. Rows whose `verified` is not 1/true/yes are skipped.
 
 Charts written (PREFIX is "gbps" for the GB/s metrics, "ratio" for the ratio metrics):
   DIR/PREFIX_vs_blocks_<dst>.png      metric against block count at block size 4096
   DIR/PREFIX_vs_block_size_<dst>.png  metric against block size at the size sweep's block count
-  DIR/under_load[_ratio].png          unloaded vs under SM load, per backend (if "sm" rows exist)
+  DIR/under_load[_ratio].png          unloaded vs under SM load, per backend (if "sm" rows exist);
+  DIR/under_load_equal[_ratio].png, DIR/under_load_short[_ratio].png  the same for the
+                                      "sm-equal" and "sm-short" rows (gfd_benchmark --under-load)
 If the merged input holds more than one mode or direction, "_<mode>" / "_<direction>" is
 appended to the sweep charts' names as well (and each chart holds one mode and direction).
 
@@ -357,10 +359,10 @@ def plot_benchmark(plt, paths, args):
     modes = ordered({k[0] for k in data}, ["gpu", "host-only"])
     directions = ordered({k[1] for k in data}, ["h2d", "d2h"])
     loads = {k[2] for k in data}
-    unknown_loads = loads - {"none", "sm"}
+    unknown_loads = loads - {"none"} - set(LOAD_MODES)
     if unknown_loads:
         warn(f"rows with load {', '.join(sorted(unknown_loads))} are not drawn "
-             "(only 'none' and 'sm' are known)")
+             f"(only 'none', {', '.join(repr(m) for m in LOAD_MODES)} are known)")
     os.makedirs(args.out, exist_ok=True)
     written = 0
 
@@ -432,18 +434,27 @@ def plot_benchmark(plt, paths, args):
                     warn(f"{mode}/{direction}/{dst}: fewer than two block sizes; "
                          "no block-size chart")
 
-    # 3. Under SM load.
-    loaded = [(k, p) for k, p in data.items() if k[2] == "sm"]
-    if loaded:
-        path = os.path.join(args.out, "under_load" + ("" if prefix == "gbps" else f"_{prefix}")
-                            + ".png")
-        draw_under_load(plt, data, loaded, args, path, headline, all_backends)
-        written += 1
+    # 3. Under SM load, one chart per load mode.
+    for load, what in LOAD_MODES.items():
+        loaded = [(k, p) for k, p in data.items() if k[2] == load]
+        if loaded:
+            name = "under_load" + ("" if load == "sm" else "_" + load.replace("sm-", ""))
+            path = os.path.join(args.out, name + ("" if prefix == "gbps" else f"_{prefix}") + ".png")
+            draw_under_load(plt, data, loaded, args, path, headline, all_backends, what)
+            written += 1
 
     if not written:
         raise NoData("nothing to draw: no sweep has two or more points and there are no "
                      "load == 'sm' rows")
     return written
+
+
+# gfd_benchmark --under-load modes (the `load` column) and what each chart says of them.
+LOAD_MODES = {
+    "sm": "one long compute kernel on every SM, transfers at higher stream priority",
+    "sm-equal": "one long compute kernel on every SM, transfers at the same stream priority",
+    "sm-short": "back-to-back short compute kernels, transfers at the same stream priority",
+}
 
 
 def _median(values):
@@ -465,7 +476,7 @@ def slowdown_pct(v, fmt):
     return v
 
 
-def draw_under_load(plt, data, loaded, args, path, headline, all_backends):
+def draw_under_load(plt, data, loaded, args, path, headline, all_backends, what):
     """One panel per configuration (mode, direction, sources, dst, blocks, block size) measured
     under SM load; in each, per backend, a bar unloaded and a bar under load, the latter
     annotated with the compute kernel's slowdown."""
@@ -538,8 +549,8 @@ def draw_under_load(plt, data, loaded, args, path, headline, all_backends):
                                  label="under SM load")], fontsize=8, loc="upper right")
     if missing_unloaded:
         warn(f"under_load: {missing_unloaded} loaded row(s) without a matching unloaded row")
-    fig.suptitle(f"{headline}\n{_short(y_label)}: unloaded vs every SM busy with a compute kernel "
-                 f"(hatched; label: compute kernel slowdown)\nfiles: {', '.join(sorted(files))}",
+    fig.suptitle(f"{headline}\n{_short(y_label)}: unloaded vs {what} "
+                 f"(hatched; label: compute slowdown)\nfiles: {', '.join(sorted(files))}",
                  fontsize=10)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
