@@ -1,8 +1,5 @@
 #include "stage_only.hpp"
 
-#include <pthread.h>
-#include <sched.h>
-
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -18,16 +15,6 @@ namespace gfd::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// The engine pins each gather thread to the whole set of its CPUs (GatherPool::loop).
-bool pin_to(const std::vector<int>& cpus) {
-  if (cpus.empty()) return true;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int c : cpus)
-    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
-  return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
-}
 
 }  // namespace
 
@@ -69,7 +56,8 @@ bool StageOnly::claim_and_copy() {
 }
 
 void StageOnly::worker() {
-  if (!pin_to(cfg_.cpus)) pinned_.store(false);
+  // As the engine pins each gather thread: to the whole set of its CPUs.
+  if (!probe::pin_current_thread(cfg_.cpus)) pinned_.store(false);
   while (!stop_.load(std::memory_order_acquire)) {
     if (claim_and_copy()) continue;
     // Idle: spin for spin_us (back-to-back runs pay no wake-up), then park until the claim word

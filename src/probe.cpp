@@ -77,6 +77,8 @@ int numa_nodes() { return numa_available() < 0 ? 1 : numa_max_node() + 1; }
 
 std::string format_cpulist(const std::vector<int>& cpus) { return detail::format_cpulist(cpus); }
 
+bool pin_current_thread(const std::vector<int>& cpus) { return detail::pin_current_thread(cpus); }
+
 void copy_like_staging(void* dst, const void* src, std::size_t bytes, StagingWrites writes) {
   // Resolved as the engine resolves it (kAuto, or a mode this CPU lacks, falls back).
   const detail::StoreKind kind = detail::resolve_staging_writes(writes);

@@ -79,6 +79,9 @@ Locality gpu_locality(const Device& device);
 std::vector<int> allowed_cpus();
 /// NUMA nodes of this machine (1 without libnuma support).
 int numa_nodes();
+/// Pins the calling thread to `cpus` (all of them, as the engine pins each gather thread);
+/// false when the system refuses. An empty list changes nothing.
+bool pin_current_thread(const std::vector<int>& cpus);
 /// "0-3,8" for {0,1,2,3,8}.
 std::string format_cpulist(const std::vector<int>& cpus);
 

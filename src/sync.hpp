@@ -17,6 +17,17 @@ inline std::uint64_t ns_since(Clock::time_point t0) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }
 
+// Runs `step` and adds the nanoseconds it took to `ns` (also when it throws).
+template <class F>
+void add_elapsed(std::uint64_t& ns, F&& step) {
+  struct Add {
+    std::uint64_t& ns;
+    Clock::time_point t0;
+    ~Add() { ns += ns_since(t0); }
+  } add{ns, Clock::now()};
+  step();
+}
+
 inline std::uint64_t now_ns() {
   return static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());

@@ -420,16 +420,17 @@ TEST_P(EngineTest, CopyToHostBadInputIsRejectedNamingTheBlock) {
   engine.copy_to_host(ok, td_->cuda_stream()).wait();
 }
 
-// Device to host with a ring large enough that the gather backend plans while the first DMAs
-// run: a bad block found late (after chunks were enqueued) or an overlap found at the end still
-// rejects the whole transfer, naming the block, and no byte reaches host memory; a good transfer
-// then places every byte, and only it is counted.
-TEST_P(EngineTest, CopyToHostFoundBadLateRejectsWholeAndPlacesNothing) {
-  // 128 slots of 256 KB: every chunk of the 4 MB transfer is enqueued while planning; 4 slots:
-  // only a ring's worth is, the rest after the list is found valid.
+// A bad block late in a 4 MB list, or an overlap found at the end, rejects the whole transfer,
+// naming the block, and no byte reaches its destination; a good transfer then lands whole, and
+// only it is counted. Device to host, the gather backend plans while the first DMAs run (after
+// chunks were enqueued); host to device, it packs while the first chunks are gathered. Rings of
+// 128 slots of 256 KB (the whole transfer fits) and of 4 (the ring turns: no slot may be lost
+// to a rejected transfer).
+TEST_P(EngineTest, FoundBadLateRejectsWholeAndCopiesNothing) {
   for (std::size_t staging : {std::size_t{32} << 20, std::size_t{1} << 20}) {
     SCOPED_TRACE("staging " + std::to_string(staging));
     copy_to_host_found_bad_late(staging);
+    copy_to_device_found_bad_late(staging);
   }
 }
 
@@ -483,18 +484,6 @@ void EngineTest::copy_to_host_found_bad_late(std::size_t staging) {
     bad += std::memcmp(good[i].dst, init.data() + i * 4096, 4096) != 0;
   EXPECT_EQ(bad, 0u);
   EXPECT_EQ(engine.stats().transfers, transfers_before + 1);
-}
-
-// Host to device, large enough that the gather backend packs while the first chunks are
-// gathered: a bad block late in the list or an overlap found at the end rejects the whole
-// transfer, naming the block, and no byte reaches the device; no slot is lost (more rejected
-// transfers in a row than the ring has slots, then a good one, which lands whole).
-TEST_P(EngineTest, CopyToDeviceFoundBadLateRejectsWholeAndCopiesNothing) {
-  // 128 slots of 256 KB (the whole 4 MB transfer fits) and 4 slots (the ring turns).
-  for (std::size_t staging : {std::size_t{32} << 20, std::size_t{1} << 20}) {
-    SCOPED_TRACE("staging " + std::to_string(staging));
-    copy_to_device_found_bad_late(staging);
-  }
 }
 
 void EngineTest::copy_to_device_found_bad_late(std::size_t staging) {

@@ -53,22 +53,7 @@ if [ "$MODE" = reliability ]; then
   (cd build-gpu && timeout 90 ctest -j4 --timeout 60) > "$OUT/ctest.log" 2>&1
   summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log") (${SECONDS}s)"
   grep -E "\*\*\*Failed|Timeout|Exception" "$OUT/ctest.log" | head -20 >> "$OUT/summary.txt"
-  SECONDS=0
-  GFD_STRESS_REQUESTS=100000 timeout 200 build-gpu/tests/gfd_stress_test --gtest_filter='*Cuda' \
-    > "$OUT/stress_long.log" 2>&1
-  summary "== stress long: rc=$? (${SECONDS}s) $(grep -E '^stress' "$OUT/stress_long.log")"
-  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  PICK='*OneByte/Cuda*:*ScatteredDestinationsUseScatterKernel/Cuda*:*RandomSizesAndAlignments/Cuda*'
-  PICK="$PICK:*LargePinnedBlocksGoDirect/Cuda*:*WorkQueuedAfterOnTheStreamSeesTheData/Cuda*"
-  PICK="$PICK:*ConcurrentSubmittersWithTinyRing/Cuda*:*SmallPinnedTransfersCanTakeTheKernel/Cuda*"
-  PICK="$PICK:*CopyToHost*/Cuda*:*SwapOut*/Cuda*:*IssuingFromTheGatherThreadsWorksToo/Cuda*"
-  for tool in memcheck racecheck; do
-    SECONDS=0
-    limit=120; [ $tool = racecheck ] && limit=60
-    timeout $limit "$CS" --tool $tool --error-exitcode 3 build-gpu/tests/gfd_engine_test --gtest_filter="$PICK" \
-      > "$OUT/sanitizer_$tool.log" 2>&1
-    summary "== compute-sanitizer $tool: rc=$? (${SECONDS}s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests? ran|PASSED|FAILED' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
-  done
+  tools/gpu_reliability.sh "$OUT" | tee -a "$OUT/summary.txt"
   SECONDS=0
   timeout 240 tools/sanitize.sh address,undefined > "$OUT/asan.log" 2>&1
   summary "== ASan+UBSan+LSan with the GPU: rc=$? (${SECONDS}s) $(grep -E 'tests passed|tests failed|ERROR: (Address|Leak)Sanitizer|runtime error' "$OUT/asan.log" | head -3 | tr '\n' ' ')"

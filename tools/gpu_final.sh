@@ -32,20 +32,6 @@ if [ -x "$O" ]; then
     timeout 60 "$B" --quick --direction d2h --backends gather,zero_copy_kernel --pool=mmap > "$W/new_d2h_$i.log" 2>&1; row "new_d2h_$i" "$W/new_d2h_$i.log"
   done
 fi
-SECONDS=0
-GFD_STRESS_REQUESTS=100000 timeout 150 build-gpu/tests/gfd_stress_test --gtest_filter='*Cuda' > "$W/stress_long.log" 2>&1
-say "stress long: rc=$? (${SECONDS}s) $(grep -E '^stress' "$W/stress_long.log" | tr '\n' ' ')"
-CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-PICK='*OneByte/Cuda*:*ScatteredDestinationsUseScatterKernel/Cuda*:*RandomSizesAndAlignments/Cuda*'
-PICK="$PICK:*LargePinnedBlocksGoDirect/Cuda*:*WorkQueuedAfterOnTheStreamSeesTheData/Cuda*"
-PICK="$PICK:*ConcurrentSubmittersWithTinyRing/Cuda*:*SmallPinnedTransfersCanTakeTheKernel/Cuda*"
-PICK="$PICK:*CopyToHost*/Cuda*:*CopyToDevice*/Cuda*:*SwapOut*/Cuda*:*IssuingFromTheGatherThreadsWorksToo/Cuda*"
-for tool in memcheck racecheck; do
-  SECONDS=0
-  limit=${SAN_LIMIT:-110}; [ $tool = racecheck ] && limit=70
-  timeout $limit "$CS" --tool $tool --error-exitcode 3 build-gpu/tests/gfd_engine_test --gtest_filter="$PICK" \
-    > "$W/sanitizer_$tool.log" 2>&1
-  say "compute-sanitizer $tool: rc=$? (${SECONDS}s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests? ran|PASSED|FAILED' "$W/sanitizer_$tool.log" | tr '\n' ' ')"
-done
+tools/gpu_reliability.sh "$W" | tee -a "$W/summary.txt"
 tar -czf "$FINAL/logs.tgz" -C "$W" . 2>/dev/null
 cp "$W/summary.txt" "$FINAL/summary.txt"

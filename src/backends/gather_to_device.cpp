@@ -59,14 +59,7 @@ void GatherToDevice::submit_inline(TransferState& t, StreamHandle stream) {
       const auto t0 = Clock::now();
       gather_ops(p.ops.data() + c.op_begin, c.op_end - c.op_begin, s.host, p_.store);
       Counters::add(p_.ctx->counters.gather_ns, ns_since(t0));
-      s.timed = false;
-      try {
-        p_.lanes.move_to_device(t, 0, s, stream);
-      } catch (...) {
-        s.mark_issued();
-        throw;
-      }
-      s.mark_issued();
+      s.issue([&] { p_.lanes.move_to_device(t, 0, s, stream); });
       d.record_event(t.done_event, stream);
     } catch (...) {
       t.fail(std::current_exception());
@@ -102,11 +95,7 @@ TransferPtr GatherToDevice::submit_planning(const Request& r) {
   TransferPtr t = make_transfer(p_.ctx, r.id, Direction::kToDevice);
   t->plan = ctx.plans.take();
   std::uint64_t plan_ns = 0;
-  auto timed = [&](auto&& step) {
-    const auto t0 = Clock::now();
-    step();
-    plan_ns += ns_since(t0);
-  };
+  auto timed = [&](auto&& step) { add_elapsed(plan_ns, step); };
   const PointerClassifier classify = ctx.classifier();  // outlives the builder, which keeps it
   PlanConfig cfg = ctx.plan_config;
   cfg.direction = Direction::kToDevice;
@@ -208,14 +197,7 @@ Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k) {
 // Enqueues a chunk at submission (preissue) and marks its slot as carrying a DMA.
 void GatherToDevice::enqueue_issued(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait) {
   Slot& s = p_.ring[slot];
-  s.timed = false;
-  try {
-    p_.lanes.enqueue_to_device(t, index, s, wait, s.flag_value);
-  } catch (...) {
-    s.mark_issued();
-    throw;
-  }
-  s.mark_issued();
+  s.issue([&] { p_.lanes.enqueue_to_device(t, index, s, wait, s.flag_value); });
 }
 
 void GatherToDevice::gather_piece(const Item& item, std::uint32_t piece) {

@@ -15,11 +15,7 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned) {
   const bool plan_here = !planned;
   TransferPtr t = plan_here ? make_transfer(p_.ctx, r.id, Direction::kToHost) : std::move(planned);
   std::uint64_t plan_ns = 0;
-  auto timed = [&](auto&& step) {
-    const auto t0 = Clock::now();
-    step();
-    plan_ns += ns_since(t0);
-  };
+  auto timed = [&](auto&& step) { add_elapsed(plan_ns, step); };
   const PointerClassifier classify = ctx.classifier();  // outlives the builder, which keeps it
   std::optional<PlanBuilder> builder;
   if (plan_here) {

@@ -25,15 +25,10 @@ void ZeroCopyKernel::submit(TransferState& t, StreamHandle stream) {
         Slot& s = ring_[ring_.acquire()];
         auto* entries = reinterpret_cast<ZeroCopyEntry*>(s.host);
         for (std::uint32_t k = 0; k < n; ++k) entries[k] = entry(i + k);
-        s.timed = false;
-        try {
+        s.issue([&] {
           d.zero_copy(entries, n, stream);
           d.record_event(s.done, stream);
-        } catch (...) {
-          s.mark_issued();
-          throw;
-        }
-        s.mark_issued();
+        });
       }
       d.record_event(t.done_event, stream);
     } catch (...) {

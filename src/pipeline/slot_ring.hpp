@@ -37,6 +37,17 @@ struct Slot {
     state.store(kIssued, std::memory_order_release);
     state.notify_all();
   }
+  // Runs `enqueue` (the work that reads the slot, then `done` recorded after it) and marks the
+  // slot issued, also when `enqueue` throws (what it throws goes on).
+  template <class F>
+  void issue(F&& enqueue) {
+    struct Mark {
+      Slot& s;
+      ~Mark() { s.mark_issued(); }
+    } mark{*this};
+    timed = false;
+    enqueue();
+  }
 };
 
 struct RingConfig {
