@@ -420,6 +420,20 @@ TEST_P(EngineTest, CopyToHostBadInputIsRejectedNamingTheBlock) {
   engine.copy_to_host(ok, td_->cuda_stream()).wait();
 }
 
+// Runs `submit`, which must throw gfd::Error(kInvalidArgument) saying `needle` (and, with
+// `names_block`, naming block `block`).
+template <class F>
+void expect_rejected(F&& submit, std::size_t block, const std::string& needle, bool names_block) {
+  try {
+    submit();
+    ADD_FAILURE() << "accepted: " << needle;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    if (names_block) EXPECT_EQ(e.block(), block) << e.what();
+  }
+}
+
 // A bad block late in a 4 MB list, or an overlap found at the end, rejects the whole transfer,
 // naming the block, and no byte reaches its destination; a good transfer then lands whole, and
 // only it is counted. Device to host, the gather backend plans while the first DMAs run (after
@@ -462,14 +476,8 @@ void EngineTest::copy_to_host_found_bad_late(std::size_t staging) {
     std::memset(out.data(), 0xAB, out.size());
     std::vector<BlockCopy> v = good;
     v[c.block] = c.b;
-    try {
-      (void)engine.copy_to_host(v, td_->cuda_stream());
-      ADD_FAILURE() << "accepted: " << c.needle;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-      EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << e.what();
-      if (std::string(c.needle) != "overlaps") EXPECT_EQ(e.block(), c.block) << e.what();
-    }
+    expect_rejected([&] { (void)engine.copy_to_host(v, td_->cuda_stream()); }, c.block, c.needle,
+                    std::string(c.needle) != "overlaps");
     dev().stream_sync(td_->stream);
     // The dropped chunks are discarded by the gather threads: give them time to do so wrongly.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -512,14 +520,7 @@ void EngineTest::copy_to_device_found_bad_late(std::size_t staging) {
       td_->fill(dst.data(), 0x5A, dst.size());
       std::vector<BlockCopy> v = good;
       v[c.block] = c.b;
-      try {
-        (void)engine.copy_to_device(v, td_->cuda_stream());
-        ADD_FAILURE() << "accepted: " << c.needle;
-      } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-        EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << e.what();
-        EXPECT_EQ(e.block(), c.block) << e.what();
-      }
+      expect_rejected([&] { (void)engine.copy_to_device(v, td_->cuda_stream()); }, c.block, c.needle, true);
       dev().stream_sync(td_->stream);
       std::this_thread::sleep_for(std::chrono::milliseconds(5));  // time for a wrong DMA to land
       const auto got = td_->read(dst.data(), dst.size());
