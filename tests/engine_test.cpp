@@ -420,6 +420,13 @@ TEST_P(EngineTest, CopyToHostBadInputIsRejectedNamingTheBlock) {
   engine.copy_to_host(ok, td_->cuda_stream()).wait();
 }
 
+// A late-rejection case: block `block` replaced by `b`, rejected with a message saying `needle`.
+struct LateCase {
+  std::size_t block;
+  BlockCopy b;
+  const char* needle;
+};
+
 // Runs `submit`, which must throw gfd::Error(kInvalidArgument) saying `needle` (and, with
 // `names_block`, naming block `block`).
 template <class F>
@@ -463,16 +470,11 @@ void EngineTest::copy_to_host_found_bad_late(std::size_t staging) {
   for (std::size_t i = 0; i < kBlocks; ++i)
     good.push_back({src.data() + i * 4096, out.data() + ((i * 613) % kBlocks) * 8192, 4096});
   const std::uint64_t transfers_before = engine.stats().transfers;
-  struct Case {
-    std::size_t block;
-    BlockCopy b;
-    const char* needle;
-  };
-  const Case cases[] = {
+  const LateCase cases[] = {
       {900, {src.data() + 900 * 4096, dst_dev.data(), 4096}, "needs a host destination"},
       {1000, {src.data() + 1000 * 4096, out.data() + ((10 * 613) % kBlocks) * 8192 + 100, 4096}, "overlaps"},
   };
-  for (const Case& c : cases) {
+  for (const LateCase& c : cases) {
     std::memset(out.data(), 0xAB, out.size());
     std::vector<BlockCopy> v = good;
     v[c.block] = c.b;
@@ -506,16 +508,11 @@ void EngineTest::copy_to_device_found_bad_late(std::size_t staging) {
   for (std::size_t i = 0; i < kBlocks; ++i)
     good.push_back({pool.data() + ((i * 613) % kBlocks) * 8192, dst.data() + i * 4096, 4096});
   const std::uint64_t transfers_before = engine.stats().transfers;
-  struct Case {
-    std::size_t block;
-    BlockCopy b;
-    const char* needle;
-  };
-  const Case cases[] = {
+  const LateCase cases[] = {
       {900, {other.data(), dst.data() + 900 * 4096, 4096}, "needs a host source"},
       {1000, {pool.data() + 8192, dst.data() + 10 * 4096 + 100, 4096}, "overlaps"},
   };
-  for (const Case& c : cases) {
+  for (const LateCase& c : cases) {
     for (int round = 0; round < 6; ++round) {
       td_->fill(dst.data(), 0x5A, dst.size());
       std::vector<BlockCopy> v = good;
