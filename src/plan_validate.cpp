@@ -58,6 +58,47 @@ void radix_sort(std::vector<std::pair<std::uintptr_t, std::uint32_t>>& v,
   }
 }
 
+// The overlap check of a paged KV cache's scattered destinations: when every block has the same
+// power-of-two size and every destination lies on one grid of that size, two destinations
+// overlap exactly when they start at the same place, so a hash set of grid slots finds them in
+// one pass, where sorting the addresses cost 30-37 ns per block (tests/micro/micro_planner,
+// BM_Check/shuffled_dst). False when the blocks do not qualify (the caller sorts instead); a
+// duplicate is reported through `report(a, b)`, which throws.
+template <class Report>
+bool duplicate_on_grid(std::span<const BlockCopy> blocks, Plan::Scratch& scratch, Report&& report) {
+  const std::size_t n = blocks.size();
+  const std::size_t size = blocks[0].bytes;
+  if (n < 2 || size == 0 || (size & (size - 1)) != 0 || n > (std::size_t{1} << 30)) return false;
+  std::uintptr_t lo = reinterpret_cast<std::uintptr_t>(blocks[0].dst);
+  bool same = true;
+  for (const BlockCopy& b : blocks) {
+    same &= b.bytes == size;
+    lo = std::min(lo, reinterpret_cast<std::uintptr_t>(b.dst));
+  }
+  if (!same) return false;
+  const std::uintptr_t mask = size - 1;
+  const unsigned shift = static_cast<unsigned>(__builtin_ctzll(size));
+  std::uintptr_t off = 0;
+  for (const BlockCopy& b : blocks) off |= reinterpret_cast<std::uintptr_t>(b.dst) - lo;
+  if ((off & mask) != 0) return false;
+  unsigned bits = 6;
+  while ((std::size_t{1} << bits) < 2 * n) ++bits;
+  auto& slots = scratch.slots;
+  auto& owner = scratch.owner;
+  slots.assign(std::size_t{1} << bits, 0);  // 0: empty; else grid slot + 1
+  owner.resize(slots.size());
+  const std::size_t wrap = slots.size() - 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t key = ((reinterpret_cast<std::uintptr_t>(blocks[i].dst) - lo) >> shift) + 1;
+    std::size_t h = static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+    while (slots[h] != 0 && slots[h] != key) h = (h + 1) & wrap;
+    if (slots[h] == key) report(owner[h], i);
+    slots[h] = key;
+    owner[h] = static_cast<std::uint32_t>(i);
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string describe(const PointerInfo& info) {
@@ -203,6 +244,7 @@ void check_overlaps(std::span<const BlockCopy> blocks, Plan::Scratch& scratch) {
       if (begin_of(i) < end_of(i - 1)) report(i - 1, i);
     return;
   }
+  if (duplicate_on_grid(blocks, scratch, report)) return;
   auto& order = scratch.order;
   order.resize(blocks.size());
   for (std::size_t i = 0; i < blocks.size(); ++i)

@@ -82,6 +82,8 @@ struct Plan {
     std::vector<std::uint8_t> pinned;
     std::vector<std::pair<std::uintptr_t, std::uint32_t>> order, tmp;
     std::vector<std::uint32_t> count;
+    std::vector<std::uint64_t> slots;  // overlap check of equal blocks on one grid: a hash set
+    std::vector<std::uint32_t> owner;
   };
   std::vector<GatherOp> ops;
   std::vector<PlannedChunk> chunks;

@@ -710,6 +710,29 @@ TEST(PlannerValidationTest, IdenticalDestinationsOverlap) {
   expect_block_error(blocks, small_config(), 2, "overlaps block 0");
 }
 
+// Scattered destinations of a paged KV cache (equal power-of-two blocks on one grid, checked
+// with a hash set of grid slots) and the same lists off the grid or with other sizes (checked by
+// sorting): a shared destination is found wherever it is, naming the later block, and a list
+// without one passes.
+TEST(PlannerValidationTest, ScatteredPagesOverlapFoundOnAndOffTheGrid) {
+  constexpr std::size_t kN = 2048;
+  std::vector<std::size_t> page(kN);
+  std::iota(page.begin(), page.end(), std::size_t{0});
+  std::shuffle(page.begin(), page.end(), std::mt19937_64(5));
+  for (const std::size_t size : {std::size_t{4096}, std::size_t{3072}}) {
+    SCOPED_TRACE("block size " + std::to_string(size));
+    std::vector<BlockCopy> blocks;
+    for (std::size_t i = 0; i < kN; ++i) blocks.push_back(block(kPageBase + i * 2 * size, kDevBase + page[i] * size, size));
+    EXPECT_NO_THROW((void)plan_of(blocks, small_config()));
+    std::vector<BlockCopy> dup = blocks;
+    dup[1500].dst = dup[700].dst;  // the same page twice
+    expect_block_error(dup, small_config(), 1500, "overlaps block 700");
+    std::vector<BlockCopy> off = blocks;
+    off[1800].dst = dst_at(addr(off[300].dst) + 512);  // off the grid, into block 300's page
+    expect_block_error(off, small_config(), 1800, "overlaps block 300");
+  }
+}
+
 TEST(PlannerValidationTest, TouchingDestinationsDoNotOverlap) {
   const PlanConfig cfg = small_config();
   const std::vector<BlockCopy> blocks = {

@@ -114,6 +114,42 @@ void BM_MakePlan(benchmark::State& state, DstOrder order, bool check_overlaps, S
   state.counters["queries"] = static_cast<double>(queries) / std::max(iters, 1.0);
 }
 
+// What a host-to-device transfer does before its first chunk is packed: PlanBuilder::check (every
+// block validated, the overlap check), on a recycled plan as in the engine.
+void BM_Check(benchmark::State& state, DstOrder order) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const std::vector<BlockCopy> blocks = make_blocks(n, order, Source::kPinned);
+  const std::uintptr_t src_end = kSrcBase + 2 * n * kBlock, dst_end = kDstBase + n * kBlock;
+  const gfd::detail::PointerClassifier classify = [&](const void* p) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    PointerInfo info;
+    if (a >= kSrcBase && a < src_end) {
+      info.kind = PointerKind::kPinnedHost;
+      info.begin = kSrcBase;
+      info.end = src_end;
+    } else if (a >= kDstBase && a < dst_end) {
+      info.kind = PointerKind::kDevice;
+      info.device = 0;
+      info.begin = kDstBase;
+      info.end = dst_end;
+    }
+    return info;
+  };
+  PlanConfig config;
+  config.device = 0;
+  gfd::detail::Plan plan;
+  const double t0 = thread_cpu_ns();
+  for (auto _ : state) {
+    gfd::detail::PlanBuilder builder(blocks, config, classify, plan, nullptr, true);
+    builder.check();
+    benchmark::DoNotOptimize(plan.all_pinned_host);
+  }
+  const double cpu_ns = thread_cpu_ns() - t0;
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
+  state.counters["ns_per_block"] =
+      cpu_ns / (std::max(static_cast<double>(state.iterations()), 1.0) * static_cast<double>(n));
+}
+
 void BlockCounts(benchmark::internal::Benchmark* b) {
   b->ArgName("blocks");
   for (std::int64_t n : {16, 256, 2048, 16384}) b->Arg(n);
@@ -125,6 +161,8 @@ BENCHMARK_CAPTURE(BM_MakePlan, ascending_dst_nocheck, DstOrder::kAscending, fals
     ->Apply(BlockCounts);
 BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_nocheck, DstOrder::kShuffled, false, Source::kPinned)
     ->Apply(BlockCounts);
+BENCHMARK_CAPTURE(BM_Check, ascending_dst, DstOrder::kAscending)->Apply(BlockCounts);
+BENCHMARK_CAPTURE(BM_Check, shuffled_dst, DstOrder::kShuffled)->Apply(BlockCounts);
 BENCHMARK_CAPTURE(BM_MakePlan, pageable_src_ascending_dst, DstOrder::kAscending, true, Source::kPageable)
     ->Apply(BlockCounts);
 
