@@ -67,7 +67,7 @@ struct PlanBuilder::State {
 
 PlanBuilder::PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
                          const PointerClassifier& classify, Plan& plan, PageableCache* pageable,
-                         bool stable) {
+                         bool stable, std::optional<std::uint64_t> known_bytes) {
   plan.ops.clear();
   plan.chunks.clear();
   plan.pieces.clear();
@@ -78,8 +78,7 @@ PlanBuilder::PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& cf
   if (blocks.size() > UINT32_MAX / 2)
     throw Error(ErrorCode::kInvalidArgument,
                 "blocks: " + std::to_string(blocks.size()) + " blocks is more than one transfer takes");
-  std::uint64_t block_bytes = 0;  // saturating: bad sizes are reported by validation
-  for (const BlockCopy& b : blocks) block_bytes = b.bytes > UINT64_MAX - block_bytes ? UINT64_MAX : block_bytes + b.bytes;
+  const std::uint64_t block_bytes = known_bytes ? *known_bytes : total_bytes(blocks);
   plan.scratch.pinned.resize(blocks.size());
   if (cfg.mode == PlanConfig::Mode::kStaged) {
     if (stable && block_bytes <= (std::uint64_t{1} << 44)) {
@@ -142,6 +141,12 @@ void PlanBuilder::finish() {
   advance(st.blocks.size());
   st.place(st.cur);
   st.packer.finish();
+}
+
+std::uint64_t total_bytes(std::span<const BlockCopy> blocks) {
+  std::uint64_t bytes = 0;
+  for (const BlockCopy& b : blocks) bytes = b.bytes > UINT64_MAX - bytes ? UINT64_MAX : bytes + b.bytes;
+  return bytes;
 }
 
 void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -146,8 +147,11 @@ PlanBounds plan_bounds(std::size_t blocks, std::uint64_t bytes, const PlanConfig
 // threads while planning goes on; stable() says whether that was possible (not for absurd sizes).
 class PlanBuilder {
  public:
+  // `block_bytes`: the blocks' sizes summed (saturating at UINT64_MAX) where the caller has done
+  // that already; the builder sums them otherwise.
   PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& config,
-              const PointerClassifier& classify, Plan& plan, PageableCache* pageable, bool stable);
+              const PointerClassifier& classify, Plan& plan, PageableCache* pageable, bool stable,
+              std::optional<std::uint64_t> block_bytes = std::nullopt);
   ~PlanBuilder();
   PlanBuilder(const PlanBuilder&) = delete;
   PlanBuilder& operator=(const PlanBuilder&) = delete;
@@ -165,6 +169,9 @@ class PlanBuilder {
   bool stable_ = false;
   bool checked_ = false;
 };
+
+// The blocks' sizes summed, saturating at UINT64_MAX (bad sizes are reported by validation).
+std::uint64_t total_bytes(std::span<const BlockCopy> blocks);
 
 // Throws gfd::Error(kInvalidArgument) naming the first bad block; otherwise fills `plan`
 // (whatever it held before is replaced; its memory is reused). `pageable`, when given, is

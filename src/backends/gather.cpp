@@ -55,11 +55,11 @@ class GatherBackend final : public BackendImpl {
     // the chunks planned first already running (only placing the bytes waits for the whole
     // list to be valid).
     const std::uint64_t bytes = r.blocks.size() > 1 ? total_bytes(r.blocks) : 0;
-    if (to_host && bytes > o.kernel_max_bytes) return to_host_.submit(r, nullptr);
+    if (to_host && bytes > o.kernel_max_bytes) return to_host_.submit(r, nullptr, bytes);
     // Host to device, too large for the kernel and for gathering on this thread alone: planned
     // while the first chunks are gathered (the DMAs wait for the whole list to be valid).
     if (!to_host && bytes > o.kernel_max_bytes && bytes > o.inline_gather_bytes)
-      return to_device_.submit_planning(r);
+      return to_device_.submit_planning(r, bytes);
     PlanConfig cfg = ctx.plan_config;
     cfg.direction = r.direction;
     TransferPtr t = plan_transfer(pipe_.ctx, r, cfg);
@@ -94,12 +94,6 @@ class GatherBackend final : public BackendImpl {
   }
 
  private:
-  static std::uint64_t total_bytes(std::span<const BlockCopy> blocks) {
-    std::uint64_t bytes = 0;
-    for (const BlockCopy& b : blocks) bytes = b.bytes > UINT64_MAX - bytes ? UINT64_MAX : bytes + b.bytes;
-    return bytes;
-  }
-
   StagingPipeline pipe_;
   GatherToDevice to_device_;
   GatherToHost to_host_;

@@ -90,7 +90,7 @@ void GatherToDevice::finish_submit(TransferState& t, StreamHandle stream, bool h
   t.join_stream(stream);
 }
 
-TransferPtr GatherToDevice::submit_planning(const Request& r) {
+TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t bytes) {
   EngineContext& ctx = *p_.ctx;
   TransferPtr t = make_transfer(p_.ctx, r.id, Direction::kToDevice);
   t->plan = ctx.plans.take();
@@ -100,7 +100,7 @@ TransferPtr GatherToDevice::submit_planning(const Request& r) {
   PlanConfig cfg = ctx.plan_config;
   cfg.direction = Direction::kToDevice;
   std::optional<PlanBuilder> builder;
-  timed([&] { builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true); });
+  timed([&] { builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true, bytes); });
   ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kPlanStorage, 0);
   // Every block is checked before anything moves (a bad block throws from here, naming it):
   // a read-only pass over the list, done before the gather threads load the memory system.

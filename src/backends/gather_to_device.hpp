@@ -21,7 +21,8 @@ class GatherToDevice final : public ItemHandler {
   // gfd::Error naming it, and nothing moves), then packs the list a stretch at a time, and the
   // gather threads start on each chunk as soon as it is packed. Returns once every DMA is
   // enqueued, like submit().
-  TransferPtr submit_planning(const Request& r);
+  // `bytes`: the blocks' sizes summed (total_bytes).
+  TransferPtr submit_planning(const Request& r, std::uint64_t bytes);
 
   void run_piece(Item& item, std::uint32_t piece) override;
   void chunk_done(Item& item) override;

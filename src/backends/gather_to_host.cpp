@@ -10,7 +10,7 @@
 
 namespace gfd::detail {
 
-TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned) {
+TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::optional<std::uint64_t> bytes) {
   EngineContext& ctx = *p_.ctx;
   const bool plan_here = !planned;
   TransferPtr t = plan_here ? make_transfer(p_.ctx, r.id, Direction::kToHost) : std::move(planned);
@@ -23,7 +23,7 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned) {
     t->plan_state.store(TransferState::kPlanning, std::memory_order_relaxed);
     PlanConfig cfg = ctx.plan_config;
     cfg.direction = Direction::kToHost;
-    timed([&] { builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true); });
+    timed([&] { builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true, bytes); });
     // Without storage reserved up front (absurd sizes) the plan is made whole before anything moves.
     if (!builder->stable()) {
       timed([&] { builder->finish(); });

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <optional>
 #include <vector>
 
 #include "backends/gather.hpp"
@@ -23,7 +24,8 @@ class GatherToHost final : public ItemHandler {
   // Enqueues request `r`: `planned`, a transfer planned whole already, or (nullptr) a new one
   // planned here while its first chunks move. Throws gfd::Error for a bad block (nothing
   // reaches host memory).
-  TransferPtr submit(const Request& r, TransferPtr planned);
+  // `bytes`: the blocks' sizes summed (total_bytes), where the caller has them.
+  TransferPtr submit(const Request& r, TransferPtr planned, std::optional<std::uint64_t> bytes = std::nullopt);
 
   Claim claimable(Item& item, bool may_poll) override;
   void run_piece(Item& item, std::uint32_t piece) override;
