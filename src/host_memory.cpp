@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <utility>
 
@@ -14,6 +15,21 @@
 namespace gfd::detail {
 namespace {
 constexpr std::size_t kHuge = std::size_t{2} << 20;
+
+// The system's transparent huge page policy, read once.
+bool thp_allowed() {
+  static const bool allowed = [] {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string text;
+    std::getline(f, text);
+    return thp_policy_allows_madvise(text);
+  }();
+  return allowed;
+}
+}  // namespace
+
+bool thp_policy_allows_madvise(std::string_view enabled) {
+  return enabled.find("[never]") == std::string_view::npos;
 }
 
 HostMemory::HostMemory(std::size_t bytes, int numa_node, const char* what) {
@@ -42,8 +58,10 @@ HostMemory::HostMemory(std::size_t bytes, int numa_node, const char* what) {
     mapping_ = p;
     const auto a = (reinterpret_cast<std::uintptr_t>(p) + kHuge - 1) / kHuge * kHuge;
     data_ = reinterpret_cast<std::byte*>(a);
-    kind_ = madvise(data_, rounded_, MADV_HUGEPAGE) == 0 ? HugepageKind::kTransparent
-                                                         : HugepageKind::kNone;
+    // Reported as transparent huge pages only where the request can be granted: with the
+    // system's policy at "never" madvise still succeeds and gives 4 KB pages.
+    kind_ = madvise(data_, rounded_, MADV_HUGEPAGE) == 0 && thp_allowed() ? HugepageKind::kTransparent
+                                                                          : HugepageKind::kNone;
   }
   // Bind before the first touch so the pages are allocated on the GPU's node.
   if (numa_node >= 0 && numa_available() >= 0 && numa_node <= numa_max_node()) {

@@ -5,11 +5,17 @@
 #pragma once
 
 #include <cstddef>
+#include <string_view>
 
 #include "device.hpp"
 #include "gfd/types.hpp"
 
 namespace gfd::detail {
+
+// Whether madvise(MADV_HUGEPAGE) can give transparent huge pages under the policy `enabled`
+// (the text of /sys/kernel/mm/transparent_hugepage/enabled, e.g. "always [madvise] never"): not
+// when "never" is the one selected. Empty text (no such file): assumed yes.
+bool thp_policy_allows_madvise(std::string_view enabled);
 
 class HostMemory {
  public:

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "host_memory.hpp"
 #include "host_pool.hpp"
 #include "test_support.hpp"
 
@@ -41,6 +42,14 @@ TEST_P(HostPoolTest, ReportsWhatItGot) {
   EXPECT_EQ(info.kind, detail::PointerKind::kPinnedHost) << "the whole range is registered";
   for (std::size_t i = 0; i < pool.size(); i += 4096) ASSERT_EQ(pool.data()[i], std::byte{0}) << i;
   std::memset(pool.data(), 0x5A, pool.size());  // writable throughout
+}
+
+// The THP policy line as the kernel writes it: the bracketed word is the one in force.
+TEST(HostMemoryThp, PolicyNeverMeansNoTransparentHugePages) {
+  EXPECT_TRUE(detail::thp_policy_allows_madvise("always [madvise] never"));
+  EXPECT_TRUE(detail::thp_policy_allows_madvise("[always] madvise never"));
+  EXPECT_FALSE(detail::thp_policy_allows_madvise("always madvise [never]"));
+  EXPECT_TRUE(detail::thp_policy_allows_madvise("")) << "no such file: assume the request works";
 }
 
 TEST_P(HostPoolTest, SameHugePagesAsTheStagingRing) {
