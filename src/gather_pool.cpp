@@ -45,7 +45,10 @@ void GatherPool::wake_one() {
   // thread took it 10-25 us on the H200 host (a VM) before it could start planning
   // (gfd_benchmark --trace).
   epoch_.fetch_add(1, std::memory_order_seq_cst);
-  if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_one();
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    chain_.store(true, std::memory_order_seq_cst);
+    epoch_.notify_one();
+  }
 }
 
 void GatherPool::loop(int index) {
@@ -72,9 +75,9 @@ void GatherPool::loop(int index) {
       epoch_.wait(e, std::memory_order_seq_cst);
     }
     sleepers_.fetch_sub(1, std::memory_order_seq_cst);
-    // Back because the epoch moved: work is coming, so the threads still parked come back too
-    // (wake_one() woke only this one). This thread pays for it while the submitter plans.
-    if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
+    // Woken by wake_one(): work is coming, so the threads still parked come back too. The first
+    // thread back pays for it, while the submitter plans.
+    if (chain_.exchange(false, std::memory_order_seq_cst)) epoch_.notify_all();
   }
 }
 

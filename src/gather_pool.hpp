@@ -42,6 +42,7 @@ class GatherPool {
   ThreadInit init_;
   std::atomic<std::uint32_t> epoch_{0};
   std::atomic<int> sleepers_{0};
+  std::atomic<bool> chain_{false};  // wake_one() woke one thread: the first back wakes the rest
   std::atomic<bool> stop_{false};
   std::atomic<bool> pinned_{true};
 };

@@ -56,8 +56,8 @@ class GatherBackend final : public BackendImpl {
     // list to be valid).
     const std::uint64_t bytes = r.blocks.size() > 1 ? total_bytes(r.blocks) : 0;
     if (to_host && bytes > o.kernel_max_bytes) return to_host_.submit(r, nullptr, bytes);
-    // Host to device, too large for the kernel and for gathering on this thread alone: planned
-    // while the first chunks are gathered (the DMAs wait for the whole list to be valid).
+    // Host to device, too large for the kernel and for gathering on this thread alone: checked
+    // whole, then packed while the first chunks are gathered.
     if (!to_host && bytes > o.kernel_max_bytes && bytes > o.inline_gather_bytes)
       return to_device_.submit_planning(r, bytes);
     PlanConfig cfg = ctx.plan_config;
