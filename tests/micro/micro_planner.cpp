@@ -66,14 +66,13 @@ std::vector<BlockCopy> make_blocks(std::size_t n, DstOrder order, Source source)
   return blocks;
 }
 
-void BM_MakePlan(benchmark::State& state, DstOrder order, bool check_overlaps, Source source) {
-  const auto n = static_cast<std::size_t>(state.range(0));
-  const std::vector<BlockCopy> blocks = make_blocks(n, order, source);
+// The two fake ranges of n blocks as the driver would report them (pinned sources: one pinned
+// range; pageable: no range), counting the queries in `*queries` where given.
+gfd::detail::PointerClassifier fake_classifier(std::size_t n, Source source, std::uint64_t* queries) {
   const std::uintptr_t src_end = source == Source::kPinned ? kSrcBase + 2 * n * kBlock : kSrcBase;
   const std::uintptr_t dst_end = kDstBase + n * kBlock;
-  std::uint64_t queries = 0;
-  const gfd::detail::PointerClassifier classify = [&](const void* p) {
-    ++queries;
+  return [=](const void* p) {
+    if (queries != nullptr) ++*queries;
     const auto a = reinterpret_cast<std::uintptr_t>(p);
     PointerInfo info;  // pageable, unknown range
     if (a >= kSrcBase && a < src_end) {
@@ -88,6 +87,13 @@ void BM_MakePlan(benchmark::State& state, DstOrder order, bool check_overlaps, S
     }
     return info;
   };
+}
+
+void BM_MakePlan(benchmark::State& state, DstOrder order, bool check_overlaps, Source source) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const std::vector<BlockCopy> blocks = make_blocks(n, order, source);
+  std::uint64_t queries = 0;
+  const gfd::detail::PointerClassifier classify = fake_classifier(n, source, &queries);
   PlanConfig config;  // the engine's defaults (2 MB slots, 32 KB pieces, ...)
   config.device = 0;
   config.check_overlaps = check_overlaps;
@@ -119,22 +125,7 @@ void BM_MakePlan(benchmark::State& state, DstOrder order, bool check_overlaps, S
 void BM_Check(benchmark::State& state, DstOrder order) {
   const auto n = static_cast<std::size_t>(state.range(0));
   const std::vector<BlockCopy> blocks = make_blocks(n, order, Source::kPinned);
-  const std::uintptr_t src_end = kSrcBase + 2 * n * kBlock, dst_end = kDstBase + n * kBlock;
-  const gfd::detail::PointerClassifier classify = [&](const void* p) {
-    const auto a = reinterpret_cast<std::uintptr_t>(p);
-    PointerInfo info;
-    if (a >= kSrcBase && a < src_end) {
-      info.kind = PointerKind::kPinnedHost;
-      info.begin = kSrcBase;
-      info.end = src_end;
-    } else if (a >= kDstBase && a < dst_end) {
-      info.kind = PointerKind::kDevice;
-      info.device = 0;
-      info.begin = kDstBase;
-      info.end = dst_end;
-    }
-    return info;
-  };
+  const gfd::detail::PointerClassifier classify = fake_classifier(n, Source::kPinned, nullptr);
   PlanConfig config;
   config.device = 0;
   gfd::detail::Plan plan;
