@@ -19,8 +19,6 @@
 // or sent to DRAM (streaming). It is a CPU core's read, not the DMA's, so it only hints at what
 // the copy engine sees; only the GPU runs measure that.
 #include <benchmark/benchmark.h>
-#include <pthread.h>
-#include <sched.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -41,6 +39,7 @@
 
 #include "bench_common.hpp"
 #include "gather_copy.hpp"
+#include "topology.hpp"
 
 namespace {
 
@@ -176,18 +175,9 @@ void BM_GatherRead(benchmark::State& state, StagingWrites mode) {
 
   // The reader (this thread) on the first allowed CPU, the writers on the others, so that the
   // read crosses cores as the copy engine's does (where there are too few CPUs, writers share).
-  cpu_set_t saved;
-  CPU_ZERO(&saved);
-  const bool pin = sched_getaffinity(0, sizeof(saved), &saved) == 0 && CPU_COUNT(&saved) >= 2;
-  std::vector<int> cpus;
-  for (int c = 0; pin && c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &saved)) cpus.push_back(c);
-  auto pin_to = [](int cpu) {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
-  };
+  const std::vector<int> cpus = gfd::detail::allowed_cpus();
+  const bool pin = cpus.size() >= 2;
+  auto pin_to = [](int cpu) { gfd::detail::pin_current_thread({cpu}); };
   if (pin) pin_to(cpus[0]);
 
   std::barrier sync(static_cast<std::ptrdiff_t>(threads + 1));
@@ -228,7 +218,7 @@ void BM_GatherRead(benchmark::State& state, StagingWrites mode) {
   stop = true;
   sync.arrive_and_wait();
   for (auto& t : workers) t.join();
-  if (pin) pthread_setaffinity_np(pthread_self(), sizeof(saved), &saved);
+  if (pin) gfd::detail::pin_current_thread(cpus);  // back to every allowed CPU
   benchmark::DoNotOptimize(sink);
 
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(kSlotBytes));

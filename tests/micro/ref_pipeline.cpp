@@ -14,8 +14,6 @@
 // Also reports the gather alone (same threads, no DMA) and the DMA alone (the slots' DMAs with
 // nothing gathered), so a reader sees which side limits.
 #include <cuda_runtime.h>
-#include <pthread.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -30,6 +28,7 @@
 
 #include "bench_common.hpp"
 #include "gather_copy.hpp"
+#include "topology.hpp"
 
 namespace {
 
@@ -61,13 +60,6 @@ struct Op {  // what gather_ops needs
   std::uint64_t bytes;
 };
 
-void pin_to(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-}
-
 struct Pipeline {
   std::size_t n, bs, chunk, piece, slots, streams;
   bool dma = true, gather = true;
@@ -87,7 +79,7 @@ struct Pipeline {
   std::vector<std::thread> threads;
 
   void worker(int cpu) {
-    pin_to(cpu);
+    gfd::detail::pin_current_thread({cpu});
     std::uint64_t seen = 0;
     for (;;) {
       while (generation.load(std::memory_order_acquire) == seen && !stop.load(std::memory_order_relaxed)) {
@@ -162,14 +154,7 @@ int run_main(int argc, char** argv) {
     std::printf("ref_pipeline: no CUDA device; nothing to measure.\n");
     return 0;
   }
-  const std::vector<int> cpus = [] {
-    cpu_set_t set;
-    sched_getaffinity(0, sizeof set, &set);
-    std::vector<int> v;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) v.push_back(c);
-    return v;
-  }();
+  const std::vector<int> cpus = gfd::detail::allowed_cpus();
   Pipeline p;
   p.n = static_cast<std::size_t>(flags.get_int("blocks", 2048));
   p.bs = gfd::bench::parse_size(flags.get("block-size", "4K"));
@@ -227,7 +212,7 @@ int run_main(int argc, char** argv) {
   p.chunk_open = std::make_unique<std::atomic<bool>[]>(max_chunks);
   p.ops.resize(p.n);
   // The timing thread keeps the first CPU; the gather threads take the next ones.
-  pin_to(cpus[0]);
+  gfd::detail::pin_current_thread({cpus[0]});
   for (int t = 0; t < threads; ++t) p.threads.emplace_back([&p, cpu = cpus[1 + t]] { p.worker(cpu); });
 
   gfd::bench::SourcePicker picker(pool_bytes, p.bs, 0xC0FFEE);
