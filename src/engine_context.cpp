@@ -80,11 +80,12 @@ EngineContext::EngineContext(const EngineOptions& resolved, std::shared_ptr<Devi
       tracer(*device),
       pageable(static_cast<std::uint32_t>(resolved.pageable_cache_ms)) {}
 
-Plan EngineContext::plan(std::span<const BlockCopy> blocks, const PlanConfig& config, std::uint32_t id) {
+Plan EngineContext::plan(std::span<const BlockCopy> blocks, const PlanConfig& config, std::uint32_t id,
+                         std::optional<std::uint64_t> bytes) {
   const auto t0 = Clock::now();
   Plan p = plans.take();
   try {
-    make_plan(blocks, config, classifier(), p, &pageable);
+    make_plan(blocks, config, classifier(), p, &pageable, bytes);
   } catch (...) {
     plans.put(std::move(p));
     throw;

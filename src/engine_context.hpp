@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <span>
 #include <vector>
@@ -65,7 +66,9 @@ struct EngineContext {
 
   // Plans `blocks` of transfer `id` whole with `config` (validation first, all-or-nothing;
   // throws gfd::Error naming the first bad block), timed into the counters and traced.
-  Plan plan(std::span<const BlockCopy> blocks, const PlanConfig& config, std::uint32_t id);
+  // `bytes`: the blocks' sizes summed (total_bytes), where the caller has them.
+  Plan plan(std::span<const BlockCopy> blocks, const PlanConfig& config, std::uint32_t id,
+            std::optional<std::uint64_t> bytes = std::nullopt);
   PointerClassifier classifier() {
     return [this](const void* p) { return device->query_pointer(p); };
   }

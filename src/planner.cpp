@@ -150,8 +150,9 @@ std::uint64_t total_bytes(std::span<const BlockCopy> blocks) {
 }
 
 void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
-               const PointerClassifier& classify, Plan& plan, PageableCache* pageable) {
-  PlanBuilder builder(blocks, cfg, classify, plan, pageable, false);
+               const PointerClassifier& classify, Plan& plan, PageableCache* pageable,
+               std::optional<std::uint64_t> bytes) {
+  PlanBuilder builder(blocks, cfg, classify, plan, pageable, false, bytes);
   builder.finish();
 }
 

@@ -177,7 +177,8 @@ std::uint64_t total_bytes(std::span<const BlockCopy> blocks);
 // (whatever it held before is replaced; its memory is reused). `pageable`, when given, is
 // consulted and updated (the engine keeps one across its transfers).
 void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& config,
-               const PointerClassifier& classify, Plan& plan, PageableCache* pageable = nullptr);
+               const PointerClassifier& classify, Plan& plan, PageableCache* pageable = nullptr,
+               std::optional<std::uint64_t> bytes = std::nullopt);
 inline Plan make_plan(std::span<const BlockCopy> blocks, const PlanConfig& config,
                       const PointerClassifier& classify, PageableCache* pageable = nullptr) {
   Plan plan;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -72,7 +73,8 @@ const BackendEntry& backend_entry(Backend b);
 
 // Plans request `r` whole with `config` (throws gfd::Error for a bad block) and returns the new
 // transfer holding the plan, or nullptr when there is nothing to move.
-TransferPtr plan_transfer(const std::shared_ptr<EngineContext>& ctx, const Request& r, const PlanConfig& config);
+TransferPtr plan_transfer(const std::shared_ptr<EngineContext>& ctx, const Request& r, const PlanConfig& config,
+                          std::optional<std::uint64_t> bytes = std::nullopt);
 
 // Pass-through planning (one copy per coalesced block) for the block-by-block and kernel
 // backends, with their pinned-memory requirement.

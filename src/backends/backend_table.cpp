@@ -35,8 +35,9 @@ const BackendEntry& backend_entry(Backend b) {
               "EngineOptions::backend: " + std::to_string(static_cast<int>(b)) + " is not a backend");
 }
 
-TransferPtr plan_transfer(const std::shared_ptr<EngineContext>& ctx, const Request& r, const PlanConfig& config) {
-  Plan plan = ctx->plan(r.blocks, config, r.id);
+TransferPtr plan_transfer(const std::shared_ptr<EngineContext>& ctx, const Request& r, const PlanConfig& config,
+                          std::optional<std::uint64_t> bytes) {
+  Plan plan = ctx->plan(r.blocks, config, r.id, bytes);
   if (plan.total_bytes == 0) {
     ctx->plans.put(std::move(plan));
     return nullptr;

@@ -54,15 +54,16 @@ class GatherBackend final : public BackendImpl {
     // Device to host, too large for the kernel: planned a stretch at a time, with the DMAs of
     // the chunks planned first already running (only placing the bytes waits for the whole
     // list to be valid).
-    const std::uint64_t bytes = r.blocks.size() > 1 ? total_bytes(r.blocks) : 0;
-    if (to_host && bytes > o.kernel_max_bytes) return to_host_.submit(r, nullptr, bytes);
+    const std::uint64_t bytes = total_bytes(r.blocks);  // summed once, handed on to planning
+    const bool several = r.blocks.size() > 1;
+    if (to_host && several && bytes > o.kernel_max_bytes) return to_host_.submit(r, nullptr, bytes);
     // Host to device, too large for the kernel and for gathering on this thread alone: checked
     // whole, then packed while the first chunks are gathered.
-    if (!to_host && bytes > o.kernel_max_bytes && bytes > o.inline_gather_bytes)
+    if (!to_host && several && bytes > o.kernel_max_bytes && bytes > o.inline_gather_bytes)
       return to_device_.submit_planning(r, bytes);
     PlanConfig cfg = ctx.plan_config;
     cfg.direction = r.direction;
-    TransferPtr t = plan_transfer(pipe_.ctx, r, cfg);
+    TransferPtr t = plan_transfer(pipe_.ctx, r, cfg, bytes);
     if (!t) return nullptr;
     // A small transfer is dominated by the staging pipeline's fixed costs: the kernel takes it
     // where it can read the host memory.
