@@ -8,7 +8,7 @@
 #   OLD_SRC=.gpu_old tools/gpu_compare.sh [sections...]   sections: test before-after writes
 #                                                         direct latency python quick
 #                                                         sweep multi knobs features trace
-#                                                         ref d2h pageable
+#                                                         ref uva d2h pageable
 #                                                         (default: all but multi and knobs)
 #   TARGETS="gfd_benchmark micro_gather" limits the build to those targets (a faster lease).
 #   NEW_BA_ARGS="--pool=mmap" is passed to the new build's before-after runs (an older
@@ -156,6 +156,16 @@ if has knobs || has ref; then
       done
     done
   fi
+fi
+if has uva && [ -x $M/uva_kernel ]; then
+  # The zero-copy yardstick (tests/micro/uva_kernel.cu) beside the backend, interleaved.
+  for i in 1 2 3; do
+    for n in 2048 16384; do
+      timeout 60 $M/uva_kernel --blocks $n > "$W/uva_${n}_$i.log" 2>&1
+      sed "s/^/uva n=$n #$i: /" "$W/uva_${n}_$i.log" | tail -5 | tee -a "$W/summary.txt"
+    done
+    bench "uva_engine_$i" "$B" --blocks 2048,16384 --backends zero_copy_kernel
+  done
 fi
 if has knobs; then
   [ -x $M/micro_gather ] && timeout 120 $M/micro_gather --benchmark_filter='BM_Gather/' > "$W/micro_gather.log" 2>&1 \
