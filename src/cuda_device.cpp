@@ -103,7 +103,6 @@ class CudaDevice final : public Device {
     bus_id_ = bus;
     std::transform(bus_id_.begin(), bus_id_.end(), bus_id_.begin(), ::tolower);
     GFD_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&prio_low_, &prio_high_));
-    GFD_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, ordinal));
     int host_ptr = 0, uva = 0;
     GFD_CUDA_CHECK(cudaDeviceGetAttribute(&host_ptr, cudaDevAttrCanUseHostPointerForRegisteredMem, ordinal));
     GFD_CUDA_CHECK(cudaDeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, ordinal));
@@ -256,7 +255,7 @@ class CudaDevice final : public Device {
     GFD_CUDA_CHECK(launch_gather(entries, count, staging, static_cast<cudaStream_t>(s)));
   }
   void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) override {
-    GFD_CUDA_CHECK(launch_zero_copy(entries, count, sm_count_, static_cast<cudaStream_t>(s)));
+    GFD_CUDA_CHECK(launch_zero_copy(entries, count, static_cast<cudaStream_t>(s)));
   }
   bool host_pointers_usable() const override { return host_pointers_usable_; }
   bool supports_wait_value() const override { return wait_value_; }
@@ -278,7 +277,6 @@ class CudaDevice final : public Device {
   int ordinal_;
   std::string bus_id_;
   int prio_low_ = 0, prio_high_ = 0;
-  int sm_count_ = 1;
   bool host_pointers_usable_ = false;
   bool wait_value_ = false;
 };

@@ -30,18 +30,20 @@ __global__ void move_kernel(const ScatterEntry* __restrict__ entries, std::uint3
 }
 
 // Zero-copy gather, as serving runtimes do it today: the SMs read pinned host memory over PCIe
-// through unified addressing. One thread block per entry (grid-stride over entries); every
-// thread keeps kUnroll independent 16-byte loads in flight, because a PCIe read takes a
+// through unified addressing. One thread block per entry, as many blocks as entries (the
+// hardware starts each as another retires), and every thread reads its entry itself: no block
+// waits at a barrier for one thread's read of the list before it can load, which made an
+// earlier design (entry staged in shared memory, a grid of 8 blocks per SM striding over the
+// list) 4% slower than a plain kernel at 2048 x 4 KB (tests/micro/uva_kernel). Each thread keeps
+// kUnroll independent 16-byte loads in flight for larger blocks: a PCIe read takes a
 // microsecond or more and only many outstanding loads fill the link.
 constexpr int kZeroCopyThreads = 256;
 constexpr int kUnroll = 4;
 
 __global__ void __launch_bounds__(kZeroCopyThreads)
     zero_copy_kernel(const ZeroCopyEntry* __restrict__ entries, std::uint32_t count) {
-  __shared__ ZeroCopyEntry en;
   for (std::uint32_t e = blockIdx.x; e < count; e += gridDim.x) {
-    if (threadIdx.x == 0) en = entries[e];  // one read over PCIe per entry, not one per warp
-    __syncthreads();
+    const ZeroCopyEntry en = entries[e];
     const auto* src = reinterpret_cast<const unsigned char*>(en.src);
     auto* dst = reinterpret_cast<unsigned char*>(en.dst);
     const std::uint64_t n = en.bytes;
@@ -66,7 +68,6 @@ __global__ void __launch_bounds__(kZeroCopyThreads)
       done = n16 * 16;
     }
     for (std::uint64_t i = done + threadIdx.x; i < n; i += kZeroCopyThreads) dst[i] = src[i];
-    __syncthreads();  // `en` is rewritten by the next iteration
   }
 }
 
@@ -100,12 +101,10 @@ cudaError_t launch_gather(const ScatterEntry* entries, std::uint32_t count, void
   return cudaGetLastError();
 }
 
-cudaError_t launch_zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, int sm_count,
-                             cudaStream_t stream) {
+cudaError_t launch_zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  // Eight blocks of 256 threads fill an SM (2048 resident threads on Hopper and Ampere).
-  const std::uint32_t full = static_cast<std::uint32_t>(sm_count > 0 ? sm_count : 1) * 8;
-  const std::uint32_t grid = count < full ? count : full;
+  // One block per entry; the grid's limit (2^31 - 1) is above any transfer's count.
+  const std::uint32_t grid = count < 0x7fffffffu ? count : 0x7fffffffu;
   zero_copy_kernel<<<grid, kZeroCopyThreads, 0, stream>>>(entries, count);
   return cudaGetLastError();
 }

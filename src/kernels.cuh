@@ -17,9 +17,8 @@ cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, con
 cudaError_t launch_gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
                           cudaStream_t stream);
 // Copies each entry from pinned host memory to device memory, reading through unified
-// addressing; the grid is sized from `sm_count`.
-cudaError_t launch_zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, int sm_count,
-                             cudaStream_t stream);
+// addressing (one thread block per entry).
+cudaError_t launch_zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, cudaStream_t stream);
 // Loads the kernels into the current context (call once per device, before any transfer).
 cudaError_t preload_kernels();
 // Holds `stream` for about `microseconds` (tests use it to prove stream ordering).

@@ -144,7 +144,9 @@ const PointerInfo* RangeCache::region(std::uintptr_t a) {
 
 void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::size_t end,
                     const PlanConfig& cfg, RangeCache& cache, std::vector<std::uint8_t>& pinned,
-                    const PointerInfo*& dr, const PointerInfo*& sr) {
+                    Validation& v) {
+  const PointerInfo*& dr = v.dr;
+  const PointerInfo*& sr = v.sr;
   const bool to_host = cfg.direction == Direction::kToHost;
   const std::size_t direct_min = cfg.direct_min_bytes != 0 ? cfg.direct_min_bytes : SIZE_MAX;
   const char* dev_name = to_host ? "source" : "destination";
@@ -195,6 +197,10 @@ void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::s
                                                              : describe(*sr)) +
                        "; " + cfg.pinned_reason + " needs pinned host memory (cudaHostAlloc or "
                        "cudaHostRegister)");
+    const auto dst = reinterpret_cast<std::uintptr_t>(b.dst);
+    v.disjoint = v.disjoint && dst >= v.last_end;
+    v.last_end = dst + b.bytes;
+    v.all_pinned = v.all_pinned && pinned[i] != 0;
   };
   const std::size_t n = end;
   std::size_t i = begin;
@@ -206,6 +212,8 @@ void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::s
       const std::uintptr_t db = dr->begin, de = dr->end, sb = sr->begin, se = sr->end;
       const bool pinned_range = sr->kind == PointerKind::kPinnedHost;
       const bool need_pinned = cfg.require_pinned_host;
+      bool disjoint = v.disjoint, all_pinned = v.all_pinned;
+      std::uintptr_t last_end = v.last_end;
       for (; i < n; ++i) {
         const auto s = reinterpret_cast<std::uintptr_t>(host_side(blocks[i]));
         const auto d = reinterpret_cast<std::uintptr_t>(device_side(blocks[i]));
@@ -216,8 +224,16 @@ void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::s
                         (whole_src | (len <= UINTPTR_MAX - s)) & ((!need_pinned) | (pinned_range & whole_src)) &
                         (pinned_range | (len < direct_min));
         if (!ok) break;
-        pinned[i] = static_cast<std::uint8_t>(pinned_range & whole_src);
+        const bool p = pinned_range & whole_src;
+        pinned[i] = static_cast<std::uint8_t>(p);
+        all_pinned &= p;
+        const auto dst = reinterpret_cast<std::uintptr_t>(blocks[i].dst);
+        disjoint &= dst >= last_end;
+        last_end = dst + len;
       }
+      v.disjoint = disjoint;
+      v.all_pinned = all_pinned;
+      v.last_end = last_end;
       if (i == n) break;
     }
     check(i);

@@ -33,8 +33,7 @@ struct PlanBuilder::State {
   Plan& plan;
   RangeCache cache;
   Packer packer;
-  const PointerInfo* dr = nullptr;
-  const PointerInfo* sr = nullptr;
+  plan_internal::Validation valid;
   Segment cur{};
   std::size_t validated = 0;  // blocks validated
   std::size_t placed = 0;     // blocks coalesced into `cur` or placed before it
@@ -78,9 +77,11 @@ PlanBuilder::PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& cf
   if (blocks.size() > UINT32_MAX / 2)
     throw Error(ErrorCode::kInvalidArgument,
                 "blocks: " + std::to_string(blocks.size()) + " blocks is more than one transfer takes");
-  const std::uint64_t block_bytes = known_bytes ? *known_bytes : total_bytes(blocks);
+  // Only packing needs the sum (a pass-through plan adds the sizes up as it lists the blocks).
+  const bool staged = cfg.mode == PlanConfig::Mode::kStaged;
+  const std::uint64_t block_bytes = known_bytes ? *known_bytes : staged ? total_bytes(blocks) : 0;
   plan.scratch.pinned.resize(blocks.size());
-  if (cfg.mode == PlanConfig::Mode::kStaged) {
+  if (staged) {
     if (stable && block_bytes <= (std::uint64_t{1} << 44)) {
       const PlanBounds b = plan_bounds(blocks.size(), block_bytes, cfg);
       plan.ops.reserve(b.ops);
@@ -105,7 +106,7 @@ void PlanBuilder::advance(std::size_t end) {
   State& st = *s_;
   end = std::min(end, st.blocks.size());
   if (end > st.validated) {
-    validate_range(st.blocks, st.validated, end, st.cfg, st.cache, st.plan.scratch.pinned, st.dr, st.sr);
+    validate_range(st.blocks, st.validated, end, st.cfg, st.cache, st.plan.scratch.pinned, st.valid);
     st.validated = end;
   }
   // Ranges are checked for overlaps by check(); a staged plan packs as it goes.
@@ -117,11 +118,12 @@ void PlanBuilder::check() {
   State& st = *s_;
   Plan& plan = st.plan;
   if (st.validated < st.blocks.size()) {
-    validate_range(st.blocks, st.validated, st.blocks.size(), st.cfg, st.cache, plan.scratch.pinned, st.dr, st.sr);
+    validate_range(st.blocks, st.validated, st.blocks.size(), st.cfg, st.cache, plan.scratch.pinned, st.valid);
     st.validated = st.blocks.size();
   }
-  if (!st.blocks.empty() && st.cfg.check_overlaps) check_overlaps(st.blocks, plan.scratch);
-  for (std::uint8_t p : plan.scratch.pinned) plan.all_pinned_host = plan.all_pinned_host && p != 0;
+  // Ascending, disjoint destinations (seen while validating) need no overlap check.
+  if (!st.blocks.empty() && st.cfg.check_overlaps && !st.valid.disjoint) check_overlaps(st.blocks, plan.scratch);
+  plan.all_pinned_host = st.valid.all_pinned;
   checked_ = true;
 }
 

@@ -50,13 +50,26 @@ struct Segment {
   bool pinned_src;
 };
 
-// Validates blocks [begin, end) of `blocks` into `pinned` (sized for all of them). Blocks of one
-// transfer mostly come from one host pool and go to one device cache: each block is tested
-// against the ranges of the previous one (dr: the device side's allocation, sr: the host
-// side's; kept across calls) before the cache is asked.
+// What validation carries from one stretch of blocks to the next.
+struct Validation {
+  // The ranges of the previous block (dr: the device side's allocation, sr: the host side's):
+  // blocks of one transfer mostly come from one host pool and go to one device cache, so each
+  // block is tested against them before the cache is asked.
+  const PointerInfo* dr = nullptr;
+  const PointerInfo* sr = nullptr;
+  // Learnt in the same pass, so that no further pass over the list is needed in the common case:
+  // every destination so far starts at or after the end of the one before (ascending and
+  // disjoint: the overlap check has nothing to do), where the last one ends, and whether every
+  // host side so far lies wholly in pinned memory.
+  bool disjoint = true;
+  std::uintptr_t last_end = 0;
+  bool all_pinned = true;
+};
+
+// Validates blocks [begin, end) of `blocks` into `pinned` (sized for all of them).
 void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::size_t end,
                     const PlanConfig& cfg, RangeCache& cache, std::vector<std::uint8_t>& pinned,
-                    const PointerInfo*& dr, const PointerInfo*& sr);
+                    Validation& v);
 
 // Throws gfd::Error naming the later of two blocks whose destination ranges overlap.
 void check_overlaps(std::span<const BlockCopy> blocks, Plan::Scratch& scratch);

@@ -83,8 +83,6 @@ int run_main(int argc, char** argv) {
   const std::size_t pool_bytes = flags.has("pool-bytes") ? gfd::bench::parse_size(flags.get("pool-bytes"))
                                                          : std::max(8 * gfd::bench::l3_bytes(), 4 * bytes);
   check(cudaSetDevice(0), "cudaSetDevice");
-  int sms = 0;
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
   check(gfd::detail::preload_kernels(), "preload_kernels");
   std::byte* pool = nullptr;
   check(cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes, cudaHostAllocDefault), "cudaHostAlloc pool");
@@ -110,8 +108,8 @@ int run_main(int argc, char** argv) {
     if (i >= 5) ref_us.push_back(gfd::bench::since_us(t0));
   }
   const double ref = bytes / (gfd::bench::percentiles(ref_us).p50 * 1e3);
-  std::printf("uva_kernel: %zu x %zu cold, %d SMs, pool %.1f GB; contiguous DMA %.2f GB/s\n", n, bs, sms,
-              pool_bytes * 1e-9, ref);
+  std::printf("uva_kernel: %zu x %zu cold, pool %.1f GB; contiguous DMA %.2f GB/s\n", n, bs, pool_bytes * 1e-9,
+              ref);
 
   gfd::bench::SourcePicker picker(pool_bytes, bs, 0xC0FFEE);
   std::vector<std::size_t> src;
@@ -143,8 +141,7 @@ int run_main(int argc, char** argv) {
                                                reinterpret_cast<uint4*>(dst));
         check(cudaGetLastError(), "flat_kernel");
       } else {
-        check(gfd::detail::launch_zero_copy(static_cast<const ZeroCopyEntry*>(list), static_cast<std::uint32_t>(n),
-                                            sms, stream),
+        check(gfd::detail::launch_zero_copy(static_cast<const ZeroCopyEntry*>(list), static_cast<std::uint32_t>(n), stream),
               "launch_zero_copy");
       }
       check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
