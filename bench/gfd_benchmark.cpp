@@ -56,7 +56,7 @@ const std::map<std::string, std::string> kFlags = {
     {"pool", "=P[,P...]     source pool: cuda (cudaHostAlloc, default), gfd (gfd::HostPool: huge pages, the\n"
              "                   GPU's NUMA node, registered), mmap (mmap + cudaHostRegister), both (= cuda,gfd);\n"
              "                   several: the whole grid once per pool"},
-    {"trace", "             print the gather pipeline's timeline of the median transfer"},
+    {"trace", "             print the timeline of the median transfer (gather pipeline, zero-copy kernel)"},
     {"host-load-probe", "   only measure the contiguous DMA while 0 to 15 threads copy host memory"},
     {"direction", "=D       h2d (host to device, default) or d2h (device to host); --dst then names the\n"
                   "                   device side's layout"},
@@ -212,7 +212,7 @@ class Bench {
       if (!warm && i > 0) refill(b, size, scattered);
       if (i == warmup) {
         cpu0 = process_cpu_seconds();
-        if (trace && be.backend == Backend::kGather) probe::start_trace(be.engine, 1 << 20);
+        if (traced(be.backend)) probe::start_trace(be.engine, 1 << 20);
       }
       const auto t0 = Clock::now();
       std::vector<Transfer> handles;
@@ -238,7 +238,7 @@ class Bench {
     r.submit_us = percentiles(submit_us).p50;
     r.threads = be.engine.stats().gather_threads;
     r.cpu_s_per_gb = cpu / (static_cast<double>(n * size) * batch * iters * 1e-9);
-    if (trace && be.backend == Backend::kGather) print_trace(probe::take_trace(be.engine), us, n, size, mode);
+    if (traced(be.backend)) print_trace(probe::take_trace(be.engine), us, n, size, mode, r.backend);
     r.verified = verify(be.engine, b, size, scattered);
     if (!r.verified) {
       ++failures;
@@ -249,8 +249,12 @@ class Bench {
   }
 
   // The pipeline timeline of the median timed transfer: where the time goes.
+  // --trace covers the backends whose engine records a timeline: the gather pipeline's stages, and
+  // the zero-copy kernel's planning and launch.
+  bool traced(Backend b) const { return trace && (b == Backend::kGather || b == Backend::kZeroCopyKernel); }
+
   void print_trace(const std::vector<probe::TraceEvent>& ev, const std::vector<double>& us, std::size_t n,
-                   std::size_t size, const std::string& mode) {
+                   std::size_t size, const std::string& mode, const std::string& backend) {
     using E = probe::TraceEvent;
     std::vector<std::uint32_t> ids;
     for (const E& e : ev)
@@ -305,8 +309,8 @@ class Bench {
     double busy_sum = 0;
     for (auto& [th, b] : busy) busy_sum += b;
     const double window = last_piece - first_piece;
-    std::printf("\ntrace: gather, %zu x %s, %s destinations, median timed repetition (%.1f us call to sync)\n",
-                n, format_size(size).c_str(), mode.c_str(), us[rep]);
+    std::printf("\ntrace: %s, %zu x %s, %s destinations, median timed repetition (%.1f us call to sync)\n",
+                backend.c_str(), n, format_size(size).c_str(), mode.c_str(), us[rep]);
     std::printf("  planned %.1f us | first piece starts %.1f | last piece ends %.1f | last DMA enqueued %.1f | "
                 "call returns %.1f\n",
                 planned, first_piece, last_piece, finalized, returned);
