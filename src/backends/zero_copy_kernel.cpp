@@ -23,8 +23,10 @@ void ZeroCopyKernel::submit(TransferState& t, StreamHandle stream) {
       for (std::size_t i = 0; i < total; i += per_slot) {
         const auto n = static_cast<std::uint32_t>(std::min(per_slot, total - i));
         Slot& s = ring_[ring_.acquire()];
+        ctx_.tracer.record(t.id, TraceEvent::kStage, TraceEvent::kSlotTaken, 0);
         auto* entries = reinterpret_cast<ZeroCopyEntry*>(s.host);
         for (std::uint32_t k = 0; k < n; ++k) entries[k] = entry(i + k);
+        ctx_.tracer.record(t.id, TraceEvent::kStage, TraceEvent::kListWritten, 0);
         s.issue([&] {
           d.zero_copy(entries, n, stream);
           d.record_event(s.done, stream);
