@@ -1,9 +1,19 @@
 #include "backends/zero_copy_kernel.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <mutex>
 
+#include "gather_copy.hpp"
+
 namespace gfd::detail {
+
+// A pass-through plan's list is the kernel's list, byte for byte: it is streamed into the slot
+// whole (non-temporal stores: the slot's lines are rarely still cached from their last use, and
+// plain stores would read each one from DRAM before writing it).
+static_assert(sizeof(DirectCopy) == sizeof(ZeroCopyEntry) && offsetof(DirectCopy, src) == offsetof(ZeroCopyEntry, src) &&
+              offsetof(DirectCopy, dst) == offsetof(ZeroCopyEntry, dst) &&
+              offsetof(DirectCopy, bytes) == offsetof(ZeroCopyEntry, bytes));
 
 void ZeroCopyKernel::submit(TransferState& t, StreamHandle stream) {
   const Plan& p = t.plan;
@@ -25,7 +35,13 @@ void ZeroCopyKernel::submit(TransferState& t, StreamHandle stream) {
         Slot& s = ring_[ring_.acquire()];
         ctx_.tracer.record(t.id, TraceEvent::kStage, TraceEvent::kSlotTaken, 0);
         auto* entries = reinterpret_cast<ZeroCopyEntry*>(s.host);
-        for (std::uint32_t k = 0; k < n; ++k) entries[k] = entry(i + k);
+        if (p.ops.empty()) {
+          copy_block(entries, p.direct.data() + i, std::size_t{n} * sizeof(ZeroCopyEntry),
+                     nontemporal_supported() ? StoreKind::kNonTemporal : StoreKind::kNormal);
+          store_fence();
+        } else {
+          for (std::uint32_t k = 0; k < n; ++k) entries[k] = entry(i + k);
+        }
         ctx_.tracer.record(t.id, TraceEvent::kStage, TraceEvent::kListWritten, 0);
         s.issue([&] {
           d.zero_copy(entries, n, stream);
