@@ -51,42 +51,6 @@ void GatherPool::wake_one() {
   }
 }
 
-bool SpreadWork::run_parts(Job& job) {
-  bool ran = false;
-  for (std::size_t p = job.next.fetch_add(1, std::memory_order_relaxed); p < job.parts;
-       p = job.next.fetch_add(1, std::memory_order_relaxed)) {
-    (*job.part)(p);
-    job.done.fetch_add(1, std::memory_order_release);
-    ran = true;
-  }
-  return ran;
-}
-
-void SpreadWork::run(std::size_t parts, const Part& part) {
-  std::unique_lock lk(one_, std::try_to_lock);
-  if (!lk.owns_lock() || parts < 2) {
-    for (std::size_t p = 0; p < parts; ++p) part(p);
-    return;
-  }
-  Job job{&part, parts};
-  job_.store(&job, std::memory_order_seq_cst);
-  run_parts(job);
-  while (job.done.load(std::memory_order_acquire) < parts) GFD_PAUSE();
-  // No helper may still hold `job` (on this stack) once this returns: withdraw it, then wait
-  // for every thread that might have read it before the withdrawal.
-  job_.store(nullptr, std::memory_order_seq_cst);
-  while (helpers_.load(std::memory_order_seq_cst) != 0) GFD_PAUSE();
-}
-
-bool SpreadWork::help() {
-  if (job_.load(std::memory_order_relaxed) == nullptr) return false;
-  helpers_.fetch_add(1, std::memory_order_seq_cst);
-  Job* job = job_.load(std::memory_order_seq_cst);
-  const bool ran = job != nullptr && run_parts(*job);
-  helpers_.fetch_sub(1, std::memory_order_seq_cst);
-  return ran;
-}
-
 void GatherPool::loop(int index) {
   if (!pin_current_thread(cpus_)) pinned_.store(false);
   if (init_) init_(index);

@@ -4,40 +4,12 @@
 #pragma once
 
 #include <atomic>
-#include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 namespace gfd::detail {
-
-// Work a submitter spreads over the gather threads while it waits for them anyway: the parts
-// of one job (checking a long block list), run by the submitter and by every pool thread that
-// looks for work meanwhile (the pool's work callable calls help() first). One job at a time: a
-// submitter that finds another's job running does its own parts alone.
-class SpreadWork {
- public:
-  using Part = std::function<void(std::size_t)>;
-  // Runs part(0) .. part(parts - 1), each once, here and on helping threads; returns when all
-  // have returned. `part` must not throw.
-  void run(std::size_t parts, const Part& part);
-  // Runs parts of the current job until none is left; false when there was none to run.
-  bool help();
-
- private:
-  struct Job {
-    const Part* part;
-    std::size_t parts;
-    std::atomic<std::size_t> next{0};
-    std::atomic<std::size_t> done{0};
-  };
-  static bool run_parts(Job& job);
-  std::mutex one_;                     // held by the submitter whose job is posted
-  std::atomic<Job*> job_{nullptr};
-  std::atomic<int> helpers_{0};        // threads that may be looking at job_'s job
-};
 
 class GatherPool {
  public:

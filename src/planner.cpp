@@ -2,7 +2,6 @@
 #include "planner.hpp"
 
 #include <algorithm>
-#include <exception>
 #include <string>
 
 #include "gfd/error.hpp"
@@ -28,13 +27,10 @@ void validate_plan_config(const PlanConfig& c) {
 struct PlanBuilder::State {
   State(std::span<const BlockCopy> b, const PlanConfig& c, const PointerClassifier& classify,
         Plan& p, PageableCache* pageable, std::uint64_t block_bytes)
-      : blocks(b), cfg(c), plan(p), classify(classify), pageable(pageable), cache(classify, pageable),
-        packer(cfg, plan, block_bytes) {}
+      : blocks(b), cfg(c), plan(p), cache(classify, pageable), packer(cfg, plan, block_bytes) {}
   std::span<const BlockCopy> blocks;
   PlanConfig cfg;
   Plan& plan;
-  const PointerClassifier& classify;
-  PageableCache* pageable;
   RangeCache cache;
   Packer packer;
   plan_internal::Validation valid;
@@ -115,51 +111,6 @@ void PlanBuilder::advance(std::size_t end) {
   }
   // Ranges are checked for overlaps by check(); a staged plan packs as it goes.
   if (st.cfg.mode == PlanConfig::Mode::kStaged && end > st.placed) st.coalesce(end);
-}
-
-void PlanBuilder::check(const Spread& spread) {
-  if (checked_) return;
-  State& st = *s_;
-  const std::size_t n = st.blocks.size(), from = st.validated;
-  // Parts of at least 256 blocks (about a microsecond each): shorter lists are checked in less
-  // time than it takes to hand parts to other threads.
-  constexpr std::size_t kPartBlocks = 256, kMaxParts = 16;
-  const std::size_t parts = spread ? std::min((n - from) / kPartBlocks, kMaxParts) : 0;
-  if (parts < 2) {
-    check();
-    return;
-  }
-  const std::size_t per = (n - from + parts - 1) / parts;
-  struct Part {
-    plan_internal::Validation v;
-    std::exception_ptr error;
-  };
-  std::vector<Part> out(parts);
-  spread(parts, [&](std::size_t p) {
-    const std::size_t b = from + p * per, e = std::min(n, b + per);
-    try {
-      RangeCache cache(st.classify, st.pageable);  // one per thread: a part's ranges are its own
-      validate_range(st.blocks, b, e, st.cfg, cache, st.plan.scratch.pinned, out[p].v);
-      out[p].v.dr = out[p].v.sr = nullptr;  // they pointed into `cache`
-    } catch (...) {
-      out[p].error = std::current_exception();
-    }
-  });
-  // Each part stopped at its own first bad block; the earliest part's is the list's first.
-  for (const Part& o : out)
-    if (o.error) std::rethrow_exception(o.error);
-  // The parts' findings joined: disjoint also across each boundary between two parts.
-  plan_internal::Validation& v = st.valid;
-  for (std::size_t p = 0; p < parts; ++p) {
-    const std::size_t b = from + p * per;
-    if (b >= n) break;
-    v.disjoint = v.disjoint && out[p].v.disjoint && reinterpret_cast<std::uintptr_t>(st.blocks[b].dst) >= v.last_end;
-    v.last_end = out[p].v.last_end;
-    v.all_pinned = v.all_pinned && out[p].v.all_pinned;
-  }
-  v.dr = v.sr = nullptr;  // the next block (none: all are validated) would look its ranges up again
-  st.validated = n;
-  check();
 }
 
 void PlanBuilder::check() {

@@ -157,11 +157,6 @@ class PlanBuilder {
   PlanBuilder& operator=(const PlanBuilder&) = delete;
   void advance(std::size_t end);
   void check();
-  // check() with the blocks not yet validated split into parts run through `spread` (which
-  // calls its argument once for each part number, on any threads, and returns when all have
-  // returned), where the list is long enough to gain from it. Reports the same first bad block.
-  using Spread = std::function<void(std::size_t parts, const std::function<void(std::size_t)>& part)>;
-  void check(const Spread& spread);
   void finish();
   std::size_t size() const;       // blocks in the transfer
   std::size_t validated() const;  // blocks validated so far

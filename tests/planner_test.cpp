@@ -5,12 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <numeric>
-#include <thread>
 #include <random>
 #include <string>
 #include <vector>
@@ -926,9 +923,7 @@ struct RandomTransfer {
   PlanConfig cfg;
 };
 
-// 200-400 blocks of 1-300000 bytes unless asked otherwise.
-RandomTransfer random_transfer(std::uint64_t seed, std::size_t min_blocks = 200, std::size_t max_blocks = 400,
-                               std::uint64_t max_bytes = 300000) {
+RandomTransfer random_transfer(std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   auto uniform = [&](std::uint64_t lo, std::uint64_t hi) {
     return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng);
@@ -944,13 +939,13 @@ RandomTransfer random_transfer(std::uint64_t seed, std::size_t min_blocks = 200,
 
   // Source placement: 0 all pageable, 1 all pinned, 2 mixed runs.
   const int src_mode = static_cast<int>(uniform(0, 2));
-  const std::size_t n = uniform(min_blocks, max_blocks);
+  const std::size_t n = uniform(200, 400);
   std::uintptr_t page_cur = kPageBase + uniform(0, 4095);
   std::uintptr_t pin_cur = kPinnedBase + uniform(0, 4095);
   std::uintptr_t dst_cur = kDevBase + uniform(0, 4095);
   bool pinned = src_mode == 1;
   for (std::size_t i = 0; i < n; ++i) {
-    const std::size_t bytes = uniform(1, max_bytes);
+    const std::size_t bytes = uniform(1, 300000);
     // 0: contiguous with the previous block on both sides; 1: source gap only; 2: destination
     // gap only; 3: both.
     const int join = static_cast<int>(uniform(0, 3));
@@ -1315,112 +1310,6 @@ TEST(PlanBuilderTest, ABadBlockIsReportedWhenReached) {
     ADD_FAILURE() << "accepted";
   } catch (const gfd::Error& e) {
     EXPECT_EQ(e.block(), 700u);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Checking with the work spread over threads (PlanBuilder::check(spread))
-
-// Runs the parts on `threads` threads, each taking the next part in turn, or, with 0, on this
-// thread from the last part to the first (so that later parts finish first).
-gfd::detail::PlanBuilder::Spread spread_over(int threads, std::size_t* most_parts = nullptr) {
-  return [threads, most_parts](std::size_t parts, const std::function<void(std::size_t)>& part) {
-    if (most_parts != nullptr) *most_parts = std::max(*most_parts, parts);
-    if (threads == 0) {
-      for (std::size_t p = parts; p-- > 0;) part(p);
-      return;
-    }
-    std::atomic<std::size_t> next{0};
-    std::vector<std::thread> ts;
-    for (int i = 0; i < threads; ++i)
-      ts.emplace_back([&] {
-        for (std::size_t p = next.fetch_add(1); p < parts; p = next.fetch_add(1)) part(p);
-      });
-    for (auto& t : ts) t.join();
-  };
-}
-
-Plan spread_plan(const std::vector<BlockCopy>& blocks, const PlanConfig& cfg,
-                 const gfd::detail::PlanBuilder::Spread& spread) {
-  Plan plan;
-  gfd::detail::PlanBuilder builder(blocks, cfg, classifier(), plan, nullptr, true);
-  builder.check(spread);
-  builder.finish();
-  return plan;
-}
-
-// Long random lists (pinned, pageable and mixed sources; laid out, a few swaps, shuffled), both
-// directions: the same plan, or the same first bad block, as the sequential check.
-TEST(PlanBuilderTest, SpreadCheckMatchesTheSequentialCheck) {
-  std::size_t most_parts = 0;
-  int planned = 0;
-  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    RandomTransfer t = random_transfer(seed, 600, 5000, seed % 2 == 0 ? 16 : 70000);
-    if (seed % 3 == 0) {  // device to host: swap the sides
-      t.cfg.direction = gfd::detail::Direction::kToHost;
-      for (auto& b : t.blocks) {
-        const void* host = b.src;
-        b.src = b.dst;
-        b.dst = const_cast<void*>(host);
-      }
-    }
-    std::string error;
-    std::size_t bad = 0;
-    Plan whole;
-    try {
-      whole = plan_of(t.blocks, t.cfg);
-    } catch (const gfd::Error& e) {
-      error = e.what();
-      bad = e.block();
-    }
-    for (int threads : {0, 4}) {
-      try {
-        const Plan plan = spread_plan(t.blocks, t.cfg, spread_over(threads, &most_parts));
-        EXPECT_TRUE(error.empty()) << threads << " threads accepted what the sequential check rejects: " << error;
-        EXPECT_TRUE(same_plan(plan, whole)) << threads << " threads";
-        planned += threads == 0;
-      } catch (const gfd::Error& e) {
-        EXPECT_EQ(e.block(), bad) << threads << " threads";
-        EXPECT_EQ(std::string(e.what()), error) << threads << " threads";
-      }
-    }
-  }
-  EXPECT_GE(planned, 20);
-  EXPECT_EQ(most_parts, 16u);  // the lists were long enough to be spread
-}
-
-// Two bad blocks in different parts: the first is reported, with the sequential check's words.
-TEST(PlanBuilderTest, SpreadCheckReportsTheFirstBadBlock) {
-  std::vector<BlockCopy> blocks;
-  for (std::uintptr_t i = 0; i < 4096; ++i) blocks.push_back(block(kPinnedBase + i * 8192, kDevBase + i * 4096, 4096));
-  blocks[3000].dst = dst_at(kPinnedBase);  // a host destination
-  blocks[1000].src = nullptr;
-  for (int threads : {0, 4}) {
-    try {
-      (void)spread_plan(blocks, small_config(), spread_over(threads));
-      ADD_FAILURE() << "accepted";
-    } catch (const gfd::Error& e) {
-      EXPECT_EQ(e.block(), 1000u) << threads << " threads";
-      EXPECT_PRED_FORMAT2(::testing::IsSubstring, "block 1000: source pointer is null", e.what());
-    }
-  }
-}
-
-// Ascending destinations where the first block of a part overlaps the last of the part before:
-// each part alone is disjoint, the joint is not.
-TEST(PlanBuilderTest, SpreadCheckFindsAnOverlapBetweenParts) {
-  std::vector<BlockCopy> blocks;
-  for (std::uintptr_t i = 0; i < 4096; ++i)
-    blocks.push_back(block(kPinnedBase + i * 8192, kDevBase + i * 4096 - (i >= 256 ? 4000 : 0), 4096));
-  for (int threads : {0, 4}) {
-    try {
-      (void)spread_plan(blocks, small_config(), spread_over(threads));
-      ADD_FAILURE() << "accepted";
-    } catch (const gfd::Error& e) {
-      EXPECT_EQ(e.block(), 256u) << threads << " threads";
-      EXPECT_PRED_FORMAT2(::testing::IsSubstring, "overlaps block 255", e.what());
-    }
   }
 }
 

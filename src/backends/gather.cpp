@@ -23,7 +23,7 @@ StagingPipeline::StagingPipeline(const BackendSetup& setup)
       preissue(options.preissue) {
   Device* device = ctx->device.get();
   pool = std::make_unique<GatherPool>(
-      options.gather_threads, setup.cpus, options.spin_us, [this] { return spread.help() || queue.run_next_piece(); },
+      options.gather_threads, setup.cpus, options.spin_us, [this] { return queue.run_next_piece(); },
       [device](int index) {
         Tracer::set_thread_index(index);
         device->make_current();

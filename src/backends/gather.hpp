@@ -35,8 +35,6 @@ struct StagingPipeline {
   // DMAs are enqueued at submission behind slot flags (stream memory operations), so that no
   // driver call sits between the end of a chunk's gathering and its DMA.
   bool preissue;
-  // Work a submitter hands the gather threads before there are pieces (checking a long list).
-  SpreadWork spread;
   // Declared last: its threads stop before the stages they work on go away.
   std::unique_ptr<GatherPool> pool;
 };

@@ -103,14 +103,10 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
   timed([&] { builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true, bytes); });
   ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kPlanStorage, 0);
   // Every block is checked before anything moves (a bad block throws from here, naming it):
-  // a read-only pass over the list, done before the gather threads load the memory system, and
-  // shared with them where the list is long (they were woken for this transfer and have
-  // nothing else to do yet). Packing, which writes the plan, follows a stretch at a time while
-  // they gather.
+  // a read-only pass over the list, done before the gather threads load the memory system.
+  // Packing, which writes the plan, follows a stretch at a time while they gather.
   try {
-    timed([&] {
-      builder->check([this](std::size_t parts, const SpreadWork::Part& part) { p_.spread.run(parts, part); });
-    });
+    timed([&] { builder->check(); });
   } catch (...) {
     Counters::add(ctx.counters.plan_ns, plan_ns);
     throw;
