@@ -64,7 +64,7 @@ EngineCore::EngineCore(const EngineOptions& o, std::shared_ptr<Device> device) {
   r.gather_threads = !entry.caps.gather_pool ? 0
                      : o.gather_threads != 0 ? o.gather_threads
                                              : std::clamp(static_cast<int>(cpus_.size()) - 1, 1, kAutoThreadCap);
-  r.preissue = o.preissue && (entry.caps.copy_lanes || entry.caps.reads_host_pointers) && device->supports_wait_value();
+  r.preissue = o.preissue && entry.caps.copy_lanes && device->supports_wait_value();
   r.staging_writes = to_public(resolve_staging_writes(o.staging_writes));
   ctx_ = std::make_shared<EngineContext>(r, std::move(device));
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstring>
 #include <mutex>
 
 #include "gather_copy.hpp"
@@ -15,14 +14,6 @@ namespace gfd::detail {
 static_assert(sizeof(DirectCopy) == sizeof(ZeroCopyEntry) && offsetof(DirectCopy, src) == offsetof(ZeroCopyEntry, src) &&
               offsetof(DirectCopy, dst) == offsetof(ZeroCopyEntry, dst) &&
               offsetof(DirectCopy, bytes) == offsetof(ZeroCopyEntry, bytes));
-
-namespace {
-// Streams `n` entries of a pass-through plan's list into a slot and fences the stores.
-void write_list(ZeroCopyEntry* entries, const DirectCopy* list, std::size_t n) {
-  copy_block(entries, list, n * sizeof(ZeroCopyEntry), nontemporal_supported() ? StoreKind::kNonTemporal : StoreKind::kNormal);
-  store_fence();
-}
-}  // namespace
 
 void ZeroCopyKernel::submit(TransferState& t, StreamHandle stream) {
   const Plan& p = t.plan;
@@ -45,7 +36,9 @@ void ZeroCopyKernel::submit(TransferState& t, StreamHandle stream) {
         ctx_.tracer.record(t.id, TraceEvent::kStage, TraceEvent::kSlotTaken, 0);
         auto* entries = reinterpret_cast<ZeroCopyEntry*>(s.host);
         if (p.ops.empty()) {
-          write_list(entries, p.direct.data() + i, n);
+          copy_block(entries, p.direct.data() + i, std::size_t{n} * sizeof(ZeroCopyEntry),
+                     nontemporal_supported() ? StoreKind::kNonTemporal : StoreKind::kNormal);
+          store_fence();
         } else {
           for (std::uint32_t k = 0; k < n; ++k) entries[k] = entry(i + k);
         }
@@ -71,68 +64,14 @@ class ZeroCopyBackend final : public BackendImpl {
       : ctx_(setup.ctx),
         ring_(*ctx_->device, ctx_->counters,
               RingConfig{ctx_->options.staging_bytes / ctx_->options.slot_bytes, ctx_->options.slot_bytes,
-                         setup.numa_node, false, /*flags=*/ctx_->options.preissue}),
+                         setup.numa_node, false, false}),
         kernel_(*ctx_, ring_, lock_) {}
 
   TransferPtr submit(const Request& r) override {
     const BackendCaps& caps = backend_entry(Backend::kZeroCopyKernel).caps;
-    const PlanConfig cfg = pass_through_config(*ctx_, caps, r.direction);
-    if (ctx_->options.preissue && !r.blocks.empty() && r.blocks.size() <= ring_.slot_bytes() / sizeof(ZeroCopyEntry))
-      return submit_launched_first(r, cfg);
-    TransferPtr t = plan_transfer(ctx_, r, cfg);
+    TransferPtr t = plan_transfer(ctx_, r, pass_through_config(*ctx_, caps, r.direction));
     if (!t) return nullptr;
     kernel_.submit(*t, r.stream);
-    live_.add(t);
-    return t;
-  }
-
-  // The kernel is enqueued before the list is checked, behind a wait on the slot's flag (a
-  // stream memory operation): the launch makes its way to the GPU while the list is checked,
-  // and the flag lets the kernel run once the list is valid and written. A rejected list
-  // releases it with every entry's size zeroed, so the kernel copies nothing. On the H200 the
-  // launch and its events took 6-7 us after a 13 us check of 2048 blocks (gfd_benchmark --trace).
-  TransferPtr submit_launched_first(const Request& r, const PlanConfig& cfg) {
-    Device& d = *ctx_->device;
-    TransferPtr t = make_transfer(ctx_, r.id, r.direction);
-    const auto n = static_cast<std::uint32_t>(r.blocks.size());
-    Slot* slot = nullptr;
-    std::uint64_t go = 0;
-    {
-      std::lock_guard lk(lock_);
-      Slot& s = ring_[ring_.acquire()];
-      slot = &s;
-      go = ++s.flag_value;
-      try {
-        s.issue([&] {
-          d.wait_value_geq(s.flag, go, r.stream);
-          d.zero_copy(reinterpret_cast<const ZeroCopyEntry*>(s.host), n, r.stream);
-          d.record_event(s.done, r.stream);
-        });
-        d.record_event(t->done_event, r.stream);
-      } catch (...) {
-        t->fail(std::current_exception());
-      }
-    }
-    ctx_->tracer.record(t->id, TraceEvent::kStage, TraceEvent::kSlotTaken, 0);
-    auto* entries = reinterpret_cast<ZeroCopyEntry*>(slot->host);
-    {
-      // Whatever happens here, the flag is set at the end: the kernel may be waiting on it.
-      struct Release {
-        Device& d;
-        Slot& s;
-        std::uint64_t value;
-        ~Release() { d.signal_value(s.flag, value); }
-      } release{d, *slot, go};
-      try {
-        t->plan = ctx_->plan(r.blocks, cfg, r.id);
-      } catch (...) {
-        std::memset(entries, 0, std::size_t{n} * sizeof(ZeroCopyEntry));
-        throw;
-      }
-      write_list(entries, t->plan.direct.data(), n);
-      ctx_->tracer.record(t->id, TraceEvent::kStage, TraceEvent::kListWritten, 0);
-    }
-    t->mark_finalized();
     live_.add(t);
     return t;
   }
