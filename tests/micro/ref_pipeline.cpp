@@ -28,11 +28,13 @@
 
 #include "bench_common.hpp"
 #include "gather_copy.hpp"
+#include "micro_cuda.hpp"
 #include "topology.hpp"
 
 namespace {
 
 using gfd::bench::Flags;
+using gfd::micro::check;
 using Clock = std::chrono::steady_clock;
 
 const std::map<std::string, std::string> kFlags = {
@@ -49,10 +51,6 @@ const std::map<std::string, std::string> kFlags = {
     {"warm", "              the same blocks every repetition"},
     {"help", "              this text"},
 };
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 struct Op {  // what gather_ops needs
   const std::byte* src;
@@ -232,14 +230,7 @@ int run_main(int argc, char** argv) {
     }
     return gfd::bench::percentiles(us);
   };
-  std::vector<double> ref_us;
-  for (int i = 0; i < 5 + iters; ++i) {
-    const auto t0 = Clock::now();
-    check(cudaMemcpyAsync(p.dst, ref_src, bytes, cudaMemcpyHostToDevice, p.lanes[0]), "cudaMemcpyAsync");
-    check(cudaStreamSynchronize(p.lanes[0]), "cudaStreamSynchronize");
-    if (i >= 5) ref_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-  }
-  const double ref = bytes / (gfd::bench::percentiles(ref_us).p50 * 1e3);
+  const double ref = gfd::micro::contiguous_dma_gbps(p.dst, ref_src, bytes, p.lanes[0], iters);
   const auto full = measure(true, true);
   // Verify the last transfer.
   std::vector<std::byte> back(bytes);
@@ -265,10 +256,5 @@ int run_main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run_main(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ref_pipeline: %s\n", e.what());
-    return 2;
-  }
+  return gfd::micro::guarded_main("ref_pipeline", [&] { return run_main(argc, argv); });
 }

@@ -28,11 +28,13 @@
 
 #include "bench_common.hpp"
 #include "kernels.cuh"
+#include "micro_cuda.hpp"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using gfd::detail::ZeroCopyEntry;
+using gfd::micro::check;
 
 const std::map<std::string, std::string> kFlags = {
     {"blocks", "=N          blocks per transfer (default 2048)"},
@@ -42,10 +44,6 @@ const std::map<std::string, std::string> kFlags = {
     {"variants", "=LIST     comma list of flat, flat_host, gfd, gfd_dev (default all)"},
     {"help", "              this text"},
 };
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 // One thread per 16 bytes of the transfer: thread t copies 16-byte word t % words of block
 // t / words (`words` = block size / 16) to the same place of the contiguous destination.
@@ -100,14 +98,7 @@ int run_main(int argc, char** argv) {
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
 
-  std::vector<double> ref_us;
-  for (int i = 0; i < 5 + iters; ++i) {
-    const auto t0 = Clock::now();
-    check(cudaMemcpyAsync(dst, ref_src, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    if (i >= 5) ref_us.push_back(gfd::bench::since_us(t0));
-  }
-  const double ref = bytes / (gfd::bench::percentiles(ref_us).p50 * 1e3);
+  const double ref = gfd::micro::contiguous_dma_gbps(dst, ref_src, bytes, stream, iters);
   std::printf("uva_kernel: %zu x %zu cold, pool %.1f GB; contiguous DMA %.2f GB/s\n", n, bs, pool_bytes * 1e-9,
               ref);
 
@@ -163,10 +154,5 @@ int run_main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run_main(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "uva_kernel: %s\n", e.what());
-    return 2;
-  }
+  return gfd::micro::guarded_main("uva_kernel", [&] { return run_main(argc, argv); });
 }
