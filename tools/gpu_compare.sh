@@ -9,7 +9,7 @@
 #                                                         direct latency python quick
 #                                                         sweep multi knobs features trace
 #                                                         ref uva d2h pageable
-#                                                         (default: all but multi and knobs)
+#                                                         (default: test before-after writes direct latency python)
 #   TARGETS="gfd_benchmark micro_gather" limits the build to those targets (a faster lease).
 #   NEW_BA_ARGS="--pool=mmap" is passed to the new build's before-after runs (an older
 #   gfd_benchmark took its sources from an mmap pool; the new one's default is cudaHostAlloc).
