@@ -87,7 +87,7 @@ void copy_like_staging(void* dst, const void* src, std::size_t bytes, StagingWri
 }
 
 void gather_like_engine(const StagedBlock* blocks, std::size_t count, void* staging, StagingWrites writes) {
-  // gather_ops is the gather threads' own loop (GatherToDevice::gather_piece), with its default
+  // gather_ops is the gather threads' own loop (GatherToDevice::run_piece), with its default
   // prefetch; StagedBlock has the fields it reads (src, slot_offset, bytes).
   detail::gather_ops(blocks, count, static_cast<std::byte*>(staging), detail::resolve_staging_writes(writes));
 }

@@ -23,10 +23,7 @@ void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
     p_.ctx->tracer.begin_transfer(*t, stream);
     // From here the transfer must be finalized whatever happens, or the caller would wait forever.
     try {
-      if (!p.direct.empty()) {
-        if (p_.preissue) p_.lanes.enqueue_directs(*t);
-        else p_.queue.publish(p_.queue.append(Item::Kind::kDirect, this, t, 0, 0, true), 0);
-      }
+      if (!p.direct.empty()) add_directs(t);
       for (std::uint32_t k = 0; k < p.chunks.size(); ++k) {
         const Item& it = publish_chunk(t, k);
         // The DMA waits on the GPU for the gather threads' flag: no driver call is left
@@ -36,10 +33,9 @@ void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
     } catch (...) {
       t->fail(std::current_exception());
     }
-    if (p_.preissue) p_.lanes.finalize(*t);
-    else p_.queue.publish(p_.queue.append(Item::Kind::kFinalize, this, t, 0, 0, true), 0);
+    add_finalize(t);
   }
-  finish_submit(*t, stream, true);
+  finish_submit(*t, stream);
 }
 
 // A small transfer: this thread gathers its one chunk and the DMA goes on the caller's stream
@@ -68,11 +64,21 @@ void GatherToDevice::submit_inline(TransferState& t, StreamHandle stream) {
   t.mark_finalized();
 }
 
-void GatherToDevice::finish_submit(TransferState& t, StreamHandle stream, bool help) {
+void GatherToDevice::add_directs(const TransferPtr& t) {
+  if (p_.preissue) p_.lanes.enqueue_directs(*t);
+  else p_.queue.publish(p_.queue.append(Item::Kind::kDirect, this, t, 0, 0, true), 0);
+}
+
+void GatherToDevice::add_finalize(const TransferPtr& t) {
+  if (p_.preissue) p_.lanes.finalize(*t);
+  else p_.queue.publish(p_.queue.append(Item::Kind::kFinalize, this, t, 0, 0, true), 0);
+}
+
+void GatherToDevice::finish_submit(TransferState& t, StreamHandle stream) {
   // The submitting thread would only wait now: it gathers too, while parked pool threads wake
   // up (a futex wake-up costs tens of microseconds, a 4 KB block a microsecond). It leaves
   // device-to-host chunks whose DMA is still running to the pool.
-  if (help && p_.options.submitter_gathers)
+  if (p_.options.submitter_gathers)
     while (p_.queue.run_next_piece(false)) {
     }
   // Advances the issue order past what is ready (gathered inline here, say): with preissue
@@ -156,10 +162,7 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
       timed([&] { builder->finish(); });
       publish_packed();
       if (p_.preissue) enqueue_up_to(published);
-      if (!p.direct.empty()) {
-        if (p_.preissue) p_.lanes.enqueue_directs(*t);
-        else p_.queue.publish(p_.queue.append(Item::Kind::kDirect, this, t, 0, 0, true), 0);
-      }
+      if (!p.direct.empty()) add_directs(t);
     } catch (...) {
       t->fail(std::current_exception());  // a device error: the rest moves nothing
       // Published chunks whose DMAs were not enqueued: their slots are free once their pieces
@@ -170,11 +173,10 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
         p_.ring[items[k]->slot].mark_issued();
       }
     }
-    if (p_.preissue) p_.lanes.finalize(*t);
-    else p_.queue.publish(p_.queue.append(Item::Kind::kFinalize, this, t, 0, 0, true), 0);
+    add_finalize(t);
   }
   Counters::add(ctx.counters.plan_ns, plan_ns);
-  finish_submit(*t, r.stream, true);
+  finish_submit(*t, r.stream);
   return t;
 }
 
@@ -200,15 +202,13 @@ void GatherToDevice::enqueue_issued(TransferState& t, std::uint32_t index, std::
   s.issue([&] { p_.lanes.enqueue_to_device(t, index, s, wait, s.flag_value); });
 }
 
-void GatherToDevice::gather_piece(const Item& item, std::uint32_t piece) {
+void GatherToDevice::run_piece(Item& item, std::uint32_t piece) {
   const Plan& p = item.t->plan;
   const PlannedPiece& pc = p.pieces[piece];
   const auto t0 = Clock::now();
   gather_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, p_.ring[item.slot].host, p_.store);
   Counters::add(p_.ctx->counters.gather_ns, ns_since(t0));
 }
-
-void GatherToDevice::run_piece(Item& item, std::uint32_t piece) { gather_piece(item, piece); }
 
 void GatherToDevice::chunk_done(Item& item) {
   if (!p_.preissue) return;  // the issuer enqueues the DMA (issue_chunk)

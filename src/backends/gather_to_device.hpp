@@ -29,16 +29,19 @@ class GatherToDevice final : public ItemHandler {
   void issue(Item& item) override;
 
  private:
-  void gather_piece(const Item& item, std::uint32_t piece);
   // A one-chunk transfer of at most inline_gather_bytes: gathered here, moved on `stream`.
   void submit_inline(TransferState& t, StreamHandle stream);
   // Takes the next slot for chunk `k`, writes its scatter entries and hands its pieces to the
   // pool.
   Item& publish_chunk(const TransferPtr& t, std::uint32_t k);
   void enqueue_issued(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait);
-  // After the enqueues: the submitter gathers too (`help`), then issues what is ready and makes
-  // the caller's stream wait for the transfer.
-  void finish_submit(TransferState& t, StreamHandle stream, bool help);
+  // The transfer's direct copies, and its finalization (lanes joined, done event recorded):
+  // enqueued now with preissue, otherwise handed to the in-order issuer.
+  void add_directs(const TransferPtr& t);
+  void add_finalize(const TransferPtr& t);
+  // After the enqueues: the submitter gathers too, then issues what is ready and makes the
+  // caller's stream wait for the transfer.
+  void finish_submit(TransferState& t, StreamHandle stream);
   void issue_chunk(Item& item);
 
   StagingPipeline& p_;
