@@ -1019,6 +1019,28 @@ void fill_export(M* m, const Buffer& b, ExportCtx* ctx) {
   m->dl_tensor.byte_offset = 0;
 }
 
+// The DLPack capsule names, versioned (DLPack 1.x) and not.
+constexpr char kVersionedCapsuleName[] = "dltensor_versioned";
+constexpr char kCapsuleName[] = "dltensor";
+
+// Fills `m` for `b` and wraps it in a capsule named `kName`. The tensor's deleter frees it and
+// `ctx`; the capsule calls it when nobody consumed the capsule (the protocol's rule: the
+// producer frees an unconsumed capsule).
+template <class M, const char* kName>
+py::object dlpack_capsule(M* m, const Buffer& b, ExportCtx* ctx) {
+  fill_export(m, b, ctx);
+  m->deleter = [](M* self) {
+    delete static_cast<ExportCtx*>(self->manager_ctx);
+    delete self;
+  };
+  return py::reinterpret_steal<py::object>(PyCapsule_New(m, kName, [](PyObject* cap) {
+    if (PyCapsule_IsValid(cap, kName)) {
+      auto* t = static_cast<M*>(PyCapsule_GetPointer(cap, kName));
+      t->deleter(t);
+    }
+  }));
+}
+
 py::object buffer_dlpack(const Buffer& b, py::object stream, py::object max_version, py::object dl_device,
                          py::object copy) {
   (void)stream;  // the memory is ready: nothing is pending on any stream
@@ -1034,31 +1056,9 @@ py::object buffer_dlpack(const Buffer& b, py::object stream, py::object max_vers
     auto* m = new dlpack::ManagedTensorVersioned{};
     m->version = {1, 0};
     m->flags = 0;
-    fill_export(m, b, ctx);
-    m->deleter = [](dlpack::ManagedTensorVersioned* self) {
-      delete static_cast<ExportCtx*>(self->manager_ctx);
-      delete self;
-    };
-    return py::reinterpret_steal<py::object>(PyCapsule_New(m, "dltensor_versioned", [](PyObject* cap) {
-      // Never consumed: the producer frees it (the protocol's rule).
-      if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
-        auto* m = static_cast<dlpack::ManagedTensorVersioned*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
-        m->deleter(m);
-      }
-    }));
+    return dlpack_capsule<dlpack::ManagedTensorVersioned, kVersionedCapsuleName>(m, b, ctx);
   }
-  auto* m = new dlpack::ManagedTensor{};
-  fill_export(m, b, ctx);
-  m->deleter = [](dlpack::ManagedTensor* self) {
-    delete static_cast<ExportCtx*>(self->manager_ctx);
-    delete self;
-  };
-  return py::reinterpret_steal<py::object>(PyCapsule_New(m, "dltensor", [](PyObject* cap) {
-    if (PyCapsule_IsValid(cap, "dltensor")) {
-      auto* m = static_cast<dlpack::ManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
-      m->deleter(m);
-    }
-  }));
+  return dlpack_capsule<dlpack::ManagedTensor, kCapsuleName>(new dlpack::ManagedTensor{}, b, ctx);
 }
 
 std::vector<std::int64_t> shape_from(py::handle shape) {
