@@ -1,5 +1,9 @@
 #include "gfd/error.hpp"
 
+#include <cstddef>
+#include <string>
+#include <string_view>
+
 #include "cuda_check.hpp"
 #include "gfd/types.hpp"
 
@@ -26,15 +30,38 @@ const char* to_string(Backend backend) noexcept {
   return "unknown";
 }
 
-Backend backend_from_string(std::string_view name) {
+namespace {
+
+// The value among `all` whose to_string is `name`; otherwise gfd::Error naming the option, what
+// it takes and the names it knows.
+template <class E, std::size_t N>
+E from_name(std::string_view name, const E (&all)[N], const char* option, const char* what) {
   std::string known;
-  for (Backend b : kAllBackends) {
-    if (name == to_string(b)) return b;
+  for (E e : all) {
+    if (name == to_string(e)) return e;
     known += known.empty() ? "" : ", ";
-    known += to_string(b);
+    known += to_string(e);
   }
-  throw Error(ErrorCode::kInvalidArgument,
-              "backend: '" + std::string(name) + "' is not a backend (known: " + known + ")");
+  throw Error(ErrorCode::kInvalidArgument, std::string(option) + ": '" + std::string(name) + "' is not " + what +
+                                               " (known: " + known + ")");
+}
+
+}  // namespace
+
+Backend backend_from_string(std::string_view name) { return from_name(name, kAllBackends, "backend", "a backend"); }
+
+const char* to_string(StagingWrites writes) noexcept {
+  switch (writes) {
+    case StagingWrites::kAuto: return "auto";
+    case StagingWrites::kCldemote: return "cldemote";
+    case StagingWrites::kStreaming: return "streaming";
+    case StagingWrites::kPlain: return "plain";
+  }
+  return "unknown";
+}
+
+StagingWrites staging_writes_from_string(std::string_view name) {
+  return from_name(name, kAllStagingWrites, "staging_writes", "a staging write mode");
 }
 
 const char* to_string(HugepageKind kind) noexcept {

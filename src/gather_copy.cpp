@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <string>
-
-#include "gfd/error.hpp"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -13,30 +10,7 @@
 #define GFD_HAVE_X86 1
 #endif
 
-namespace gfd {
-
-const char* to_string(StagingWrites writes) noexcept {
-  switch (writes) {
-    case StagingWrites::kAuto: return "auto";
-    case StagingWrites::kCldemote: return "cldemote";
-    case StagingWrites::kStreaming: return "streaming";
-    case StagingWrites::kPlain: return "plain";
-  }
-  return "unknown";
-}
-
-StagingWrites staging_writes_from_string(std::string_view name) {
-  std::string known;
-  for (StagingWrites w : kAllStagingWrites) {
-    if (name == to_string(w)) return w;
-    known += known.empty() ? "" : ", ";
-    known += to_string(w);
-  }
-  throw Error(ErrorCode::kInvalidArgument, "staging_writes: '" + std::string(name) +
-                                               "' is not a staging write mode (known: " + known + ")");
-}
-
-namespace detail {
+namespace gfd::detail {
 
 StoreKind resolve_staging_writes(StagingWrites requested, CpuStoreFeatures cpu) noexcept {
   const StoreKind without_cldemote = cpu.streaming ? StoreKind::kNonTemporal : StoreKind::kNormal;
@@ -171,5 +145,4 @@ void copy_demote(void* dst, const void* src, std::size_t bytes, std::uintptr_t& 
   }
 }
 
-}  // namespace detail
-}  // namespace gfd
+}  // namespace gfd::detail
