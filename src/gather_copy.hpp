@@ -56,9 +56,14 @@ StagingWrites to_public(StoreKind kind) noexcept;
 // A cold 4 KB block costs a DRAM round trip per line unless its loads are started early; one
 // core keeps only a few dozen lines in flight, so whole blocks a couple of ops ahead fill it.
 struct Prefetch {
+  // Where the prefetched lines go: L2 (prefetcht1, the default: more lines can be in flight
+  // there than in L1), L1 (prefetcht0), or L1 only, marked non-temporal (prefetchnta: on Intel
+  // server cores such lines are not kept in L2 or L3 when they leave L1, so cold sources do not
+  // push the staging ring out of the L3).
+  enum class Level : std::uint8_t { kL2, kL1, kNonTemporal };
   std::size_t bytes = 4096;
   std::size_t ahead = 2;
-  bool to_l1 = false;  // prefetcht0 instead of prefetcht1
+  Level level = Level::kL2;
 };
 
 // True when this CPU can stream-store (AVX2). Same as cpu_store_features().streaming.
@@ -116,15 +121,21 @@ void demote_pending(std::uintptr_t& pending) noexcept;
 // CLDEMOTE of every line in [begin, end) (64-byte aligned); nothing where the CPU lacks it.
 void demote_lines(std::uintptr_t begin, std::uintptr_t end) noexcept;
 
-// Starts the loads of the first min(bytes, pf.bytes) bytes of `p`, into L2 by default (more
-// lines can be in flight there than in L1).
+// Starts the loads of the first min(bytes, pf.bytes) bytes of `p`, at pf.level.
 inline void prefetch_block(const void* p, std::size_t bytes, const Prefetch& pf) noexcept {
   const auto* c = static_cast<const char*>(p);
   const std::size_t n = bytes < pf.bytes ? bytes : pf.bytes;
-  if (pf.to_l1)
-    for (std::size_t l = 0; l < n; l += 64) __builtin_prefetch(c + l, 0, 3);
-  else
-    for (std::size_t l = 0; l < n; l += 64) __builtin_prefetch(c + l, 0, 2);
+  switch (pf.level) {
+    case Prefetch::Level::kL2:
+      for (std::size_t l = 0; l < n; l += 64) __builtin_prefetch(c + l, 0, 2);
+      break;
+    case Prefetch::Level::kL1:
+      for (std::size_t l = 0; l < n; l += 64) __builtin_prefetch(c + l, 0, 3);
+      break;
+    case Prefetch::Level::kNonTemporal:
+      for (std::size_t l = 0; l < n; l += 64) __builtin_prefetch(c + l, 0, 0);
+      break;
+  }
 }
 
 template <class Op>

@@ -112,7 +112,8 @@ TEST(GatherCopyTest, GatherOpsPlacesRandomOpListsExactly) {
     std::vector<Op> ops = random_ops(rng, 1 + rng() % 120, &slot_bytes);
     for (Op& op : ops) op.src = pool.data + rng() % (kPool - op.bytes);
     const gfd::detail::Prefetch pf{rng() % 2 ? std::size_t{4096} : std::size_t{0},
-                                   static_cast<std::size_t>(rng() % 4), rng() % 2 == 0};
+                                   static_cast<std::size_t>(rng() % 4),
+                                   static_cast<gfd::detail::Prefetch::Level>(rng() % 3)};
     Buffer ref(slot_bytes, 77);
     for (const Op& op : ops) std::memcpy(ref.data + op.slot_offset, op.src, op.bytes);
     for (StoreKind kind : kKinds) {

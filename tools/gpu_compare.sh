@@ -147,11 +147,13 @@ if has knobs || has ref; then
   # The yardstick: the same pipeline with nothing around it (tests/micro/ref_pipeline.cpp).
   if [ -x $M/ref_pipeline ]; then
     for i in 1 2 3; do
+      # REF_VARIANTS="writes:slots[:prefetch] ..."
       for v in ${REF_VARIANTS:-streaming:8 cldemote:8}; do
-        set -- ${v/:/ }
+        set -- ${v//:/ }
+        pf=${3:-l2}
         for n in 2048 16384; do
-          timeout 60 $M/ref_pipeline --blocks $n --writes $1 --slots $2 > "$W/ref_${1}_$2_${n}_$i.log" 2>&1
-          echo "ref $1 slots=$2 n=$n #$i: $(tail -1 "$W/ref_${1}_$2_${n}_$i.log")" | tee -a "$W/summary.txt"
+          timeout 60 $M/ref_pipeline --blocks $n --writes $1 --slots $2 --prefetch $pf > "$W/ref_${1}_$2_${pf}_${n}_$i.log" 2>&1
+          echo "ref $1 slots=$2 pf=$pf n=$n #$i: $(tail -1 "$W/ref_${1}_$2_${pf}_${n}_$i.log")" | tee -a "$W/summary.txt"
         done
       done
     done

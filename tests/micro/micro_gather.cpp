@@ -241,6 +241,8 @@ void ThreadCounts(benchmark::internal::Benchmark* b) {
 // The engine's copy loop (defaults) in each staging write mode, then the prefetch choices changed
 // one at a time (bytes, ops ahead; streaming stores, as measured before the modes existed).
 constexpr gfd::detail::Prefetch kDefault{};
+constexpr auto kL1 = gfd::detail::Prefetch::Level::kL1;
+constexpr auto kNta = gfd::detail::Prefetch::Level::kNonTemporal;
 BENCHMARK_CAPTURE(BM_Gather, cldemote, StagingWrites::kCldemote, kDefault)
     ->Apply(ThreadCounts)
     ->UseRealTime();
@@ -261,11 +263,19 @@ BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_4K_4, StagingWrites::kStreaming,
     ->Apply(ThreadCounts)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_1K_2_l1, StagingWrites::kStreaming,
-                  gfd::detail::Prefetch{1024, 2, true})
+                  gfd::detail::Prefetch{1024, 2, kL1})
     ->Apply(ThreadCounts)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_4K_2_l1, StagingWrites::kStreaming,
-                  gfd::detail::Prefetch{4096, 2, true})
+                  gfd::detail::Prefetch{4096, 2, kL1})
+    ->Apply(ThreadCounts)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_4K_2_nta, StagingWrites::kStreaming,
+                  gfd::detail::Prefetch{4096, 2, kNta})
+    ->Apply(ThreadCounts)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gather, cldemote_prefetch_4K_2_nta, StagingWrites::kCldemote,
+                  gfd::detail::Prefetch{4096, 2, kNta})
     ->Apply(ThreadCounts)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_4K_1, StagingWrites::kStreaming, gfd::detail::Prefetch{4096, 1})

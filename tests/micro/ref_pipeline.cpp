@@ -46,6 +46,8 @@ const std::map<std::string, std::string> kFlags = {
     {"slots", "=R           staging slots (default 8)"},
     {"streams", "=K         copy streams (default 2)"},
     {"writes", "=W          cldemote | streaming | plain (default streaming)"},
+    {"prefetch", "=L        where source lines are prefetched: l2 | l1 | nta | none (default l2)"},
+    {"ahead", "=A           blocks prefetched ahead (default 2)"},
     {"iters", "=N           timed repetitions (default 30)"},
     {"pool-bytes", "=S      source pool (default 8 x L3)"},
     {"warm", "              the same blocks every repetition"},
@@ -62,6 +64,7 @@ struct Pipeline {
   std::size_t n, bs, chunk, piece, slots, streams;
   bool dma = true, gather = true;
   gfd::detail::StoreKind kind;
+  gfd::detail::Prefetch prefetch;
   std::byte* staging = nullptr;
   std::byte* dst = nullptr;
   std::vector<Op> ops;  // block i -> chunk i / per_chunk, offset within the slot
@@ -91,7 +94,7 @@ struct Pipeline {
         while (!chunk_open[c].load(std::memory_order_acquire)) {
         }
         const std::size_t b = p * per_piece, e = std::min(n, b + per_piece);
-        gfd::detail::gather_ops(ops.data() + b, e - b, staging + (c % slots) * chunk, kind);
+        gfd::detail::gather_ops(ops.data() + b, e - b, staging + (c % slots) * chunk, kind, prefetch);
         chunk_left[c].fetch_sub(1, std::memory_order_acq_rel);
       }
       idle.fetch_add(1, std::memory_order_acq_rel);
@@ -169,6 +172,13 @@ int run_main(int argc, char** argv) {
   else if (writes == "plain") w = gfd::StagingWrites::kPlain;
   else if (writes != "streaming") throw std::invalid_argument("--writes: cldemote, streaming or plain");
   p.kind = gfd::detail::resolve_staging_writes(w);
+  const std::string prefetch = flags.get("prefetch", "l2");
+  using Level = gfd::detail::Prefetch::Level;
+  if (prefetch == "l1") p.prefetch.level = Level::kL1;
+  else if (prefetch == "nta") p.prefetch.level = Level::kNonTemporal;
+  else if (prefetch == "none") p.prefetch.bytes = 0;
+  else if (prefetch != "l2") throw std::invalid_argument("--prefetch: l2, l1, nta or none");
+  p.prefetch.ahead = static_cast<std::size_t>(flags.get_int("ahead", 2));
   if (p.bs == 0 || p.chunk % p.bs != 0 || p.chunk < p.bs || (p.chunk / p.bs) % std::max<std::size_t>(1, p.piece / p.bs) != 0)
     throw std::invalid_argument("--chunk must be a multiple of --piece and of --block-size");
   if (p.slots < 2 || p.streams < 1 || threads < 1 || threads >= static_cast<int>(cpus.size()) || iters < 1)
@@ -240,9 +250,10 @@ int run_main(int argc, char** argv) {
   const auto gather_only = measure(true, false);
   const auto dma_only = measure(false, true);
   auto gbps = [&](double us) { return bytes / (us * 1e3); };
-  std::printf("ref_pipeline: %zu x %zu %s, %d threads, chunk %zu, piece %zu, %zu slots, %zu streams, writes %s, pool %.1f GB\n",
+  std::printf("ref_pipeline: %zu x %zu %s, %d threads, chunk %zu, piece %zu, %zu slots, %zu streams, writes %s, "
+              "prefetch %s x %zu, pool %.1f GB\n",
               p.n, p.bs, warm ? "warm" : "cold", threads, p.chunk, p.piece, p.slots, p.streams,
-              gfd::to_string(gfd::detail::to_public(p.kind)), pool_bytes * 1e-9);
+              gfd::to_string(gfd::detail::to_public(p.kind)), prefetch.c_str(), p.prefetch.ahead, pool_bytes * 1e-9);
   std::printf("contiguous DMA %.2f GB/s | pipeline p50 %.1f us %.2f GB/s ratio %.1f%% | gather only %.2f GB/s | "
               "DMA only (slot chunks) %.2f GB/s | verified %s\n",
               ref, full.p50, gbps(full.p50), 100 * gbps(full.p50) / ref, gbps(gather_only.p50), gbps(dma_only.p50),
