@@ -270,7 +270,8 @@ class Bench {
     const std::uint32_t id = ids[rep];
     std::uint64_t t0 = 0;
     struct Chunk {
-      double published = -1, first = 1e18, last = 0, issued = -1, dma_done = -1;
+      double published = -1, first = 1e18, last = 0, issued = -1, dma_done = -1, slowest = 0;
+      int slowest_thread = 0;
       std::uint32_t bytes = 0, pieces = 0;
       std::set<int> threads;
     };
@@ -279,6 +280,7 @@ class Bench {
     std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint64_t> open;
     double planned = 0, finalized = 0, returned = 0, first_piece = 1e18, last_piece = 0;
     std::map<std::uint32_t, double> stages;  // E::Stage -> time
+    std::vector<double> piece_us;            // how long each piece took
     for (const E& e : ev)
       if (e.transfer == id && e.what == E::kSubmit) t0 = e.ns;
     for (const E& e : ev) {
@@ -293,11 +295,15 @@ class Bench {
           chunks[e.a].threads.insert(e.thread);
           first_piece = std::min(first_piece, t);
           break;
-        case E::kPieceEnd:
+        case E::kPieceEnd: {
           chunks[e.a].last = std::max(chunks[e.a].last, t);
           last_piece = std::max(last_piece, t);
-          busy[e.thread] += (static_cast<double>(e.ns) - static_cast<double>(open[{e.a, e.b}])) * 1e-3;
+          const double took = (static_cast<double>(e.ns) - static_cast<double>(open[{e.a, e.b}])) * 1e-3;
+          busy[e.thread] += took;
+          piece_us.push_back(took);
+          if (took > chunks[e.a].slowest) chunks[e.a].slowest = took, chunks[e.a].slowest_thread = e.thread;
           break;
+        }
         case E::kChunkIssued: chunks[e.a].issued = t; chunks[e.a].bytes = e.b; break;
         case E::kFinalized: finalized = t; break;
         case E::kDmaDone: chunks[e.a].dma_done = t; break;
@@ -323,13 +329,23 @@ class Bench {
     std::printf("  threads that gathered: %zu (-1 = the submitting thread); busy %.1f us in total = %.1f threads "
                 "on average over the %.1f us gather window\n",
                 busy.size(), busy_sum, window > 0 ? busy_sum / window : 0, window);
+    if (!piece_us.empty()) {
+      // Stragglers: one slow piece holds its chunk's DMA, and the DMAs behind it on its lane.
+      std::sort(piece_us.begin(), piece_us.end());
+      auto at = [&](double q) { return piece_us[static_cast<std::size_t>(q * (piece_us.size() - 1))]; };
+      const double slow = 4 * at(0.5);
+      const auto stragglers = piece_us.end() - std::upper_bound(piece_us.begin(), piece_us.end(), slow);
+      std::printf("  pieces: %zu, us each p50 %.1f p90 %.1f p99 %.1f max %.1f; %td took over 4x the median\n",
+                  piece_us.size(), at(0.5), at(0.9), at(0.99), piece_us.back(), stragglers);
+    }
     std::printf("  (times in us from the call; dma_done is read on the GPU clock, a few us early)\n");
-    std::printf("  %-6s %-7s %-7s %10s %10s %10s %10s %10s %8s\n", "chunk", "bytes", "pieces", "published",
-                "1st_piece", "last_piece", "issued", "dma_done", "threads");
+    std::printf("  %-6s %-7s %-7s %10s %10s %10s %10s %10s %8s %14s\n", "chunk", "bytes", "pieces", "published",
+                "1st_piece", "last_piece", "issued", "dma_done", "threads", "slowest(thr)");
     for (auto& [k, c] : chunks)
-      std::printf("  %-6u %-7s %-7u %10.1f %10.1f %10.1f %10.1f %10.1f %8zu\n", k,
+      std::printf("  %-6u %-7s %-7u %10.1f %10.1f %10.1f %10.1f %10.1f %8zu %9.1f(%3d)\n", k,
                   (std::to_string(c.bytes >> 10) + "K").c_str(), c.pieces, c.published,
-                  c.first < 1e17 ? c.first : -1.0, c.last, c.issued, c.dma_done, c.threads.size());
+                  c.first < 1e17 ? c.first : -1.0, c.last, c.issued, c.dma_done, c.threads.size(), c.slowest,
+                  c.slowest_thread);
   }
 
   // The gather-only (host to device) or place-only (device to host) rate of one configuration:

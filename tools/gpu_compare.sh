@@ -108,11 +108,17 @@ if has features; then
   grep -E "load|kept|slowdown" "$W/feat_load.log" | head -30 >> "$W/summary.txt"
 fi
 if has trace; then
-  # The pipeline's timeline of the median transfer, default settings and the knob named by TRACE_KNOB.
-  timeout 120 "$B" --quick --backends gather --trace > "$W/trace_default.log" 2>&1
-  sed -n '/^trace:/,/^$/p' "$W/trace_default.log" | head -16 | tee -a "$W/summary.txt"
-  timeout 120 "$B" --blocks 16384 --backends gather --trace > "$W/trace_16384.log" 2>&1
-  sed -n '/^trace:/,/^$/p' "$W/trace_16384.log" | head -24 | tee -a "$W/summary.txt"
+  # The pipeline's timeline of the median transfer, for each of TRACE_KNOBS ("name:VAR=v,VAR=v
+  # ...", default settings when unset).
+  for k in ${TRACE_KNOBS:-default:}; do
+    name=${k%%:*}; vars=${k#*:}
+    (for a in $(echo "$vars" | tr ',' ' '); do export "$a"; done
+     say "trace knob $name: $vars"
+     timeout 120 "$B" --quick --backends gather --trace > "$W/trace_${name}_2048.log" 2>&1
+     sed -n '/^trace:/,/^$/p' "$W/trace_${name}_2048.log" | head -18 | tee -a "$W/summary.txt"
+     timeout 120 "$B" --blocks 16384 --backends gather --trace > "$W/trace_${name}_16384.log" 2>&1
+     sed -n '/^trace:/,/^$/p' "$W/trace_${name}_16384.log" | head -26 | tee -a "$W/summary.txt")
+  done
 fi
 if has d2h; then
   for i in 1 2 3; do bench "d2h_$i" "$B" --quick --direction d2h; done
