@@ -58,9 +58,13 @@ if has test; then
   grep -E "\*\*\*Failed|Timeout|Exception" "$W/ctest.log" | head -20 | tee -a "$W/summary.txt"
 fi
 if has before-after && [ -x "$O" ]; then
+  # BA_SETS="args;args;..." (default: --quick), each run by both builds, interleaved, three rounds.
+  IFS=';' read -ra ba_sets <<< "${BA_SETS:---quick}"
   for i in 1 2 3; do
-    bench "old_quick_$i" "$O" --quick
-    bench "new_quick_$i" "$B" --quick ${NEW_BA_ARGS:-}
+    for j in "${!ba_sets[@]}"; do
+      bench "old_${j}_$i" "$O" ${ba_sets[$j]}
+      bench "new_${j}_$i" "$B" ${ba_sets[$j]} ${NEW_BA_ARGS:-}
+    done
   done
 fi
 if has writes; then
