@@ -42,54 +42,23 @@ void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
 // itself, ordered with the caller's work as the copy lanes would be, with three driver calls
 // (DMA, slot event, done event) instead of seven (start event, lane wait, timing event, DMA,
 // slot event, lane join, stream join): in this VM each costs 1-3 us, the DMA of 64 KB itself 9.
-// With preissue the DMA is enqueued first, behind a wait on the slot's flag, and this thread
-// gathers while the GPU takes the work in: the flag is set right after the gather, with no
-// driver call in between (so nothing that waits for the GPU can stall the flag).
 void GatherToDevice::submit_inline(TransferState& t, StreamHandle stream) {
   const Plan& p = t.plan;
   const PlannedChunk& c = p.chunks[0];
   Device& d = *p_.ctx->device;
-  Tracer& tracer = p_.ctx->tracer;
   {
     std::lock_guard lk(p_.lock);
-    tracer.begin_transfer(t, stream);
-    Slot* s = nullptr;
+    p_.ctx->tracer.begin_transfer(t, stream);
     try {
-      s = &p_.ring[p_.ring.acquire()];
+      Slot& s = p_.ring[p_.ring.acquire()];
+      if (!c.contiguous_device) write_scatter_entries(p, c, s.host, Direction::kToDevice);
+      const auto t0 = Clock::now();
+      gather_ops(p.ops.data() + c.op_begin, c.op_end - c.op_begin, s.host, p_.store);
+      Counters::add(p_.ctx->counters.gather_ns, ns_since(t0));
+      s.issue([&] { p_.lanes.move_to_device(t, 0, s, stream); });
+      d.record_event(t.done_event, stream);
     } catch (...) {
       t.fail(std::current_exception());
-    }
-    if (s != nullptr) {
-      tracer.record(t.id, TraceEvent::kStage, TraceEvent::kSlotTaken, 0);
-      auto gather = [&] {
-        if (!c.contiguous_device) write_scatter_entries(p, c, s->host, Direction::kToDevice);
-        const auto t0 = Clock::now();
-        gather_ops(p.ops.data() + c.op_begin, c.op_end - c.op_begin, s->host, p_.store);
-        Counters::add(p_.ctx->counters.gather_ns, ns_since(t0));
-        tracer.record(t.id, TraceEvent::kStage, TraceEvent::kGathered, 0);
-      };
-      auto enqueue = [&](bool wait) {
-        try {
-          s->issue([&] {
-            if (wait) d.wait_value_geq(s->flag, s->flag_value, stream);
-            p_.lanes.move_to_device(t, 0, *s, stream);
-          });
-          d.record_event(t.done_event, stream);
-        } catch (...) {
-          t.fail(std::current_exception());
-        }
-      };
-      if (p_.preissue) {
-        ++s->flag_value;
-        enqueue(true);
-        // Whatever was enqueued of the DMA (all of it, unless a driver call failed) copies the
-        // gathered bytes: the flag is set only after them.
-        gather();
-        d.signal_value(s->flag, s->flag_value);
-      } else {
-        gather();
-        enqueue(false);
-      }
     }
   }
   t.mark_finalized();
