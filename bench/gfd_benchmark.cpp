@@ -321,7 +321,7 @@ class Bench {
                 "call returns %.1f\n",
                 planned, first_piece, last_piece, finalized, returned);
     if (!stages.empty()) {
-      const char* names[] = {"pool woken", "plan storage", "lanes begun", "slot taken", "list written"};
+      const char* names[] = {"pool woken", "plan storage", "lanes begun", "slot taken", "list written", "gathered"};
       std::printf("  submission:");
       for (auto [k, t] : stages) std::printf(" %s %.1f |", k < std::size(names) ? names[k] : "?", t);
       std::printf("\n");

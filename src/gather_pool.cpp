@@ -4,12 +4,7 @@
 
 #include "topology.hpp"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define GFD_PAUSE() _mm_pause()
-#else
-#define GFD_PAUSE() std::atomic_signal_fence(std::memory_order_seq_cst)
-#endif
+#include "sync.hpp"
 
 namespace gfd::detail {
 
@@ -61,7 +56,7 @@ void GatherPool::loop(int index) {
     const auto deadline = Clock::now() + std::chrono::microseconds(spin_us_);
     bool got = false;
     while (!got && Clock::now() < deadline && !stop_.load(std::memory_order_relaxed)) {
-      for (int i = 0; i < 16; ++i) GFD_PAUSE();
+      for (int i = 0; i < 16; ++i) cpu_relax();
       got = work_();
     }
     if (got) continue;

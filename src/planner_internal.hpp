@@ -93,7 +93,9 @@ class Packer {
   Plan& plan_;
   PlannedChunk chunk_{};
   std::uint64_t left_;
-  std::uint64_t cap_ = 0;
+  std::uint64_t cap_ = 0;        // the open chunk's capacity (data, scatter entries, alignment)
+  std::uint64_t data_cap_ = 0;   // of which data at most
+  std::uint64_t piece_cap_ = 0;  // its pieces' payload
   std::uint32_t piece_begin_ = 0;
   std::uint64_t piece_fill_ = 0;
   bool open_ = false;

@@ -8,9 +8,22 @@
 
 #include "device.hpp"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace gfd::detail {
 
 using Clock = std::chrono::steady_clock;
+
+// One spin-wait step (PAUSE on x86: the core yields to its sibling and saves power).
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+#endif
+}
 
 inline std::uint64_t ns_since(Clock::time_point t0) {
   return static_cast<std::uint64_t>(

@@ -25,8 +25,9 @@ struct TraceEvent {
     kPoolWoken,      // the gather pool was woken
     kPlanStorage,    // the plan's storage is reserved (planning while gathering)
     kLanesBegun,     // the transfer's start is recorded on the caller's stream
-    kSlotTaken,      // zero-copy kernel: a slot for the block list is taken
+    kSlotTaken,      // zero-copy kernel, one-chunk transfer: a slot (for the block list) is taken
     kListWritten,    // zero-copy kernel: the block list is written into it
+    kGathered,       // one-chunk transfer: the submitter has gathered it
   };
   std::uint64_t ns;        // steady clock
   std::uint32_t transfer;  // engine-wide transfer number

@@ -89,11 +89,18 @@ PlanConfig small_config() {
   return cfg;
 }
 
-// Capacity of chunk k: min(slot, first << k).
+// Capacity of chunk k: min(slot, ramp + ramp / 16) with ramp = first << k (the ramp is the
+// chunk's data; its scatter entries may take up to a 16th more).
 std::uint64_t chunk_cap(const PlanConfig& cfg, std::size_t k) {
   const std::uint64_t first = cfg.first_chunk_bytes;
-  if (k >= 40 || (first << k) >= cfg.slot_bytes) return cfg.slot_bytes;
-  return first << k;
+  if (k >= 16 || (first << k) >= cfg.slot_bytes) return cfg.slot_bytes;
+  return std::min<std::uint64_t>(cfg.slot_bytes, (first << k) + (first << k) / 16);
+}
+
+// Data capacity of chunk k: min(slot, first << k).
+std::uint64_t chunk_data_cap(const PlanConfig& cfg, std::size_t k) {
+  const std::uint64_t first = cfg.first_chunk_bytes;
+  return k >= 16 || (first << k) >= cfg.slot_bytes ? cfg.slot_bytes : first << k;
 }
 
 // Structural invariants of every plan: chunks and pieces tile the op list in order, chunk
@@ -131,10 +138,10 @@ void check_structure(const Plan& plan, const PlanConfig& cfg) {
     ASSERT_GE(c.scatter_offset, c.data_bytes);
     ASSERT_LT(c.scatter_offset, c.data_bytes + 16);
 
-    // Capacity: min(slot, first << k); the first chunk is bounded by first_chunk_bytes.
+    // Capacity: chunk_cap; the first chunk's data is at most first_chunk_bytes.
     ASSERT_LE(c.dma_bytes(), cfg.slot_bytes);
     ASSERT_LE(c.dma_bytes(), chunk_cap(cfg, k));
-    if (k == 0) ASSERT_LE(c.dma_bytes(), cfg.first_chunk_bytes);
+    ASSERT_LE(c.data_bytes, chunk_data_cap(cfg, k));
     if (!c.contiguous_device) {
       ASSERT_EQ(c.dma_bytes(),
                 c.scatter_offset + (c.op_end - c.op_begin) * sizeof(gfd::detail::ScatterEntry));
@@ -302,6 +309,9 @@ TEST(PlannerTest, ClassifierResultsAreReusedForOneAllocation) {
 TEST(PlannerTest, CoalescesBlocksContiguousOnBothSides) {
   PlanConfig cfg = small_config();
   cfg.piece_bytes = 64 * kKiB;
+  // A first chunk large enough that its pieces (a 32nd of it) hold the whole 8 KB run.
+  cfg.slot_bytes = 1 * kMiB;
+  cfg.first_chunk_bytes = 256 * kKiB;
   std::vector<BlockCopy> blocks;
   for (int i = 0; i < 4; ++i)
     blocks.push_back(block(kPageBase + i * 2048, kDevBase + 0x1000 + i * 2048, 2048));
@@ -450,8 +460,8 @@ TEST(PlannerTest, LargeBlockIsSplitOverManyChunks) {
   for (std::size_t k = 0; k < plan.chunks.size(); ++k) {
     const auto& c = plan.chunks[k];
     EXPECT_TRUE(c.contiguous_device) << "chunk " << k;
-    // Every chunk but the last is filled close to its capacity.
-    if (k + 1 < plan.chunks.size())
+    // Every chunk but the last is filled: its data reach the ramp, or data and entries its capacity.
+    if (k + 1 < plan.chunks.size() && c.data_bytes != chunk_data_cap(cfg, k))
       EXPECT_GT(c.data_bytes + (c.op_end - c.op_begin + 1) * sizeof(gfd::detail::ScatterEntry) + 16,
                 chunk_cap(cfg, k))
           << "chunk " << k;
@@ -464,6 +474,34 @@ TEST(PlannerTest, LargeBlockIsSplitOverManyChunks) {
     done += op.bytes;
   }
   EXPECT_EQ(done, bytes);
+}
+
+// A transfer of first_chunk_bytes of scattered 4 KB blocks is one chunk (one DMA), its scatter
+// entries beside the data, and its pieces are small enough to spread over every gather thread;
+// later, full-size chunks keep piece_bytes pieces.
+TEST(PlannerTest, FirstChunkHoldsItsBytesInSmallPieces) {
+  const PlanConfig cfg;  // 2 MB slots, 256 KB first chunk, 32 KB pieces
+  constexpr int kBlocks = 64;
+  std::vector<BlockCopy> blocks;
+  for (int i = 0; i < kBlocks; ++i)
+    blocks.push_back(block(kPageBase + i * 8192, kDevBase + ((i * 7) % kBlocks) * 4096, 4096));
+  Plan plan = plan_of(blocks, cfg);
+  ASSERT_NO_FATAL_FAILURE(check_plan(blocks, plan, cfg));
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_FALSE(plan.chunks[0].contiguous_device);
+  EXPECT_EQ(plan.chunks[0].data_bytes, cfg.first_chunk_bytes);
+  EXPECT_EQ(plan.pieces.size(), 32u);  // 8 KB each: 256 KB / 32
+
+  // 16 MB: the 256 KB, 512 KB and 1 MB chunks have 32 pieces each, the 2 MB ones 32 KB pieces.
+  blocks.clear();
+  for (int i = 0; i < 4096; ++i) blocks.push_back(block(kPageBase + i * 8192, kDevBase + i * 4096, 4096));
+  plan = plan_of(blocks, cfg);
+  ASSERT_NO_FATAL_FAILURE(check_plan(blocks, plan, cfg));
+  ASSERT_GE(plan.chunks.size(), 5u);
+  for (std::size_t k = 0; k < 3; ++k)
+    EXPECT_EQ(plan.chunks[k].piece_end - plan.chunks[k].piece_begin, 32u) << "chunk " << k;
+  const auto& big = plan.chunks[3];
+  EXPECT_EQ(big.piece_end - big.piece_begin, (big.data_bytes + cfg.piece_bytes - 1) / cfg.piece_bytes);
 }
 
 TEST(PlannerTest, DefaultConfigPlansMixedTransfer) {

@@ -59,7 +59,9 @@ class GatherBackend final : public BackendImpl {
     if (to_host && several && bytes > o.kernel_max_bytes) return to_host_.submit(r, nullptr, bytes);
     // Host to device, too large for the kernel and for gathering on this thread alone: checked
     // whole, then packed while the first chunks are gathered.
-    if (!to_host && several && bytes > o.kernel_max_bytes && bytes > o.inline_gather_bytes)
+    // A transfer of one first chunk or less is planned whole (one chunk: submit_one_chunk).
+    if (!to_host && several && bytes > o.kernel_max_bytes && bytes > o.inline_gather_bytes &&
+        bytes > ctx.plan_config.first_chunk_bytes)
       return to_device_.submit_planning(r, bytes);
     PlanConfig cfg = ctx.plan_config;
     cfg.direction = r.direction;

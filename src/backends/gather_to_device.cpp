@@ -12,9 +12,10 @@ namespace gfd::detail {
 
 void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
   const Plan& p = t->plan;
-  // Waking the pool would cost more than gathering a small transfer on this thread.
-  if (p.direct.empty() && p.chunks.size() == 1 && p.total_bytes <= p_.options.inline_gather_bytes) {
-    submit_inline(*t, stream);
+  if (p.direct.empty() && p.chunks.size() == 1) {
+    // Waking the pool would cost more than gathering a small transfer on this thread.
+    if (p.total_bytes <= p_.options.inline_gather_bytes) submit_inline(*t, stream);
+    else submit_one_chunk(t, stream);
     return;
   }
   {
@@ -51,10 +52,12 @@ void GatherToDevice::submit_inline(TransferState& t, StreamHandle stream) {
     p_.ctx->tracer.begin_transfer(t, stream);
     try {
       Slot& s = p_.ring[p_.ring.acquire()];
+      p_.ctx->tracer.record(t.id, TraceEvent::kStage, TraceEvent::kSlotTaken, 0);
       if (!c.contiguous_device) write_scatter_entries(p, c, s.host, Direction::kToDevice);
       const auto t0 = Clock::now();
       gather_ops(p.ops.data() + c.op_begin, c.op_end - c.op_begin, s.host, p_.store);
       Counters::add(p_.ctx->counters.gather_ns, ns_since(t0));
+      p_.ctx->tracer.record(t.id, TraceEvent::kStage, TraceEvent::kGathered, 0);
       s.issue([&] { p_.lanes.move_to_device(t, 0, s, stream); });
       d.record_event(t.done_event, stream);
     } catch (...) {
@@ -62,6 +65,29 @@ void GatherToDevice::submit_inline(TransferState& t, StreamHandle stream) {
     }
   }
   t.mark_finalized();
+}
+
+// A one-chunk transfer too large for this thread alone: the pool gathers it with this thread,
+// which then moves it on the caller's stream like submit_inline (no lanes, no joins): with one
+// chunk there is nothing for the lanes to overlap, and each join costs the GPU microseconds.
+void GatherToDevice::submit_one_chunk(const TransferPtr& t, StreamHandle stream) {
+  Device& d = *p_.ctx->device;
+  {
+    std::lock_guard lk(p_.lock);
+    p_.ctx->tracer.begin_transfer(*t, stream);
+    try {
+      Item& it = publish_chunk(t, 0, true);
+      while (!it.ready.load(std::memory_order_acquire))
+        if (!p_.queue.run_next_piece(false)) cpu_relax();
+      Slot& s = p_.ring[it.slot];
+      s.issue([&] { p_.lanes.move_to_device(*t, 0, s, stream); });
+      p_.ctx->tracer.record(t->id, TraceEvent::kChunkIssued, 0, static_cast<std::uint32_t>(t->plan.chunks[0].data_bytes));
+      d.record_event(t->done_event, stream);
+    } catch (...) {
+      t->fail(std::current_exception());
+    }
+  }
+  t->mark_finalized();
 }
 
 void GatherToDevice::add_directs(const TransferPtr& t) {
@@ -180,12 +206,13 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
   return t;
 }
 
-Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k) {
+Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, bool self_issued) {
   const Plan& p = t->plan;
   const PlannedChunk& c = p.chunks[k];
   const std::uint32_t slot = p_.ring.acquire();
   Slot& s = p_.ring[slot];
   Item& it = p_.queue.append(Item::Kind::kChunk, this, t, k, slot, false);
+  it.self_issued = self_issued;
   if (!c.contiguous_device) write_scatter_entries(p, c, s.host, Direction::kToDevice);
   const std::uint32_t pieces = c.piece_end - c.piece_begin;
   it.piece_begin = c.piece_begin;
@@ -211,14 +238,16 @@ void GatherToDevice::run_piece(Item& item, std::uint32_t piece) {
 }
 
 void GatherToDevice::chunk_done(Item& item) {
-  if (!p_.preissue) return;  // the issuer enqueues the DMA (issue_chunk)
+  // Without preissue the issuer enqueues the DMA (issue_chunk); a self-issued chunk's submitter
+  // is waiting for `ready`.
+  if (!p_.preissue || item.self_issued) return;
   p_.ctx->device->signal_value(p_.ring[item.slot].flag, item.flag_value);  // the DMA may start
   p_.ctx->tracer.record(item.t->id, TraceEvent::kChunkIssued, item.index,
                         static_cast<std::uint32_t>(item.t->plan.chunks[item.index].data_bytes));
 }
 
 void GatherToDevice::issue(Item& item) {
-  if (p_.preissue) return;  // everything was enqueued at submission
+  if (p_.preissue || item.self_issued) return;  // everything was enqueued at submission
   switch (item.kind) {
     case Item::Kind::kChunk: issue_chunk(item); break;
     case Item::Kind::kDirect:

@@ -31,9 +31,11 @@ class GatherToDevice final : public ItemHandler {
  private:
   // A one-chunk transfer of at most inline_gather_bytes: gathered here, moved on `stream`.
   void submit_inline(TransferState& t, StreamHandle stream);
+  // A one-chunk transfer larger than that: the pool gathers, this thread moves it on `stream`.
+  void submit_one_chunk(const TransferPtr& t, StreamHandle stream);
   // Takes the next slot for chunk `k`, writes its scatter entries and hands its pieces to the
-  // pool.
-  Item& publish_chunk(const TransferPtr& t, std::uint32_t k);
+  // pool (`self_issued`: the submitter moves the chunk itself once it is ready).
+  Item& publish_chunk(const TransferPtr& t, std::uint32_t k, bool self_issued = false);
   void enqueue_issued(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait);
   // The transfer's direct copies, and its finalization (lanes joined, done event recorded):
   // enqueued now with preissue, otherwise handed to the in-order issuer.
