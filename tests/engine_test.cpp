@@ -686,6 +686,58 @@ TEST_P(EngineTest, ManySmallTransfersKeepTheRingTurning) {
   EXPECT_EQ(engine.stats().transfers, static_cast<std::uint64_t>(n));
 }
 
+// Transfers of one chunk: gathered by the submitter alone (inline), or, above
+// inline_gather_bytes or while the pool is awake, by the pool with the submitter, which moves the
+// chunk on its own stream. Right after a large transfer (pool awake), from several threads at
+// once, contiguous and scattered destinations, with preissue on and off: every byte lands, and
+// work queued on the stream after the call sees it.
+TEST_P(EngineTest, OneChunkTransfersLandWhoeverGathersThem) {
+  if (!gather()) GTEST_SKIP() << "a gather-backend option";
+  HostBuffer pool(dev(), 16 << 20, pinned_sources());
+  fill_random(pool.data(), pool.size(), 41);
+  DeviceBuffer dst(dev(), 4 << 20);
+  for (const bool preissue : {true, false}) {
+    SCOPED_TRACE(preissue ? "preissue" : "no preissue");
+    EngineOptions o = options();
+    o.preissue = preissue;
+    Engine engine = td_->make_engine(o);
+    DeviceBuffer big_dst(dev(), 1024 * 4096);
+    const auto big = make_blocks(pool, big_dst, 1024, 4096, false, 42);
+    std::uint64_t seed = 43;
+    for (const std::size_t n : {2, 16, 48, 64}) {  // 8 KB (inline), 64 KB, 192 KB, 256 KB
+      for (const bool scattered : {false, true}) {
+        SCOPED_TRACE(std::to_string(n) + " blocks" + (scattered ? ", scattered" : ""));
+        Transfer first = engine.copy_to_device(big, td_->cuda_stream());  // wakes the pool
+        DeviceBuffer small_dst(dev(), n * 4096);
+        const auto blocks = make_blocks(pool, small_dst, n, 4096, scattered, seed++);
+        engine.copy_to_device(blocks, td_->cuda_stream()).wait();
+        first.wait();
+        expect_landed(blocks, small_dst);
+      }
+    }
+    std::vector<std::thread> threads;
+    std::vector<std::vector<BlockCopy>> per(4);
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        detail::StreamHandle s = dev().create_stream();
+        for (int round = 0; round < 20; ++round) {
+          const std::size_t n = round % 2 == 0 ? 16 : 48;
+          std::vector<BlockCopy> blocks;
+          for (std::size_t i = 0; i < n; ++i)
+            blocks.push_back({pool.data() + ((t * 97 + round * 13 + i * 7) % 4096) * 4096,
+                              dst.data() + (t * 64 + i) * 4096, 4096});
+          engine.copy_to_device(blocks, static_cast<cudaStream_t>(s)).wait();
+          if (round == 19) per[t] = blocks;
+        }
+        dev().destroy_stream(s);
+      });
+    for (auto& th : threads) th.join();
+    std::vector<BlockCopy> all;
+    for (auto& v : per) all.insert(all.end(), v.begin(), v.end());
+    expect_landed(all, dst);
+  }
+}
+
 // Without stream memory operations (or with preissue off) the thread that finishes a chunk
 // issues its DMA: the same transfers must land, alone and concurrently.
 TEST_P(EngineTest, IssuingFromTheGatherThreadsWorksToo) {
