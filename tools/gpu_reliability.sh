@@ -15,6 +15,7 @@ PICK='*OneByte/Cuda*:*ScatteredDestinationsUseScatterKernel/Cuda*:*RandomSizesAn
 PICK="$PICK:*LargePinnedBlocksGoDirect/Cuda*:*WorkQueuedAfterOnTheStreamSeesTheData/Cuda*"
 PICK="$PICK:*ConcurrentSubmittersWithTinyRing/Cuda*:*SmallPinnedTransfersCanTakeTheKernel/Cuda*"
 PICK="$PICK:*CopyToHost*/Cuda*:*FoundBadLate*/Cuda*:*SwapOut*/Cuda*:*IssuingFromTheGatherThreadsWorksToo/Cuda*"
+PICK="$PICK:*OneChunkTransfersLandWhoeverGathersThem/Cuda*"
 for tool in memcheck racecheck; do
   SECONDS=0
   limit=120; [ $tool = racecheck ] && limit=70
