@@ -30,9 +30,6 @@ class GatherPool {
   // the others (a transfer's submitter, before it plans).
   void wake_one();
   int threads() const { return static_cast<int>(threads_.size()); }
-  // True when no thread is parked (all are working or spinning): work published now is taken
-  // within a microsecond or so, with no futex call.
-  bool awake() const { return !threads_.empty() && sleepers_.load(std::memory_order_relaxed) == 0; }
   // False when some thread could not be pinned to the requested CPUs.
   bool pinned() const { return pinned_.load(); }
 

@@ -29,10 +29,13 @@ struct EngineOptions {
   /// staged to 90% direct, 256 KB blocks from 76% to 97%; 16 KB blocks were faster staged
   /// (bench/RESULTS.md, 2026-12-01). 0 disables the direct path.
   std::size_t direct_min_bytes = std::size_t{64} << 10;
-  /// Transfers of at most this many bytes (one chunk) are gathered by the submitting thread
-  /// itself, and their one DMA goes on the caller's stream instead of the copy lanes: waking the
-  /// pool, and the lanes' stream joins, would cost more than the copy.
-  std::size_t inline_gather_bytes = std::size_t{128} << 10;
+  /// Transfers of at most this many bytes are gathered by the submitting thread alone (waking
+  /// the pool would cost more than the copy). Any transfer of one chunk (up to
+  /// first_chunk_bytes) has its one DMA on the caller's stream instead of the copy lanes, with
+  /// no stream joins; above this size the gather threads share its pieces with the submitter.
+  /// On an H200 host 16 x 4 KB took 19-21 us call to sync with the pool against 22-26 us alone,
+  /// 64 x 4 KB 30-35 us against 38-42 us through the lanes (bench/RESULTS.md).
+  std::size_t inline_gather_bytes = std::size_t{16} << 10;
   /// Gather threads; 0 = one per GPU-local CPU, less one for the submitting thread.
   int gather_threads = 0;
   /// Dedicated copy streams (copy-engine lanes) for host-to-device DMAs. Device-to-host DMAs

@@ -13,15 +13,11 @@ namespace gfd::detail {
 void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
   const Plan& p = t->plan;
   if (p.direct.empty() && p.chunks.size() == 1) {
-    // Waking parked threads would cost more than gathering a small transfer on this thread
-    // alone; where the pool is awake anyway (transfers in quick succession), its threads take
-    // a share of the pieces at once (16 x 4 KB on the H200: 19-21 us call to sync against
-    // 22-26 gathered alone, bench/RESULTS.md).
-    const PlannedChunk& c = p.chunks[0];
-    if (p.total_bytes <= p_.options.inline_gather_bytes && !(c.piece_end - c.piece_begin > 1 && p_.pool->awake()))
-      submit_inline(*t, stream);
-    else
-      submit_one_chunk(t, stream);
+    // A tiny transfer is gathered on this thread alone; anything larger by the pool with this
+    // thread (16 x 4 KB on the H200: 19-21 us call to sync against 22-26 gathered alone,
+    // bench/RESULTS.md, 2026-12-01 third session).
+    if (p.total_bytes <= p_.options.inline_gather_bytes) submit_inline(*t, stream);
+    else submit_one_chunk(t, stream);
     return;
   }
   {
