@@ -71,11 +71,12 @@ void Packer::open_chunk() {
     data_cap_ = std::min(data_cap_, cap_);
   }
   // A small chunk (the first ones of a transfer, or a small transfer) is cut into pieces small
-  // enough that every gather thread gets one (a 32nd of its data, in whole kMinPiece units):
-  // the chunk's DMA waits for its last piece, and this is where the pipeline fills, or where a
-  // small transfer spends its latency.
+  // enough that every gather thread gets one (a 32nd of its data, kMinPiece at least): the
+  // chunk's DMA waits for its last piece, and this is where the pipeline fills, or where a
+  // small transfer spends its latency. (Not rounded down: plan_bounds counts on at most
+  // kPiecesPerChunk full pieces per chunk.)
   const std::uint64_t least = std::min<std::uint64_t>(kMinPiece, cfg_.piece_bytes);
-  piece_cap_ = std::clamp<std::uint64_t>(align_down(data_cap_ / kPiecesPerChunk, least), least, cfg_.piece_bytes);
+  piece_cap_ = std::clamp<std::uint64_t>(data_cap_ / kPiecesPerChunk, least, cfg_.piece_bytes);
   chunk_ = {};
   chunk_.op_begin = static_cast<std::uint32_t>(plan_.ops.size());
   chunk_.piece_begin = static_cast<std::uint32_t>(plan_.pieces.size());
@@ -123,9 +124,9 @@ PlanBounds plan_bounds(std::size_t blocks, std::uint64_t bytes, const PlanConfig
   PlanBounds b;
   b.chunks = (bytes + entry * (blocks + full_pieces) + cmin) / (cmin - 2 * entry - 16 - 15) + 1;
   // A chunk whose pieces are smaller than piece_bytes has at most kPiecesPerChunk full ones (its
-  // piece size is a 32nd of its capacity, or kMinPiece where that is larger, which leaves fewer)
-  // and one partial; any other chunk has full piece_bytes pieces and one partial. Only the 16
-  // ramp chunks can be that small, unless half a slot is (the device-to-host taper).
+  // piece size is a 32nd of its data capacity, or kMinPiece where that is larger, which leaves
+  // fewer) and one partial; any other chunk has full piece_bytes pieces and one partial. Only
+  // the 16 ramp chunks can be that small, unless half a slot is (the device-to-host taper).
   const std::uint64_t small = cfg.slot_bytes / 2 < kPiecesPerChunk * cfg.piece_bytes
                                   ? b.chunks
                                   : std::min<std::uint64_t>(b.chunks, 16);

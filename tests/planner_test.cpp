@@ -969,7 +969,9 @@ RandomTransfer random_transfer(std::uint64_t seed) {
   RandomTransfer t;
   const std::size_t slots[] = {4096, 16 * kKiB, 64 * kKiB, 256 * kKiB, 2 * kMiB};
   t.cfg.slot_bytes = slots[uniform(0, 4)];
-  t.cfg.first_chunk_bytes = std::max<std::size_t>(4096, t.cfg.slot_bytes >> uniform(0, 4));
+  // A power-of-two fraction of the slot, or any size (pieces of a 32nd of it are then odd sizes).
+  t.cfg.first_chunk_bytes = uniform(0, 1) == 0 ? std::max<std::size_t>(4096, t.cfg.slot_bytes >> uniform(0, 4))
+                                               : uniform(4096, std::max<std::size_t>(4096, t.cfg.slot_bytes));
   const std::size_t pieces[] = {256, 1000, 4096, 64 * kKiB, 1 * kMiB};
   t.cfg.piece_bytes = pieces[uniform(0, 4)];
   const std::size_t directs[] = {0, 64 * kKiB, 256 * kKiB, 1 * kMiB};
