@@ -70,13 +70,15 @@ void Packer::open_chunk() {
                                       align_up((left_ + 1) / 2, kAlign)));
     data_cap_ = std::min(data_cap_, cap_);
   }
-  // A small chunk (the first ones of a transfer, or a small transfer) is cut into pieces small
-  // enough that every gather thread gets one (a 32nd of its data, kMinPiece at least): the
-  // chunk's DMA waits for its last piece, and this is where the pipeline fills, or where a
-  // small transfer spends its latency. (Not rounded down: plan_bounds counts on at most
-  // kPiecesPerChunk full pieces per chunk.)
+  // The chunk that takes the rest of the transfer (a small transfer's only one) is cut into
+  // pieces small enough that every gather thread gets one (a 32nd of its data, kMinPiece at
+  // least): its DMA waits for its last piece, and this is a small transfer's whole latency.
+  // Earlier chunks keep piece_bytes pieces: each piece starts its prefetch afresh. (Not rounded
+  // down: plan_bounds counts on at most kPiecesPerChunk full pieces per chunk; `left_` never
+  // underestimates what is left.)
   const std::uint64_t least = std::min<std::uint64_t>(kMinPiece, cfg_.piece_bytes);
-  piece_cap_ = std::clamp<std::uint64_t>(data_cap_ / kPiecesPerChunk, least, cfg_.piece_bytes);
+  piece_cap_ = left_ <= data_cap_ ? std::clamp<std::uint64_t>(data_cap_ / kPiecesPerChunk, least, cfg_.piece_bytes)
+                                  : cfg_.piece_bytes;
   chunk_ = {};
   chunk_.op_begin = static_cast<std::uint32_t>(plan_.ops.size());
   chunk_.piece_begin = static_cast<std::uint32_t>(plan_.pieces.size());

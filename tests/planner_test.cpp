@@ -478,7 +478,7 @@ TEST(PlannerTest, LargeBlockIsSplitOverManyChunks) {
 
 // A transfer of first_chunk_bytes of scattered 4 KB blocks is one chunk (one DMA), its scatter
 // entries beside the data, and its pieces are small enough to spread over every gather thread;
-// later, full-size chunks keep piece_bytes pieces.
+// the chunks of a larger transfer keep piece_bytes pieces.
 TEST(PlannerTest, FirstChunkHoldsItsBytesInSmallPieces) {
   const PlanConfig cfg;  // 2 MB slots, 256 KB first chunk, 32 KB pieces
   constexpr int kBlocks = 64;
@@ -492,16 +492,22 @@ TEST(PlannerTest, FirstChunkHoldsItsBytesInSmallPieces) {
   EXPECT_EQ(plan.chunks[0].data_bytes, cfg.first_chunk_bytes);
   EXPECT_EQ(plan.pieces.size(), 32u);  // 8 KB each: 256 KB / 32
 
-  // 16 MB: the 256 KB, 512 KB and 1 MB chunks have 32 pieces each, the 2 MB ones 32 KB pieces.
+  // 16 x 4 KB: the same piece size, 8 pieces.
+  blocks.resize(16);
+  for (int i = 0; i < 16; ++i) blocks[i] = block(kPageBase + i * 8192, kDevBase + i * 4096, 4096);
+  plan = plan_of(blocks, cfg);
+  ASSERT_NO_FATAL_FAILURE(check_plan(blocks, plan, cfg));
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.pieces.size(), 8u);
+
+  // 16 MB: the 256 KB, 512 KB and 1 MB chunks are cut into 32 KB pieces (8, 16 and 32).
   blocks.clear();
   for (int i = 0; i < 4096; ++i) blocks.push_back(block(kPageBase + i * 8192, kDevBase + i * 4096, 4096));
   plan = plan_of(blocks, cfg);
   ASSERT_NO_FATAL_FAILURE(check_plan(blocks, plan, cfg));
   ASSERT_GE(plan.chunks.size(), 5u);
   for (std::size_t k = 0; k < 3; ++k)
-    EXPECT_EQ(plan.chunks[k].piece_end - plan.chunks[k].piece_begin, 32u) << "chunk " << k;
-  const auto& big = plan.chunks[3];
-  EXPECT_EQ(big.piece_end - big.piece_begin, (big.data_bytes + cfg.piece_bytes - 1) / cfg.piece_bytes);
+    EXPECT_EQ(plan.chunks[k].piece_end - plan.chunks[k].piece_begin, 8u << k) << "chunk " << k;
 }
 
 TEST(PlannerTest, DefaultConfigPlansMixedTransfer) {
