@@ -320,7 +320,11 @@ py::object dlpack_stream_arg(std::uintptr_t stream) {
   return py::int_(stream == 0 ? std::uintptr_t{1} : stream);
 }
 
-TensorView from_dlpack(py::handle obj, const std::string& name, std::optional<std::uintptr_t> stream) {
+// `may_decline`: the object has another interface to fall back on; if its DLPack export itself
+// fails (a read-only numpy array refuses it), return nothing instead of throwing. Anything wrong
+// with what the export returned is an error either way.
+std::optional<TensorView> from_dlpack(py::handle obj, const std::string& name,
+                                      std::optional<std::uintptr_t> stream, bool may_decline) {
   TensorView v;
   py::tuple dev = obj.attr("__dlpack_device__")();
   const int type = dev[0].cast<int>();
@@ -333,6 +337,7 @@ TensorView from_dlpack(py::handle obj, const std::string& name, std::optional<st
     else
       capsule = obj.attr("__dlpack__")();
   } catch (py::error_already_set& e) {
+    if (may_decline) return std::nullopt;
     bad_argument(name + ": exporting it through DLPack failed: " + std::string(e.what()));
   }
   PyObject* cap = capsule.ptr();
@@ -397,12 +402,9 @@ void shape_from_interface(TensorView& v, const py::dict& d, const std::string& n
 TensorView tensor_view(py::handle obj, const std::string& name, std::optional<std::uintptr_t> stream,
                        const std::function<void(std::uintptr_t)>& sync_to) {
   if (py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__")) {
-    try {
-      return from_dlpack(obj, name, stream);
-    } catch (const Error&) {
-      // A read-only numpy array refuses DLPack export; its array interface still works.
-      if (!py::hasattr(obj, "__array_interface__") && !py::hasattr(obj, "__cuda_array_interface__")) throw;
-    }
+    // A read-only numpy array refuses DLPack export; its array interface still works.
+    const bool other = py::hasattr(obj, "__array_interface__") || py::hasattr(obj, "__cuda_array_interface__");
+    if (std::optional<TensorView> v = from_dlpack(obj, name, stream, other)) return std::move(*v);
   }
   if (py::hasattr(obj, "__cuda_array_interface__")) {
     TensorView v;

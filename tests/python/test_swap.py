@@ -249,6 +249,35 @@ def test_tensor_errors(engine):
     expect_error(r"src: a cache needs a first \(block\) dimension", s, np.uint8(3), dev, m)
 
 
+class RefusesDlpack:
+    """A host array whose DLPack export fails (as a read-only numpy array's does) but whose array
+    interface works, or (broken=True) whose __dlpack__ returns something that is not a capsule."""
+
+    def __init__(self, array, broken=False):
+        self.__array_interface__ = array.__array_interface__
+        self._array, self._broken = array, broken
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, stream=None):
+        if self._broken:
+            return 42
+        raise BufferError("cannot export a read-only array")
+
+
+def test_refused_dlpack_export_falls_back_to_the_array_interface(engine):
+    host, dev, hv, dv = caches(engine, 8, 8, (1024,), "uint8")
+    m = np.array([[0, 3], [5, 1]], dtype=np.int64)
+    expect = dv.copy()
+    expect[m[:, 1]] = hv[m[:, 0]]
+    engine.swap_blocks(RefusesDlpack(hv), dev, m).wait()
+    assert (dv == expect).all()
+    # A producer whose export returns garbage is an error, not a reason to look elsewhere.
+    expect_error(r"src: __dlpack__ did not return a DLPack capsule", engine.swap_blocks,
+                 RefusesDlpack(hv, broken=True), dev, m)
+
+
 def test_tensor_on_another_gpu(engine):
     other = _testing.emulated_engine(ordinal=1)
     try:
