@@ -723,16 +723,18 @@ int main(int argc, char** argv) try {
     c.spin_us = o.spin_us;
     c.piece_bytes = o.piece_bytes;
     c.inline_bytes = o.inline_gather_bytes;
+    c.first_chunk_bytes = std::min(o.first_chunk_bytes, o.slot_bytes);
     c.writes = st.staging_writes;
     c.to_host = bench.to_host;
     bench.stage = std::make_unique<StageOnly>(c, bench.stage_buffer->data(), st.staging_bytes);
-    std::printf("%s-only: %d threads (%d pinned to the engine's gather CPUs %s%s), %s pieces in order, staging "
-                "writes %s, %s a %s buffer (hugepages %s, NUMA node %d), transfers up to %s by the calling thread "
-                "alone; no engine, no DMA\n",
+    std::printf("%s-only: %d threads (%d pinned to the engine's gather CPUs %s%s), %s pieces in order (a 32nd "
+                "of %s for transfers of one chunk), staging writes %s, %s a %s buffer (hugepages %s, NUMA node %d), "
+                "transfers up to %s by the calling thread alone; no engine, no DMA\n",
                 bench.to_host ? "place" : "gather", bench.stage->threads(), c.workers,
                 c.cpus.empty() ? "(none reported: unpinned)" : probe::format_cpulist(c.cpus).c_str(),
                 c.caller_copies ? ", + the calling thread, unpinned, as the submitting thread" : "",
-                format_size(c.piece_bytes).c_str(), to_string(c.writes), bench.to_host ? "from" : "into",
+                format_size(c.piece_bytes).c_str(), format_size(c.first_chunk_bytes).c_str(), to_string(c.writes),
+                bench.to_host ? "from" : "into",
                 format_size(st.staging_bytes).c_str(), to_string(bench.stage_buffer->hugepages()),
                 bench.stage_buffer->numa_node(), format_size(c.inline_bytes).c_str());
   }

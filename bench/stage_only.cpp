@@ -1,5 +1,6 @@
 #include "stage_only.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -79,7 +80,13 @@ double StageOnly::run(const std::vector<BlockCopy>& blocks) {
   // The layout (not timed): the engine's planner does this before its threads start.
   ops_.clear();
   piece_begin_.assign(1, 0);
-  const std::size_t piece = cfg_.piece_bytes;
+  std::size_t total = 0;
+  for (const BlockCopy& b : blocks) total += b.bytes;
+  piece_ = cfg_.piece_bytes;
+  if (total <= cfg_.first_chunk_bytes)
+    piece_ = std::clamp<std::size_t>(cfg_.first_chunk_bytes / 32, std::min<std::size_t>(4096, cfg_.piece_bytes),
+                                     cfg_.piece_bytes);
+  const std::size_t piece = piece_;
   const std::size_t slots = staging_bytes_ / piece;  // piece positions in the buffer
   std::size_t fill = 0, k = 0, bytes = 0;
   for (const BlockCopy& b : blocks) {
@@ -127,7 +134,7 @@ bool StageOnly::verify() const {
   // Placing leaves every host block equal to its staged bytes. Gathering a transfer larger than
   // the buffer overwrote its first pieces with later ones: check the last buffer-full.
   const std::size_t pieces = piece_begin_.size() - 1;
-  const std::size_t slots = staging_bytes_ / cfg_.piece_bytes;
+  const std::size_t slots = staging_bytes_ / piece_;
   const std::size_t first = cfg_.to_host || pieces <= slots ? 0 : piece_begin_[pieces - slots];
   for (std::size_t i = first; i < ops_.size(); ++i)
     if (std::memcmp(staging_ + ops_[i].slot_offset, ops_[i].src, ops_[i].bytes) != 0) return false;

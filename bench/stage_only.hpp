@@ -25,6 +25,9 @@ class StageOnly {
     int spin_us = 200;              // idle workers spin this long, then park (the engine's spin_us)
     std::size_t piece_bytes = 32768;
     std::size_t inline_bytes = 0;   // transfers up to this size: the calling thread alone
+    // Transfers of one chunk (up to the engine's first_chunk_bytes) are cut into pieces of a
+    // 32nd of it (4 KB at least), as the engine cuts them; 0: piece_bytes throughout.
+    std::size_t first_chunk_bytes = 0;
     StagingWrites writes = StagingWrites::kStreaming;  // resolved as the engine resolves it
     bool to_host = false;           // place (staging -> host dst) instead of gather
   };
@@ -35,8 +38,8 @@ class StageOnly {
   StageOnly(const StageOnly&) = delete;
   StageOnly& operator=(const StageOnly&) = delete;
 
-  // Lays out the host side of `blocks` (src to the device, dst to the host) in pieces of
-  // piece_bytes, in order, at consecutive staging offsets (wrapping at the buffer's end, as the
+  // Lays out the host side of `blocks` (src to the device, dst to the host) in pieces (of
+  // piece_bytes, or smaller for a one-chunk transfer), in order, at consecutive staging offsets (wrapping at the buffer's end, as the
   // ring's slots do), outside the timed region; then copies them, timed from the call until
   // every piece is done. Returns microseconds.
   double run(const std::vector<BlockCopy>& blocks);
@@ -60,6 +63,7 @@ class StageOnly {
   std::byte* staging_;
   std::size_t staging_bytes_;
   std::vector<probe::StagedBlock> ops_;
+  std::size_t piece_ = 0;  // the last run's piece size
   std::vector<std::uint32_t> piece_begin_;  // ops of piece k: [piece_begin_[k], piece_begin_[k+1])
   std::atomic<std::uint64_t> claim_{0};
   std::atomic<std::uint32_t> left_{0};
