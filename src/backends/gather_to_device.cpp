@@ -48,7 +48,6 @@ void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
 void GatherToDevice::submit_inline(TransferState& t, StreamHandle stream) {
   const Plan& p = t.plan;
   const PlannedChunk& c = p.chunks[0];
-  Device& d = *p_.ctx->device;
   {
     std::lock_guard lk(p_.lock);
     p_.ctx->tracer.begin_transfer(t, stream);
@@ -60,8 +59,7 @@ void GatherToDevice::submit_inline(TransferState& t, StreamHandle stream) {
       gather_ops(p.ops.data() + c.op_begin, c.op_end - c.op_begin, s.host, p_.store);
       Counters::add(p_.ctx->counters.gather_ns, ns_since(t0));
       p_.ctx->tracer.record(t.id, TraceEvent::kStage, TraceEvent::kGathered, 0);
-      s.issue([&] { p_.lanes.move_to_device(t, 0, s, stream); });
-      d.record_event(t.done_event, stream);
+      move_on_stream(t, s, stream);
     } catch (...) {
       t.fail(std::current_exception());
     }
@@ -73,23 +71,25 @@ void GatherToDevice::submit_inline(TransferState& t, StreamHandle stream) {
 // which then moves it on the caller's stream like submit_inline (no lanes, no joins): with one
 // chunk there is nothing for the lanes to overlap, and each join costs the GPU microseconds.
 void GatherToDevice::submit_one_chunk(const TransferPtr& t, StreamHandle stream) {
-  Device& d = *p_.ctx->device;
   {
     std::lock_guard lk(p_.lock);
     p_.ctx->tracer.begin_transfer(*t, stream);
     try {
-      Item& it = publish_chunk(t, 0, true);
+      Item& it = publish_chunk(t, 0, own_chunk_);
       while (!it.ready.load(std::memory_order_acquire))
         if (!p_.queue.run_next_piece(false)) cpu_relax();
-      Slot& s = p_.ring[it.slot];
-      s.issue([&] { p_.lanes.move_to_device(*t, 0, s, stream); });
+      move_on_stream(*t, p_.ring[it.slot], stream);
       p_.ctx->tracer.record(t->id, TraceEvent::kChunkIssued, 0, static_cast<std::uint32_t>(t->plan.chunks[0].data_bytes));
-      d.record_event(t->done_event, stream);
     } catch (...) {
       t->fail(std::current_exception());
     }
   }
   t->mark_finalized();
+}
+
+void GatherToDevice::move_on_stream(TransferState& t, Slot& s, StreamHandle stream) {
+  s.issue([&] { p_.lanes.move_to_device(t, 0, s, stream); });
+  p_.ctx->device->record_event(t.done_event, stream);
 }
 
 void GatherToDevice::add_directs(const TransferPtr& t) {
@@ -208,13 +208,12 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
   return t;
 }
 
-Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, bool self_issued) {
+Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, ItemHandler& handler) {
   const Plan& p = t->plan;
   const PlannedChunk& c = p.chunks[k];
   const std::uint32_t slot = p_.ring.acquire();
   Slot& s = p_.ring[slot];
-  Item& it = p_.queue.append(Item::Kind::kChunk, this, t, k, slot, false);
-  it.self_issued = self_issued;
+  Item& it = p_.queue.append(Item::Kind::kChunk, &handler, t, k, slot, false);
   if (!c.contiguous_device) write_scatter_entries(p, c, s.host, Direction::kToDevice);
   const std::uint32_t pieces = c.piece_end - c.piece_begin;
   it.piece_begin = c.piece_begin;
@@ -240,16 +239,14 @@ void GatherToDevice::run_piece(Item& item, std::uint32_t piece) {
 }
 
 void GatherToDevice::chunk_done(Item& item) {
-  // Without preissue the issuer enqueues the DMA (issue_chunk); a self-issued chunk's submitter
-  // is waiting for `ready`.
-  if (!p_.preissue || item.self_issued) return;
+  if (!p_.preissue) return;  // the issuer enqueues the DMA (issue_chunk)
   p_.ctx->device->signal_value(p_.ring[item.slot].flag, item.flag_value);  // the DMA may start
   p_.ctx->tracer.record(item.t->id, TraceEvent::kChunkIssued, item.index,
                         static_cast<std::uint32_t>(item.t->plan.chunks[item.index].data_bytes));
 }
 
 void GatherToDevice::issue(Item& item) {
-  if (p_.preissue || item.self_issued) return;  // everything was enqueued at submission
+  if (p_.preissue) return;  // everything was enqueued at submission
   switch (item.kind) {
     case Item::Kind::kChunk: issue_chunk(item); break;
     case Item::Kind::kDirect:

@@ -33,9 +33,12 @@ class GatherToDevice final : public ItemHandler {
   void submit_inline(TransferState& t, StreamHandle stream);
   // A one-chunk transfer larger than that: the pool gathers, this thread moves it on `stream`.
   void submit_one_chunk(const TransferPtr& t, StreamHandle stream);
+  // Both: the one chunk from slot `s` on `stream`, and the transfer's done event after it.
+  void move_on_stream(TransferState& t, Slot& s, StreamHandle stream);
   // Takes the next slot for chunk `k`, writes its scatter entries and hands its pieces to the
-  // pool (`self_issued`: the submitter moves the chunk itself once it is ready).
-  Item& publish_chunk(const TransferPtr& t, std::uint32_t k, bool self_issued = false);
+  // pool, as an item of `handler` (this one: its DMA is enqueued or issued as a lane's).
+  Item& publish_chunk(const TransferPtr& t, std::uint32_t k, ItemHandler& handler);
+  Item& publish_chunk(const TransferPtr& t, std::uint32_t k) { return publish_chunk(t, k, *this); }
   void enqueue_issued(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait);
   // The transfer's direct copies, and its finalization (lanes joined, done event recorded):
   // enqueued now with preissue, otherwise handed to the in-order issuer.
@@ -46,7 +49,21 @@ class GatherToDevice final : public ItemHandler {
   void finish_submit(TransferState& t, StreamHandle stream);
   void issue_chunk(Item& item);
 
+  // The items of submit_one_chunk's chunks: gathered like any other, but their submitter moves
+  // them itself once they are ready, so finishing one sets no flag and the issuer skips it.
+  class OwnChunk final : public ItemHandler {
+   public:
+    explicit OwnChunk(GatherToDevice& g) : g_(g) {}
+    void run_piece(Item& item, std::uint32_t piece) override { g_.run_piece(item, piece); }
+    void chunk_done(Item&) override {}
+    void issue(Item&) override {}
+
+   private:
+    GatherToDevice& g_;
+  };
+
   StagingPipeline& p_;
+  OwnChunk own_chunk_{*this};
   std::vector<Item*> items_;  // submit_planning: each chunk's item (under the submission lock)
 };
 

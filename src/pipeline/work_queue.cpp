@@ -38,7 +38,6 @@ Item& WorkQueue::append(Item::Kind kind, ItemHandler* handler, const TransferPtr
   it.slot = slot;
   it.piece_begin = 0;
   it.flag_value = 0;
-  it.self_issued = false;
   it.dma_ready.store(true, std::memory_order_relaxed);
   it.held.store(false, std::memory_order_relaxed);
   it.ready.store(ready, std::memory_order_relaxed);

@@ -51,9 +51,6 @@ struct Item {
   std::uint32_t slot = 0;
   std::uint32_t piece_begin = 0;
   std::uint64_t flag_value = 0;       // the slot flag's value once this chunk is gathered
-  // The submitter moves this chunk itself once it is gathered (a one-chunk transfer on the
-  // caller's stream): finishing it sets no flag and the issuer does nothing with it.
-  bool self_issued = false;
   std::atomic<bool> dma_ready{true};  // device to host: the chunk's DMA into the slot completed
   // Device to host: enqueued while its transfer was still being planned; placing waits until the
   // submitter has found the whole list valid (or rejected it) and clears this. Kept here, not
