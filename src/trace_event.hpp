@@ -28,6 +28,7 @@ struct TraceEvent {
     kSlotTaken,      // zero-copy kernel, one-chunk transfer: a slot (for the block list) is taken
     kListWritten,    // zero-copy kernel: the block list is written into it
     kGathered,       // one-chunk transfer: the submitter has gathered it
+    kEarlyPublished, // the chunks packed before the whole list was checked are published
   };
   std::uint64_t ns;        // steady clock
   std::uint32_t transfer;  // engine-wide transfer number

@@ -1,6 +1,7 @@
 #include "backends/gather_to_device.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -9,6 +10,12 @@
 #include "gfd/error.hpp"
 
 namespace gfd::detail {
+
+GatherToDevice::GatherToDevice(StagingPipeline& pipe)
+    : p_(pipe), early_publish_bytes_(p_.ctx->plan_config.first_chunk_bytes) {
+  // EXPERIMENT (issue 13, to be fixed after measuring): GFD_EXPERIMENT_EARLY_BYTES overrides.
+  if (const char* v = std::getenv("GFD_EXPERIMENT_EARLY_BYTES")) early_publish_bytes_ = std::strtoull(v, nullptr, 0);
+}
 
 void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
   const Plan& p = t->plan;
@@ -136,16 +143,21 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
   std::optional<PlanBuilder> builder;
   timed([&] { builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true, bytes); });
   ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kPlanStorage, 0);
-  // Every block is checked before anything moves (a bad block throws from here, naming it):
-  // a read-only pass over the list, done before the gather threads load the memory system.
-  // Packing, which writes the plan, follows a stretch at a time while they gather.
-  try {
-    timed([&] { builder->check(); });
-  } catch (...) {
-    Counters::add(ctx.counters.plan_ns, plan_ns);
-    throw;
+  // Every block is checked before any DMA is enqueued (a bad block throws from here, naming it,
+  // and nothing reaches the device). With preissue the first chunks are validated, packed and
+  // handed to the gather threads first, so that they gather while the rest of the list is
+  // checked: their DMAs are enqueued only after the check (the submitter enqueues them), and
+  // a rejected transfer's chunks are gathered into staging that no DMA reads.
+  const std::uint64_t early_bytes = p_.preissue && builder->stable() ? early_publish_bytes_ : 0;
+  if (early_bytes == 0) {
+    try {
+      timed([&] { builder->check(); });
+    } catch (...) {
+      Counters::add(ctx.counters.plan_ns, plan_ns);
+      throw;
+    }
+    ctx.tracer.record(t->id, TraceEvent::kPlanned);
   }
-  ctx.tracer.record(t->id, TraceEvent::kPlanned);
   if (!builder->stable()) {
     // Without storage reserved up front (absurd sizes) the plan is packed whole first.
     timed([&] { builder->finish(); });
@@ -157,9 +169,6 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
   const Plan& p = t->plan;
   {
     std::lock_guard lk(p_.lock);
-    p_.lanes.begin(*t, r.stream);
-    ctx.tracer.begin_transfer(*t, r.stream);
-    ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kLanesBegun, 0);
     // Chunks go to the gather threads as soon as they are packed; each chunk's DMA (four driver
     // calls, several microseconds in a VM) is enqueued once the next chunk is out too, so that
     // the threads always have a chunk to gather while the submitter talks to the driver (and a
@@ -171,35 +180,74 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
       for (; enqueued < end; ++enqueued) enqueue_issued(*t, enqueued, items[enqueued]->slot, true);
     };
     const std::uint32_t lag = 1;
+    bool checked = early_bytes == 0;
+    // Before the check no DMA is enqueued, so no slot taken then is free again until after it:
+    // at most all but one of the ring's slots are taken (the next chunk needs one).
+    const std::size_t early_limit = p_.ring.size() - 1;
     auto publish_packed = [&] {
-      for (; published < p.chunks.size(); ++published) {
+      const std::size_t end = checked ? p.chunks.size() : std::min(p.chunks.size(), early_limit);
+      for (; published < end; ++published) {
         items.push_back(&publish_chunk(t, published));
-        if (p_.preissue && published >= lag) enqueue_up_to(published - lag + 1);
+        if (p_.preissue && checked && published >= lag) enqueue_up_to(published - lag + 1);
       }
     };
+    // Published chunks whose DMAs were not enqueued: their slots are free once their pieces are
+    // done (the items are not reused while this submitter holds the lock).
+    auto release_unenqueued = [&] {
+      for (std::size_t k = enqueued; k < items.size(); ++k) {
+        while (!items[k]->ready.load(std::memory_order_acquire))
+          if (!p_.queue.run_next_piece(false)) std::this_thread::yield();
+        p_.ring[items[k]->slot].mark_issued();
+      }
+    };
+    // A small stretch first, so that the gather threads get the first chunk at once; then
+    // larger ones.
+    std::size_t step = 64;
+    auto pack_stretch = [&] {
+      timed([&] { builder->advance(builder->packed() + step); });
+      step = std::min<std::size_t>(step * 2, 2048);
+      publish_packed();
+    };
+    if (!checked) {
+      try {
+        std::uint64_t out = 0;  // bytes in the published chunks
+        while (builder->packed() < builder->size() && out < early_bytes && published < early_limit) {
+          const std::uint32_t before = published;
+          pack_stretch();
+          for (std::uint32_t k = before; k < published; ++k) out += p.chunks[k].data_bytes;
+        }
+        ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kEarlyPublished, published);
+        timed([&] { builder->check(); });
+      } catch (...) {
+        // A bad block: what was published is gathered into staging no DMA reads; nothing moved.
+        release_unenqueued();
+        Counters::add(ctx.counters.plan_ns, plan_ns);
+        throw;
+      }
+      checked = true;
+      ctx.tracer.record(t->id, TraceEvent::kPlanned);
+    }
+    try {
+      p_.lanes.begin(*t, r.stream);
+    } catch (...) {  // a device error before anything was enqueued: thrown to the caller
+      release_unenqueued();
+      Counters::add(ctx.counters.plan_ns, plan_ns);
+      throw;
+    }
+    ctx.tracer.begin_transfer(*t, r.stream);
+    ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kLanesBegun, 0);
     // From here the transfer must be finalized whatever happens, or the caller would wait forever.
     try {
-      // A small stretch first, so that the gather threads get the first chunk at once; then
-      // larger ones.
-      std::size_t step = 64;
-      while (builder->packed() < builder->size()) {
-        timed([&] { builder->advance(builder->packed() + step); });
-        step = std::min<std::size_t>(step * 2, 2048);
-        publish_packed();
-      }
+      // Chunks published before the check: their DMAs may be enqueued now.
+      if (p_.preissue && published > lag) enqueue_up_to(published - lag);
+      while (builder->packed() < builder->size()) pack_stretch();
       timed([&] { builder->finish(); });
       publish_packed();
       if (p_.preissue) enqueue_up_to(published);
       if (!p.direct.empty()) add_directs(t);
     } catch (...) {
       t->fail(std::current_exception());  // a device error: the rest moves nothing
-      // Published chunks whose DMAs were not enqueued: their slots are free once their pieces
-      // are done (the items are not reused while this submitter holds the lock).
-      for (std::size_t k = enqueued; p_.preissue && k < items.size(); ++k) {
-        while (!items[k]->ready.load(std::memory_order_acquire))
-          if (!p_.queue.run_next_piece(false)) std::this_thread::yield();
-        p_.ring[items[k]->slot].mark_issued();
-      }
+      if (p_.preissue) release_unenqueued();
     }
     add_finalize(t);
   }

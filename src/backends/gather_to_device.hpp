@@ -14,7 +14,7 @@ namespace gfd::detail {
 
 class GatherToDevice final : public ItemHandler {
  public:
-  explicit GatherToDevice(StagingPipeline& pipe) : p_(pipe) {}
+  explicit GatherToDevice(StagingPipeline& pipe);
   // Enqueues the planned transfer `t`; returns once every DMA is enqueued.
   void submit(const TransferPtr& t, StreamHandle stream);
   // Plans `r` while its first chunks are gathered: checks every block first (a bad block throws
@@ -65,6 +65,8 @@ class GatherToDevice final : public ItemHandler {
   StagingPipeline& p_;
   OwnChunk own_chunk_{*this};
   std::vector<Item*> items_;  // submit_planning: each chunk's item (under the submission lock)
+  // submit_planning: bytes of closed chunks published before the whole list is checked.
+  std::uint64_t early_publish_bytes_;
 };
 
 }  // namespace gfd::detail
