@@ -15,6 +15,7 @@ GatherToDevice::GatherToDevice(StagingPipeline& pipe)
     : p_(pipe), early_publish_bytes_(p_.ctx->plan_config.first_chunk_bytes) {
   // EXPERIMENT (issue 13, to be fixed after measuring): GFD_EXPERIMENT_EARLY_BYTES overrides.
   if (const char* v = std::getenv("GFD_EXPERIMENT_EARLY_BYTES")) early_publish_bytes_ = std::strtoull(v, nullptr, 0);
+  if (const char* v = std::getenv("GFD_EXPERIMENT_STRETCH")) max_stretch_ = std::max<std::size_t>(1, std::strtoull(v, nullptr, 0));
 }
 
 void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
@@ -201,11 +202,13 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
       }
     };
     // A small stretch first, so that the gather threads get the first chunk at once; then
-    // larger ones.
+    // larger ones, up to max_stretch_ blocks: a chunk is published only once the stretch that
+    // closes it is packed, and packing beside 15 gathering threads is slow (60 ns per block on
+    // the H200 host), so long stretches left the threads without a chunk to gather.
     std::size_t step = 64;
     auto pack_stretch = [&] {
       timed([&] { builder->advance(builder->packed() + step); });
-      step = std::min<std::size_t>(step * 2, 2048);
+      step = std::min<std::size_t>(step * 2, max_stretch_);
       publish_packed();
     };
     if (!checked) {

@@ -67,6 +67,8 @@ class GatherToDevice final : public ItemHandler {
   std::vector<Item*> items_;  // submit_planning: each chunk's item (under the submission lock)
   // submit_planning: bytes of closed chunks published before the whole list is checked.
   std::uint64_t early_publish_bytes_;
+  // submit_planning: blocks packed at most between two looks for closed chunks to publish.
+  std::size_t max_stretch_ = 128;
 };
 
 }  // namespace gfd::detail
