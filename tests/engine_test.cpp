@@ -444,7 +444,8 @@ void expect_rejected(F&& submit, std::size_t block, const std::string& needle, b
 // A bad block late in a 4 MB list, or an overlap found at the end, rejects the whole transfer,
 // naming the block, and no byte reaches its destination; a good transfer then lands whole, and
 // only it is counted. Device to host, the gather backend plans while the first DMAs run (after
-// chunks were enqueued); host to device, it packs while the first chunks are gathered. Rings of
+// chunks were enqueued); host to device, the first chunks are gathered while the rest is checked
+// and packed (block 300: found while they are packed; 900: by the check). Rings of
 // 128 slots of 256 KB (the whole transfer fits) and of 4 (the ring turns: no slot may be lost
 // to a rejected transfer).
 TEST_P(EngineTest, FoundBadLateRejectsWholeAndCopiesNothing) {
@@ -509,6 +510,8 @@ void EngineTest::copy_to_device_found_bad_late(std::size_t staging) {
     good.push_back({pool.data() + ((i * 613) % kBlocks) * 8192, dst.data() + i * 4096, 4096});
   const std::uint64_t transfers_before = engine.stats().transfers;
   const LateCase cases[] = {
+      // Found while the first chunks are packed: the first is out with the gather threads.
+      {300, {other.data(), dst.data() + 300 * 4096, 4096}, "needs a host source"},
       {900, {other.data(), dst.data() + 900 * 4096, 4096}, "needs a host source"},
       {1000, {pool.data() + 8192, dst.data() + 10 * 4096 + 100, 4096}, "overlaps"},
   };

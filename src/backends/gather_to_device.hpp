@@ -3,7 +3,7 @@
 // piece lets its DMA go: with preissue by setting the slot's flag that the already-enqueued DMA
 // waits on, otherwise by marking the item ready for the in-order issuer. The caller's stream
 // waits on the transfer's done event. A large transfer is packed while it is gathered
-// (submit_planning), once every block has been checked.
+// (submit_planning); its DMAs are enqueued once every block has been checked.
 #pragma once
 
 #include <vector>
@@ -17,10 +17,10 @@ class GatherToDevice final : public ItemHandler {
   explicit GatherToDevice(StagingPipeline& pipe);
   // Enqueues the planned transfer `t`; returns once every DMA is enqueued.
   void submit(const TransferPtr& t, StreamHandle stream);
-  // Plans `r` while its first chunks are gathered: checks every block first (a bad block throws
-  // gfd::Error naming it, and nothing moves), then packs the list a stretch at a time, and the
-  // gather threads start on each chunk as soon as it is packed. Returns once every DMA is
-  // enqueued, like submit().
+  // Plans `r` while its chunks are gathered: packs the list a stretch at a time, and the gather
+  // threads start on each chunk as soon as it is packed; every block is checked before the
+  // first DMA is enqueued (a bad block throws gfd::Error naming it, and nothing moves). Returns
+  // once every DMA is enqueued, like submit().
   // `bytes`: the blocks' sizes summed (total_bytes).
   TransferPtr submit_planning(const Request& r, std::uint64_t bytes);
 
@@ -65,10 +65,13 @@ class GatherToDevice final : public ItemHandler {
   StagingPipeline& p_;
   OwnChunk own_chunk_{*this};
   std::vector<Item*> items_;  // submit_planning: each chunk's item (under the submission lock)
-  // submit_planning: bytes of closed chunks published before the whole list is checked.
-  std::uint64_t early_publish_bytes_;
+  // submit_planning: the chunks published before the whole list is checked hold at least this
+  // much (the ramp's first three chunks by default: 1.75 MB). 1 MB against a first chunk only
+  // and against none, interleaved on the H200: 2048 x 4 KB +2-4 points, 16384 x 4 KB +2-3,
+  // 2048 x 1 KB +3-5 (bench/RESULTS.md, 2026-12-01 fourth session).
+  const std::uint64_t early_publish_bytes_;
   // submit_planning: blocks packed at most between two looks for closed chunks to publish.
-  std::size_t max_stretch_ = 128;
+  static constexpr std::size_t max_stretch_ = 128;
 };
 
 }  // namespace gfd::detail
