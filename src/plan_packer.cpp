@@ -2,7 +2,6 @@
 #include "planner_internal.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 
 namespace gfd::detail::plan_internal {
 
@@ -70,16 +69,6 @@ void Packer::open_chunk() {
         cap_, std::max<std::uint64_t>(std::max<std::uint64_t>(cfg_.first_chunk_bytes, cfg_.slot_bytes / 2),
                                       align_up((left_ + 1) / 2, kAlign)));
     data_cap_ = std::min(data_cap_, cap_);
-  }
-  // EXPERIMENT: host to device, each chunk takes at most half of what is left, down to
-  // first_chunk_bytes, so that the last chunk's DMA (after its gather) is short.
-  static const bool taper = [] { const char* v = std::getenv("GFD_EXPERIMENT_TAPER"); return v != nullptr && v[0] == '1'; }();
-  if (taper && cfg_.direction == Direction::kToDevice && k >= 16 - 16) {
-    const std::uint64_t half = std::max<std::uint64_t>(cfg_.first_chunk_bytes, align_up((left_ + 1) / 2, kAlign));
-    if (half < data_cap_) {
-      data_cap_ = half;
-      cap_ = std::min<std::uint64_t>(cap_, half + half / kEntryAllowance);
-    }
   }
   // The chunk that takes the rest of the transfer (a small transfer's only one) is cut into
   // pieces small enough that every gather thread gets one (a 32nd of its data, kMinPiece at
