@@ -1,7 +1,6 @@
 #include "backends/gather_to_device.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -239,11 +238,8 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
     ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kLanesBegun, 0);
     // From here the transfer must be finalized whatever happens, or the caller would wait forever.
     try {
-      // Chunks published before the check: their DMAs may be enqueued now, all of them (the
-      // threads are still busy with the last; holding it back for the next chunk, which needs
-      // hundreds of blocks packed first, delayed its DMA by 10-25 us).
-      static const std::uint32_t early_lag = std::getenv("GFD_EXPERIMENT_EARLY_LAG") != nullptr ? 1 : 0;  // EXPERIMENT
-      if (p_.preissue && published > early_lag) enqueue_up_to(published - early_lag);
+      // Chunks published before the check: their DMAs may be enqueued now.
+      if (p_.preissue && published > lag) enqueue_up_to(published - lag);
       while (builder->packed() < builder->size()) pack_stretch();
       timed([&] { builder->finish(); });
       publish_packed();
