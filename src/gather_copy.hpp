@@ -64,6 +64,10 @@ struct Prefetch {
   std::size_t bytes = 4096;
   std::size_t ahead = 2;
   Level level = Level::kL2;
+  // EXPERIMENT: and further ops, until the ops prefetched beyond the current one hold this many
+  // bytes (small blocks: more of them in flight).
+  std::size_t window = experiment_window();
+  static std::size_t experiment_window() noexcept;
 };
 
 // True when this CPU can stream-store (AVX2). Same as cpu_store_features().streaming.
@@ -141,13 +145,24 @@ inline void prefetch_block(const void* p, std::size_t bytes, const Prefetch& pf)
 template <class Op>
 void gather_ops(const Op* ops, std::size_t count, std::byte* base, StoreKind kind,
                 Prefetch pf) noexcept {
-  if (pf.bytes != 0)
-    for (std::size_t i = 0; i < count && i < pf.ahead; ++i)
-      prefetch_block(ops[i].src, ops[i].bytes, pf);
+  std::size_t next = 0;      // the first op not prefetched yet
+  std::uint64_t beyond = 0;  // bytes of the prefetched ops after the current one
   std::uintptr_t pending = 0;  // kCldemote: a line the last op left partly written
   for (std::size_t i = 0; i < count; ++i) {
-    if (pf.bytes != 0 && i + pf.ahead < count)
-      prefetch_block(ops[i + pf.ahead].src, ops[i + pf.ahead].bytes, pf);
+    if (pf.bytes != 0) {
+      if (next <= i) {
+        prefetch_block(ops[i].src, ops[i].bytes, pf);
+        next = i + 1;
+        beyond = 0;
+      } else {
+        beyond -= ops[i].bytes;
+      }
+      while (next < count && (next <= i + pf.ahead || beyond < pf.window)) {
+        prefetch_block(ops[next].src, ops[next].bytes, pf);
+        beyond += ops[next].bytes;
+        ++next;
+      }
+    }
     if (kind == StoreKind::kCldemote)
       copy_demote(base + ops[i].slot_offset, ops[i].src, ops[i].bytes, pending);
     else

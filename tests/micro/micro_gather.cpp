@@ -240,7 +240,7 @@ void ThreadCounts(benchmark::internal::Benchmark* b) {
 
 // The engine's copy loop (defaults) in each staging write mode, then the prefetch choices changed
 // one at a time (bytes, ops ahead; streaming stores, as measured before the modes existed).
-constexpr gfd::detail::Prefetch kDefault{};
+const gfd::detail::Prefetch kDefault{};  // EXPERIMENT: was constexpr
 constexpr auto kL1 = gfd::detail::Prefetch::Level::kL1;
 constexpr auto kNta = gfd::detail::Prefetch::Level::kNonTemporal;
 BENCHMARK_CAPTURE(BM_Gather, cldemote, StagingWrites::kCldemote, kDefault)
