@@ -1,7 +1,5 @@
 #include "gather_copy.hpp"
 
-#include <cstdlib>
-
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -13,14 +11,6 @@
 #endif
 
 namespace gfd::detail {
-
-std::size_t Prefetch::experiment_window() noexcept {
-  static const std::size_t w = [] {
-    const char* v = std::getenv("GFD_EXPERIMENT_PF_WINDOW");
-    return v != nullptr ? static_cast<std::size_t>(std::strtoull(v, nullptr, 0)) : std::size_t{0};
-  }();
-  return w;
-}
 
 StoreKind resolve_staging_writes(StagingWrites requested, CpuStoreFeatures cpu) noexcept {
   const StoreKind without_cldemote = cpu.streaming ? StoreKind::kNonTemporal : StoreKind::kNormal;

@@ -113,7 +113,8 @@ TEST(GatherCopyTest, GatherOpsPlacesRandomOpListsExactly) {
     for (Op& op : ops) op.src = pool.data + rng() % (kPool - op.bytes);
     const gfd::detail::Prefetch pf{rng() % 2 ? std::size_t{4096} : std::size_t{0},
                                    static_cast<std::size_t>(rng() % 4),
-                                   static_cast<gfd::detail::Prefetch::Level>(rng() % 3)};
+                                   static_cast<gfd::detail::Prefetch::Level>(rng() % 3),
+                                   std::size_t{1} << (rng() % 16)};  // window: 1 byte to 32 KB
     Buffer ref(slot_bytes, 77);
     for (const Op& op : ops) std::memcpy(ref.data + op.slot_offset, op.src, op.bytes);
     for (StoreKind kind : kKinds) {

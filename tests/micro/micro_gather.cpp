@@ -240,7 +240,7 @@ void ThreadCounts(benchmark::internal::Benchmark* b) {
 
 // The engine's copy loop (defaults) in each staging write mode, then the prefetch choices changed
 // one at a time (bytes, ops ahead; streaming stores, as measured before the modes existed).
-const gfd::detail::Prefetch kDefault{};  // EXPERIMENT: was constexpr
+constexpr gfd::detail::Prefetch kDefault{};
 constexpr auto kL1 = gfd::detail::Prefetch::Level::kL1;
 constexpr auto kNta = gfd::detail::Prefetch::Level::kNonTemporal;
 BENCHMARK_CAPTURE(BM_Gather, cldemote, StagingWrites::kCldemote, kDefault)
@@ -278,7 +278,7 @@ BENCHMARK_CAPTURE(BM_Gather, cldemote_prefetch_4K_2_nta, StagingWrites::kCldemot
                   gfd::detail::Prefetch{4096, 2, kNta})
     ->Apply(ThreadCounts)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_4K_1, StagingWrites::kStreaming, gfd::detail::Prefetch{4096, 1})
+BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_4K_1, StagingWrites::kStreaming, gfd::detail::Prefetch{4096, 1, gfd::detail::Prefetch::Level::kL2, 0})
     ->Apply(ThreadCounts)
     ->UseRealTime();
 

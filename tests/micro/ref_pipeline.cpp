@@ -48,6 +48,7 @@ const std::map<std::string, std::string> kFlags = {
     {"writes", "=W          cldemote | streaming | plain (default streaming)"},
     {"prefetch", "=L        where source lines are prefetched: l2 | l1 | nta | none (default l2)"},
     {"ahead", "=A           blocks prefetched ahead (default 2)"},
+    {"window", "=B          and more, until B bytes are prefetched ahead (default 8K, the engine's)"},
     {"iters", "=N           timed repetitions (default 30)"},
     {"pool-bytes", "=S      source pool (default 8 x L3)"},
     {"warm", "              the same blocks every repetition"},
@@ -179,6 +180,7 @@ int run_main(int argc, char** argv) {
   else if (prefetch == "none") p.prefetch.bytes = 0;
   else if (prefetch != "l2") throw std::invalid_argument("--prefetch: l2, l1, nta or none");
   p.prefetch.ahead = static_cast<std::size_t>(flags.get_int("ahead", 2));
+  p.prefetch.window = gfd::bench::parse_size(flags.get("window", "8K"));
   if (p.bs == 0 || p.chunk % p.bs != 0 || p.chunk < p.bs || (p.chunk / p.bs) % std::max<std::size_t>(1, p.piece / p.bs) != 0)
     throw std::invalid_argument("--chunk must be a multiple of --piece and of --block-size");
   if (p.slots < 2 || p.streams < 1 || threads < 1 || threads >= static_cast<int>(cpus.size()) || iters < 1)
@@ -251,9 +253,9 @@ int run_main(int argc, char** argv) {
   const auto dma_only = measure(false, true);
   auto gbps = [&](double us) { return bytes / (us * 1e3); };
   std::printf("ref_pipeline: %zu x %zu %s, %d threads, chunk %zu, piece %zu, %zu slots, %zu streams, writes %s, "
-              "prefetch %s x %zu, pool %.1f GB\n",
+              "prefetch %s x %zu (window %zu), pool %.1f GB\n",
               p.n, p.bs, warm ? "warm" : "cold", threads, p.chunk, p.piece, p.slots, p.streams,
-              gfd::to_string(gfd::detail::to_public(p.kind)), prefetch.c_str(), p.prefetch.ahead, pool_bytes * 1e-9);
+              gfd::to_string(gfd::detail::to_public(p.kind)), prefetch.c_str(), p.prefetch.ahead, p.prefetch.window, pool_bytes * 1e-9);
   std::printf("contiguous DMA %.2f GB/s | pipeline p50 %.1f us %.2f GB/s ratio %.1f%% | gather only %.2f GB/s | "
               "DMA only (slot chunks) %.2f GB/s | verified %s\n",
               ref, full.p50, gbps(full.p50), 100 * gbps(full.p50) / ref, gbps(gather_only.p50), gbps(dma_only.p50),
