@@ -96,9 +96,10 @@ class Engine {
   /// finish except to reuse a staging slot when the ring is full. Source blocks must stay
   /// unchanged until the returned handle is done.
   ///
-  /// Rejection: every block is validated before anything moves, so a bad block (or an
-  /// overlap) throws gfd::Error(kInvalidArgument) from this call, naming its index, and nothing
-  /// is copied. What fails later (a CUDA error while the DMAs run, the engine shutting down)
+  /// Rejection: every block is validated before any DMA is enqueued (the gather backend may
+  /// already be reading the first, validated, source blocks into its staging), so a bad block
+  /// (or an overlap) throws gfd::Error(kInvalidArgument) from this call, naming its index, and
+  /// nothing reaches the device. What fails later (a CUDA error while the DMAs run, the engine shutting down)
   /// surfaces at wait() / error() of the handle.
   ///
   /// Completion: the handle is done() when the transfer's DMAs have completed, i.e. when the
