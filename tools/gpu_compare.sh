@@ -62,8 +62,10 @@ if has before-after && [ -x "$O" ]; then
   IFS=';' read -ra ba_sets <<< "${BA_SETS:---quick}"
   for i in 1 2 3; do
     for j in "${!ba_sets[@]}"; do
-      bench "old_${j}_$i" "$O" ${ba_sets[$j]}
+      # Old first in odd rounds, new first in even ones (see the knobs' rotation below).
+      if (( i % 2 )); then bench "old_${j}_$i" "$O" ${ba_sets[$j]}; fi
       bench "new_${j}_$i" "$B" ${ba_sets[$j]} ${NEW_BA_ARGS:-}
+      if (( i % 2 == 0 )); then bench "old_${j}_$i" "$O" ${ba_sets[$j]}; fi
     done
   done
 fi
@@ -144,8 +146,14 @@ if has knobs; then
   # engine read CLDEMOTE'd lines from there?), piece size, first chunk, streams, threads.
   # KNOBS="name:VAR=v,VAR=v ..." replaces the list.
   KNOBS=${KNOBS:-"default: cld8M1M:GFD_STAGING_WRITES=cldemote,GFD_STAGING_BYTES=8M,GFD_SLOT_BYTES=1M cld16M1M:GFD_STAGING_WRITES=cldemote,GFD_STAGING_BYTES=16M,GFD_SLOT_BYTES=1M str64M1M:GFD_SLOT_BYTES=1M plain8M1M:GFD_STAGING_WRITES=plain,GFD_STAGING_BYTES=8M,GFD_SLOT_BYTES=1M"}
+  # Round i starts at the i-th variant (a rotation): in one order, two identical builds placed
+  # first and second in every round differed by 4-5 points (bench/RESULTS.md, 2026-12-01 fourth
+  # session), so no variant may always run in the same place.
+  read -ra knob_list <<< "$KNOBS"
   for i in 1 2 3; do
-    for k in $KNOBS; do
+    n=${#knob_list[@]}
+    for ((r = 0; r < n; r++)); do
+      k=${knob_list[$(( (r + i - 1) % n ))]}
       name=${k%%:*}; vars=${k#*:}
       (for a in $(echo "$vars" | tr ',' ' '); do export "$a"; done
        bench "knob_${name}_$i" "$B" --blocks 2048,16384 --backends gather ${KNOB_ARGS:-})
