@@ -1,7 +1,6 @@
 #include "backends/gather_to_device.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -147,12 +146,7 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
   // enqueued only after the check, by this thread, and a rejected transfer's chunks are
   // gathered into staging that no DMA reads. Without preissue the issuer would enqueue a
   // gathered chunk's DMA at once, so everything is checked first.
-  static const std::uint64_t per_block = [] {  // EXPERIMENT
-    const char* v = std::getenv("GFD_EXPERIMENT_EARLY_PER_BLOCK");
-    return v != nullptr ? std::strtoull(v, nullptr, 0) : 0ull;
-  }();
-  const std::uint64_t early_bytes =
-      p_.preissue && builder->stable() ? std::max<std::uint64_t>(early_publish_bytes_, per_block * r.blocks.size()) : 0;
+  const std::uint64_t early_bytes = p_.preissue && builder->stable() ? early_publish_bytes_ : 0;
   if (early_bytes == 0) {
     try {
       timed([&] { builder->check(); });
