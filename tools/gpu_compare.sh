@@ -62,10 +62,11 @@ if has before-after && [ -x "$O" ]; then
   IFS=';' read -ra ba_sets <<< "${BA_SETS:---quick}"
   for i in 1 2 3; do
     for j in "${!ba_sets[@]}"; do
-      # Old first in odd rounds, new first in even ones (see the knobs' rotation below).
-      if (( i % 2 )); then bench "old_${j}_$i" "$O" ${ba_sets[$j]}; fi
+      # Which build runs first alternates with (round + set): with a set given twice, each build
+      # runs first three times (see the knobs' rotation below for why the place matters).
+      if (( (i + j) % 2 )); then bench "old_${j}_$i" "$O" ${ba_sets[$j]}; fi
       bench "new_${j}_$i" "$B" ${ba_sets[$j]} ${NEW_BA_ARGS:-}
-      if (( i % 2 == 0 )); then bench "old_${j}_$i" "$O" ${ba_sets[$j]}; fi
+      if (( (i + j) % 2 == 0 )); then bench "old_${j}_$i" "$O" ${ba_sets[$j]}; fi
     done
   done
 fi
