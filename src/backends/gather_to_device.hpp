@@ -66,10 +66,10 @@ class GatherToDevice final : public ItemHandler {
   OwnChunk own_chunk_{*this};
   std::vector<Item*> items_;  // submit_planning: each chunk's item (under the submission lock)
   // submit_planning: the chunks published before the whole list is checked hold at least this
-  // much (the ramp's first three chunks by default: 1.75 MB). 1 MB against a first chunk only
-  // and against none, interleaved on the H200, medians of three rounds in two leases: 2048 x
-  // 4 KB +3-4 points, 16384 x 4 KB +2-3, 2048 x 1 KB +3-5, single rounds overlapping
-  // (bench/RESULTS.md, 2026-12-01 fourth session).
+  // much (the ramp's first three chunks by default: 1.75 MB). On the H200 the gather threads
+  // then start about 20 us earlier (2048 x 4 KB), but end to end a comparison with the build
+  // order balanced measured no difference beyond the lease's noise (bench/RESULTS.md,
+  // 2026-12-01 fourth session).
   const std::uint64_t early_publish_bytes_;
   // submit_planning: blocks packed at most between two looks for closed chunks to publish.
   static constexpr std::size_t max_stretch_ = 128;
