@@ -67,7 +67,8 @@ struct Prefetch {
   Level level = Level::kL2;
   // And further ops, until the ops started beyond the current one hold this many bytes: small
   // blocks get more of them in flight (1 KB blocks: 8 ahead). Gather-only, 15 threads, 2048 cold
-  // 1 KB blocks on the H200 host: 32.0 GB/s with 2 ahead, 33.0 with 8 KB (bench/RESULTS.md).
+  // 1 KB blocks on the H200 host, one run each: 32.0 GB/s with 2 ahead, 33.0 with 8 KB; no gain
+  // in the engine beyond the noise (bench/RESULTS.md, 2026-12-01 fourth session).
   std::size_t window = 8192;
 };
 
