@@ -147,9 +147,9 @@ if has knobs; then
   # engine read CLDEMOTE'd lines from there?), piece size, first chunk, streams, threads.
   # KNOBS="name:VAR=v,VAR=v ..." replaces the list.
   KNOBS=${KNOBS:-"default: cld8M1M:GFD_STAGING_WRITES=cldemote,GFD_STAGING_BYTES=8M,GFD_SLOT_BYTES=1M cld16M1M:GFD_STAGING_WRITES=cldemote,GFD_STAGING_BYTES=16M,GFD_SLOT_BYTES=1M str64M1M:GFD_SLOT_BYTES=1M plain8M1M:GFD_STAGING_WRITES=plain,GFD_STAGING_BYTES=8M,GFD_SLOT_BYTES=1M"}
-  # Round i starts at the i-th variant (a rotation): in one order, two identical builds placed
-  # first and second in every round differed by 4-5 points (bench/RESULTS.md, 2026-12-01 fourth
-  # session), so no variant may always run in the same place.
+  # Round i starts at the i-th variant (a rotation): in one lease the run placed first in each
+  # round was 3-7 points slower whatever it ran (bench/RESULTS.md, 2026-12-01 fourth session),
+  # so no variant may always run in the same place.
   read -ra knob_list <<< "$KNOBS"
   for i in 1 2 3; do
     n=${#knob_list[@]}

@@ -29,8 +29,8 @@ row() { awk -v l="$1" '/^blocks /{t=1;next} t&&NF==0{t=0} t{printf "%-12s %-16s 
 if [ -x "$O" ]; then
   old_run() { timeout 60 "$O" --quick --direction d2h --backends gather,zero_copy_kernel > "$W/old_d2h_$1.log" 2>&1; row "old_d2h_$1" "$W/old_d2h_$1.log"; }
   new_run() { timeout 60 "$B" --quick --direction d2h --backends gather,zero_copy_kernel --pool=mmap > "$W/new_d2h_$1.log" 2>&1; row "new_d2h_$1" "$W/new_d2h_$1.log"; }
-  # Which build runs first alternates: the first run of a pair is slower (bench/RESULTS.md,
-  # 2026-12-01 fourth session).
+  # Which build runs first alternates: in one lease the first run of each round was slower
+  # whatever it ran (bench/RESULTS.md, 2026-12-01 fourth session).
   for i in 1 2 3 4; do
     if (( i % 2 )); then old_run $i; new_run $i; else new_run $i; old_run $i; fi
   done
