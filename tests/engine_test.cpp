@@ -446,10 +446,10 @@ void expect_rejected(F&& submit, std::size_t block, const std::string& needle, b
 // only it is counted. Device to host, the gather backend plans while the first DMAs run (after
 // chunks were enqueued); host to device, the first chunks are gathered while the rest is checked
 // and packed (block 300: found while they are packed; 900: by the check). Rings of
-// 128 slots of 256 KB (the whole transfer fits) and of 4 (the ring turns: no slot may be lost
-// to a rejected transfer).
+// 128 slots of 256 KB (the whole transfer fits), of 4 (the ring turns: no slot may be lost
+// to a rejected transfer) and of 2 (host to device: one slot only may be taken before the check).
 TEST_P(EngineTest, FoundBadLateRejectsWholeAndCopiesNothing) {
-  for (std::size_t staging : {std::size_t{32} << 20, std::size_t{1} << 20}) {
+  for (std::size_t staging : {std::size_t{32} << 20, std::size_t{1} << 20, std::size_t{512} << 10}) {
     SCOPED_TRACE("staging " + std::to_string(staging));
     copy_to_host_found_bad_late(staging);
     copy_to_device_found_bad_late(staging);
