@@ -39,9 +39,9 @@ class StageOnly {
   StageOnly& operator=(const StageOnly&) = delete;
 
   // Lays out the host side of `blocks` (src to the device, dst to the host) in pieces (of
-  // piece_bytes, or smaller for a one-chunk transfer), in order, at consecutive staging offsets (wrapping at the buffer's end, as the
-  // ring's slots do), outside the timed region; then copies them, timed from the call until
-  // every piece is done. Returns microseconds.
+  // piece_bytes, or smaller for a one-chunk transfer), in order, at consecutive staging offsets
+  // (wrapping at the buffer's end, as the ring's slots do), outside the timed region; then
+  // copies them, timed from the call until every piece is done. Returns microseconds.
   double run(const std::vector<BlockCopy>& blocks);
   // Whether the last run copied every byte where it belongs.
   bool verify() const;

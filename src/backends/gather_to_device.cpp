@@ -208,8 +208,8 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
       step = std::min<std::size_t>(step * 2, max_stretch_);
       publish_packed();
     };
-    if (!checked) {
-      try {
+    try {
+      if (!checked) {
         std::uint64_t out = 0;  // bytes in the published chunks
         while (builder->packed() < builder->size() && out < early_bytes && published < early_limit) {
           const std::uint32_t before = published;
@@ -218,18 +218,13 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
         }
         ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kEarlyPublished, published);
         timed([&] { builder->check(); });
-      } catch (...) {
-        // A bad block: what was published is gathered into staging no DMA reads; nothing moved.
-        release_unenqueued();
-        Counters::add(ctx.counters.plan_ns, plan_ns);
-        throw;
+        checked = true;
+        ctx.tracer.record(t->id, TraceEvent::kPlanned);
       }
-      checked = true;
-      ctx.tracer.record(t->id, TraceEvent::kPlanned);
-    }
-    try {
       p_.lanes.begin(*t, r.stream);
-    } catch (...) {  // a device error before anything was enqueued: thrown to the caller
+    } catch (...) {
+      // A bad block, or a device error before anything was enqueued: thrown to the caller. What
+      // was published is gathered into staging no DMA reads; nothing moved.
       release_unenqueued();
       Counters::add(ctx.counters.plan_ns, plan_ns);
       throw;
