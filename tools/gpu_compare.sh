@@ -8,7 +8,7 @@
 #   OLD_SRC=.gpu_old tools/gpu_compare.sh [sections...]   sections: test before-after writes
 #                                                         direct latency python quick
 #                                                         sweep multi knobs features trace
-#                                                         ref uva d2h pageable
+#                                                         ref uva d2h pageable dmacost repeat
 #                                                         (default: test before-after writes direct latency python)
 #   TARGETS="gfd_benchmark micro_gather" limits the build to those targets (a faster lease).
 #   NEW_BA_ARGS="--pool=mmap" is passed to the new build's before-after runs (an older
@@ -193,6 +193,21 @@ if has knobs; then
     && grep -E "^BM_" "$W/micro_gather.log" | tee -a "$W/summary.txt"
   [ -x $M/micro_planner ] && timeout 60 $M/micro_planner --benchmark_filter='ascending_dst/blocks:2048|shuffled_dst/blocks:2048' > "$W/micro_planner.log" 2>&1 \
     && grep -E "^BM_" "$W/micro_planner.log" | tee -a "$W/summary.txt"
+fi
+if has dmacost && [ -x $M/dma_cost ]; then
+  # What a chunk's DMA costs beyond its bytes (tests/micro/dma_cost.cu), twice.
+  for i in 1 2; do
+    timeout 120 $M/dma_cost > "$W/dma_cost_$i.log" 2>&1
+    say "dma_cost #$i: rc=$?"; cat "$W/dma_cost_$i.log" | tee -a "$W/summary.txt"
+  done
+fi
+if has repeat; then
+  # REPEAT_N identical runs back to back (default 12), each with its start time: is a run's
+  # place in a sequence, or a disturbance of the host at some period, what biased the rounds?
+  for ((i = 1; i <= ${REPEAT_N:-12}; i++)); do
+    say "repeat #$i starts at $(date +%s.%N | cut -c1-14)"
+    bench "repeat_$i" "$B" --blocks 2048,16384 --backends gather
+  done
 fi
 if has multi; then
   # Every GPU at once, one thread each (gfd_multi_gpu_benchmark), cold sources, every backend.
