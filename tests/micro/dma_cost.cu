@@ -7,11 +7,14 @@
 // each --chunks size, round robin over each --streams count of non-blocking streams, with each
 // variant's per-chunk sequence:
 //   plain    cudaMemcpyAsync
-//   events   timing event, cudaMemcpyAsync, timing event (the engine's slot events)
+//   events   timing event, cudaMemcpyAsync, timing event (the engine's slot events until now)
+//   events_nt  the same with events made with cudaEventDisableTiming
+//   done_nt  cudaMemcpyAsync, then one event without timing (what a slot needs to be reused)
 //   wait     cuStreamWaitValue64 on a host flag already set, cudaMemcpyAsync
 //   engine   wait, events, and the engine's joins: each lane first waits on a start event of the
 //            caller's stream, and at the end every lane's event joins one lane, whose done event
 //            the caller's stream waits on
+//   engine_nt  the same with done_nt's one event per chunk
 // Two timings, P50 of --iters after 5 warm-up repetitions:
 //   call   from the first enqueue to the caller's stream's synchronisation (driver calls included)
 //   gpu    every stream first waits on one host gate flag; everything is enqueued; the time runs
@@ -46,7 +49,8 @@ const std::map<std::string, std::string> kFlags = {
     {"total", "=S           bytes moved per repetition (default 8M)"},
     {"chunks", "=LIST       chunk sizes (default 256K,512K,1M,2M)"},
     {"streams", "=LIST      stream counts (default 1,2)"},
-    {"variants", "=LIST     comma list of plain, events, wait, engine (default all)"},
+    {"variants", "=LIST     comma list of plain, events, events_nt, done_nt, wait, engine, engine_nt\n"
+                 "                      (default all)"},
     {"iters", "=N           timed repetitions (default 30)"},
     {"help", "              this text"},
 };
@@ -78,6 +82,7 @@ struct Rig {
   cudaStream_t caller = nullptr;
   std::vector<cudaStream_t> lanes;
   std::vector<cudaEvent_t> timing;   // two per chunk
+  std::vector<cudaEvent_t> untimed;  // two per chunk, cudaEventDisableTiming
   std::vector<cudaEvent_t> joins;    // start, done, one per lane
   std::uint64_t gate_value = 0;
 
@@ -90,15 +95,21 @@ struct Rig {
 
   // One repetition: microseconds, timed as `gated` says.
   double run(const std::string& v, std::size_t total, std::size_t chunk, std::size_t k, bool gated) {
-    const bool waits = v == "wait" || v == "engine";
-    const bool events = v == "events" || v == "engine";
-    const bool joined = v == "engine";
+    const bool waits = v == "wait" || v == "engine" || v == "engine_nt";
+    const bool joined = v == "engine" || v == "engine_nt";
+    const bool start_event = v == "events" || v == "events_nt" || v == "engine";
+    const bool done_event = start_event || v == "done_nt" || v == "engine_nt";
     const std::size_t n = (total + chunk - 1) / chunk;
     if (timing.size() < 2 * n) {
       const std::size_t have = timing.size();
       timing.resize(2 * n);
-      for (std::size_t i = have; i < timing.size(); ++i) check(cudaEventCreate(&timing[i]), "cudaEventCreate");
+      untimed.resize(2 * n);
+      for (std::size_t i = have; i < timing.size(); ++i) {
+        check(cudaEventCreate(&timing[i]), "cudaEventCreate");
+        check(cudaEventCreateWithFlags(&untimed[i], cudaEventDisableTiming), "cudaEventCreate");
+      }
     }
+    const std::vector<cudaEvent_t>& ev = v == "events" || v == "engine" ? timing : untimed;
     ++gate_value;
     auto t0 = Clock::now();
     std::uint32_t started = 0;
@@ -116,10 +127,10 @@ struct Rig {
         started |= 1u << l;
       }
       if (waits) wait(&flags[1], 1, s);
-      if (events) check(cudaEventRecord(timing[2 * c], s), "cudaEventRecord");
+      if (start_event) check(cudaEventRecord(ev[2 * c], s), "cudaEventRecord");
       const std::size_t off = c * chunk, bytes = std::min(chunk, total - off);
       check(cudaMemcpyAsync(dst + off, src + off, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
-      if (events) check(cudaEventRecord(timing[2 * c + 1], s), "cudaEventRecord");
+      if (done_event) check(cudaEventRecord(ev[2 * c + 1], s), "cudaEventRecord");
     }
     if (joined) {
       for (std::size_t l = 1; l < k && l < n; ++l) {
@@ -166,14 +177,16 @@ int run_main(int argc, char** argv) {
   std::vector<std::size_t> chunks, streams;
   for (const std::string& c : split(flags.get("chunks", "256K,512K,1M,2M"))) chunks.push_back(gfd::bench::parse_size(c));
   for (const std::string& c : split(flags.get("streams", "1,2"))) streams.push_back(std::stoul(c));
-  const std::vector<std::string> variants = split(flags.get("variants", "plain,events,wait,engine"));
+  const std::vector<std::string> variants =
+      split(flags.get("variants", "plain,events,events_nt,done_nt,wait,engine,engine_nt"));
   if (total == 0 || iters < 1) throw std::invalid_argument("--total > 0, --iters >= 1");
   for (std::size_t c : chunks)
     if (c == 0 || c > total) throw std::invalid_argument("--chunks: each between 1 and --total");
   for (std::size_t k : streams)
     if (k == 0 || k > 8) throw std::invalid_argument("--streams: each between 1 and 8");
   for (const std::string& v : variants)
-    if (v != "plain" && v != "events" && v != "wait" && v != "engine")
+    if (v != "plain" && v != "events" && v != "events_nt" && v != "done_nt" && v != "wait" && v != "engine" &&
+        v != "engine_nt")
       throw std::invalid_argument("--variants: unknown variant " + v);
 
   check(cudaSetDevice(0), "cudaSetDevice");
@@ -197,7 +210,7 @@ int run_main(int argc, char** argv) {
   std::printf("dma_cost: %s warm pinned to device; one DMA: call %.1f us (%.2f GB/s), gpu %.1f us (%.2f GB/s)\n",
               gfd::bench::format_size(total).c_str(), one_call, total / (one_call * 1e3), one_gpu,
               total / (one_gpu * 1e3));
-  std::printf("%-7s %6s %7s %6s | %9s %7s %9s | %9s %7s %9s\n", "variant", "chunk", "streams", "chunks", "call us",
+  std::printf("%-9s %6s %7s %6s | %9s %7s %9s | %9s %7s %9s\n", "variant", "chunk", "streams", "chunks", "call us",
               "GB/s", "us/chunk", "gpu us", "GB/s", "us/chunk");
   for (std::size_t chunk : chunks)
     for (std::size_t k : streams)
@@ -206,7 +219,7 @@ int run_main(int argc, char** argv) {
         const double c = rig.p50(v, total, chunk, k, false, iters);
         const double g = rig.p50(v, total, chunk, k, true, iters);
         const double denom = n > 1 ? static_cast<double>(n - 1) : 1.0;
-        std::printf("%-7s %6s %7zu %6zu | %9.1f %7.2f %9.2f | %9.1f %7.2f %9.2f\n", v.c_str(),
+        std::printf("%-9s %6s %7zu %6zu | %9.1f %7.2f %9.2f | %9.1f %7.2f %9.2f\n", v.c_str(),
                     gfd::bench::format_size(chunk).c_str(), k, n, c, total / (c * 1e3), (c - one_call) / denom, g,
                     total / (g * 1e3), (g - one_gpu) / denom);
       }
