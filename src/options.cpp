@@ -80,6 +80,7 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
     }
   }
   env_bool("GFD_PREISSUE", o.preissue);
+  env_bool("GFD_TIME_DMAS", o.time_dmas);
   env_size("GFD_KERNEL_MAX_BYTES", o.kernel_max_bytes);
   env_int("GFD_PAGEABLE_CACHE_MS", o.pageable_cache_ms);
   if (const char* v = std::getenv("GFD_BACKEND")) {

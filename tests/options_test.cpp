@@ -71,6 +71,7 @@ gfd::EngineOptions custom_base() {
   o.submitter_gathers = false;
   o.staging_writes = gfd::StagingWrites::kPlain;
   o.preissue = false;
+  o.time_dmas = true;
   o.use_all_local_cpus = true;
   o.kernel_max_bytes = std::size_t{24} << 10;
   o.backend = gfd::Backend::kPerBlock;
@@ -93,6 +94,7 @@ void expect_same(const gfd::EngineOptions& a, const gfd::EngineOptions& b) {
   EXPECT_EQ(a.submitter_gathers, b.submitter_gathers);
   EXPECT_EQ(a.staging_writes, b.staging_writes);
   EXPECT_EQ(a.preissue, b.preissue);
+  EXPECT_EQ(a.time_dmas, b.time_dmas);
   EXPECT_EQ(a.use_all_local_cpus, b.use_all_local_cpus);
   EXPECT_EQ(a.kernel_max_bytes, b.kernel_max_bytes);
   EXPECT_EQ(a.backend, b.backend);
@@ -156,6 +158,7 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
       {"GFD_SUBMITTER_GATHERS", "on", [](auto& o) { o.submitter_gathers = true; }},
       {"GFD_STAGING_WRITES", "cldemote", [](auto& o) { o.staging_writes = gfd::StagingWrites::kCldemote; }},
       {"GFD_PREISSUE", "1", [](auto& o) { o.preissue = true; }},
+      {"GFD_TIME_DMAS", "off", [](auto& o) { o.time_dmas = false; }},
       {"GFD_USE_ALL_LOCAL_CPUS", "0", [](auto& o) { o.use_all_local_cpus = false; }},
       {"GFD_KERNEL_MAX_BYTES", "256K", [](auto& o) { o.kernel_max_bytes = std::size_t{256} << 10; }},
       {"GFD_BACKEND", "zero_copy_kernel", [](auto& o) { o.backend = gfd::Backend::kZeroCopyKernel; }},

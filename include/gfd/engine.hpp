@@ -55,7 +55,8 @@ struct EngineStats {
   double gather_seconds = 0;         ///< CPU time spent gathering, summed over threads
   double dma_seconds = 0;            ///< copy-engine time of staged host-to-device chunks on the
                                      ///< copy lanes (GPU clock; not the small transfers of at most
-                                     ///< inline_gather_bytes, moved on the caller's stream untimed)
+                                     ///< inline_gather_bytes, moved on the caller's stream untimed);
+                                     ///< 0 unless EngineOptions::time_dmas
   double submit_wait_seconds = 0;    ///< time submitters waited for a free slot
   double plan_seconds = 0;           ///< time spent validating and planning transfers
   HugepageKind hugepages = HugepageKind::kNone;  ///< pages the staging ring actually got

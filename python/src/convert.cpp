@@ -175,6 +175,7 @@ const OptionField kOptionFields[] = {
     GFD_OPTION(submitter_gathers),
     GFD_OPTION(staging_writes),
     GFD_OPTION(preissue),
+    GFD_OPTION(time_dmas),
     GFD_OPTION(kernel_max_bytes),
     GFD_OPTION(pageable_cache_ms),
     GFD_OPTION(check_overlaps),

@@ -15,7 +15,7 @@ StagingPipeline::StagingPipeline(const BackendSetup& setup)
       options(ctx->options),
       ring(*ctx->device, ctx->counters,
            RingConfig{options.staging_bytes / options.slot_bytes, options.slot_bytes, setup.numa_node,
-                      /*device_twin=*/true, /*flags=*/options.preissue}),
+                      /*device_twin=*/true, /*flags=*/options.preissue, /*timing=*/options.time_dmas}),
       lanes(*ctx, options.copy_streams),
       // Room for every slot's chunk plus the direct copies and finalizations between them.
       queue(ring.size() + 4096, ctx->tracer),

@@ -64,7 +64,7 @@ class ZeroCopyBackend final : public BackendImpl {
       : ctx_(setup.ctx),
         ring_(*ctx_->device, ctx_->counters,
               RingConfig{ctx_->options.staging_bytes / ctx_->options.slot_bytes, ctx_->options.slot_bytes,
-                         setup.numa_node, false, false}),
+                         setup.numa_node, /*device_twin=*/false, /*flags=*/false, /*timing=*/false}),
         kernel_(*ctx_, ring_, lock_) {}
 
   TransferPtr submit(const Request& r) override {

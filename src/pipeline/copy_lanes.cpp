@@ -1,7 +1,6 @@
 #include "pipeline/copy_lanes.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "engine_context.hpp"
 
@@ -67,10 +66,9 @@ void CopyLanes::enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s
                                   std::uint64_t flag_value) {
   StreamHandle l = lane(t, next_h2d());
   if (wait) device_.wait_value_geq(s.flag, flag_value, l);
-  static const bool untimed = std::getenv("GFD_EXPERIMENT_UNTIMED") != nullptr;
-  if (!untimed) device_.record_event(s.start, l);
+  if (s.timing) device_.record_event(s.start, l);
   move_to_device(t, index, s, l);
-  s.timed = !untimed;
+  s.timed = s.timing;
 }
 
 void CopyLanes::move_to_device(TransferState& t, std::uint32_t index, Slot& s, StreamHandle l) {

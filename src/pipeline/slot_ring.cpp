@@ -38,9 +38,9 @@ SlotRing::SlotRing(Device& device, Counters& counters, const RingConfig& c)
       s.host = memory_.data() + i * c.slot_bytes;
       s.dev = dev_staging_ != nullptr ? dev_staging_ + i * c.slot_bytes : nullptr;
       s.flag = flags_ != nullptr ? flags_ + i * (64 / sizeof(std::uint64_t)) : nullptr;
-      static const bool untimed = std::getenv("GFD_EXPERIMENT_UNTIMED") != nullptr;
-      s.start = device.create_event(!untimed);
-      s.done = device.create_event(!untimed);
+      s.timing = c.timing;
+      s.start = device.create_event(c.timing);
+      s.done = device.create_event(c.timing);
     }
   } catch (...) {
     release();  // the destructor does not run for a constructor that throws

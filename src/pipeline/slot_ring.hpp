@@ -1,6 +1,7 @@
 // The staging ring: pinned host memory (host_memory.hpp: hugepages, NUMA-bound, registered once)
-// cut into slots, each with a device twin where chunks are scattered on the GPU, two timing
-// events and, for pre-issued DMAs, a flag in registered memory.
+// cut into slots, each with a device twin where chunks are scattered on the GPU, two events
+// (timing events only where DMAs are timed: each costs the copy engine microseconds) and, for
+// pre-issued DMAs, a flag in registered memory.
 //
 // A slot is kFree -> kGathering (taken by a submitter, filled by the gather threads) ->
 // kIssued (its DMA or kernel is enqueued; `done` is recorded after it) -> free again once `done`
@@ -27,6 +28,7 @@ struct Slot {
   std::byte* host = nullptr;
   std::byte* dev = nullptr;  // device staging twin (nullptr where the ring has none)
   EventHandle start = nullptr, done = nullptr;
+  bool timing = false;               // start/done are timing events (RingConfig::timing)
   bool timed = false;                // start/done bracket a DMA not yet added to the stats
   std::uint64_t* flag = nullptr;     // registered host memory a pre-issued DMA waits on
   std::uint64_t flag_value = 0;      // value of the last chunk published in this slot
@@ -56,6 +58,7 @@ struct RingConfig {
   int numa_node = -1;        // bind the host memory there (-1: no binding)
   bool device_twin = false;  // allocate device staging of the same size
   bool flags = false;        // one flag per slot for pre-issued DMAs
+  bool timing = false;       // timing events (EngineOptions::time_dmas), else events without timing
 };
 
 class SlotRing {
