@@ -1,6 +1,4 @@
 // The planner's packer: staged segments into chunks and gather pieces, and plan_bounds.
-#include <cstdlib>
-
 #include "planner_internal.hpp"
 
 #include <algorithm>
@@ -66,8 +64,7 @@ void Packer::open_chunk() {
   // with the placement of its last chunk: halve the chunks towards the end, down to half a
   // slot (each chunk costs driver calls on the submission path, so no further), so that
   // less is left to place once the last DMA is done.
-  static const bool taper_h2d = std::getenv("GFD_EXPERIMENT_TAPER") != nullptr;
-  if (cfg_.direction == Direction::kToHost || taper_h2d) {
+  if (cfg_.direction == Direction::kToHost) {
     cap_ = std::min<std::uint64_t>(
         cap_, std::max<std::uint64_t>(std::max<std::uint64_t>(cfg_.first_chunk_bytes, cfg_.slot_bytes / 2),
                                       align_up((left_ + 1) / 2, kAlign)));
