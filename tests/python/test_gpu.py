@@ -172,7 +172,9 @@ def test_transfer_keeps_torch_tensors_alive(engine):
     dev = torch.zeros(256, 1024, device=DEV)
     s = torch.cuda.Stream(DEV)
     with torch.cuda.stream(s):
-        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time first
+        # About 1 s of GPU time first (cycles): long enough that the submission, the del and a
+        # full gc.collect() are over well before it (0.1 s was not, once, on the H200).
+        torch.cuda._sleep(2_000_000_000)
         t = engine.swap_blocks(host, dev, torch.stack([torch.arange(256), torch.arange(256)], 1))
     del host
     gc.collect()
