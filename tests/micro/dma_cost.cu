@@ -163,15 +163,7 @@ struct Rig {
 
 int run_main(int argc, char** argv) {
   gfd::bench::Flags flags(argc, argv, kFlags);
-  if (flags.has("help")) {
-    std::printf("usage: dma_cost [flags]\n%s", gfd::bench::Flags::usage(kFlags).c_str());
-    return 0;
-  }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("dma_cost: no CUDA device; nothing to measure.\n");
-    return 0;
-  }
+  if (gfd::micro::usage_or_no_device("dma_cost", flags, kFlags)) return 0;
   const std::size_t total = gfd::bench::parse_size(flags.get("total", "8M"));
   const int iters = static_cast<int>(flags.get_int("iters", 30));
   std::vector<std::size_t> chunks, streams;

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <exception>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -31,6 +32,22 @@ inline double contiguous_dma_gbps(void* dst, const void* src, std::size_t bytes,
     if (i >= 5) us.push_back(gfd::bench::since_us(t0));
   }
   return static_cast<double>(bytes) / (gfd::bench::percentiles(us).p50 * 1e3);
+}
+
+// The start of a yardstick's main: prints the usage for --help, or says that there is no CUDA
+// device. True when that was all there was to do (the program then exits 0).
+inline bool usage_or_no_device(const char* name, const gfd::bench::Flags& flags,
+                               const std::map<std::string, std::string>& known) {
+  if (flags.has("help")) {
+    std::printf("usage: %s [flags]\n%s", name, gfd::bench::Flags::usage(known).c_str());
+    return true;
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("%s: no CUDA device; nothing to measure.\n", name);
+    return true;
+  }
+  return false;
 }
 
 // main's body: runs `run`, and reports an exception as "<name>: <what>" with exit code 2.

@@ -147,15 +147,7 @@ struct Pipeline {
 
 int run_main(int argc, char** argv) {
   Flags flags(argc, argv, kFlags);
-  if (flags.has("help")) {
-    std::printf("usage: ref_pipeline [flags]\n%s", Flags::usage(kFlags).c_str());
-    return 0;
-  }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("ref_pipeline: no CUDA device; nothing to measure.\n");
-    return 0;
-  }
+  if (gfd::micro::usage_or_no_device("ref_pipeline", flags, kFlags)) return 0;
   const std::vector<int> cpus = gfd::detail::allowed_cpus();
   Pipeline p;
   p.n = static_cast<std::size_t>(flags.get_int("blocks", 2048));

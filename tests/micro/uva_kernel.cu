@@ -57,15 +57,7 @@ __global__ void flat_kernel(const std::uint64_t* __restrict__ src, std::uint64_t
 
 int run_main(int argc, char** argv) {
   gfd::bench::Flags flags(argc, argv, kFlags);
-  if (flags.has("help")) {
-    std::printf("usage: uva_kernel [flags]\n%s", gfd::bench::Flags::usage(kFlags).c_str());
-    return 0;
-  }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("uva_kernel: no CUDA device; nothing to measure.\n");
-    return 0;
-  }
+  if (gfd::micro::usage_or_no_device("uva_kernel", flags, kFlags)) return 0;
   const std::size_t n = static_cast<std::size_t>(flags.get_int("blocks", 2048));
   const std::size_t bs = gfd::bench::parse_size(flags.get("block-size", "4K"));
   const int iters = static_cast<int>(flags.get_int("iters", 30));
