@@ -73,8 +73,8 @@ struct EngineOptions {
   bool preissue = true;
   /// Time each staged host-to-device chunk's DMA on the GPU (two timing events around it) for
   /// EngineStats::dma_seconds. Off by default: on the H200 a timing event costs the copy engine
-  /// about 3 us per chunk (tests/micro/dma_cost), and 2048 x 4 KB moved 2-3 points of the line
-  /// rate faster without them (bench/RESULTS.md, 2026-12-01 fifth session).
+  /// about 3 us per chunk (tests/micro/dma_cost), and without them 2048 x 4 KB moved 0-6 points
+  /// of the line rate faster in three comparisons (bench/RESULTS.md, 2026-12-01 fifth session).
   bool time_dmas = false;
   /// Gather backend: transfers of at most this many bytes whose host memory is all pinned are
   /// copied by the zero-copy SM kernel in one launch instead of the staging pipeline. 0 (the
