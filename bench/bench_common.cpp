@@ -41,6 +41,17 @@ std::string Flags::get(const std::string& n, const std::string& fallback) const 
   return it == values_.end() ? fallback : it->second;
 }
 
+std::vector<std::string> Flags::get_list(const std::string& n, const std::string& fallback) const {
+  const std::string s = get(n, fallback);
+  std::vector<std::string> out;
+  for (std::size_t pos = 0; pos <= s.size();) {
+    const std::size_t comma = std::min(s.find(',', pos), s.size());
+    out.push_back(s.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
 long long Flags::get_int(const std::string& n, long long fallback) const {
   auto it = values_.find(n);
   if (it == values_.end()) return fallback;
@@ -55,21 +66,14 @@ long long Flags::get_int(const std::string& n, long long fallback) const {
 }
 
 std::vector<std::size_t> Flags::get_sizes(const std::string& n, const std::vector<std::size_t>& fallback) const {
-  auto it = values_.find(n);
-  if (it == values_.end()) return fallback;
+  if (!has(n)) return fallback;
   std::vector<std::size_t> out;
-  std::size_t start = 0;
-  const std::string& s = it->second;
-  while (start <= s.size()) {
-    const auto comma = s.find(',', start);
-    const std::string part = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+  for (const std::string& part : get_list(n)) {
     try {
       out.push_back(parse_size(part));
     } catch (...) {
-      throw std::invalid_argument("--" + n + "=" + s + ": '" + part + "' is not a size");
+      throw std::invalid_argument("--" + n + "=" + get(n) + ": '" + part + "' is not a size");
     }
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
   return out;
 }
@@ -198,12 +202,7 @@ double since_us(std::chrono::steady_clock::time_point t0) {
 std::vector<gfd::Backend> backends_flag(const Flags& flags) {
   if (!flags.has("backends")) return {std::begin(gfd::kAllBackends), std::end(gfd::kAllBackends)};
   std::vector<gfd::Backend> out;
-  const std::string list = flags.get("backends");
-  for (std::size_t pos = 0; pos <= list.size();) {
-    const std::size_t comma = std::min(list.find(',', pos), list.size());
-    out.push_back(gfd::backend_from_string(list.substr(pos, comma - pos)));
-    pos = comma + 1;
-  }
+  for (const std::string& name : flags.get_list("backends")) out.push_back(gfd::backend_from_string(name));
   return out;
 }
 

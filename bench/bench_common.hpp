@@ -18,6 +18,8 @@ class Flags {
   Flags(int argc, char** argv, const std::map<std::string, std::string>& known);
   bool has(const std::string& name) const;
   std::string get(const std::string& name, const std::string& fallback = "") const;
+  // The flag's value (or `fallback`) cut at every comma; empty parts are kept.
+  std::vector<std::string> get_list(const std::string& name, const std::string& fallback = "") const;
   long long get_int(const std::string& name, long long fallback) const;
   std::vector<std::size_t> get_sizes(const std::string& name, const std::vector<std::size_t>& fallback) const;
   static std::string usage(const std::map<std::string, std::string>& known);

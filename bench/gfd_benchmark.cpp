@@ -95,9 +95,7 @@ std::vector<LoadMode> load_modes_flag(const Flags& flags) {
   const std::string v = flags.get("under-load");
   if (v == "1" || v == "all") return {std::begin(kLoadModes), std::end(kLoadModes)};
   std::vector<LoadMode> out;
-  for (std::size_t pos = 0; pos <= v.size();) {
-    const std::size_t comma = std::min(v.find(',', pos), v.size());
-    const std::string name = v.substr(pos, comma - pos);
+  for (const std::string& name : flags.get_list("under-load")) {
     const LoadMode* hit = nullptr;
     for (const LoadMode& m : kLoadModes)
       if (name == m.name) hit = &m;
@@ -108,7 +106,6 @@ std::vector<LoadMode> load_modes_flag(const Flags& flags) {
     bool seen = false;
     for (const LoadMode& m : out) seen = seen || m.name == hit->name;
     if (!seen) out.push_back(*hit);
-    pos = comma + 1;
   }
   return out;
 }

@@ -66,14 +66,6 @@ WaitValue64 load_wait_value() {
   return reinterpret_cast<WaitValue64>(p);
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::string list = s + ",";
-  for (std::size_t p = 0, q; (q = list.find(',', p)) != std::string::npos; p = q + 1)
-    if (q > p) out.push_back(list.substr(p, q - p));
-  return out;
-}
-
 struct Rig {
   WaitValue64 wait_value = nullptr;
   std::byte* src = nullptr;
@@ -166,11 +158,11 @@ int run_main(int argc, char** argv) {
   if (gfd::micro::usage_or_no_device("dma_cost", flags, kFlags)) return 0;
   const std::size_t total = gfd::bench::parse_size(flags.get("total", "8M"));
   const int iters = static_cast<int>(flags.get_int("iters", 30));
-  std::vector<std::size_t> chunks, streams;
-  for (const std::string& c : split(flags.get("chunks", "256K,512K,1M,2M"))) chunks.push_back(gfd::bench::parse_size(c));
-  for (const std::string& c : split(flags.get("streams", "1,2"))) streams.push_back(std::stoul(c));
-  const std::vector<std::string> variants =
-      split(flags.get("variants", "plain,events,events_nt,done_nt,wait,engine,engine_nt"));
+  const std::vector<std::size_t> chunks = flags.get_sizes("chunks", {256 << 10, 512 << 10, 1 << 20, 2 << 20});
+  const std::vector<std::size_t> streams = flags.get_sizes("streams", {1, 2});
+  std::vector<std::string> variants;
+  for (const std::string& v : flags.get_list("variants", "plain,events,events_nt,done_nt,wait,engine,engine_nt"))
+    if (!v.empty()) variants.push_back(v);
   if (total == 0 || iters < 1) throw std::invalid_argument("--total > 0, --iters >= 1");
   for (std::size_t c : chunks)
     if (c == 0 || c > total) throw std::invalid_argument("--chunks: each between 1 and --total");

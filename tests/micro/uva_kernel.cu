@@ -64,11 +64,8 @@ int run_main(int argc, char** argv) {
   if (n == 0 || bs == 0 || bs % 16 != 0 || iters < 1)
     throw std::invalid_argument("--blocks >= 1, --block-size a multiple of 16, --iters >= 1");
   std::vector<std::string> variants;
-  {
-    std::string list = flags.get("variants", "flat,flat_host,gfd,gfd_dev") + ",";
-    for (std::size_t p = 0, q; (q = list.find(',', p)) != std::string::npos; p = q + 1)
-      if (q > p) variants.push_back(list.substr(p, q - p));
-  }
+  for (const std::string& v : flags.get_list("variants", "flat,flat_host,gfd,gfd_dev"))
+    if (!v.empty()) variants.push_back(v);
   const std::size_t bytes = n * bs;
   const std::size_t pool_bytes = flags.has("pool-bytes") ? gfd::bench::parse_size(flags.get("pool-bytes"))
                                                          : std::max(8 * gfd::bench::l3_bytes(), 4 * bytes);
