@@ -76,6 +76,15 @@ Transfer Engine::copy_to_host(std::span<const BlockCopy> blocks, cudaStream_t st
   return detail::EngineCore::of(*this).submit(blocks, stream, detail::Direction::kToHost);
 }
 
+CacheSet Engine::register_caches(std::span<const CachePair> pairs) {
+  return detail::EngineCore::of(*this).register_caches(pairs);
+}
+
+Transfer Engine::copy_blocks(const CacheSet& caches, KvDirection direction, const BlockIds& src_ids,
+                             const BlockIds& dst_ids, cudaStream_t stream) {
+  return detail::EngineCore::of(*this).submit_blocks(caches, direction, src_ids, dst_ids, stream);
+}
+
 EngineStats Engine::stats() const { return detail::EngineCore::of(*this).stats(); }
 const EngineOptions& Engine::options() const { return detail::EngineCore::of(*this).options(); }
 

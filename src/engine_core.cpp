@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <string>
 
+#include "cache_set.hpp"
 #include "gather_copy.hpp"
 #include "gfd/error.hpp"
 #include "placement.hpp"
+#include "sync.hpp"
 #include "topology.hpp"
 
 namespace gfd::detail {
@@ -84,17 +86,64 @@ void EngineCore::shutdown() noexcept {
   backend_->drain();
 }
 
+namespace {
+struct Leave {
+  SubmitGate& gate;
+  ~Leave() { gate.leave(); }
+};
+}  // namespace
+
 Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction) {
   gate_.enter(direction == Direction::kToHost ? "copy_to_host" : "copy_to_device");
-  struct Leave {
-    SubmitGate& gate;
-    ~Leave() { gate.leave(); }
-  } leave{gate_};
+  Leave leave{gate_};
   // Every resource below belongs to this engine's GPU; the caller's current device is restored.
   const ScopedCurrentDevice current(*ctx_->device);
+  return submit_request(blocks, stream, direction, nullptr);
+}
+
+CacheSet EngineCore::register_caches(std::span<const CachePair> pairs, std::vector<std::string> labels) {
+  gate_.enter("register_caches");
+  Leave leave{gate_};
+  const ScopedCurrentDevice current(*ctx_->device);
+  return CacheSetState::make(pairs, *ctx_->device, this, std::move(labels));
+}
+
+Transfer EngineCore::submit_blocks(const CacheSet& caches, KvDirection direction, const BlockIds& src,
+                                   const BlockIds& dst, StreamHandle stream, std::string_view src_name,
+                                   std::string_view dst_name) {
+  gate_.enter("copy_blocks");
+  Leave leave{gate_};
+  const CacheSetState& set = CacheSetState::of(caches, this);
+  const Direction d = direction == KvDirection::kSwapIn ? Direction::kToDevice : Direction::kToHost;
+  // Reused by each thread: the planner copies what it keeps, so the list only lives for the call.
+  thread_local std::vector<BlockCopy> blocks;
+  thread_local std::vector<std::uint8_t> pinned;
+  const auto t0 = Clock::now();
+  set.build(d, src, dst, blocks, pinned, src_name, dst_name);
+  Counters::add(ctx_->counters.plan_ns, ns_since(t0));
+  const PlanTrust trust{pinned.data(), set.all_pinned};
+  const ScopedCurrentDevice current(*ctx_->device);
+  try {
+    return submit_request(blocks, stream, d, &trust);
+  } catch (const Error& e) {
+    // A block the backend refuses (pageable host memory for a backend that needs it pinned) is
+    // entry p * rows + i of the list: reported as row i, naming the pair.
+    const std::size_t rows = src.count;
+    if (e.block() == kNoBlock || rows == 0 || e.block() >= blocks.size()) throw;
+    const std::size_t p = e.block() / rows, i = e.block() % rows;
+    throw Error(e.code(),
+                std::string(e.what()) + " [" + set.label(p, d == Direction::kToDevice) + " -> " +
+                    set.label(p, d != Direction::kToDevice) + ", " + std::string(src_name) + " row " +
+                    std::to_string(i) + "]",
+                i);
+  }
+}
+
+Transfer EngineCore::submit_request(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction,
+                                    const PlanTrust* trust) {
   const auto id = next_id_.fetch_add(1, std::memory_order_relaxed);
   ctx_->tracer.record(id, TraceEvent::kSubmit);
-  TransferPtr t = backend_->submit(Request{blocks, stream, direction, id});
+  TransferPtr t = backend_->submit(Request{blocks, stream, direction, id, trust});
   // Counted once validated (a rejected transfer has thrown by now).
   Counters& c = ctx_->counters;
   Counters::add(c.transfers, 1);

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "backends/backend.hpp"
@@ -47,6 +49,13 @@ class EngineCore {
   EngineCore& operator=(const EngineCore&) = delete;
 
   Transfer submit(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction);
+  // Engine::register_caches; `labels` name each pair's host and device array in messages
+  // (CacheSetState::make).
+  CacheSet register_caches(std::span<const CachePair> pairs, std::vector<std::string> labels = {});
+  // Engine::copy_blocks; `src_name` / `dst_name` name the id arguments in messages.
+  Transfer submit_blocks(const CacheSet& caches, KvDirection direction, const BlockIds& src,
+                         const BlockIds& dst, StreamHandle stream, std::string_view src_name = "src_ids",
+                         std::string_view dst_name = "dst_ids");
   EngineStats stats() const;
   const EngineOptions& options() const { return ctx_->options; }
   Device& device() { return *ctx_->device; }
@@ -60,6 +69,9 @@ class EngineCore {
 
  private:
   EngineCore(const EngineOptions& options, std::shared_ptr<Device> device);
+  // submit and submit_blocks: past the gate, with the engine's GPU current.
+  Transfer submit_request(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction,
+                          const PlanTrust* trust);
 
   std::shared_ptr<EngineContext> ctx_;
   std::vector<int> cpus_;

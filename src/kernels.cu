@@ -1,31 +1,63 @@
 #include "kernels.cuh"
 
+#include <cstdlib>
+
 namespace gfd::detail {
 namespace {
 
-// One thread block per entry (grid-stride over entries): KV blocks are 1-64 KB, so a block of
-// 256 threads moving 16 bytes each covers 4 KB per iteration with fully coalesced accesses.
-// The same kernel scatters a staged chunk to its device destinations and gathers scattered
-// device sources into staging.
+// Placing a staged chunk (scatter) and packing device blocks into staging (gather) run on the
+// copy lanes beside the model's kernels, so they take as few SMs as keep up with the link: one
+// thread block of 1024 threads per chunk, a warp per entry (KV blocks are 1-64 KB), each lane
+// keeping kMoveUnroll 16-byte loads in flight. One such block moves device memory at several
+// times the PCIe rate, so the copy engine stays the bottleneck; an earlier kernel launched a
+// thread block per entry (512 for a 2 MB chunk of 4 KB blocks) and they spread over every SM,
+// slowing a concurrent matmul by 8.5-11% (bench/RESULTS.md, 2026-12-01).
 // kToStaging = false: staging -> device addresses (scatter); true: device addresses -> staging.
+constexpr int kMoveThreads = 1024;
+constexpr int kMoveBlocksDefault = 1;
+// EXPERIMENT (to be removed): GFD_EXPERIMENT_MOVE_CTAS overrides the grid, for one lease's comparison.
+int move_blocks() {
+  static const int n = [] {
+    const char* v = std::getenv("GFD_EXPERIMENT_MOVE_CTAS");
+    const int x = v != nullptr ? std::atoi(v) : 0;
+    return x > 0 ? x : kMoveBlocksDefault;
+  }();
+  return n;
+}
+constexpr int kMoveUnroll = 4;
+
 template <bool kToStaging>
-__global__ void move_kernel(const ScatterEntry* __restrict__ entries, std::uint32_t count,
-                            unsigned char* __restrict__ staging) {
-  for (std::uint32_t e = blockIdx.x; e < count; e += gridDim.x) {
+__global__ void __launch_bounds__(kMoveThreads)
+    move_kernel(const ScatterEntry* __restrict__ entries, std::uint32_t count, unsigned char* __restrict__ staging) {
+  const std::uint32_t lane = threadIdx.x & 31;
+  const std::uint32_t warps = gridDim.x * (blockDim.x / 32);
+  for (std::uint32_t e = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; e < count; e += warps) {
     const ScatterEntry en = entries[e];
     unsigned char* device = reinterpret_cast<unsigned char*>(en.dst);
     const unsigned char* src = kToStaging ? device : staging + en.src_offset;
     unsigned char* dst = kToStaging ? staging + en.src_offset : device;
     const std::uint64_t n = en.bytes;
+    std::uint64_t done = 0;
     if (((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) & 15) == 0) {
       const std::uint64_t n16 = n / 16;
       const uint4* s4 = reinterpret_cast<const uint4*>(src);
       uint4* d4 = reinterpret_cast<uint4*>(dst);
-      for (std::uint64_t i = threadIdx.x; i < n16; i += blockDim.x) d4[i] = s4[i];
-      for (std::uint64_t i = n16 * 16 + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
-    } else {
-      for (std::uint64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+      for (std::uint64_t base = lane; base < n16; base += 32 * kMoveUnroll) {
+        uint4 v[kMoveUnroll];
+#pragma unroll
+        for (int k = 0; k < kMoveUnroll; ++k) {
+          const std::uint64_t i = base + k * 32;
+          if (i < n16) v[k] = s4[i];
+        }
+#pragma unroll
+        for (int k = 0; k < kMoveUnroll; ++k) {
+          const std::uint64_t i = base + k * 32;
+          if (i < n16) d4[i] = v[k];
+        }
+      }
+      done = n16 * 16;
     }
+    for (std::uint64_t i = done + lane; i < n; i += 32) dst[i] = src[i];
   }
 }
 
@@ -88,8 +120,7 @@ __global__ void delay_kernel(std::uint64_t nanoseconds) {
 cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                            cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  const unsigned grid = count < 65535u ? count : 65535u;
-  move_kernel<false><<<grid, 256, 0, stream>>>(
+  move_kernel<false><<<move_blocks(), kMoveThreads, 0, stream>>>(
       entries, count, const_cast<unsigned char*>(static_cast<const unsigned char*>(staging)));
   return cudaGetLastError();
 }
@@ -97,8 +128,7 @@ cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, con
 cudaError_t launch_gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
                           cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  const unsigned grid = count < 65535u ? count : 65535u;
-  move_kernel<true><<<grid, 256, 0, stream>>>(entries, count, static_cast<unsigned char*>(staging));
+  move_kernel<true><<<move_blocks(), kMoveThreads, 0, stream>>>(entries, count, static_cast<unsigned char*>(staging));
   return cudaGetLastError();
 }
 

@@ -94,6 +94,19 @@ PlanBuilder::PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& cf
     }
   }
   s_ = std::make_unique<State>(blocks, cfg, classify, plan, pageable, block_bytes);
+  if (cfg.trust != nullptr) {
+    // Checked already (a CacheSet's transfer): only the pinned-memory requirement is left.
+    const PlanTrust& t = *cfg.trust;
+    if (cfg.require_pinned_host && !t.all_pinned)
+      for (std::size_t i = 0; i < blocks.size(); ++i)
+        if (t.pinned[i] == 0)
+          throw Error(ErrorCode::kInvalidArgument,
+                      "block " + std::to_string(i) + ": its host memory is pageable; " + cfg.pinned_reason +
+                          " needs pinned host memory",
+                      i);
+    std::copy(t.pinned, t.pinned + blocks.size(), plan.scratch.pinned.begin());
+    s_->validated = blocks.size();
+  }
 }
 
 PlanBuilder::~PlanBuilder() = default;
@@ -120,6 +133,11 @@ void PlanBuilder::check() {
   if (st.validated < st.blocks.size()) {
     validate_range(st.blocks, st.validated, st.blocks.size(), st.cfg, st.cache, plan.scratch.pinned, st.valid);
     st.validated = st.blocks.size();
+  }
+  if (st.cfg.trust != nullptr) {
+    plan.all_pinned_host = st.cfg.trust->all_pinned;
+    checked_ = true;
+    return;
   }
   // Ascending, disjoint destinations (seen while validating) need no overlap check.
   if (!st.blocks.empty() && st.cfg.check_overlaps && !st.valid.disjoint) check_overlaps(st.blocks, plan.scratch);

@@ -23,6 +23,15 @@ enum class Direction : std::uint8_t {
   kToHost,    // device sources, host destinations
 };
 
+// Blocks already known to be valid: the ids of a registered CacheSet's transfer were checked
+// against caches that were checked once (device memory of this GPU, no overlaps, no duplicate
+// destination), so the planner asks the driver about no pointer and checks no overlap.
+// `pinned[i]` says whether block i's host side is pinned memory (the direct path may take it).
+struct PlanTrust {
+  const std::uint8_t* pinned = nullptr;
+  bool all_pinned = false;
+};
+
 struct PlanConfig {
   Direction direction = Direction::kToDevice;
   int device = 0;                         // ordinal the device side must belong to
@@ -37,6 +46,8 @@ struct PlanConfig {
   // Refuse pageable host memory; `pinned_reason` says who needs it (for the error message).
   bool require_pinned_host = false;
   const char* pinned_reason = "";
+  // Non-null: the blocks are pre-validated (see PlanTrust); lives for the planning call.
+  const PlanTrust* trust = nullptr;
 };
 
 // One gather copy: `bytes` from host `src` to `slot_offset` in the chunk's staging slot; its

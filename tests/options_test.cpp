@@ -69,7 +69,7 @@ gfd::EngineOptions custom_base() {
   o.numa_node = 1;
   o.spin_us = 7;
   o.check_overlaps = false;
-  o.submitter_gathers = false;
+  o.submitter_gathers = true;
   o.staging_writes = gfd::StagingWrites::kPlain;
   o.preissue = false;
   o.time_dmas = true;
@@ -156,7 +156,7 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
       {"GFD_NUMA_NODE", "-2", [](auto& o) { o.numa_node = -2; }},
       {"GFD_SPIN_US", "0", [](auto& o) { o.spin_us = 0; }},
       {"GFD_CHECK_OVERLAPS", "1", [](auto& o) { o.check_overlaps = true; }},
-      {"GFD_SUBMITTER_GATHERS", "on", [](auto& o) { o.submitter_gathers = true; }},
+      {"GFD_SUBMITTER_GATHERS", "off", [](auto& o) { o.submitter_gathers = false; }},
       {"GFD_STAGING_WRITES", "cldemote", [](auto& o) { o.staging_writes = gfd::StagingWrites::kCldemote; }},
       {"GFD_PREISSUE", "1", [](auto& o) { o.preissue = true; }},
       {"GFD_TIME_DMAS", "off", [](auto& o) { o.time_dmas = false; }},

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gfd/cache_set.hpp"
 #include "gfd/options.hpp"
 #include "gfd/types.hpp"
 
@@ -92,9 +93,10 @@ class Engine {
 
   /// Copies every block from host memory to this engine's GPU, ordered on `stream`: the copies
   /// start only after work already queued on `stream`, and work queued on `stream` afterwards
-  /// sees the data (no host synchronisation needed). Returns once every block is gathered into
-  /// staging (the calling thread helps) and every DMA is enqueued; it never waits for a DMA to
-  /// finish except to reuse a staging slot when the ring is full. Source blocks must stay
+  /// sees the data (no host synchronisation needed). Returns once every DMA is enqueued, while
+  /// the gather threads copy (with EngineOptions::submitter_gathers, once every block is
+  /// gathered into staging, the calling thread helping); it never waits for a DMA to finish
+  /// except to reuse a staging slot when the ring is full. Source blocks must stay
   /// unchanged until the returned handle is done.
   ///
   /// Rejection: every block is validated before any DMA is enqueued (the gather backend may
@@ -127,6 +129,24 @@ class Engine {
   /// once those DMAs complete: `stream` may run on before done() is true, and host code must
   /// wait for the handle (not for the stream) before it reads the destinations.
   [[nodiscard]] Transfer copy_to_host(std::span<const BlockCopy> blocks, cudaStream_t stream);
+
+  /// Describes a runtime's caches to this engine once: every pair's host and device array
+  /// (base, blocks, block bytes, stride). Checked here, with a few driver queries per array: the
+  /// device arrays lie in device memory of this GPU, the host arrays in host memory (pinned is
+  /// fastest; pageable is staged), both sides of a pair have one block size and no two arrays
+  /// share a byte. Throws gfd::Error(kInvalidArgument) naming the pair and side. The memory
+  /// must stay allocated while the set is used.
+  CacheSet register_caches(std::span<const CachePair> pairs);
+
+  /// One transfer of block `src_ids[i]` to block `dst_ids[i]` of every pair of `caches`, for
+  /// every i: host to device for KvDirection::kSwapIn (src_ids index the host arrays), device
+  /// to host for kSwapOut. Ordered on `stream` and completed exactly as copy_to_device /
+  /// copy_to_host. The call checks only the ids (same count, in range, no destination id
+  /// twice) and builds the copy list in one pass, with no per-block or per-array driver call;
+  /// a bad id throws gfd::Error(kInvalidArgument) whose block() is its position i and whose
+  /// message names the argument, before anything moves. `caches` must come from this engine.
+  [[nodiscard]] Transfer copy_blocks(const CacheSet& caches, KvDirection direction, const BlockIds& src_ids,
+                                     const BlockIds& dst_ids, cudaStream_t stream);
 
   /// Counters since creation.
   EngineStats stats() const;

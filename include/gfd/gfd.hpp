@@ -2,6 +2,7 @@
 // Umbrella header: include this one.
 #pragma once
 
+#include "gfd/cache_set.hpp"
 #include "gfd/engine.hpp"
 #include "gfd/error.hpp"
 #include "gfd/group.hpp"

@@ -50,9 +50,12 @@ struct EngineOptions {
   bool use_all_local_cpus = false;
   /// How long an idle gather thread spins before it parks, in microseconds.
   int spin_us = 200;
-  /// The submitting thread gathers too, until its pieces are all taken, instead of only
-  /// waiting for the pool to wake up. copy_to_device then returns once the data is staged.
-  bool submitter_gathers = true;
+  /// The submitting thread gathers too, until its pieces are all taken, and copy_to_device
+  /// returns once the data is staged. Off by default: the call returns once every DMA is
+  /// enqueued and the gather threads do the copying, so a runtime's scheduling thread (the one
+  /// that launches the model) is not held for the transfer. Transfers of one chunk are always
+  /// gathered before the call returns (inline_gather_bytes, first_chunk_bytes).
+  bool submitter_gathers = false;
   /// How the gather threads write staging, which the copy engine reads right after; it decides
   /// how often each staged byte crosses DRAM. kCldemote: plain stores, then CLDEMOTE of every
   /// written line, which moves it from the core's private cache to the shared L3 where the

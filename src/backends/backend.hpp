@@ -45,6 +45,8 @@ struct Request {
   StreamHandle stream = nullptr;
   Direction direction = Direction::kToDevice;
   std::uint32_t id = 0;  // engine-wide transfer number (tracing)
+  // Non-null for a CacheSet's transfer: the blocks are pre-validated (PlanConfig::trust).
+  const PlanTrust* trust = nullptr;
 };
 
 class BackendImpl {

@@ -11,7 +11,9 @@ class CopyCalls final : public BackendImpl {
       : ctx_(setup.ctx), caps_(caps), batched_(batched) {}
 
   TransferPtr submit(const Request& r) override {
-    TransferPtr t = plan_transfer(ctx_, r, pass_through_config(*ctx_, caps_, r.direction));
+    PlanConfig cfg = pass_through_config(*ctx_, caps_, r.direction);
+    cfg.trust = r.trust;
+    TransferPtr t = plan_transfer(ctx_, r, cfg);
     if (!t) return nullptr;
     try {
       if (batched_) copy_batched(*t, r.stream);

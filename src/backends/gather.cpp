@@ -65,6 +65,7 @@ class GatherBackend final : public BackendImpl {
       return to_device_.submit_planning(r, bytes);
     PlanConfig cfg = ctx.plan_config;
     cfg.direction = r.direction;
+    cfg.trust = r.trust;
     TransferPtr t = plan_transfer(pipe_.ctx, r, cfg, bytes);
     if (!t) return nullptr;
     // A small transfer is dominated by the staging pipeline's fixed costs: the kernel takes it

@@ -136,6 +136,7 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
   const PointerClassifier classify = ctx.classifier();  // outlives the builder, which keeps it
   PlanConfig cfg = ctx.plan_config;
   cfg.direction = Direction::kToDevice;
+  cfg.trust = r.trust;
   std::optional<PlanBuilder> builder;
   timed([&] { builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true, bytes); });
   ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kPlanStorage, 0);

@@ -23,6 +23,7 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::opt
     t->plan_state.store(TransferState::kPlanning, std::memory_order_relaxed);
     PlanConfig cfg = ctx.plan_config;
     cfg.direction = Direction::kToHost;
+    cfg.trust = r.trust;
     timed([&] { builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true, bytes); });
     // Without storage reserved up front (absurd sizes) the plan is made whole before anything moves.
     if (!builder->stable()) {

@@ -69,7 +69,9 @@ class ZeroCopyBackend final : public BackendImpl {
 
   TransferPtr submit(const Request& r) override {
     const BackendCaps& caps = backend_entry(Backend::kZeroCopyKernel).caps;
-    TransferPtr t = plan_transfer(ctx_, r, pass_through_config(*ctx_, caps, r.direction));
+    PlanConfig cfg = pass_through_config(*ctx_, caps, r.direction);
+    cfg.trust = r.trust;
+    TransferPtr t = plan_transfer(ctx_, r, cfg);
     if (!t) return nullptr;
     kernel_.submit(*t, r.stream);
     live_.add(t);

@@ -1,0 +1,278 @@
+// CacheSet: caches registered once, transfers by block ids. Round trips through every backend
+// with every byte checked, the page-first host layout (arrays interleaved on one stride), and
+// the input it rejects, naming the argument and row, with nothing moved (emulated device, and a
+// GPU where present).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "test_support.hpp"
+
+namespace gfd::test {
+namespace {
+
+// `pairs` device arrays of `blocks` blocks (separate allocations, as a runtime's per-layer
+// tensors) and host arrays of `host_blocks` blocks, either one allocation each or, with
+// `page_first`, interleaved in one allocation (block b of pair p at (b * pairs + p) * bytes).
+struct Caches {
+  Caches(TestDevice& td, std::size_t pairs, std::size_t blocks, std::size_t host_blocks, std::size_t bytes,
+         bool pinned, bool page_first)
+      : td(td), bytes(bytes), host_blocks(host_blocks), blocks(blocks), page_first(page_first),
+        host(*td.device, pairs * host_blocks * bytes, pinned) {
+    fill_random(host.data(), host.size(), 7);
+    for (std::size_t p = 0; p < pairs; ++p) {
+      dev.push_back(std::make_unique<DeviceBuffer>(*td.device, blocks * bytes));
+      HostBuffer init(*td.device, blocks * bytes, true);
+      fill_random(init.data(), init.size(), 100 + p);
+      td.device->copy_h2d(dev.back()->data(), init.data(), init.size(), td.stream);
+      td.device->stream_sync(td.stream);
+      CachePair q;
+      q.device = {dev.back()->data(), blocks, bytes, 0};
+      q.host = page_first ? BlockArray{host.data() + p * bytes, host_blocks, bytes, pairs * bytes}
+                          : BlockArray{host.data() + p * host_blocks * bytes, host_blocks, bytes, 0};
+      list.push_back(q);
+    }
+  }
+  std::byte* host_block(std::size_t p, std::size_t b) const {
+    const std::size_t stride = list[p].host.stride != 0 ? list[p].host.stride : bytes;
+    return static_cast<std::byte*>(list[p].host.base) + b * stride;
+  }
+  std::vector<std::byte> device_block(std::size_t p, std::size_t b) {
+    return td.read(dev[p]->data() + b * bytes, bytes);
+  }
+  TestDevice& td;
+  std::size_t bytes, host_blocks, blocks;
+  bool page_first;
+  HostBuffer host;
+  std::vector<std::unique_ptr<DeviceBuffer>> dev;
+  std::vector<CachePair> list;
+};
+
+std::vector<std::int64_t> distinct(std::size_t n, std::size_t range, std::uint64_t seed) {
+  std::vector<std::int64_t> v(range);
+  std::iota(v.begin(), v.end(), 0);
+  std::mt19937_64 rng(seed);
+  std::shuffle(v.begin(), v.end(), rng);
+  v.resize(n);
+  return v;
+}
+
+struct RoundTrip {
+  Backend backend;
+  std::size_t bytes;
+  bool page_first;
+};
+
+class CacheSetRoundTrip : public ::testing::TestWithParam<std::tuple<DeviceKind, RoundTrip>> {};
+
+// Swap-out of random device blocks to random host blocks, then swap-in of other host blocks to
+// other device blocks: every block of every pair checked against the bytes it came from.
+TEST_P(CacheSetRoundTrip, EveryBlockOfEveryPair) {
+  const auto [kind, rt] = GetParam();
+  if (kind == DeviceKind::kCuda) {
+    const std::string why = cuda_skip_reason();
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
+  auto td = open_test_device(kind);
+  ASSERT_NE(td, nullptr);
+  if (rt.backend == Backend::kZeroCopyKernel && !td->device->host_pointers_usable())
+    GTEST_SKIP() << "the zero-copy kernel needs unified addressing";
+  constexpr std::size_t kPairs = 6, kBlocks = 96, kHostBlocks = 160, kMoved = 40;
+  Caches c(*td, kPairs, kBlocks, kHostBlocks, rt.bytes, true, rt.page_first);
+  EngineOptions o = small_options();
+  o.backend = rt.backend;
+  Engine engine = td->make_engine(o);
+  const CacheSet set = engine.register_caches(c.list);
+  ASSERT_EQ(set.size(), kPairs);
+  EXPECT_TRUE(set.host_pinned());
+  EXPECT_EQ(set.bytes_per_id(), kPairs * rt.bytes);
+  EXPECT_EQ(set.host_blocks(), kHostBlocks);
+  EXPECT_EQ(set.device_blocks(), kBlocks);
+
+  const auto out_src = distinct(kMoved, kBlocks, 1), out_dst = distinct(kMoved, kHostBlocks, 2);
+  std::vector<std::vector<std::byte>> expect;
+  for (std::size_t p = 0; p < kPairs; ++p)
+    for (std::size_t i = 0; i < kMoved; ++i) expect.push_back(c.device_block(p, out_src[i]));
+  engine.copy_blocks(set, KvDirection::kSwapOut, out_src, out_dst, td->cuda_stream()).wait();
+  for (std::size_t p = 0; p < kPairs; ++p)
+    for (std::size_t i = 0; i < kMoved; ++i)
+      ASSERT_EQ(std::memcmp(c.host_block(p, out_dst[i]), expect[p * kMoved + i].data(), rt.bytes), 0)
+          << "swap-out pair " << p << " row " << i;
+
+  // In, as int32 ids (SGLang passes them so), from other host blocks to other device blocks.
+  const auto in_src64 = distinct(kMoved, kHostBlocks, 3), in_dst64 = distinct(kMoved, kBlocks, 4);
+  const std::vector<std::int32_t> in_src(in_src64.begin(), in_src64.end()), in_dst(in_dst64.begin(), in_dst64.end());
+  engine.copy_blocks(set, KvDirection::kSwapIn, in_src, in_dst, td->cuda_stream()).wait();
+  td->device->stream_sync(td->stream);
+  for (std::size_t p = 0; p < kPairs; ++p)
+    for (std::size_t i = 0; i < kMoved; ++i)
+      ASSERT_EQ(std::memcmp(c.device_block(p, in_dst[i]).data(), c.host_block(p, in_src[i]), rt.bytes), 0)
+          << "swap-in pair " << p << " row " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Devices, CacheSetRoundTrip,
+    ::testing::Combine(::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
+                       ::testing::Values(RoundTrip{Backend::kGather, 4096, false},
+                                         RoundTrip{Backend::kGather, 4096, true},
+                                         RoundTrip{Backend::kGather, 32768, false},
+                                         RoundTrip{Backend::kGather, 131072, false},  // the direct path
+                                         RoundTrip{Backend::kBatchAsync, 4096, false},
+                                         RoundTrip{Backend::kPerBlock, 8192, true},
+                                         RoundTrip{Backend::kZeroCopyKernel, 4096, false})),
+    [](const auto& info) {
+      const RoundTrip& rt = std::get<1>(info.param);
+      return to_string(std::get<0>(info.param)) + "_" + to_string(rt.backend) + "_" + std::to_string(rt.bytes) +
+             (rt.page_first ? "_page_first" : "");
+    });
+
+class CacheSetTest : public DeviceParamTest {};
+
+// The message of the gfd::Error that `f` throws (kInvalidArgument), and its block().
+template <class F>
+std::pair<std::string, std::size_t> rejection(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    return {e.what(), e.block()};
+  }
+  ADD_FAILURE() << "no gfd::Error thrown";
+  return {"", kNoBlock};
+}
+
+TEST_P(CacheSetTest, BadIdsNameTheArgumentAndRowAndMoveNothing) {
+  Caches c(*td_, 2, 16, 8, 4096, true, false);
+  Engine engine = td_->make_engine(small_options());
+  const CacheSet set = engine.register_caches(c.list);
+  const auto before = c.device_block(1, 3);
+  auto in = [&](std::vector<std::int64_t> s, std::vector<std::int64_t> d) {
+    return rejection([&] { (void)engine.copy_blocks(set, KvDirection::kSwapIn, s, d, td_->cuda_stream()); });
+  };
+  auto [m1, b1] = in({0, 8}, {3, 4});
+  EXPECT_NE(m1.find("src_ids[1] (block 8 -> 4): source block 8 is out of range (pairs[0].host has 8 blocks)"),
+            std::string::npos) << m1;
+  EXPECT_EQ(b1, 1u);
+  auto [m2, b2] = in({0, 1, 2}, {3, 4, 16});
+  EXPECT_NE(m2.find("dst_ids[2] (block 2 -> 16): destination block 16 is out of range (pairs[0].device has 16 blocks)"),
+            std::string::npos) << m2;
+  EXPECT_EQ(b2, 2u);
+  auto [m3, b3] = in({0, 1, 2}, {3, 5, 3});
+  EXPECT_NE(m3.find("dst_ids[2] (block 2 -> 3): destination block 3 is also that of dst_ids[0]"), std::string::npos)
+      << m3;
+  EXPECT_EQ(b3, 2u);
+  auto [m4, b4] = in({-1}, {3});
+  EXPECT_NE(m4.find("source block -1 is negative"), std::string::npos) << m4;
+  auto [m5, b5] = in({0, 1}, {3});
+  EXPECT_NE(m5.find("src_ids has 2 ids, dst_ids 1"), std::string::npos) << m5;
+  // Duplicate sources are fine (read twice); a swap-out's destination is the host side.
+  engine.copy_blocks(set, KvDirection::kSwapIn, std::vector<std::int64_t>{2, 2}, std::vector<std::int64_t>{5, 6},
+                     td_->cuda_stream()).wait();
+  auto [m6, b6] = rejection([&] {
+    (void)engine.copy_blocks(set, KvDirection::kSwapOut, std::vector<std::int64_t>{9, 1},
+                             std::vector<std::int64_t>{7, 7}, td_->cuda_stream());
+  });
+  EXPECT_NE(m6.find("dst_ids[1] (block 1 -> 7): destination block 7 is also that of dst_ids[0]"), std::string::npos)
+      << m6;
+  EXPECT_EQ(c.device_block(1, 3), before) << "a rejected transfer moved bytes";
+  // The bitmap of destinations is clean again after a rejection: the same ids once each pass.
+  engine.copy_blocks(set, KvDirection::kSwapIn, std::vector<std::int64_t>{0, 1, 2}, std::vector<std::int64_t>{3, 5, 7},
+                     td_->cuda_stream()).wait();
+  EXPECT_EQ(std::memcmp(c.device_block(1, 3).data(), c.host_block(1, 0), 4096), 0);
+}
+
+TEST_P(CacheSetTest, BadCachesNameThePairAndSide) {
+  Caches c(*td_, 2, 16, 8, 4096, true, false);
+  Engine engine = td_->make_engine(small_options());
+  auto reg = [&](std::vector<CachePair> l) { return rejection([&] { (void)engine.register_caches(l); }).first; };
+  EXPECT_NE(reg({}).find("pairs is empty"), std::string::npos);
+  {
+    auto l = c.list;
+    l[1].device.block_bytes = 2048;
+    EXPECT_NE(reg(l).find("pairs[1].host has blocks of 4096 bytes, pairs[1].device of 2048"), std::string::npos);
+  }
+  {
+    auto l = c.list;
+    l[1].device = l[0].device;  // two pairs on one device array
+    EXPECT_NE(reg(l).find("overlaps"), std::string::npos);
+  }
+  {
+    auto l = c.list;
+    l[0].device.blocks = 17;  // one block past the allocation
+    EXPECT_NE(reg(l).find("pairs[0].device: its 17 blocks (69632 bytes) run past the end of their device allocation"),
+              std::string::npos) << reg(l);
+  }
+  {
+    auto l = c.list;
+    std::swap(l[0].host, l[0].device);
+    EXPECT_NE(reg(l).find("pairs[0].host is device memory of GPU 0, not host memory"), std::string::npos) << reg(l);
+  }
+  {
+    auto l = c.list;
+    l[0].host.stride = 1024;
+    EXPECT_NE(reg(l).find("pairs[0].host: stride 1024 is less than block_bytes 4096"), std::string::npos);
+  }
+  {
+    auto l = c.list;
+    l[1].host.base = nullptr;
+    EXPECT_NE(reg(l).find("pairs[1].host: base is null"), std::string::npos);
+  }
+  // A set is used with the engine it was registered with only.
+  Engine other = td_->make_engine(small_options());
+  const CacheSet set = engine.register_caches(c.list);
+  const std::vector<std::int64_t> ids{0};
+  const auto m = rejection([&] { (void)other.copy_blocks(set, KvDirection::kSwapIn, ids, ids, td_->cuda_stream()); });
+  EXPECT_NE(m.first.find("registered with another engine"), std::string::npos);
+  const auto e = rejection([&] { (void)engine.copy_blocks(CacheSet{}, KvDirection::kSwapIn, ids, ids, td_->cuda_stream()); });
+  EXPECT_NE(e.first.find("empty CacheSet"), std::string::npos);
+}
+
+TEST_P(CacheSetTest, ACacheOnAnotherGpu) {
+  if (GetParam() == DeviceKind::kCuda) {
+    const std::string why = cuda_skip_reason(2);
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
+  auto td1 = open_test_device(GetParam(), 1);
+  ASSERT_NE(td1, nullptr);
+  Caches c(*td_, 1, 8, 8, 4096, true, false);
+  DeviceBuffer elsewhere(*td1->device, 8 * 4096);
+  auto l = c.list;
+  l[0].device.base = elsewhere.data();
+  Engine engine = td_->make_engine(small_options());
+  const auto m = rejection([&] { (void)engine.register_caches(l); });
+  EXPECT_NE(m.first.find("pairs[0].device is device memory of GPU 1, but the engine serves GPU 0"), std::string::npos)
+      << m.first;
+}
+
+// A pageable host cache is staged (correct, slower); the zero-copy kernel refuses it, naming the
+// pair and row, before anything moves.
+TEST_P(CacheSetTest, PageableHostCache) {
+  Caches c(*td_, 2, 16, 8, 4096, false, false);
+  Engine engine = td_->make_engine(small_options());
+  const CacheSet set = engine.register_caches(c.list);
+  EXPECT_FALSE(set.host_pinned());
+  EXPECT_FALSE(set.host_pinned(1));
+  const std::vector<std::int64_t> s{1, 6}, d{9, 2};
+  engine.copy_blocks(set, KvDirection::kSwapIn, s, d, td_->cuda_stream()).wait();
+  for (std::size_t p = 0; p < 2; ++p)
+    for (std::size_t i = 0; i < 2; ++i)
+      EXPECT_EQ(std::memcmp(c.device_block(p, d[i]).data(), c.host_block(p, s[i]), 4096), 0);
+  if (!td_->device->host_pointers_usable()) return;
+  EngineOptions o = small_options();
+  o.backend = Backend::kZeroCopyKernel;
+  Engine zc = td_->make_engine(o);
+  const CacheSet zset = zc.register_caches(c.list);
+  const auto m = rejection([&] { (void)zc.copy_blocks(zset, KvDirection::kSwapIn, s, d, td_->cuda_stream()); });
+  EXPECT_NE(m.first.find("pageable"), std::string::npos) << m.first;
+  EXPECT_NE(m.first.find("[pairs[0].host -> pairs[0].device, src_ids row 0]"), std::string::npos) << m.first;
+  EXPECT_EQ(m.second, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, CacheSetTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
+                         [](const auto& info) { return to_string(info.param); });
+
+}  // namespace
+}  // namespace gfd::test
