@@ -61,13 +61,14 @@ std::string name_at(std::string_view name, std::size_t i) {
 }  // namespace
 
 CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, const void* owner,
-                             std::vector<std::string> labels) {
+                             std::vector<std::string> labels, std::string_view call, Sides overlaps) {
+  const std::string fn(call);
   auto st = std::make_shared<CacheSetState>();
   st->owner = owner;
   st->device = device.ordinal();
-  if (pairs.empty()) bad("register_caches: pairs is empty");
+  if (pairs.empty()) bad(fn + ": pairs is empty");
   if (!labels.empty() && labels.size() != 2 * pairs.size())
-    bad("register_caches: " + std::to_string(labels.size()) + " labels for " + std::to_string(pairs.size()) +
+    bad(fn + ": " + std::to_string(labels.size()) + " labels for " + std::to_string(pairs.size()) +
         " pairs");
   if (labels.empty())
     for (std::size_t p = 0; p < pairs.size(); ++p) {
@@ -85,42 +86,43 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
     for (int side = 0; side < 2; ++side) {
       BlockArray& a = side == 0 ? q.host : q.device;
       const std::string& name = st->labels[2 * p + side];
-      if (a.base == nullptr) bad("register_caches: " + name + ": base is null");
-      if (a.blocks == 0) bad("register_caches: " + name + ": has no blocks");
-      if (a.block_bytes == 0) bad("register_caches: " + name + ": block_bytes is 0");
+      if (a.base == nullptr) bad(fn + ": " + name + ": base is null");
+      if (a.blocks == 0) bad(fn + ": " + name + ": has no blocks");
+      if (a.block_bytes == 0) bad(fn + ": " + name + ": block_bytes is 0");
       if (a.stride == 0) a.stride = a.block_bytes;
       if (a.stride < a.block_bytes)
-        bad("register_caches: " + name + ": stride " + std::to_string(a.stride) + " is less than block_bytes " +
+        bad(fn + ": " + name + ": stride " + std::to_string(a.stride) + " is less than block_bytes " +
             std::to_string(a.block_bytes) + " (blocks would overlap)");
       const auto begin = reinterpret_cast<std::uintptr_t>(a.base);
       if ((a.blocks - 1) > (UINTPTR_MAX - begin - a.block_bytes) / a.stride)
-        bad("register_caches: " + name + ": " + std::to_string(a.blocks) + " blocks at stride " +
+        bad(fn + ": " + name + ": " + std::to_string(a.blocks) + " blocks at stride " +
             std::to_string(a.stride) + " run past the end of the address space");
       const std::uintptr_t end = begin + (a.blocks - 1) * a.stride + a.block_bytes;
       const PointerInfo info = device.query_pointer(a.base);
       const bool within = info.end == 0 || (begin >= info.begin && end <= info.end);
       if (side == 1) {
         if (info.kind == PointerKind::kOtherDevice)
-          bad("register_caches: " + name + " is device memory of GPU " + std::to_string(info.device) +
+          bad(fn + ": " + name + " is device memory of GPU " + std::to_string(info.device) +
               ", but the engine serves GPU " + std::to_string(st->device));
         if (info.kind != PointerKind::kDevice)
-          bad("register_caches: " + name + " is " + describe(info) + ", not device memory of GPU " +
+          bad(fn + ": " + name + " is " + describe(info) + ", not device memory of GPU " +
               std::to_string(st->device));
         if (!within)
-          bad("register_caches: " + name + ": its " + std::to_string(a.blocks) + " blocks (" +
+          bad(fn + ": " + name + ": its " + std::to_string(a.blocks) + " blocks (" +
               std::to_string(end - begin) + " bytes) run past the end of their device allocation");
       } else {
         if (info.kind == PointerKind::kDevice || info.kind == PointerKind::kOtherDevice ||
             info.kind == PointerKind::kManaged)
-          bad("register_caches: " + name + " is " + describe(info) + ", not host memory");
+          bad(fn + ": " + name + " is " + describe(info) + ", not host memory");
         // Pinned only when the whole array lies in one pinned allocation; otherwise it is staged
         // like pageable memory, which is correct for either.
         st->host_pinned[p] = info.kind == PointerKind::kPinnedHost && within && info.end != 0;
       }
-      extents.push_back({begin, end, a.stride, a.block_bytes, 2 * p + side});
+      if (overlaps == Sides::kBoth || (overlaps == Sides::kHost) == (side == 0))
+        extents.push_back({begin, end, a.stride, a.block_bytes, 2 * p + side});
     }
     if (q.host.block_bytes != q.device.block_bytes)
-      bad("register_caches: " + st->labels[2 * p] + " has blocks of " + std::to_string(q.host.block_bytes) +
+      bad(fn + ": " + st->labels[2 * p] + " has blocks of " + std::to_string(q.host.block_bytes) +
           " bytes, " + st->labels[2 * p + 1] + " of " + std::to_string(q.device.block_bytes));
     st->all_pinned = st->all_pinned && st->host_pinned[p] != 0;
     st->bytes_per_id += q.host.block_bytes;
@@ -135,11 +137,12 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
   }
   // No two arrays may share a byte: a transfer writes each destination block once, and a block
   // of one array that is also a block of another would be written twice (or read while written).
+  // A set used one way only needs this of its destination side.
   std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
   for (std::size_t i = 0; i < extents.size(); ++i)
     for (std::size_t j = i + 1; j < extents.size() && extents[j].begin < extents[i].end; ++j)
       if (blocks_overlap(extents[i], extents[j]))
-        bad("register_caches: " + st->labels[extents[j].index] + " overlaps " + st->labels[extents[i].index]);
+        bad(fn + ": " + st->labels[extents[j].index] + " overlaps " + st->labels[extents[i].index]);
   return CacheSet(std::move(st));
 }
 

@@ -22,8 +22,12 @@ struct CacheSetState {
   // Throws gfd::Error(kInvalidArgument) naming the pair and side.
   // `labels`: how messages name each pair's host and device array (2 per pair, host first);
   // empty: "pairs[p].host" and "pairs[p].device".
+  // `call` starts each message. `overlaps`: which sides must not share a byte between arrays
+  // (a side that is only read may: swap_blocks' set goes one way).
+  enum class Sides { kBoth, kHost, kDevice };
   static CacheSet make(std::span<const CachePair> pairs, Device& device, const void* owner,
-                       std::vector<std::string> labels = {});
+                       std::vector<std::string> labels = {}, std::string_view call = "register_caches",
+                       Sides overlaps = Sides::kBoth);
   // The state behind `set` (throws gfd::Error for an empty set or one of another engine).
   static const CacheSetState& of(const CacheSet& set, const void* owner);
 

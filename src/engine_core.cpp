@@ -101,11 +101,12 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
   return submit_request(blocks, stream, direction, nullptr);
 }
 
-CacheSet EngineCore::register_caches(std::span<const CachePair> pairs, std::vector<std::string> labels) {
+CacheSet EngineCore::register_caches(std::span<const CachePair> pairs, std::vector<std::string> labels,
+                                     std::string_view call, CacheSetState::Sides overlaps) {
   gate_.enter("register_caches");
   Leave leave{gate_};
   const ScopedCurrentDevice current(*ctx_->device);
-  return CacheSetState::make(pairs, *ctx_->device, this, std::move(labels));
+  return CacheSetState::make(pairs, *ctx_->device, this, std::move(labels), call, overlaps);
 }
 
 Transfer EngineCore::submit_blocks(const CacheSet& caches, KvDirection direction, const BlockIds& src,

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backends/backend.hpp"
+#include "cache_set.hpp"
 #include "device.hpp"
 #include "engine_context.hpp"
 #include "gfd/engine.hpp"
@@ -51,7 +52,9 @@ class EngineCore {
   Transfer submit(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction);
   // Engine::register_caches; `labels` name each pair's host and device array in messages
   // (CacheSetState::make).
-  CacheSet register_caches(std::span<const CachePair> pairs, std::vector<std::string> labels = {});
+  CacheSet register_caches(std::span<const CachePair> pairs, std::vector<std::string> labels = {},
+                           std::string_view call = "register_caches",
+                           CacheSetState::Sides overlaps = CacheSetState::Sides::kBoth);
   // Engine::copy_blocks; `src_name` / `dst_name` name the id arguments in messages.
   Transfer submit_blocks(const CacheSet& caches, KvDirection direction, const BlockIds& src,
                          const BlockIds& dst, StreamHandle stream, std::string_view src_name = "src_ids",

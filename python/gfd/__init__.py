@@ -36,6 +36,7 @@ from ._gfd import Buffer, Error
 
 __all__ = [
     "Engine",
+    "CacheSet",
     "Transfer",
     "Error",
     "HostPool",
@@ -311,8 +312,8 @@ class Engine:
 
         The arrays are integer numpy arrays, CPU tensors or lists (``sizes`` may be one int for
         all blocks). Every block is validated first; a bad one raises :class:`gfd.Error` with
-        ``.block`` set to its index, and nothing is copied. Returns once every block is staged
-        and every DMA enqueued; work queued on ``stream`` afterwards sees the data. Sources must
+        ``.block`` set to its index, and nothing is copied. Returns once every DMA is enqueued
+        (the gather threads copy meanwhile); work queued on ``stream`` afterwards sees the data. Sources must
         stay unchanged until the transfer is done.
         """
         _prune_orphans()
@@ -340,8 +341,11 @@ class Engine:
         pairs. ``src`` and ``dst`` may also be equally long lists of caches (every layer's K and
         V, say): then the same mapping applies to each pair, all in ONE transfer.
 
-        Ordered on ``stream`` (default: torch's current stream); device caches are made ready on
-        it through DLPack. Errors name the argument; a bad block raises :class:`gfd.Error` whose
+        Ordered on ``stream`` (default: torch's current stream). The lists are described to the
+        engine once, as a :class:`CacheSet` found again by the tensors' identity, data pointer
+        and shape at the next call with the same lists (torch tensors; other tensors are
+        described at every call), so a call costs the ids' check and the submission, not the
+        tensors. Errors name the argument; a bad block raises :class:`gfd.Error` whose
         ``.block`` is the mapping row.
         """
         _prune_orphans()
@@ -388,6 +392,81 @@ class Engine:
         t = self._core.swap(srcs, dsts, None, src_indices, dst_indices, s, "transfer_kv_all_layers",
                             src_names, dst_names)
         return Transfer(t, (srcs, dsts, src_indices, dst_indices))
+
+
+    def register_caches(self, host: Any, device: Any) -> "CacheSet":
+        """Describes a runtime's caches to the engine once: ``host[i]`` (a host tensor, pinned for
+        speed) mirrors ``device[i]`` (a tensor on this engine's GPU), for every i; single tensors
+        or equally long lists (every layer's K and V, say). Each tensor's first dimension indexes
+        blocks and the rest of a block is contiguous; a pair has one dtype and block size.
+
+        Checked here (device, extents, pinned or not, no two tensors sharing a byte), so that
+        :meth:`copy_blocks` only checks block ids. The set keeps its tensors alive. Errors name
+        the tensor (``host[3]``, ``device[0]``).
+        """
+        hosts, host_names = _names("host", host)
+        devices, device_names = _names("device", device)
+        return CacheSet(self, self._core.register_caches(hosts, devices, host_names, device_names))
+
+    def copy_blocks(self, caches: "CacheSet", src_ids: Any, dst_ids: Any = None, *, to_device: bool = True,
+                    stream: Any = None) -> Transfer:
+        """One transfer on a registered :class:`CacheSet`: block ``src_ids[i]`` to block
+        ``dst_ids[i]`` of every pair, host to device (``to_device=True``: ``src_ids`` index the
+        host tensors) or device to host. ``src_ids`` may instead be an [N, 2] mapping (source,
+        destination) with ``dst_ids`` None. Ordered on ``stream`` (default: torch's current
+        stream); the call checks the ids (in range, no destination id twice; a bad one raises
+        :class:`gfd.Error` whose ``.block`` is its row) and returns once every DMA is enqueued.
+        """
+        _prune_orphans()
+        if not isinstance(caches, CacheSet) or caches._engine is not self:
+            raise _error("copy_blocks: caches must be a CacheSet made by this engine's register_caches")
+        s = self._stream(stream)
+        if dst_ids is None:
+            t = self._core.copy_blocks(caches._set, to_device, src_ids, None, None, s)
+        else:
+            t = self._core.copy_blocks(caches._set, to_device, None, src_ids, dst_ids, s)
+        return Transfer(t, (caches, src_ids, dst_ids))
+
+
+class CacheSet:
+    """Caches registered with one engine (:meth:`Engine.register_caches`): pairs of a host and a
+    device tensor of blocks, checked once; transfers on it (:meth:`Engine.copy_blocks`) pass only
+    block ids. Keeps its tensors alive."""
+
+    __slots__ = ("_engine", "_set", "__weakref__")
+
+    def __init__(self, engine: "Engine", core_set: Any) -> None:
+        self._engine = engine
+        self._set = core_set
+
+    @property
+    def pairs(self) -> int:
+        """Number of (host, device) tensor pairs."""
+        return self._set.pairs
+
+    @property
+    def host_pinned(self) -> bool:
+        """Whether every host tensor lies in pinned memory."""
+        return self._set.host_pinned
+
+    @property
+    def bytes_per_id(self) -> int:
+        """Bytes one block id moves (every pair's block size summed)."""
+        return self._set.bytes_per_id
+
+    @property
+    def host_blocks(self) -> int:
+        """Blocks of the smallest host tensor (host ids must be below)."""
+        return self._set.host_blocks
+
+    @property
+    def device_blocks(self) -> int:
+        """Blocks of the smallest device tensor (device ids must be below)."""
+        return self._set.device_blocks
+
+    def __repr__(self) -> str:
+        return (f"gfd.CacheSet({self.pairs} pairs, {self.bytes_per_id} bytes per id, "
+                f"host_pinned={self.host_pinned})")
 
 
 @atexit.register

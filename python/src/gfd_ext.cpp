@@ -27,99 +27,13 @@
 #include "dlpack.hpp"
 #include "emulated_device.hpp"
 #include "engine_core.hpp"
+#include "engine_holder.hpp"
 #include "ext.hpp"
 #include "gfd/gfd.hpp"
 #include "host_pool.hpp"
 
 namespace gfd::python {
 namespace {
-
-// ---------------------------------------------------------------------------------------------
-// Engines.
-
-// An engine and, for the emulated device, the stream that stands in for the default stream.
-struct EngineHolder {
-  std::shared_ptr<detail::Device> device;  // the emulated device, or a CUDA one for helpers
-  detail::StreamHandle default_stream = nullptr;
-  bool emulated = false;
-  int ordinal = 0;
-  std::optional<Engine> engine;
-  ~EngineHolder() {
-    engine.reset();  // waits for every transfer
-    if (default_stream != nullptr) device->destroy_stream(default_stream);
-  }
-};
-
-// The caller's CUDA device is left as it was: opening a device makes it current, and torch's
-// idea of the current device must not change under a runtime.
-struct KeepCurrentDevice {
-  int previous = -1;
-  bool had = false;
-  KeepCurrentDevice() { had = cudaGetDevice(&previous) == cudaSuccess; }
-  ~KeepCurrentDevice() {
-    if (had) (void)cudaSetDevice(previous);
-  }
-};
-
-class PyTransfer {
- public:
-  PyTransfer(Transfer t, std::function<Error(const Error&)> remap)
-      : t_(std::move(t)), remap_(std::move(remap)) {}
-
-  bool done() const { return t_.done(); }
-
-  // True once done; False when `timeout` (seconds) passed first. Raises the transfer's error.
-  bool wait(std::optional<double> timeout) {
-    {
-      py::gil_scoped_release nogil;
-      if (timeout) {
-        const auto deadline = std::chrono::steady_clock::now() +
-                              std::chrono::duration<double>(std::max(0.0, *timeout));
-        auto pause = std::chrono::microseconds(5);
-        while (!t_.done()) {
-          if (std::chrono::steady_clock::now() >= deadline) return false;
-          std::this_thread::sleep_for(pause);
-          pause = std::min(pause * 2, std::chrono::microseconds(1000));
-        }
-      }
-      std::exception_ptr e = t_.error();
-      if (e) rethrow(e);
-    }
-    return true;
-  }
-
-  py::object error() {
-    std::exception_ptr e;
-    {
-      py::gil_scoped_release nogil;
-      e = t_.error();
-    }
-    if (!e) return py::none();
-    try {
-      rethrow(e);
-    } catch (const Error& err) {
-      return make_error(err);
-    } catch (...) {
-      return error_object(std::current_exception());
-    }
-  }
-
-  std::uint64_t bytes() const { return t_.bytes(); }
-
-  py::list keep;  // DLPack owners and buffers read by the transfer (dropped once it is done)
-
- private:
-  [[noreturn]] void rethrow(const std::exception_ptr& e) const {
-    if (!remap_) std::rethrow_exception(e);
-    try {
-      std::rethrow_exception(e);
-    } catch (const Error& err) {
-      throw remap_(err);
-    }
-  }
-  Transfer t_;
-  std::function<Error(const Error&)> remap_;
-};
 
 enum class Direction { kToDevice, kToHost };
 
@@ -190,13 +104,7 @@ class PyEngine {
   }
 
   // The device behind the engine, for the testing helpers and stream syncs.
-  detail::Device& device_of(EngineHolder& h) {
-    if (!h.device) {
-      KeepCurrentDevice keep;
-      h.device = detail::make_cuda_device(h.ordinal);
-    }
-    return *h.device;
-  }
+  detail::Device& device_of(EngineHolder& h) { return h.device_of(); }
 
   // copy_to_device / copy_to_host with three integer arrays.
   std::unique_ptr<PyTransfer> copy(Direction dir, py::handle src, py::handle dst, py::handle sizes,
@@ -239,180 +147,44 @@ class PyEngine {
 
   // vLLM's swap_blocks over P pairs of caches (one pair: one layer's K or V) and one mapping:
   // rows (src block, dst block) of `mapping` ([N, 2]), or src_ids / dst_ids ([N] each). One
-  // transfer moves block src_id of every src cache to block dst_id of its dst cache.
+  // transfer moves block src_id of every src cache to block dst_id of its dst cache. The lists
+  // are described to the engine once (a CacheSet, found again by their tensors next time), so a
+  // call costs the ids' check and the engine's submission, nothing per tensor.
   std::unique_ptr<PyTransfer> swap(const py::sequence& srcs, const py::sequence& dsts, py::handle mapping,
                                    py::handle src_ids, py::handle dst_ids, std::optional<std::uintptr_t> stream,
-                                   const std::string& fn, const std::vector<std::pair<std::string, std::size_t>>& src_names,
-                                   const std::vector<std::pair<std::string, std::size_t>>& dst_names) {
+                                   const std::string& fn, const Names& src_names, const Names& dst_names) {
     auto h = holder();
-    const std::size_t pairs = srcs.size();
-    if (dsts.size() != pairs)
-      bad_argument(fn + ": " + std::to_string(pairs) + " source caches but " + std::to_string(dsts.size()) +
-                   " destination caches");
-    auto name_of = [&](const std::vector<std::pair<std::string, std::size_t>>& names, std::size_t i) {
-      for (const auto& [prefix, count] : names) {
-        if (count == 0) return prefix;  // a single tensor
-        if (i < count) return prefix + "[" + std::to_string(i) + "]";
-        i -= count;
-      }
-      return std::string("tensor ") + std::to_string(i);
-    };
-    const detail::StreamHandle st = stream_of(*h, stream);
-    const auto stream_value = reinterpret_cast<std::uintptr_t>(st);
-    auto sync_to = [&](std::uintptr_t producer) {
-      detail::Device& d = device_of(*h);
-      detail::EventHandle e = d.create_event(false);
-      d.record_event(e, reinterpret_cast<detail::StreamHandle>(producer));
-      d.stream_wait_event(st, e);
-      d.destroy_event(e);
-    };
-
-    // The mapping: one [N, 2] array, or two [N] arrays.
-    IntArray map_a, map_b;
-    std::size_t from_col = 0, to_col = 0;
-    const IntArray* from = &map_a;
-    const IntArray* to = &map_a;
-    if (!mapping.is_none()) {
-      map_a = int_array(mapping, fn + ": block_mapping", false);
-      if (map_a.rows() > 0 && (map_a.ndim != 2 || map_a.shape[1] != 2))
-        bad_argument(fn + ": block_mapping must have shape [N, 2] (src block, dst block), got " +
-                     (map_a.ndim == 2 ? "[" + std::to_string(map_a.shape[0]) + ", " + std::to_string(map_a.shape[1]) + "]"
-                                      : "[" + std::to_string(map_a.shape[0]) + "]"));
-      to_col = 1;
-    } else {
-      map_a = int_array(src_ids, fn + ": src_indices", false);
-      map_b = int_array(dst_ids, fn + ": dst_indices", false);
-      to = &map_b;
-      if (map_a.ndim != 1 || map_b.ndim != 1) bad_argument(fn + ": src_indices and dst_indices must be 1-D");
-      if (map_a.rows() != map_b.rows())
-        bad_argument(fn + ": src_indices has " + std::to_string(map_a.rows()) + " entries, dst_indices " +
-                     std::to_string(map_b.rows()));
+    std::shared_ptr<PyCacheSet> set = sets_.find(srcs, dsts, fn);
+    if (!set) {
+      set = register_tensors(*h, srcs, dsts, fn, src_names, dst_names, false, stream_of(*h, stream));
+      sets_.add(srcs, dsts, fn, set);
     }
-    const std::size_t rows = from->rows();
-    const std::string from_name = mapping.is_none() ? fn + ": src_indices" : fn + ": block_mapping";
-    const std::string to_name = mapping.is_none() ? fn + ": dst_indices" : fn + ": block_mapping";
+    return copy_on_set(*h, *set, set->first_is_host, mapping, src_ids, dst_ids, stream_of(*h, stream), fn);
+  }
 
-    // The caches.
-    struct Side {
-      std::byte* base;
-      std::int64_t stride;  // bytes between blocks
-      std::uint64_t blocks;
-    };
-    struct Pair {
-      Side src, dst;
-      std::size_t block_bytes;
-    };
-    std::vector<Pair> ps(pairs);
-    py::list keep;
-    int direction = 0;  // +1 host to device, -1 device to host
-    auto side = [&](const TensorView& v, const std::string& name, std::size_t& block_bytes) {
-      if (v.shape.empty()) bad_argument(fn + ": " + name + ": a cache needs a first (block) dimension; got a scalar");
-      const std::size_t item = item_bytes(v.dtype, fn + ": " + name);
-      // Every dimension after the first must be compact: a block is one contiguous range.
-      std::int64_t expect = 1;
-      for (int i = static_cast<int>(v.shape.size()) - 1; i >= 1; --i) {
-        if (v.shape[i] != 1 && v.strides[i] != expect)
-          bad_argument(fn + ": " + name + ": each block must be contiguous (dimensions 1.. of the cache "
-                                          "compact, row-major); dimension " + std::to_string(i) + " has stride " +
-                       std::to_string(v.strides[i]) + ", expected " + std::to_string(expect));
-        expect *= v.shape[i];
-      }
-      block_bytes = static_cast<std::size_t>(expect) * item;
-      if (v.shape[0] > 1 && (v.strides[0] < expect))
-        bad_argument(fn + ": " + name + ": blocks overlap or run backwards (stride of dimension 0 is " +
-                     std::to_string(v.strides[0]) + " elements, a block has " + std::to_string(expect) + ")");
-      return Side{v.data, v.strides[0] * static_cast<std::int64_t>(item), static_cast<std::uint64_t>(v.shape[0])};
-    };
-    for (std::size_t p = 0; p < pairs; ++p) {
-      const std::string sn = name_of(src_names, p), dn = name_of(dst_names, p);
-      TensorView s = tensor_view(srcs[p], fn + ": " + sn, stream_value, sync_to);
-      TensorView d = tensor_view(dsts[p], fn + ": " + dn, stream_value, sync_to);
-      for (const auto* v : {&s, &d}) {
-        const std::string& n = v == &s ? sn : dn;
-        if (!v->host() && !v->cuda())
-          bad_argument(fn + ": " + n + " is on " + device_text(*v) +
-                       "; gfd moves blocks between host memory and device memory of the engine's GPU");
-        if (v->cuda() && v->device_id >= 0 && v->device_id != h->ordinal)
-          bad_argument(fn + ": " + n + " is on " + device_text(*v) + ", but the engine serves GPU " +
-                       std::to_string(h->ordinal));
-      }
-      const int dir = s.host() && d.cuda() ? 1 : s.cuda() && d.host() ? -1 : 0;
-      if (dir == 0)
-        bad_argument(fn + ": " + sn + " is on " + device_text(s) + " and " + dn + " on " + device_text(d) +
-                     "; one must be host memory and the other device memory of GPU " + std::to_string(h->ordinal));
-      if (direction != 0 && dir != direction)
-        bad_argument(fn + ": " + sn + " -> " + dn + " goes the other way than " + name_of(src_names, 0) + " -> " +
-                     name_of(dst_names, 0) + "; one transfer moves blocks in one direction");
-      direction = dir;
-      if (!same_type(s.dtype, d.dtype))
-        bad_argument(fn + ": " + dn + " has dtype " + dtype_text(d.dtype) + ", " + sn + " " + dtype_text(s.dtype));
-      std::size_t sb = 0, db = 0;
-      ps[p].src = side(s, sn, sb);
-      ps[p].dst = side(d, dn, db);
-      if (sb != db)
-        bad_argument(fn + ": blocks of " + sn + " have " + std::to_string(sb) + " bytes, blocks of " + dn + " " +
-                     std::to_string(db) + " (the shapes after the first dimension must match)");
-      ps[p].block_bytes = sb;
-      keep.append(s.owner);
-      keep.append(d.owner);
-    }
-    for (const IntArray* a : {&map_a, &map_b})
-      if (a->owner) keep.append(a->owner);
+  // Engine.register_caches(host, device): a set the caller keeps (it keeps its tensors alive).
+  std::shared_ptr<PyCacheSet> register_caches(const py::sequence& host, const py::sequence& device,
+                                              const Names& host_names, const Names& device_names) {
+    auto h = holder();
+    auto set = register_tensors(*h, host, device, "register_caches", host_names, device_names, true, std::nullopt);
+    for (py::handle t : host) set->keep.append(t);
+    for (py::handle t : device) set->keep.append(t);
+    return set;
+  }
 
-    // The copy list: block r of pair p is entry p * rows + r.
-    auto describe = [=](std::size_t p, std::size_t r, std::uint64_t s, std::uint64_t d) {
-      return fn + ": " + name_of(src_names, p) + " -> " + name_of(dst_names, p) + ", row " + std::to_string(r) +
-             " (block " + std::to_string(s) + " -> " + std::to_string(d) + ")";
-    };
-    Transfer t;
-    std::function<Error(const Error&)> remap;
-    {
-      py::gil_scoped_release nogil;
-      std::vector<std::uint64_t> ids(2 * rows);
-      for (std::size_t r = 0; r < rows; ++r) {
-        if (!from->get(r, from_col, ids[2 * r]))
-          throw Error(ErrorCode::kInvalidArgument, from_name + " row " + std::to_string(r) + ": the source block is negative", r);
-        if (!to->get(r, to_col, ids[2 * r + 1]))
-          throw Error(ErrorCode::kInvalidArgument, to_name + " row " + std::to_string(r) + ": the destination block is negative", r);
-      }
-      std::vector<BlockCopy> blocks(pairs * rows);
-      for (std::size_t p = 0; p < pairs; ++p) {
-        const Pair& q = ps[p];
-        for (std::size_t r = 0; r < rows; ++r) {
-          const std::uint64_t s = ids[2 * r], d = ids[2 * r + 1];
-          if (s >= q.src.blocks || d >= q.dst.blocks) {
-            const bool src_bad = s >= q.src.blocks;
-            throw Error(ErrorCode::kInvalidArgument,
-                        describe(p, r, s, d) + ": " + (src_bad ? "source" : "destination") + " block " +
-                            std::to_string(src_bad ? s : d) + " is out of range (" +
-                            (src_bad ? name_of(src_names, p) : name_of(dst_names, p)) + " has " +
-                            std::to_string(src_bad ? q.src.blocks : q.dst.blocks) + " blocks)",
-                        r);
-          }
-          blocks[p * rows + r] = {q.src.base + static_cast<std::int64_t>(s) * q.src.stride,
-                                  q.dst.base + static_cast<std::int64_t>(d) * q.dst.stride, q.block_bytes};
-        }
-      }
-      // An error about block i names its cache pair and mapping row; .block is the row.
-      remap = [=](const Error& e) {
-        if (e.block() == kNoBlock || rows == 0 || e.block() >= pairs * rows) return e;
-        const std::size_t p = e.block() / rows, r = e.block() % rows;
-        return Error(e.code(), std::string(e.what()) + " [" + describe(p, r, ids[2 * r], ids[2 * r + 1]) + "]", r);
-      };
-      auto cs = static_cast<cudaStream_t>(st);
-      try {
-        t = direction >= 0 ? h->engine->copy_to_device(blocks, cs) : h->engine->copy_to_host(blocks, cs);
-      } catch (const Error& e) {
-        throw remap(e);
-      }
-    }
-    auto out = std::make_unique<PyTransfer>(std::move(t), std::move(remap));
-    out->keep = std::move(keep);
-    return out;
+  std::unique_ptr<PyTransfer> copy_blocks(const PyCacheSet& set, bool to_device, py::handle mapping,
+                                          py::handle src_ids, py::handle dst_ids,
+                                          std::optional<std::uintptr_t> stream) {
+    auto h = holder();
+    return copy_on_set(*h, set, to_device, mapping, src_ids, dst_ids, stream_of(*h, stream), "copy_blocks");
   }
 
  private:
   std::shared_ptr<EngineHolder> holder_;
+  SetCache sets_;  // swap_blocks' sets (under the GIL)
+
+ public:
+  std::size_t cached_sets() const { return sets_.size(); }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -567,7 +339,6 @@ PYBIND11_MODULE(_gfd, m) {
       .def_property_readonly("bytes", &PyTransfer::bytes)
       .def_readwrite("keep", &PyTransfer::keep);
 
-  using Names = std::vector<std::pair<std::string, std::size_t>>;
   py::class_<PyEngine>(m, "_Engine")
       .def(py::init<std::optional<int>, const py::dict&, bool>(), py::arg("device"), py::arg("options"),
            py::arg("from_env"))
@@ -589,7 +360,18 @@ PYBIND11_MODULE(_gfd, m) {
                       py::handle src_ids, py::handle dst_ids, std::optional<std::uintptr_t> st, const std::string& fn,
                       const Names& src_names, const Names& dst_names) {
         return e.swap(srcs, dsts, mapping, src_ids, dst_ids, st, fn, src_names, dst_names);
-      });
+      })
+      .def("register_caches", &PyEngine::register_caches)
+      .def_property_readonly("_cached_sets", &PyEngine::cached_sets)
+      .def("copy_blocks", &PyEngine::copy_blocks);
+
+  py::class_<PyCacheSet, std::shared_ptr<PyCacheSet>>(m, "_CacheSet")
+      .def_property_readonly("pairs", [](const PyCacheSet& s) { return s.pairs; })
+      .def_property_readonly("host_pinned", [](const PyCacheSet& s) { return s.set.host_pinned(); })
+      .def_property_readonly("bytes_per_id", [](const PyCacheSet& s) { return s.set.bytes_per_id(); })
+      .def_property_readonly("host_blocks", [](const PyCacheSet& s) { return s.set.host_blocks(); })
+      .def_property_readonly("device_blocks", [](const PyCacheSet& s) { return s.set.device_blocks(); })
+      .def_property_readonly("device", [](const PyCacheSet& s) { return s.set.device(); });
 
   py::class_<HostPool, std::shared_ptr<HostPool>>(m, "_HostPool")
       .def(py::init([](std::size_t bytes, int device, int numa_node, bool reg) {

@@ -214,7 +214,8 @@ def test_mapping_errors(engine):
     expect_error(r"row 2 .*source block 9 is out of range \(src has 8 blocks\)", s, host, dev,
                  [[0, 0], [1, 1], [9, 2]], block=2)
     expect_error(r"block_mapping\[1\]\[0\]: -1 is negative", s, host, dev, [[0, 0], [-1, 1]])
-    expect_error(r"row 1: the source block is negative", s, host, dev, np.array([[0, 0], [-1, 1]]), block=1)
+    expect_error(r"block_mapping row 1 \(block -1 -> 1\): source block -1 is negative", s, host, dev,
+                 np.array([[0, 0], [-1, 1]]), block=1)
     expect_error(r"rows differ in shape", s, host, dev, [[0, 0], [1]])
 
 
@@ -295,8 +296,14 @@ def test_kv_all_layers_errors(engine):
     expect_error(r"both be given or both be None", f, [host], [dev], [host], None, [0], [0])
     expect_error(r"K and V layer lists differ", f, [host], [dev], [host, host], [dev, dev], [0], [0])
     expect_error(r"src_k_layers\[1\]: expected a tensor", f, [host, None], [dev, dev], None, None, [0], [0])
-    expect_error(r"src_v_layers\[0\] -> dst_v_layers\[0\], row 0 \(block 5 -> 0\).*out of range", f,
-                 [host], [dev], [_testing.pinned_buffer(engine, (4, 1024))], [dev], [5], [0])
+    dev_v = _testing.device_buffer(engine, (8, 1024), "uint8")
+    expect_error(r"src_indices row 0 \(block 5 -> 0\): source block 5 is out of range \(src_v_layers\[0\] has 4 "
+                 r"blocks\)", f, [host], [dev], [_testing.pinned_buffer(engine, (4, 1024), "uint8")], [dev_v], [5], [0],
+                 block=0)
+    # One device tensor as both K and V: its blocks would be written twice.
+    expect_error(r"dst_v_layers\[0\] overlaps dst_k_layers\[0\]", f, [host], [dev], [host], [dev], [0], [0])
+    # Sources may be shared: they are only read.
+    f([host], [dev], [host], [dev_v], [1], [2]).wait()
 
 
 # ---- lifetime -------------------------------------------------------------------------------
