@@ -11,6 +11,10 @@ With torch (and a GPU) the contiguous copy, the buffers and the stream are torch
 cudaHostAlloc pool, like gfd_benchmark's registered one); without torch, gfd's own testing
 helpers provide them. Without a GPU, or with --emulated, it runs on the emulated device: the
 figures are then host-only and say nothing about PCIe.
+
+``--layout paged`` measures instead the way vLLM calls gfd: every layer's K and V caches (torch
+tensors) through ``engine.swap_blocks(src_list, dst_list, block_mapping)``; see gfd/bench_paged.py
+(``python -m gfd.bench --layout paged --help``).
 """
 
 from __future__ import annotations
@@ -166,7 +170,19 @@ def fill_random(a: np.ndarray) -> None:
 
 
 def main(argv: List[str] = None) -> int:
+    # --layout paged is its own benchmark (gfd/bench_paged.py) with its own options.
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--layout", choices=["flat", "paged"], default="flat")
+    known, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if known.layout == "paged":
+        from . import bench_paged
+        return bench_paged.main(rest)
+    argv = rest
     p = argparse.ArgumentParser(prog="python -m gfd.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--layout", choices=["flat", "paged"], default="flat",
+                   help="flat (default): scattered blocks of one pool through copy_to_device/copy_to_host; "
+                        "paged: every layer's K and V caches through swap_blocks on torch tensors, as vLLM "
+                        "calls it (python -m gfd.bench --layout paged --help)")
     p.add_argument("--blocks", type=int, default=2048, help="blocks per transfer (default 2048)")
     p.add_argument("--block-size", type=int, default=4096, help="bytes per block (default 4096)")
     p.add_argument("--backends", default="gather",

@@ -265,3 +265,19 @@ def test_bench_runs_and_verifies(direction):
              "--backends", "gather,batch_async", "--pool-bytes", str(256 << 20)])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "contiguous copy" in r.stdout and "NO" not in r.stdout.split("verified")[-1]
+
+
+def test_paged_bench_runs_and_verifies(tmp_path):
+    """python -m gfd.bench --layout paged: swap_blocks over every layer's K and V, both directions,
+    every backend, under the decode load too; every row verified (no timing is checked)."""
+    out = tmp_path / "paged.csv"
+    r = run(["-m", "gfd.bench", "--layout", "paged", "--layers", "4", "--block-sizes", "4K,32K", "--blocks",
+             "16", "--iters", "20", "--warmup", "2", "--host-cache-bytes", "256M", "--gpu-cache-bytes", "64M",
+             "--under-load=decode", "--csv", str(out)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    import csv
+    rows = list(csv.DictReader(open(out)))
+    assert {x["direction"] for x in rows} == {"h2d", "d2h"}, rows
+    assert {"contiguous copy", "gfd", "batch_async", "per_block"} <= {x["method"] for x in rows}
+    assert all(x["verified"] in ("yes", "-") for x in rows), rows
+    assert all(x["rate_kept"] and x["load_slowdown"] for x in rows), rows

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The paged-cache round on a GPU machine (the lent H200) in one call: build with Python, the C++
+# and Python suites, then the runtime's call (every layer's K and V, scattered both sides) in C++
+# (gfd_benchmark --layout paged) and through Python swap_blocks, idle and under the decode load,
+# plus the one-pool headline. Logs and CSVs go to $OUT (packed as logs.tgz), a summary last.
+#   tools/gpu_paged.sh [test] [paged] [python] [load] [pool] [ctas]   (default: all but ctas)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+FINAL=${OUT:-$PWD/gpu_out}
+OUT=$(mktemp -d /tmp/gfd_gpu.XXXXXX)
+mkdir -p "$FINAL"
+STEPS=${*:-test paged python load pool}
+has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
+{ nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
+  nproc; lscpu | grep -E "Model name|L3|NUMA"; git log --oneline -1; } > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+SECONDS=0
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DGFD_BUILD_PYTHON=ON \
+  > "$OUT/build.log" 2>&1 && cmake --build build-gpu -j"$(nproc)" -- -k >> "$OUT/build.log" 2>&1
+summary "build: rc=$? (${SECONDS}s)"
+grep -E "error" "$OUT/build.log" | head -10 >> "$OUT/summary.txt"
+export PYTHONPATH=$PWD/build-gpu/python PYTHONUNBUFFERED=1
+B=build-gpu/bench/gfd_benchmark
+
+if has test; then
+  SECONDS=0
+  (cd build-gpu && timeout 300 ctest -j6 --timeout 120) > "$OUT/ctest.log" 2>&1
+  summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log") (${SECONDS}s)"
+  grep -E "\*\*\*Failed|Timeout|Exception" "$OUT/ctest.log" | head -20 >> "$OUT/summary.txt"
+  SECONDS=0
+  timeout 300 python3 -m pytest -q -x tests/python > "$OUT/pytest.log" 2>&1
+  summary "pytest: rc=$? $(tail -1 "$OUT/pytest.log") (${SECONDS}s)"
+  grep -E "^FAILED|Error" "$OUT/pytest.log" | head -10 >> "$OUT/summary.txt"
+fi
+run() {  # name, timeout, command...
+  local name=$1 t=$2; shift 2
+  SECONDS=0
+  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  summary "== $name: rc=$? (${SECONDS}s) $(env | grep -E '^GFD_' | tr '\n' ' ')"
+  tail -n "${TAIL:-40}" "$OUT/$name.log" >> "$OUT/summary.txt"
+}
+if has paged; then
+  run paged_h2d 240 "$B" --layout paged --direction h2d --csv "$OUT/paged_h2d.csv"
+  run paged_d2h 240 "$B" --layout paged --direction d2h --csv "$OUT/paged_d2h.csv"
+fi
+if has ctas; then
+  for c in 1 2 4; do
+    GFD_EXPERIMENT_MOVE_CTAS=$c run "ctas_$c" 120 "$B" --layout paged --direction both --block-sizes 4K,16K \
+      --blocks 64 --csv "$OUT/ctas_$c.csv"
+  done
+fi
+if has python; then
+  run py_paged 240 python3 -m gfd.bench --layout paged --direction both --csv "$OUT/py_paged.csv"
+fi
+if has load; then
+  run paged_load 300 "$B" --layout paged --direction h2d --block-sizes 4K,32K --blocks 64 --under-load=decode \
+    --csv "$OUT/paged_load.csv"
+  run py_load 240 python3 -m gfd.bench --layout paged --direction h2d --block-sizes 4K,32K --under-load=decode \
+    --csv "$OUT/py_load.csv"
+fi
+if has pool; then
+  TAIL=25 run pool_quick 120 "$B" --quick --csv "$OUT/pool_quick.csv"
+fi
+tar czf "$FINAL/logs.tgz" -C "$OUT" . 2>/dev/null
+cp "$OUT/summary.txt" "$FINAL/summary.txt"
+echo; echo "==== summary"; cat "$OUT/summary.txt"
