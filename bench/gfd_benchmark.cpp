@@ -23,6 +23,7 @@
 #include "bench_common.hpp"
 #include "gfd/gfd.hpp"
 #include "load_kernel.cuh"
+#include "paged_bench.hpp"
 #include "probe.hpp"
 #include "source_pool.hpp"
 #include "stage_only.hpp"
@@ -62,6 +63,8 @@ const std::map<std::string, std::string> kFlags = {
     {"direction", "=D       h2d (host to device, default) or d2h (device to host); --dst then names the\n"
                   "                   device side's layout"},
     {"pageable", "          host blocks in pageable memory (not registered); zero_copy_kernel skipped"},
+    {"layout", "=L          pool (this benchmark, default) or paged (a paged KV cache's 2L cache pairs,\n"
+               "                   gfd against the CUDA peers: --layout paged --help lists its flags)"},
     {"help", "              this text"},
 };
 
@@ -536,6 +539,7 @@ int main(int argc, char** argv) try {
   // Line-buffered stdout: the notes and header lines reach a pipe in order with the progress
   // lines and the engines' "gfd:" lines, which go to stderr.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (layout_flag(argc, argv) == "paged") return run_paged_benchmark(argc, argv);
   Flags flags(argc, argv, kFlags);
   if (flags.has("help")) {
     std::cout << "gfd_benchmark: scattered host-to-GPU block copies, every backend against the contiguous DMA\n"
