@@ -3,7 +3,8 @@
 # and Python suites, then the runtime's call (every layer's K and V, scattered both sides) in C++
 # (gfd_benchmark --layout paged) and through Python swap_blocks, idle and under the decode load,
 # plus the one-pool headline. Logs and CSVs go to $OUT (packed as logs.tgz), a summary last.
-#   tools/gpu_paged.sh [test] [paged] [python] [load] [pool] [ctas]   (default: all but ctas)
+#   tools/gpu_paged.sh [test] [pytest] [paged] [python] [load] [pool] [ctas]   (default: all but
+#   ctas; test runs ctest and pytest, pytest only the latter)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
@@ -29,6 +30,8 @@ if has test; then
   (cd build-gpu && timeout 300 ctest -j6 --timeout 120) > "$OUT/ctest.log" 2>&1
   summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log") (${SECONDS}s)"
   grep -E "\*\*\*Failed|Timeout|Exception" "$OUT/ctest.log" | head -20 >> "$OUT/summary.txt"
+fi
+if has test || has pytest; then
   SECONDS=0
   timeout 300 python3 -m pytest -q -x tests/python > "$OUT/pytest.log" 2>&1
   summary "pytest: rc=$? $(tail -1 "$OUT/pytest.log") (${SECONDS}s)"

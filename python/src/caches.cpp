@@ -184,8 +184,11 @@ std::unique_ptr<PyTransfer> copy_on_set(EngineHolder& h, const PyCacheSet& set, 
 // ---------------------------------------------------------------------------------------------
 
 bool SetCache::key_of(py::handle t, std::uintptr_t& ptr, py::object& shape) {
-  static const py::str data_ptr("data_ptr"), shape_attr("shape");
-  PyObject* f = PyObject_GetAttr(t.ptr(), data_ptr.ptr());
+  // Interned once and never released: a static py::str would be released after the
+  // interpreter is gone, at process exit.
+  static PyObject* const data_ptr = PyUnicode_InternFromString("data_ptr");
+  static PyObject* const shape_attr = PyUnicode_InternFromString("shape");
+  PyObject* f = PyObject_GetAttr(t.ptr(), data_ptr);
   if (f == nullptr) {
     PyErr_Clear();
     return false;
@@ -202,7 +205,7 @@ bool SetCache::key_of(py::handle t, std::uintptr_t& ptr, py::object& shape) {
     PyErr_Clear();
     return false;
   }
-  PyObject* s = PyObject_GetAttr(t.ptr(), shape_attr.ptr());
+  PyObject* s = PyObject_GetAttr(t.ptr(), shape_attr);
   if (s == nullptr) {
     PyErr_Clear();
     return false;

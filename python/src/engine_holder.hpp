@@ -140,6 +140,7 @@ class SetCache {
   std::shared_ptr<PyCacheSet> find(const py::sequence& a, const py::sequence& b, const std::string& fn);
   void add(const py::sequence& a, const py::sequence& b, const std::string& fn, std::shared_ptr<PyCacheSet> set);
   std::size_t size() const { return entries_.size(); }
+  void clear() { entries_.clear(); }
 
  private:
   struct Entry {

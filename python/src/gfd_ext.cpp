@@ -79,6 +79,7 @@ class PyEngine {
   }
 
   void close() {
+    sets_.clear();  // with the GIL: they hold Python objects
     std::shared_ptr<EngineHolder> h = std::move(holder_);
     py::gil_scoped_release nogil;
     h.reset();  // waits for the engine's transfers (unless a call in flight still holds it)
