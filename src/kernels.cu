@@ -1,29 +1,19 @@
 #include "kernels.cuh"
 
-#include <cstdlib>
-
 namespace gfd::detail {
 namespace {
 
 // Placing a staged chunk (scatter) and packing device blocks into staging (gather) run on the
-// copy lanes beside the model's kernels, so they take as few SMs as keep up with the link: one
-// thread block of 1024 threads per chunk, a warp per entry (KV blocks are 1-64 KB), each lane
-// keeping kMoveUnroll 16-byte loads in flight. One such block moves device memory at several
-// times the PCIe rate, so the copy engine stays the bottleneck; an earlier kernel launched a
-// thread block per entry (512 for a 2 MB chunk of 4 KB blocks) and they spread over every SM,
-// slowing a concurrent matmul by 8.5-11% (bench/RESULTS.md, 2026-12-01).
+// copy lanes beside the model's kernels, so they take as few SMs as keep up with the link: two
+// thread blocks of 1024 threads per chunk, a warp per entry (KV blocks are 1-64 KB), each lane
+// keeping kMoveUnroll 16-byte loads in flight. An earlier kernel launched a thread block per
+// entry (512 for a 2 MB chunk of 4 KB blocks), which spread over every SM. On the H200 (paged
+// case, 64 tensors x 64 blocks, one run each, bench/RESULTS.md 2026-12-01 sixth session) one
+// block per chunk held 4 KB swap-outs to 58% of the line rate and swap-ins to 58%; two gave
+// 75% and 65%, four no more (76%, 65%).
 // kToStaging = false: staging -> device addresses (scatter); true: device addresses -> staging.
 constexpr int kMoveThreads = 1024;
-constexpr int kMoveBlocksDefault = 1;
-// EXPERIMENT (to be removed): GFD_EXPERIMENT_MOVE_CTAS overrides the grid, for one lease's comparison.
-int move_blocks() {
-  static const int n = [] {
-    const char* v = std::getenv("GFD_EXPERIMENT_MOVE_CTAS");
-    const int x = v != nullptr ? std::atoi(v) : 0;
-    return x > 0 ? x : kMoveBlocksDefault;
-  }();
-  return n;
-}
+constexpr int kMoveBlocks = 2;
 constexpr int kMoveUnroll = 4;
 
 template <bool kToStaging>
@@ -120,7 +110,7 @@ __global__ void delay_kernel(std::uint64_t nanoseconds) {
 cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                            cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  move_kernel<false><<<move_blocks(), kMoveThreads, 0, stream>>>(
+  move_kernel<false><<<kMoveBlocks, kMoveThreads, 0, stream>>>(
       entries, count, const_cast<unsigned char*>(static_cast<const unsigned char*>(staging)));
   return cudaGetLastError();
 }
@@ -128,7 +118,7 @@ cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, con
 cudaError_t launch_gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
                           cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  move_kernel<true><<<move_blocks(), kMoveThreads, 0, stream>>>(entries, count, static_cast<unsigned char*>(staging));
+  move_kernel<true><<<kMoveBlocks, kMoveThreads, 0, stream>>>(entries, count, static_cast<unsigned char*>(staging));
   return cudaGetLastError();
 }
 

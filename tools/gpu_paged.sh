@@ -3,8 +3,8 @@
 # and Python suites, then the runtime's call (every layer's K and V, scattered both sides) in C++
 # (gfd_benchmark --layout paged) and through Python swap_blocks, idle and under the decode load,
 # plus the one-pool headline. Logs and CSVs go to $OUT (packed as logs.tgz), a summary last.
-#   tools/gpu_paged.sh [test] [pytest] [paged] [python] [load] [pool] [ctas]   (default: all but
-#   ctas; test runs ctest and pytest, pytest only the latter)
+#   tools/gpu_paged.sh [test] [pytest] [paged] [python] [load] [pool] [repeat]   (default: all
+#   but repeat; test runs ctest and pytest, pytest only the latter)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
@@ -48,10 +48,10 @@ if has paged; then
   run paged_h2d 240 "$B" --layout paged --direction h2d --csv "$OUT/paged_h2d.csv"
   run paged_d2h 240 "$B" --layout paged --direction d2h --csv "$OUT/paged_d2h.csv"
 fi
-if has ctas; then
-  for c in 1 2 4; do
-    GFD_EXPERIMENT_MOVE_CTAS=$c run "ctas_$c" 120 "$B" --layout paged --direction both --block-sizes 4K,16K \
-      --blocks 64 --csv "$OUT/ctas_$c.csv"
+if has repeat; then  # three runs of the runtime's sizes, for the spread between runs
+  for r in 1 2 3; do
+    TAIL=30 run "repeat_$r" 120 "$B" --layout paged --direction both --block-sizes 4K,16K,32K --blocks 64 \
+      --methods gfd,batch,uva2,uva12 --csv "$OUT/repeat_$r.csv"
   done
 fi
 if has python; then
