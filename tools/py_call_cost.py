@@ -1,0 +1,47 @@
+"""What one Python call costs its caller, stage by stage, in the runtime's shape: 64 caches (32
+layers x K, V), 4 KB blocks, 64 ids per call (4096 blocks), torch tensors on the GPU. Prints the
+median host time of: swap_blocks (set found by its tensors), copy_blocks on a registered set (no
+lookup), the lookup's per-tensor reads alone (data_ptr and shape), and torch's current stream.
+Run on a GPU machine with torch: python tools/py_call_cost.py"""
+import statistics
+import time
+
+import torch
+
+import gfd
+
+
+def median_us(f, n=200):
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r = f()
+        ts.append(time.perf_counter() - t0)
+        if isinstance(r, gfd.Transfer):
+            r.wait()
+    return statistics.median(ts) * 1e6
+
+
+def main():
+    tensors, blocks, block = 64, 1024, 4096
+    host = [torch.from_dlpack(gfd.empty_pinned((blocks, block), "int8")) for _ in range(tensors)]
+    dev = [torch.empty((blocks, block), dtype=torch.int8, device="cuda") for _ in range(tensors)]
+    g = torch.Generator().manual_seed(0)
+    m = torch.stack([torch.randperm(blocks, generator=g)[:64], torch.randperm(blocks, generator=g)[:64]], 1)
+    with gfd.Engine() as e:
+        cs = e.register_caches(host, dev)
+        rows = [
+            ("swap_blocks (set found by its tensors)", lambda: e.swap_blocks(host, dev, m)),
+            ("copy_blocks on a registered set", lambda: e.copy_blocks(cs, m)),
+            ("data_ptr() of 128 tensors", lambda: [t.data_ptr() for t in host + dev]),
+            ("shape of 128 tensors", lambda: [t.shape for t in host + dev]),
+            ("torch.cuda.current_stream()", lambda: torch.cuda.current_stream().cuda_stream),
+        ]
+        for name, f in rows:
+            f()
+            torch.cuda.synchronize()
+            print(f"{median_us(f):9.1f} us  {name}")
+
+
+if __name__ == "__main__":
+    main()
