@@ -44,6 +44,7 @@ import numpy as np
 
 import gfd
 from gfd import _testing
+from gfd.bench import fmt_size, percentile
 
 METHODS = ("gfd", "batch_async", "per_block", "zero_copy_kernel")
 REF = "contiguous copy"
@@ -86,19 +87,6 @@ def int_list(text: str) -> List[int]:
     if not out or any(v <= 0 for v in out):
         raise argparse.ArgumentTypeError(f"'{text}': every value must be a positive integer")
     return out
-
-
-def percentile(values: List[float], q: float) -> float:
-    """Nearest rank, as gfd_benchmark (and gfd.bench) computes it."""
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))]
-
-
-def fmt_size(n: int) -> str:
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}iB"
-    return f"{n} B"
 
 
 _BASE: Dict[int, np.ndarray] = {}
