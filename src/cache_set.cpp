@@ -51,14 +51,13 @@ bool blocks_overlap(const Extent& a, const Extent& b) {
   return !(d >= a.block_bytes && d + b.block_bytes <= s);
 }
 
-// `name` with its '#' replaced by `i`, or "name[i]" where it has none.
+}  // namespace
+
 std::string name_at(std::string_view name, std::size_t i) {
   const std::size_t at = name.find('#');
   if (at == std::string_view::npos) return std::string(name) + "[" + std::to_string(i) + "]";
   return std::string(name.substr(0, at)) + std::to_string(i) + std::string(name.substr(at + 1));
 }
-
-}  // namespace
 
 CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, const void* owner,
                              std::vector<std::string> labels, std::string_view call, Sides overlaps) {

@@ -17,6 +17,9 @@
 
 namespace gfd::detail {
 
+// An id argument's name at row i: its '#' replaced by i, or "name[i]" where it has none.
+std::string name_at(std::string_view name, std::size_t i);
+
 struct CacheSetState {
   // Checks `pairs` against `device` (pointer queries: a few per array, once) and describes them.
   // Throws gfd::Error(kInvalidArgument) naming the pair and side.

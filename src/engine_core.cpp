@@ -134,8 +134,7 @@ Transfer EngineCore::submit_blocks(const CacheSet& caches, KvDirection direction
     const std::size_t p = e.block() / rows, i = e.block() % rows;
     throw Error(e.code(),
                 std::string(e.what()) + " [" + set.label(p, d == Direction::kToDevice) + " -> " +
-                    set.label(p, d != Direction::kToDevice) + ", " + std::string(src_name) + " row " +
-                    std::to_string(i) + "]",
+                    set.label(p, d != Direction::kToDevice) + ", " + name_at(src_name, i) + "]",
                 i);
   }
 }

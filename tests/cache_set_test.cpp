@@ -267,7 +267,7 @@ TEST_P(CacheSetTest, PageableHostCache) {
   const CacheSet zset = zc.register_caches(c.list);
   const auto m = rejection([&] { (void)zc.copy_blocks(zset, KvDirection::kSwapIn, s, d, td_->cuda_stream()); });
   EXPECT_NE(m.first.find("pageable"), std::string::npos) << m.first;
-  EXPECT_NE(m.first.find("[pairs[0].host -> pairs[0].device, src_ids row 0]"), std::string::npos) << m.first;
+  EXPECT_NE(m.first.find("[pairs[0].host -> pairs[0].device, src_ids[0]]"), std::string::npos) << m.first;
   EXPECT_EQ(m.second, 0u);
 }
 
