@@ -705,7 +705,8 @@ int main(int argc, char** argv) try {
   // when kernel_max_bytes says so; neither has a gather side to compare with.
   auto staged = [&](std::size_t n, std::size_t size) {
     const EngineOptions& o = gather_engine->engine.options();
-    const bool direct = !pageable && o.direct_min_bytes != 0 && size >= o.direct_min_bytes;
+    const std::size_t min = bench.to_host ? o.direct_min_bytes_to_host : o.direct_min_bytes;
+    const bool direct = !pageable && min != 0 && size >= min;
     const bool kernel = !pageable && n * size <= o.kernel_max_bytes;
     return !direct && !kernel;
   };

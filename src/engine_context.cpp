@@ -67,6 +67,7 @@ PlanConfig staged_config(const EngineOptions& o, int device) {
   c.first_chunk_bytes = std::min(o.first_chunk_bytes, o.slot_bytes);
   c.piece_bytes = o.piece_bytes;
   c.direct_min_bytes = o.direct_min_bytes;
+  c.direct_min_bytes_to_host = o.direct_min_bytes_to_host;
   c.check_overlaps = o.check_overlaps;
   return c;
 }

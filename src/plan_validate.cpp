@@ -200,7 +200,7 @@ void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::s
   const PointerInfo*& dr = v.dr;
   const PointerInfo*& sr = v.sr;
   const bool to_host = cfg.direction == Direction::kToHost;
-  const std::size_t direct_min = cfg.direct_min_bytes != 0 ? cfg.direct_min_bytes : SIZE_MAX;
+  const std::size_t direct_min = cfg.direct_min();
   const char* dev_name = to_host ? "source" : "destination";
   const char* host_name = to_host ? "destination" : "source";
   const auto device_side = [to_host](const BlockCopy& b) { return to_host ? b.src : static_cast<const void*>(b.dst); };

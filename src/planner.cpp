@@ -37,10 +37,11 @@ struct PlanBuilder::State {
   Segment cur{};
   std::size_t validated = 0;  // blocks validated
   std::size_t placed = 0;     // blocks coalesced into `cur` or placed before it
+  const std::size_t direct_min = cfg.direct_min();
 
   void place(const Segment& seg) {
     plan.total_bytes += seg.bytes;
-    if (cfg.direct_min_bytes != 0 && seg.pinned_src && seg.bytes >= cfg.direct_min_bytes)
+    if (seg.pinned_src && seg.bytes >= direct_min)
       plan.direct.push_back({seg.src, seg.dst, seg.bytes});
     else
       packer.add(seg);

@@ -38,7 +38,13 @@ struct PlanConfig {
   std::size_t slot_bytes = 2 << 20;       // capacity of one chunk (data + scatter entries)
   std::size_t first_chunk_bytes = 256 << 10;
   std::size_t piece_bytes = 32 << 10;
-  std::size_t direct_min_bytes = 1 << 20; // 0 disables the direct path
+  std::size_t direct_min_bytes = 1 << 20; // host to device; 0 disables the direct path
+  std::size_t direct_min_bytes_to_host = 1 << 20;  // device to host; 0 disables it
+  // The direct path's threshold in this config's direction (SIZE_MAX: none).
+  std::size_t direct_min() const {
+    const std::size_t v = direction == Direction::kToHost ? direct_min_bytes_to_host : direct_min_bytes;
+    return v != 0 ? v : SIZE_MAX;
+  }
   bool check_overlaps = true;
   // Staged: coalesce and pack into chunks (the gather pipeline). Pass-through: validate only and
   // list every block, as given, in Plan::direct (the backends that copy block by block).

@@ -84,6 +84,7 @@ TEST_P(CacheSetRoundTrip, EveryBlockOfEveryPair) {
   Caches c(*td, kPairs, kBlocks, kHostBlocks, rt.bytes, true, rt.page_first);
   EngineOptions o = small_options();
   o.backend = rt.backend;
+  o.direct_min_bytes = o.direct_min_bytes_to_host = 64 << 10;  // 128 KB blocks go direct both ways
   Engine engine = td->make_engine(o);
   const CacheSet set = engine.register_caches(c.list);
   ASSERT_EQ(set.size(), kPairs);

@@ -86,6 +86,7 @@ PlanConfig small_config() {
   cfg.first_chunk_bytes = 16 * kKiB;
   cfg.piece_bytes = 4 * kKiB;
   cfg.direct_min_bytes = 1 * kMiB;
+  cfg.direct_min_bytes_to_host = cfg.direct_min_bytes;
   return cfg;
 }
 
@@ -434,6 +435,7 @@ TEST(PlannerTest, ChunkCapacityDoublesFromFirstChunkUpToSlot) {
   cfg.first_chunk_bytes = 4 * kKiB;
   cfg.piece_bytes = 1 * kKiB;
   cfg.direct_min_bytes = 0;
+  cfg.direct_min_bytes_to_host = cfg.direct_min_bytes;
   std::vector<BlockCopy> blocks;
   // Scattered 512-byte blocks: every chunk needs scatter entries.
   for (int i = 0; i < 2000; ++i)
@@ -591,6 +593,7 @@ TEST(PlannerTest, PageableSourcesNeverGoDirect) {
 TEST(PlannerTest, ZeroDirectMinDisablesDirectPath) {
   PlanConfig cfg = small_config();
   cfg.direct_min_bytes = 0;
+  cfg.direct_min_bytes_to_host = cfg.direct_min_bytes;
   const std::vector<BlockCopy> blocks = {block(kPinnedBase, kDevBase, 4 * kMiB),
                                          block(kPinnedBase + 8 * kMiB, kDevBase + 8 * kMiB, 1)};
   const Plan plan = plan_of(blocks, cfg);
@@ -934,7 +937,7 @@ void check_against_model(const std::vector<BlockCopy>& blocks, const Plan& plan,
                          const PlanConfig& cfg) {
   std::vector<ExpectedSegment> direct, staged;
   for (const auto& s : model_segments(blocks)) {
-    if (cfg.direct_min_bytes != 0 && s.pinned && s.bytes >= cfg.direct_min_bytes)
+    if (s.pinned && s.bytes >= cfg.direct_min())
       direct.push_back(s);
     else
       staged.push_back(s);
@@ -982,6 +985,7 @@ RandomTransfer random_transfer(std::uint64_t seed) {
   t.cfg.piece_bytes = pieces[uniform(0, 4)];
   const std::size_t directs[] = {0, 64 * kKiB, 256 * kKiB, 1 * kMiB};
   t.cfg.direct_min_bytes = directs[uniform(0, 3)];
+  t.cfg.direct_min_bytes_to_host = t.cfg.direct_min_bytes;
 
   // Source placement: 0 all pageable, 1 all pinned, 2 mixed runs.
   const int src_mode = static_cast<int>(uniform(0, 2));

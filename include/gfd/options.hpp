@@ -23,12 +23,17 @@ struct EngineOptions {
   /// Work unit of one gather thread. Chunks are split into pieces of about this size so that
   /// every thread helps to fill the chunk the copy engine needs next.
   std::size_t piece_bytes = std::size_t{32} << 10;
-  /// Blocks (after coalescing) of at least this many bytes whose host side is pinned are copied
-  /// by the copy engine straight from (or to) host memory, with no staging, in
+  /// Host to device: blocks (after coalescing) of at least this many bytes whose host side is
+  /// pinned are copied by the copy engine straight from host memory, with no staging, in
   /// cudaMemcpyBatchAsync groups. On an H200, 2048 x 64 KB blocks went from 70% of the line rate
-  /// staged to 90% direct, 256 KB blocks from 76% to 97%; 16 KB blocks were faster staged
-  /// (bench/RESULTS.md, 2026-12-01). 0 disables the direct path.
-  std::size_t direct_min_bytes = std::size_t{64} << 10;
+  /// staged to 90% direct, 256 KB blocks from 76% to 97% (bench/RESULTS.md, 2026-12-01); in the
+  /// paged case (64 tensors x 64 blocks) 32 KB blocks moved 87-88% as slot-sized batches
+  /// against 63-66% staged, 16 KB blocks 42% against 65% (bench/RESULTS.md, the runtime's
+  /// call). 0 disables the direct path.
+  std::size_t direct_min_bytes = std::size_t{32} << 10;
+  /// The same for device to host (pinned host destinations). On the H200 32 KB blocks moved
+  /// 85-91% staged against 79% as batches, 64 KB blocks 95% direct. 0 disables it.
+  std::size_t direct_min_bytes_to_host = std::size_t{64} << 10;
   /// Transfers of at most this many bytes are gathered by the submitting thread alone (waking
   /// the pool would cost more than the copy). Any transfer of one chunk (up to
   /// first_chunk_bytes) has its one DMA on the caller's stream instead of the copy lanes, with
@@ -102,7 +107,7 @@ struct EngineOptions {
 
   /// `base` with every field overridden by its GFD_* environment variable where one is set:
   /// GFD_DEVICE, GFD_STAGING_BYTES, GFD_SLOT_BYTES, GFD_FIRST_CHUNK_BYTES, GFD_PIECE_BYTES,
-  /// GFD_DIRECT_MIN_BYTES, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
+  /// GFD_DIRECT_MIN_BYTES, GFD_DIRECT_MIN_BYTES_TO_HOST, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
   /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS, GFD_SUBMITTER_GATHERS,
   /// GFD_USE_ALL_LOCAL_CPUS, GFD_STAGING_WRITES ("auto", "cldemote", "streaming" or "plain"),
   /// GFD_PREISSUE, GFD_KERNEL_MAX_BYTES, GFD_PAGEABLE_CACHE_MS, GFD_BACKEND (a backend name such

@@ -22,7 +22,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 def small_options(**over):
     """A small ring, so that transfers cycle through it (as the C++ suites' small_options)."""
     o = dict(staging_bytes=1 << 20, slot_bytes=256 << 10, first_chunk_bytes=64 << 10,
-             piece_bytes=16 << 10, direct_min_bytes=512 << 10, inline_gather_bytes=16 << 10,
+             piece_bytes=16 << 10, direct_min_bytes=512 << 10, direct_min_bytes_to_host=512 << 10, inline_gather_bytes=16 << 10,
              gather_threads=2, copy_streams=2, spin_us=20)
     o.update(over)
     return o

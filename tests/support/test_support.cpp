@@ -93,6 +93,7 @@ EngineOptions small_options() {
   o.first_chunk_bytes = 64 << 10;
   o.piece_bytes = 16 << 10;
   o.direct_min_bytes = 512 << 10;
+  o.direct_min_bytes_to_host = 512 << 10;
   o.inline_gather_bytes = 16 << 10;
   o.gather_threads = 2;
   o.copy_streams = 2;
