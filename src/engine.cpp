@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "device.hpp"
+#include "device/device.hpp"
 #include "engine_core.hpp"
 #include "gfd/error.hpp"
 

@@ -13,10 +13,10 @@
 
 #include <boost/lockfree/stack.hpp>
 
-#include "device.hpp"
+#include "device/device.hpp"
 #include "gfd/engine.hpp"
 #include "pipeline/tracer.hpp"
-#include "planner.hpp"
+#include "planning/planner.hpp"
 
 namespace gfd::detail {
 

@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <string>
 
-#include "cache_set.hpp"
-#include "gather_copy.hpp"
+#include "planning/cache_set.hpp"
+#include "host/gather_copy.hpp"
 #include "gfd/error.hpp"
-#include "placement.hpp"
+#include "host/placement.hpp"
 #include "sync.hpp"
-#include "topology.hpp"
+#include "host/topology.hpp"
 
 namespace gfd::detail {
 namespace {

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "cache_set.hpp"
-#include "device.hpp"
+#include "planning/cache_set.hpp"
+#include "device/device.hpp"
 #include "engine_context.hpp"
 #include "gfd/engine.hpp"
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <string_view>
 
-#include "cuda_check.hpp"
+#include "device/cuda_check.hpp"
 #include "gfd/types.hpp"
 
 namespace gfd {

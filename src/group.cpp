@@ -5,10 +5,10 @@
 #include <string>
 #include <thread>
 
-#include "device.hpp"
+#include "device/device.hpp"
 #include "engine_core.hpp"
 #include "gfd/error.hpp"
-#include "topology.hpp"
+#include "host/topology.hpp"
 
 namespace gfd {
 

@@ -8,7 +8,7 @@
 #include "env.hpp"
 #include "gfd/error.hpp"
 #include "gfd/options.hpp"
-#include "topology.hpp"
+#include "host/topology.hpp"
 
 namespace gfd {
 namespace {

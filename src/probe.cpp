@@ -6,13 +6,13 @@
 
 #include <utility>
 
-#include "device.hpp"
-#include "emulated_device.hpp"
+#include "device/device.hpp"
+#include "device/emulated_device.hpp"
 #include "engine_core.hpp"
-#include "gather_copy.hpp"
+#include "host/gather_copy.hpp"
 #include "gfd/error.hpp"
-#include "host_pool.hpp"
-#include "topology.hpp"
+#include "host/host_pool.hpp"
+#include "host/topology.hpp"
 
 namespace gfd::probe {
 

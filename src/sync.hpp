@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <thread>
 
-#include "device.hpp"
+#include "device/device.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

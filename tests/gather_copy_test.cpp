@@ -1,4 +1,4 @@
-// Unit tests of the gather threads' copy loop (src/gather_copy.*): every staging write mode copies
+// Unit tests of the gather threads' copy loop (src/host/gather_copy.*): every staging write mode copies
 // exactly the bytes asked for, whatever the sizes and alignments; gather_ops and scatter_ops over
 // random op lists; the CLDEMOTE bookkeeping (every line written is demoted once, after its last
 // write); how a requested mode resolves on CPUs with and without CLDEMOTE and AVX2.
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "gather_copy.hpp"
+#include "host/gather_copy.hpp"
 #include "gfd/gfd.hpp"
 
 namespace {

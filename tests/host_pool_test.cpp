@@ -9,8 +9,8 @@
 #include <cstring>
 #include <vector>
 
-#include "host_memory.hpp"
-#include "host_pool.hpp"
+#include "host/host_memory.hpp"
+#include "host/host_pool.hpp"
 #include "test_support.hpp"
 
 namespace gfd::test {

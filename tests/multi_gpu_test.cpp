@@ -13,7 +13,7 @@
 #include <thread>  // operator<< of std::thread::id, for EXPECT_NE
 
 #include "test_support.hpp"
-#include "topology.hpp"
+#include "host/topology.hpp"
 
 namespace gfd::test {
 namespace {

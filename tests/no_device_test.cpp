@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "cuda_check.hpp"
-#include "device.hpp"
+#include "device/cuda_check.hpp"
+#include "device/device.hpp"
 #include "gfd/gfd.hpp"
 
 namespace gfd {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "gfd/gfd.hpp"
-#include "planner.hpp"
+#include "planning/planner.hpp"
 
 namespace {
 

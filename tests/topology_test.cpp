@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "gfd/gfd.hpp"
-#include "topology.hpp"
+#include "host/topology.hpp"
 
 namespace {
 

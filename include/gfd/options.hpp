@@ -28,11 +28,12 @@ struct EngineOptions {
   /// cudaMemcpyBatchAsync groups. On an H200, 2048 x 64 KB blocks went from 70% of the line rate
   /// staged to 90% direct, 256 KB blocks from 76% to 97% (bench/RESULTS.md, 2026-12-01); in the
   /// paged case (64 tensors x 64 blocks) 32 KB blocks moved 87-88% as slot-sized batches
-  /// against 63-66% staged, 16 KB blocks 42% against 65% (bench/RESULTS.md, the runtime's
-  /// call). 0 disables the direct path.
+  /// against 63-66% staged, 16 KB blocks 42% against 65% (bench/history/
+  /// 2026-12-01-s6-runtime-call.md). 0 disables the direct path.
   std::size_t direct_min_bytes = std::size_t{32} << 10;
   /// The same for device to host (pinned host destinations). On the H200 32 KB blocks moved
-  /// 85-91% staged against 79% as batches, 64 KB blocks 95% direct. 0 disables it.
+  /// 85-91% staged against 79% as batches, 64 KB blocks 95% direct (the same notes). 0
+  /// disables it.
   std::size_t direct_min_bytes_to_host = std::size_t{64} << 10;
   /// Transfers of at most this many bytes are gathered by the submitting thread alone (waking
   /// the pool would cost more than the copy). Any transfer of one chunk (up to

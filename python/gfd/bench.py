@@ -29,6 +29,7 @@ import numpy as np
 
 import gfd
 from gfd import _testing
+from gfd._bench_util import fmt_size, percentile
 
 
 def l3_bytes() -> int:
@@ -44,18 +45,6 @@ def l3_bytes() -> int:
             return int(size.rstrip("KMG")) * mult
     return 256 << 20
 
-
-def percentile(values: List[float], q: float) -> float:
-    """Nearest rank, as gfd_benchmark computes it."""
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))]
-
-
-def fmt_size(n: int) -> str:
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}iB"
-    return f"{n} B"
 
 
 class TorchEnv:

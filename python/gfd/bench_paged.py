@@ -44,7 +44,7 @@ import numpy as np
 
 import gfd
 from gfd import _testing
-from gfd.bench import fmt_size, percentile
+from gfd._bench_util import fmt_size, percentile
 
 METHODS = ("gfd", "batch_async", "per_block", "zero_copy_kernel")
 REF = "contiguous copy"

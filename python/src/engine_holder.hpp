@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "device.hpp"
+#include "device/device.hpp"
 #include "ext.hpp"
 #include "gfd/gfd.hpp"
 

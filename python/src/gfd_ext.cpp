@@ -23,14 +23,14 @@
 #include <utility>
 #include <vector>
 
-#include "device.hpp"
+#include "device/device.hpp"
 #include "dlpack.hpp"
-#include "emulated_device.hpp"
+#include "device/emulated_device.hpp"
 #include "engine_core.hpp"
 #include "engine_holder.hpp"
 #include "ext.hpp"
 #include "gfd/gfd.hpp"
-#include "host_pool.hpp"
+#include "host/host_pool.hpp"
 
 namespace gfd::python {
 namespace {

@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-#include "device.hpp"
+#include "device/device.hpp"
 #include "engine_context.hpp"
 #include "gfd/engine.hpp"
 #include "pipeline/transfer.hpp"

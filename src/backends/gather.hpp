@@ -8,8 +8,8 @@
 #include <memory>
 
 #include "backends/backend.hpp"
-#include "gather_copy.hpp"
-#include "gather_pool.hpp"
+#include "host/gather_copy.hpp"
+#include "host/gather_pool.hpp"
 #include "pipeline/copy_lanes.hpp"
 #include "pipeline/slot_ring.hpp"
 #include "pipeline/work_queue.hpp"

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <mutex>
 
-#include "gather_copy.hpp"
+#include "host/gather_copy.hpp"
 
 namespace gfd::detail {
 

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "device.hpp"
+#include "device/device.hpp"
 #include "pipeline/slot_ring.hpp"
 #include "pipeline/transfer.hpp"
 

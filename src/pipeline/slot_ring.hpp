@@ -14,9 +14,9 @@
 #include <memory>
 #include <vector>
 
-#include "device.hpp"
-#include "planner.hpp"
-#include "host_memory.hpp"
+#include "device/device.hpp"
+#include "planning/planner.hpp"
+#include "host/host_memory.hpp"
 #include "sync.hpp"
 
 namespace gfd::detail {

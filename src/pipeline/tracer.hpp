@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "device.hpp"
+#include "device/device.hpp"
 #include "trace_event.hpp"
 
 namespace gfd::detail {

@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "device.hpp"
-#include "planner.hpp"
+#include "device/device.hpp"
+#include "planning/planner.hpp"
 
 namespace gfd::detail {
 

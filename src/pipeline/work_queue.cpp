@@ -3,7 +3,7 @@
 #include <chrono>
 #include <thread>
 
-#include "gather_pool.hpp"
+#include "host/gather_pool.hpp"
 #include "pipeline/tracer.hpp"
 
 namespace gfd::detail {

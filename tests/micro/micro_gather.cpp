@@ -38,8 +38,8 @@
 #include <vector>
 
 #include "bench_common.hpp"
-#include "gather_copy.hpp"
-#include "topology.hpp"
+#include "host/gather_copy.hpp"
+#include "host/topology.hpp"
 
 namespace {
 

@@ -17,7 +17,7 @@
 #include <random>
 #include <vector>
 
-#include "planner.hpp"
+#include "planning/planner.hpp"
 
 namespace {
 

@@ -17,7 +17,7 @@
 #include <memory>
 #include <string>
 
-#include "device.hpp"
+#include "device/device.hpp"
 
 namespace {
 

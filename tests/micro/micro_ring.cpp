@@ -27,7 +27,7 @@
 #include <random>
 #include <vector>
 
-#include "emulated_device.hpp"
+#include "device/emulated_device.hpp"
 #include "engine_core.hpp"
 #include "gfd/engine.hpp"
 

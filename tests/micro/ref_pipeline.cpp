@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "bench_common.hpp"
-#include "gather_copy.hpp"
+#include "host/gather_copy.hpp"
 #include "micro_cuda.hpp"
-#include "topology.hpp"
+#include "host/topology.hpp"
 
 namespace {
 

@@ -12,7 +12,7 @@
 //   flat      one thread per 16 bytes; the list of source pointers uploaded to device memory
 //             (cudaMemcpyAsync) before the kernel, as the issue's plain kernel did
 //   flat_host the same kernel reading the list straight from pinned host memory
-//   gfd       gfd's zero-copy kernel (src/kernels.cu) on gfd's entries in pinned host memory,
+//   gfd       gfd's zero-copy kernel (src/device/kernels.cu) on gfd's entries in pinned host memory,
 //             as the zero_copy_kernel backend runs it (planning left out)
 //   gfd_dev   gfd's zero-copy kernel on entries uploaded to device memory first
 #include <cuda_runtime.h>
@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
-#include "kernels.cuh"
+#include "device/kernels.cuh"
 #include "micro_cuda.hpp"
 
 namespace {

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "device.hpp"
-#include "emulated_device.hpp"
+#include "device/device.hpp"
+#include "device/emulated_device.hpp"
 #include "engine_core.hpp"
 #include "gfd/gfd.hpp"
 

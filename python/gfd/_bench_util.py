@@ -1,0 +1,16 @@
+"""What the benchmarks of gfd.bench (one pool, and the paged layout) share."""
+
+from typing import List
+
+
+def percentile(values: List[float], q: float) -> float:
+    """Nearest rank, as gfd_benchmark computes it."""
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))]
+
+
+def fmt_size(n: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}iB"
+    return f"{n} B"

@@ -1,0 +1,297 @@
+// The CUDA implementation of the device interface.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "device/cuda_check.hpp"
+#include "device/device.hpp"
+#include "device/kernels.cuh"
+
+namespace gfd::detail {
+namespace {
+
+// Driver entry points reached through the runtime (cudaGetDriverEntryPointByVersion), so that
+// libgfd never links libcuda directly and programs still start on machines without a driver.
+struct DriverApi {
+  using PointerGetAttributes = CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
+  using WaitValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  using DeviceGetAttribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
+  PointerGetAttributes pointer_get_attributes = nullptr;
+  WaitValue64 wait_value64 = nullptr;
+  DeviceGetAttribute device_get_attribute = nullptr;
+};
+
+template <class F>
+void load(const char* name, F& fn) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  GFD_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q));
+  if (q != cudaDriverEntryPointSuccess || p == nullptr)
+    throw Error(ErrorCode::kCuda, std::string("CUDA driver entry point ") + name + " is missing");
+  fn = reinterpret_cast<F>(p);
+}
+
+const DriverApi& driver() {
+  static std::once_flag once;
+  static DriverApi api;
+  std::call_once(once, [] {
+    load("cuPointerGetAttributes", api.pointer_get_attributes);
+    load("cuStreamWaitValue64", api.wait_value64);
+    load("cuDeviceGetAttribute", api.device_get_attribute);
+  });
+  return api;
+}
+
+// Errors of the first runtime call that mean "there is no GPU to use here" rather than a fault:
+// no driver (the runtime reports an insufficient driver when libcuda is absent), a driver older
+// than the runtime, no device, or every device unavailable.
+bool means_no_device(cudaError_t err) {
+  switch (err) {
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorStubLibrary:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorSystemNotReady:
+    case cudaErrorCallRequiresNewerDriver:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Checks that CUDA device `ordinal` exists, with plain messages for the cases a user meets on a
+// machine without a GPU (ErrorCode::kNoDevice) instead of a CUDA error code.
+void check_device_exists(int ordinal) {
+  if (ordinal < 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                "device: " + std::to_string(ordinal) + " is not a CUDA device ordinal (negative)");
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (means_no_device(err))
+      throw Error(ErrorCode::kNoDevice,
+                  std::string("no CUDA GPU or driver is present (") + cudaGetErrorName(err) + ": " +
+                      cudaGetErrorString(err) +
+                      "); gfd needs an NVIDIA GPU with its driver to create an Engine");
+    GFD_CUDA_CHECK(err);
+  }
+  if (count == 0)
+    throw Error(ErrorCode::kNoDevice,
+                "no CUDA GPU or driver is present (the driver reports no device); gfd needs an "
+                "NVIDIA GPU to create an Engine");
+  if (ordinal >= count)
+    throw Error(ErrorCode::kNoDevice, "CUDA device " + std::to_string(ordinal) +
+                                          " does not exist (" + std::to_string(count) + " visible)");
+}
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+    check_device_exists(ordinal);
+    GFD_CUDA_CHECK(cudaSetDevice(ordinal));
+    char bus[32] = {};
+    GFD_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, ordinal));
+    bus_id_ = bus;
+    std::transform(bus_id_.begin(), bus_id_.end(), bus_id_.begin(), ::tolower);
+    GFD_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&prio_low_, &prio_high_));
+    int host_ptr = 0, uva = 0;
+    GFD_CUDA_CHECK(cudaDeviceGetAttribute(&host_ptr, cudaDevAttrCanUseHostPointerForRegisteredMem, ordinal));
+    GFD_CUDA_CHECK(cudaDeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, ordinal));
+    host_pointers_usable_ = host_ptr != 0 && uva != 0;
+    GFD_CUDA_CHECK(preload_kernels());
+    int memops = 0;
+    if (driver().device_get_attribute(&memops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+                                      static_cast<CUdevice>(ordinal)) == CUDA_SUCCESS)
+      wait_value_ = memops != 0 && host_pointers_usable_;
+  }
+
+  int ordinal() const override { return ordinal_; }
+  std::string pci_bus_id() const override { return bus_id_; }
+  std::vector<std::string> all_bus_ids() const override {
+    std::vector<std::string> ids;
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) return ids;
+    for (int i = 0; i < count; ++i) {
+      char bus[32] = {};
+      if (cudaDeviceGetPCIBusId(bus, sizeof bus, i) == cudaSuccess) ids.emplace_back(bus);
+    }
+    return ids;
+  }
+  void make_current() override { GFD_CUDA_CHECK(cudaSetDevice(ordinal_)); }
+  int current() const override {
+    int d = -1;
+    return cudaGetDevice(&d) == cudaSuccess ? d : -1;
+  }
+  void restore_current(int previous) noexcept override {
+    if (previous >= 0 && previous != ordinal_) (void)cudaSetDevice(previous);
+  }
+
+  // One driver call per pointer (it runs for every transfer, on the latency path): kind, device,
+  // managed or not, and the allocation's range. Memory the driver does not know reads as all
+  // zeros (cuPointerGetAttributes succeeds and leaves defaults).
+  PointerInfo query_pointer(const void* p) override {
+    PointerInfo info;
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                   CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    // Every value in zeroed 8-byte storage: the driver writes 4 bytes for some, 8 for others.
+    std::uint64_t v[5] = {0, 0, 0, 0, 0};
+    void* data[5] = {&v[0], &v[1], &v[2], &v[3], &v[4]};
+    if (driver().pointer_get_attributes(5, attrs, data, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS)
+      return info;
+    const auto type = static_cast<std::uint32_t>(v[0]);
+    const auto ordinal = static_cast<std::int32_t>(static_cast<std::uint32_t>(v[1]));
+    const bool managed = static_cast<std::uint32_t>(v[2]) != 0;
+    if (managed) info.kind = PointerKind::kManaged;
+    else if (type == CU_MEMORYTYPE_HOST) info.kind = PointerKind::kPinnedHost;
+    else if (type == CU_MEMORYTYPE_DEVICE)
+      info.kind = ordinal == ordinal_ ? PointerKind::kDevice : PointerKind::kOtherDevice;
+    else return info;  // unknown to the driver: pageable host memory
+    info.device = ordinal;
+    if (v[4] != 0) {
+      info.begin = static_cast<std::uintptr_t>(v[3]);
+      info.end = info.begin + static_cast<std::uintptr_t>(v[4]);
+    }
+    return info;
+  }
+
+  void* alloc_device(std::size_t bytes) override {
+    make_current();
+    void* p = nullptr;
+    GFD_CUDA_CHECK(cudaMalloc(&p, bytes));
+    return p;
+  }
+  void free_device(void* p) noexcept override { (void)cudaFree(p); }
+  void register_host(void* p, std::size_t bytes) override {
+    // Mapped: the zero-copy kernel reads registered memory at its host address.
+    GFD_CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped));
+  }
+  void unregister_host(void* p) noexcept override { (void)cudaHostUnregister(p); }
+
+  StreamHandle create_stream() override {
+    make_current();
+    cudaStream_t s = nullptr;
+    GFD_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, prio_high_));
+    return s;
+  }
+  void destroy_stream(StreamHandle s) noexcept override {
+    (void)cudaStreamDestroy(static_cast<cudaStream_t>(s));
+  }
+  void stream_sync(StreamHandle s) override {
+    GFD_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(s)));
+  }
+  EventHandle create_event(bool timing) override {
+    make_current();
+    cudaEvent_t e = nullptr;
+    GFD_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    return e;
+  }
+  void destroy_event(EventHandle e) noexcept override {
+    (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  }
+  void record_event(EventHandle e, StreamHandle s) override {
+    GFD_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s)));
+  }
+  void stream_wait_event(StreamHandle s, EventHandle e) override {
+    GFD_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0));
+  }
+  bool event_done(EventHandle e) override {
+    const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e));
+    if (r == cudaErrorNotReady) return false;
+    GFD_CUDA_CHECK(r);
+    return true;
+  }
+  void event_sync(EventHandle e) override {
+    GFD_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e)));
+  }
+  float event_elapsed_ms(EventHandle a, EventHandle b) override {
+    float ms = 0;
+    GFD_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a), static_cast<cudaEvent_t>(b)));
+    return ms;
+  }
+  void copy_h2d(void* dst, const void* src, std::size_t bytes, StreamHandle s) override {
+    GFD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s)));
+  }
+  void copy_d2h(void* dst, const void* src, std::size_t bytes, StreamHandle s) override {
+    GFD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s)));
+  }
+  void memset_async(void* dst, int value, std::size_t bytes, StreamHandle s) override {
+    GFD_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(s)));
+  }
+  void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
+               StreamHandle s) override {
+    GFD_CUDA_CHECK(launch_scatter(entries, count, staging, static_cast<cudaStream_t>(s)));
+  }
+  void copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                  std::size_t count, bool to_host, StreamHandle s) override {
+    if (count == 0) return;
+    // One attribute per copy (all alike): sources are read in stream order, as a KV pool that
+    // earlier work on the stream may still write requires.
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.srcLocHint.type = to_host ? cudaMemLocationTypeDevice : cudaMemLocationTypeHost;
+    attr.srcLocHint.id = to_host ? ordinal_ : 0;
+    attr.dstLocHint.type = to_host ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
+    attr.dstLocHint.id = to_host ? 0 : ordinal_;
+    thread_local std::vector<cudaMemcpyAttributes> attrs;
+    thread_local std::vector<std::size_t> idx;
+    attrs.assign(count, attr);
+    idx.resize(count);
+    for (std::size_t i = 0; i < count; ++i) idx[i] = i;
+    GFD_CUDA_CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, count, attrs.data(), idx.data(), count,
+                                        static_cast<cudaStream_t>(s)));
+  }
+  void gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
+              StreamHandle s) override {
+    GFD_CUDA_CHECK(launch_gather(entries, count, staging, static_cast<cudaStream_t>(s)));
+  }
+  void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) override {
+    GFD_CUDA_CHECK(launch_zero_copy(entries, count, static_cast<cudaStream_t>(s)));
+  }
+  bool host_pointers_usable() const override { return host_pointers_usable_; }
+  bool supports_wait_value() const override { return wait_value_; }
+  void wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) override {
+    const CUresult r = driver().wait_value64(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr),
+                                             value, CU_STREAM_WAIT_VALUE_GEQ);
+    // The driver's codes are the runtime's for these errors (700: illegal address, ...).
+    if (r != CUDA_SUCCESS)
+      throw_cuda_error(static_cast<cudaError_t>(r), "cuStreamWaitValue64(lane, slot flag)", GFD_SOURCE_FILE_, __LINE__);
+  }
+  void signal_value(std::uint64_t* addr, std::uint64_t value) override {
+    std::atomic_ref<std::uint64_t>(*addr).store(value, std::memory_order_release);
+  }
+  void delay_async(std::uint32_t microseconds, StreamHandle s) override {
+    GFD_CUDA_CHECK(launch_delay(microseconds, static_cast<cudaStream_t>(s)));
+  }
+
+ private:
+  int ordinal_;
+  std::string bus_id_;
+  int prio_low_ = 0, prio_high_ = 0;
+  bool host_pointers_usable_ = false;
+  bool wait_value_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<Device> make_cuda_device(int ordinal) { return std::make_shared<CudaDevice>(ordinal); }
+
+int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace gfd::detail

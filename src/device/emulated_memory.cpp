@@ -1,0 +1,111 @@
+// Emulated device memory: the process-wide allocation registry, device allocations, host registration.
+#include "device/emulated_device.hpp"
+
+#include <algorithm>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+
+#include <sys/mman.h>
+
+#include "gfd/error.hpp"
+
+namespace gfd::detail {
+namespace {
+
+// Process-wide registry of emulated allocations, so that emulated devices of several ordinals
+// recognise each other's memory (as CUDA's unified addressing does).
+struct Allocation {
+  std::uintptr_t end;
+  PointerKind kind;  // kDevice (of `device`) or kPinnedHost
+  int device;
+};
+
+std::shared_mutex& registry_mutex() {
+  static std::shared_mutex m;
+  return m;
+}
+std::map<std::uintptr_t, Allocation>& registry() {
+  static std::map<std::uintptr_t, Allocation> r;
+  return r;
+}
+
+}  // namespace
+
+PointerInfo EmulatedDevice::query_pointer(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::shared_lock lk(registry_mutex());
+  auto& r = registry();
+  auto it = r.upper_bound(a);
+  if (it == r.begin()) return {};
+  --it;
+  if (a >= it->second.end) return {};
+  PointerInfo info;
+  info.kind = it->second.kind;
+  info.device = it->second.device;
+  if (info.kind == PointerKind::kDevice && info.device != ordinal_) info.kind = PointerKind::kOtherDevice;
+  info.begin = it->first;
+  info.end = it->second.end;
+  return info;
+}
+
+// Like the CUDA driver: device memory lies in address ranges reserved in whole 2 MiB units, so
+// it never shares a 2 MiB region with host memory (the planner relies on that; see
+// PageableCache).
+namespace {
+constexpr std::size_t kDeviceGranule = std::size_t{2} << 20;
+
+std::size_t device_reservation(std::size_t bytes) {
+  return (std::max<std::size_t>(bytes, 1) + kDeviceGranule - 1) / kDeviceGranule * kDeviceGranule;
+}
+}  // namespace
+
+void* EmulatedDevice::alloc_device(std::size_t bytes) {
+  // Reserve one granule more than needed and trim to an aligned range (untouched pages cost
+  // nothing).
+  const std::size_t size = device_reservation(bytes);
+  void* m = mmap(nullptr, size + kDeviceGranule, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) throw Error(ErrorCode::kSystem, "emulated device: out of memory");
+  const auto base = reinterpret_cast<std::uintptr_t>(m);
+  const std::uintptr_t a = (base + kDeviceGranule - 1) / kDeviceGranule * kDeviceGranule;
+  if (a > base) munmap(m, a - base);
+  if (base + kDeviceGranule > a) munmap(reinterpret_cast<void*>(a + size), base + kDeviceGranule - a);
+  // The rest of the reservation is no accessible memory, as with the driver.
+  const std::size_t used = (std::max<std::size_t>(bytes, 1) + 4095) / 4096 * 4096;
+  if (used < size) mprotect(reinterpret_cast<void*>(a + used), size - used, PROT_NONE);
+  std::unique_lock lk(registry_mutex());
+  registry()[a] = {a + bytes, PointerKind::kDevice, ordinal_};
+  return reinterpret_cast<void*>(a);
+}
+
+void EmulatedDevice::free_device(void* p) noexcept {
+  if (p == nullptr) return;
+  std::size_t bytes = 0;
+  {
+    std::unique_lock lk(registry_mutex());
+    auto it = registry().find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == registry().end()) return;
+    bytes = it->second.end - it->first;
+    registry().erase(it);
+  }
+  munmap(p, device_reservation(bytes));
+}
+
+void EmulatedDevice::register_host(void* p, std::size_t bytes) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::unique_lock lk(registry_mutex());
+  auto& r = registry();
+  auto it = r.upper_bound(a);
+  if (it != r.begin() && std::prev(it)->second.end > a)
+    throw Error(ErrorCode::kCuda, "emulated cudaHostRegister: range is already registered");
+  r[a] = {a + bytes, PointerKind::kPinnedHost, -1};
+}
+
+void EmulatedDevice::unregister_host(void* p) noexcept {
+  std::unique_lock lk(registry_mutex());
+  registry().erase(reinterpret_cast<std::uintptr_t>(p));
+}
+
+}  // namespace gfd::detail

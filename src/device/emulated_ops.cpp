@@ -1,0 +1,99 @@
+// Emulated device operations: copies, scatter/gather and zero-copy "kernels", flag waits, delays.
+#include "device/emulated_device.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace gfd::detail {
+
+void EmulatedDevice::copy_h2d(void* dst, const void* src, std::size_t bytes, StreamHandle s) {
+  enqueue_data(s, "copy_h2d", [=] { std::memcpy(dst, src, bytes); });
+}
+
+void EmulatedDevice::copy_d2h(void* dst, const void* src, std::size_t bytes, StreamHandle s) {
+  enqueue_data(s, "copy_d2h", [=] { std::memcpy(dst, src, bytes); });
+}
+
+void EmulatedDevice::memset_async(void* dst, int value, std::size_t bytes, StreamHandle s) {
+  enqueue_data(s, "memset", [=] { std::memset(dst, value, bytes); });
+}
+
+void EmulatedDevice::scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
+                             StreamHandle s) {
+  enqueue_data(s, "scatter", [=] {
+    const auto* base = static_cast<const unsigned char*>(staging);
+    for (std::uint32_t i = 0; i < count; ++i)
+      std::memcpy(reinterpret_cast<void*>(entries[i].dst), base + entries[i].src_offset,
+                  entries[i].bytes);
+  });
+}
+
+void EmulatedDevice::gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
+                            StreamHandle s) {
+  enqueue_data(s, "gather", [=] {
+    auto* base = static_cast<unsigned char*>(staging);
+    for (std::uint32_t i = 0; i < count; ++i)
+      std::memcpy(base + entries[i].src_offset, reinterpret_cast<const void*>(entries[i].dst),
+                  entries[i].bytes);
+  });
+}
+
+void EmulatedDevice::copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                                std::size_t count, bool, StreamHandle s) {
+  // Like CUDA, take the arrays during the call: the caller may reuse them at once.
+  std::vector<ZeroCopyEntry> copies(count);
+  for (std::size_t i = 0; i < count; ++i)
+    copies[i] = {reinterpret_cast<std::uint64_t>(srcs[i]), reinterpret_cast<std::uint64_t>(dsts[i]),
+                 sizes[i]};
+  enqueue_data(s, "copy_batch", [copies = std::move(copies)] {
+    for (const ZeroCopyEntry& c : copies)
+      std::memcpy(reinterpret_cast<void*>(c.dst), reinterpret_cast<const void*>(c.src), c.bytes);
+  });
+}
+
+void EmulatedDevice::zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) {
+  // The entries are read when the "kernel" runs, as on the GPU.
+  enqueue_data(s, "zero_copy", [=] {
+    for (std::uint32_t i = 0; i < count; ++i)
+      std::memcpy(reinterpret_cast<void*>(entries[i].dst),
+                  reinterpret_cast<const void*>(entries[i].src), entries[i].bytes);
+  });
+}
+
+namespace {
+// One condition for every emulated flag: waits are rare and short.
+std::mutex& value_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::condition_variable& value_cv() {
+  static std::condition_variable cv;
+  return cv;
+}
+}  // namespace
+
+void EmulatedDevice::wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) {
+  auto* a = const_cast<std::uint64_t*>(addr);
+  enqueue(s, [=] {
+    std::unique_lock lk(value_mutex());
+    value_cv().wait(lk, [&] { return std::atomic_ref<std::uint64_t>(*a).load(std::memory_order_acquire) >= value; });
+  });
+}
+
+void EmulatedDevice::signal_value(std::uint64_t* addr, std::uint64_t value) {
+  {
+    std::lock_guard lk(value_mutex());
+    std::atomic_ref<std::uint64_t>(*addr).store(value, std::memory_order_release);
+  }
+  value_cv().notify_all();
+}
+
+void EmulatedDevice::delay_async(std::uint32_t microseconds, StreamHandle s) {
+  enqueue(s, [=] { std::this_thread::sleep_for(std::chrono::microseconds(microseconds)); });
+}
+
+}  // namespace gfd::detail

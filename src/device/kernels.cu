@@ -1,0 +1,150 @@
+#include "device/kernels.cuh"
+
+namespace gfd::detail {
+namespace {
+
+// Placing a staged chunk (scatter) and packing device blocks into staging (gather) run on the
+// copy lanes beside the model's kernels, so they take as few SMs as keep up with the link: two
+// thread blocks of 1024 threads per chunk, a warp per entry (KV blocks are 1-64 KB), each lane
+// keeping kMoveUnroll 16-byte loads in flight. An earlier kernel launched a thread block per
+// entry (512 for a 2 MB chunk of 4 KB blocks), which spread over every SM. On the H200 (paged
+// case, 64 tensors x 64 blocks, one run each, bench/history/2026-12-01-s6-runtime-call.md) one
+// block per chunk held 4 KB swap-outs to 58% of the line rate and swap-ins to 58%; two gave
+// 75% and 65%, four no more (76%, 65%).
+// kToStaging = false: staging -> device addresses (scatter); true: device addresses -> staging.
+constexpr int kMoveThreads = 1024;
+constexpr int kMoveBlocks = 2;
+constexpr int kMoveUnroll = 4;
+
+template <bool kToStaging>
+__global__ void __launch_bounds__(kMoveThreads)
+    move_kernel(const ScatterEntry* __restrict__ entries, std::uint32_t count, unsigned char* __restrict__ staging) {
+  const std::uint32_t lane = threadIdx.x & 31;
+  const std::uint32_t warps = gridDim.x * (blockDim.x / 32);
+  for (std::uint32_t e = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; e < count; e += warps) {
+    const ScatterEntry en = entries[e];
+    unsigned char* device = reinterpret_cast<unsigned char*>(en.dst);
+    const unsigned char* src = kToStaging ? device : staging + en.src_offset;
+    unsigned char* dst = kToStaging ? staging + en.src_offset : device;
+    const std::uint64_t n = en.bytes;
+    std::uint64_t done = 0;
+    if (((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) & 15) == 0) {
+      const std::uint64_t n16 = n / 16;
+      const uint4* s4 = reinterpret_cast<const uint4*>(src);
+      uint4* d4 = reinterpret_cast<uint4*>(dst);
+      for (std::uint64_t base = lane; base < n16; base += 32 * kMoveUnroll) {
+        uint4 v[kMoveUnroll];
+#pragma unroll
+        for (int k = 0; k < kMoveUnroll; ++k) {
+          const std::uint64_t i = base + k * 32;
+          if (i < n16) v[k] = s4[i];
+        }
+#pragma unroll
+        for (int k = 0; k < kMoveUnroll; ++k) {
+          const std::uint64_t i = base + k * 32;
+          if (i < n16) d4[i] = v[k];
+        }
+      }
+      done = n16 * 16;
+    }
+    for (std::uint64_t i = done + lane; i < n; i += 32) dst[i] = src[i];
+  }
+}
+
+// Zero-copy gather, as serving runtimes do it today: the SMs read pinned host memory over PCIe
+// through unified addressing. One thread block per entry, as many blocks as entries (the
+// hardware starts each as another retires), and every thread reads its entry itself, so no
+// block waits at a barrier for one thread's read of the list. (An earlier design staged the
+// entry in shared memory behind a barrier and strode a grid of 8 blocks per SM over the list;
+// both measured 3-4% behind a plain kernel at 2048 x 4 KB, within the spread of each other:
+// tests/micro/uva_kernel.) Each thread keeps kUnroll independent 16-byte loads in flight for
+// larger blocks: a PCIe read takes a microsecond or more and only many outstanding loads fill
+// the link.
+constexpr int kZeroCopyThreads = 256;
+constexpr int kUnroll = 4;
+
+__global__ void __launch_bounds__(kZeroCopyThreads)
+    zero_copy_kernel(const ZeroCopyEntry* __restrict__ entries, std::uint32_t count) {
+  for (std::uint32_t e = blockIdx.x; e < count; e += gridDim.x) {
+    const ZeroCopyEntry en = entries[e];
+    const auto* src = reinterpret_cast<const unsigned char*>(en.src);
+    auto* dst = reinterpret_cast<unsigned char*>(en.dst);
+    const std::uint64_t n = en.bytes;
+    std::uint64_t done = 0;
+    if (((en.src | en.dst) & 15) == 0) {
+      const std::uint64_t n16 = n / 16;
+      const uint4* s4 = reinterpret_cast<const uint4*>(src);
+      uint4* d4 = reinterpret_cast<uint4*>(dst);
+      for (std::uint64_t base = threadIdx.x; base < n16; base += kUnroll * kZeroCopyThreads) {
+        uint4 v[kUnroll];
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) {
+          const std::uint64_t i = base + k * kZeroCopyThreads;
+          if (i < n16) v[k] = s4[i];
+        }
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) {
+          const std::uint64_t i = base + k * kZeroCopyThreads;
+          if (i < n16) d4[i] = v[k];
+        }
+      }
+      done = n16 * 16;
+    }
+    for (std::uint64_t i = done + threadIdx.x; i < n; i += kZeroCopyThreads) dst[i] = src[i];
+  }
+}
+
+__global__ void delay_kernel(std::uint64_t nanoseconds) {
+  std::uint64_t start;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  for (;;) {
+    std::uint64_t now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - start >= nanoseconds) break;
+    __nanosleep(1000);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
+                           cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  move_kernel<false><<<kMoveBlocks, kMoveThreads, 0, stream>>>(
+      entries, count, const_cast<unsigned char*>(static_cast<const unsigned char*>(staging)));
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
+                          cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  move_kernel<true><<<kMoveBlocks, kMoveThreads, 0, stream>>>(entries, count, static_cast<unsigned char*>(staging));
+  return cudaGetLastError();
+}
+
+cudaError_t launch_zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  // One block per entry; the grid's limit (2^31 - 1) is above any transfer's count.
+  const std::uint32_t grid = count < 0x7fffffffu ? count : 0x7fffffffu;
+  zero_copy_kernel<<<grid, kZeroCopyThreads, 0, stream>>>(entries, count);
+  return cudaGetLastError();
+}
+
+cudaError_t preload_kernels() {
+  // Load the module now: with lazy loading (CUDA's default) the first launch would load it and
+  // that synchronises the context, which deadlocks while a caller's stream waits for a transfer
+  // whose kernel is being launched.
+  cudaFuncAttributes a{};
+  cudaError_t e = cudaFuncGetAttributes(&a, move_kernel<false>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, move_kernel<true>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, delay_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, zero_copy_kernel);
+  return e;
+}
+
+cudaError_t launch_delay(std::uint32_t microseconds, cudaStream_t stream) {
+  delay_kernel<<<1, 1, 0, stream>>>(std::uint64_t{microseconds} * 1000);
+  return cudaGetLastError();
+}
+
+}  // namespace gfd::detail

@@ -1,0 +1,234 @@
+// CacheSet: caches checked once at registration; a transfer's ids checked and turned into its
+// copy list in one pass, with no driver call per block or per array.
+#include "planning/cache_set.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "gfd/error.hpp"
+
+namespace gfd {
+
+namespace {
+const detail::CacheSetState& state_of(const std::shared_ptr<const detail::CacheSetState>& s) {
+  if (!s) throw Error(ErrorCode::kInvalidArgument, "CacheSet: the set is empty (default-constructed)");
+  return *s;
+}
+}  // namespace
+
+std::size_t CacheSet::size() const { return state_ ? state_->pairs.size() : 0; }
+const CachePair& CacheSet::pair(std::size_t i) const { return state_of(state_).pairs.at(i); }
+bool CacheSet::host_pinned() const { return state_of(state_).all_pinned; }
+bool CacheSet::host_pinned(std::size_t i) const { return state_of(state_).host_pinned.at(i) != 0; }
+int CacheSet::device() const { return state_of(state_).device; }
+std::size_t CacheSet::bytes_per_id() const { return state_of(state_).bytes_per_id; }
+std::size_t CacheSet::host_blocks() const { return state_of(state_).host_blocks; }
+std::size_t CacheSet::device_blocks() const { return state_of(state_).device_blocks; }
+
+}  // namespace gfd
+
+namespace gfd::detail {
+namespace {
+
+[[noreturn]] void bad(const std::string& m, std::size_t block = kNoBlock) {
+  throw Error(ErrorCode::kInvalidArgument, m, block);
+}
+
+// One array's address range and block grid, for the overlap check.
+struct Extent {
+  std::uintptr_t begin, end;
+  std::size_t stride, block_bytes;
+  std::size_t index;  // 2 * pair + (0 host, 1 device)
+};
+
+// Whether any block of `a` shares a byte with a block of `b` (their ranges do overlap). Arrays
+// on one stride whose blocks interleave without touching (every layer's K of a page-first host
+// pool, say) do not overlap; arrays on different strides are taken to overlap (conservative).
+bool blocks_overlap(const Extent& a, const Extent& b) {
+  if (a.stride != b.stride) return true;
+  const std::size_t s = a.stride;
+  const std::size_t d = static_cast<std::size_t>((b.begin - a.begin) % s);  // b.begin >= a.begin
+  return !(d >= a.block_bytes && d + b.block_bytes <= s);
+}
+
+}  // namespace
+
+std::string name_at(std::string_view name, std::size_t i) {
+  const std::size_t at = name.find('#');
+  if (at == std::string_view::npos) return std::string(name) + "[" + std::to_string(i) + "]";
+  return std::string(name.substr(0, at)) + std::to_string(i) + std::string(name.substr(at + 1));
+}
+
+CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, const void* owner,
+                             std::vector<std::string> labels, std::string_view call, Sides overlaps) {
+  const std::string fn(call);
+  auto st = std::make_shared<CacheSetState>();
+  st->owner = owner;
+  st->device = device.ordinal();
+  if (pairs.empty()) bad(fn + ": pairs is empty");
+  if (!labels.empty() && labels.size() != 2 * pairs.size())
+    bad(fn + ": " + std::to_string(labels.size()) + " labels for " + std::to_string(pairs.size()) +
+        " pairs");
+  if (labels.empty())
+    for (std::size_t p = 0; p < pairs.size(); ++p) {
+      labels.push_back("pairs[" + std::to_string(p) + "].host");
+      labels.push_back("pairs[" + std::to_string(p) + "].device");
+    }
+  st->labels = std::move(labels);
+  st->pairs.assign(pairs.begin(), pairs.end());
+  st->host_pinned.assign(pairs.size(), 0);
+  st->host_blocks = st->device_blocks = SIZE_MAX;
+  std::vector<Extent> extents;
+  extents.reserve(2 * pairs.size());
+  for (std::size_t p = 0; p < pairs.size(); ++p) {
+    CachePair& q = st->pairs[p];
+    for (int side = 0; side < 2; ++side) {
+      BlockArray& a = side == 0 ? q.host : q.device;
+      const std::string& name = st->labels[2 * p + side];
+      if (a.base == nullptr) bad(fn + ": " + name + ": base is null");
+      if (a.blocks == 0) bad(fn + ": " + name + ": has no blocks");
+      if (a.block_bytes == 0) bad(fn + ": " + name + ": block_bytes is 0");
+      if (a.stride == 0) a.stride = a.block_bytes;
+      if (a.stride < a.block_bytes)
+        bad(fn + ": " + name + ": stride " + std::to_string(a.stride) + " is less than block_bytes " +
+            std::to_string(a.block_bytes) + " (blocks would overlap)");
+      const auto begin = reinterpret_cast<std::uintptr_t>(a.base);
+      if ((a.blocks - 1) > (UINTPTR_MAX - begin - a.block_bytes) / a.stride)
+        bad(fn + ": " + name + ": " + std::to_string(a.blocks) + " blocks at stride " +
+            std::to_string(a.stride) + " run past the end of the address space");
+      const std::uintptr_t end = begin + (a.blocks - 1) * a.stride + a.block_bytes;
+      const PointerInfo info = device.query_pointer(a.base);
+      const bool within = info.end == 0 || (begin >= info.begin && end <= info.end);
+      if (side == 1) {
+        if (info.kind == PointerKind::kOtherDevice)
+          bad(fn + ": " + name + " is device memory of GPU " + std::to_string(info.device) +
+              ", but the engine serves GPU " + std::to_string(st->device));
+        if (info.kind != PointerKind::kDevice)
+          bad(fn + ": " + name + " is " + describe(info) + ", not device memory of GPU " +
+              std::to_string(st->device));
+        if (!within)
+          bad(fn + ": " + name + ": its " + std::to_string(a.blocks) + " blocks (" +
+              std::to_string(end - begin) + " bytes) run past the end of their device allocation");
+      } else {
+        if (info.kind == PointerKind::kDevice || info.kind == PointerKind::kOtherDevice ||
+            info.kind == PointerKind::kManaged)
+          bad(fn + ": " + name + " is " + describe(info) + ", not host memory");
+        // Pinned only when the whole array lies in one pinned allocation; otherwise it is staged
+        // like pageable memory, which is correct for either.
+        st->host_pinned[p] = info.kind == PointerKind::kPinnedHost && within && info.end != 0;
+      }
+      if (overlaps == Sides::kBoth || (overlaps == Sides::kHost) == (side == 0))
+        extents.push_back({begin, end, a.stride, a.block_bytes, 2 * p + side});
+    }
+    if (q.host.block_bytes != q.device.block_bytes)
+      bad(fn + ": " + st->labels[2 * p] + " has blocks of " + std::to_string(q.host.block_bytes) +
+          " bytes, " + st->labels[2 * p + 1] + " of " + std::to_string(q.device.block_bytes));
+    st->all_pinned = st->all_pinned && st->host_pinned[p] != 0;
+    st->bytes_per_id += q.host.block_bytes;
+    if (q.host.blocks < st->host_blocks) {
+      st->host_blocks = q.host.blocks;
+      st->host_blocks_pair = p;
+    }
+    if (q.device.blocks < st->device_blocks) {
+      st->device_blocks = q.device.blocks;
+      st->device_blocks_pair = p;
+    }
+  }
+  // No two arrays may share a byte: a transfer writes each destination block once, and a block
+  // of one array that is also a block of another would be written twice (or read while written).
+  // A set used one way only needs this of its destination side.
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
+  for (std::size_t i = 0; i < extents.size(); ++i)
+    for (std::size_t j = i + 1; j < extents.size() && extents[j].begin < extents[i].end; ++j)
+      if (blocks_overlap(extents[i], extents[j]))
+        bad(fn + ": " + st->labels[extents[j].index] + " overlaps " + st->labels[extents[i].index]);
+  return CacheSet(std::move(st));
+}
+
+const CacheSetState& CacheSetState::of(const CacheSet& set, const void* owner) {
+  if (!set.state_) bad("copy_blocks: caches is an empty CacheSet (default-constructed)");
+  if (set.state_->owner != owner)
+    bad("copy_blocks: caches was registered with another engine (GPU " + std::to_string(set.state_->device) +
+        "); register it with this one");
+  return *set.state_;
+}
+
+void CacheSetState::build(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<BlockCopy>& out,
+                          std::vector<std::uint8_t>& pinned, std::string_view src_name,
+                          std::string_view dst_name) const {
+  const bool to_device = d == Direction::kToDevice;
+  for (const BlockIds* ids : {&src, &dst})
+    if (ids->count != 0 && (ids->data == nullptr || (ids->width != 4 && ids->width != 8)))
+      bad(std::string(ids == &src ? src_name : dst_name) + ": ids must be 4- or 8-byte integers");
+  if (src.count != dst.count)
+    bad(std::string(src_name) + " has " + std::to_string(src.count) + " ids, " + std::string(dst_name) + " " +
+        std::to_string(dst.count));
+  const std::size_t rows = src.count;
+  if (rows > UINT32_MAX / 2 / pairs.size())
+    bad(name_at(src_name, rows) + ": " + std::to_string(rows) + " ids of " + std::to_string(pairs.size()) +
+        " cache pairs is more than one transfer takes");
+  const std::size_t src_limit = to_device ? host_blocks : device_blocks;
+  const std::size_t dst_limit = to_device ? device_blocks : host_blocks;
+  const std::size_t src_pair = to_device ? host_blocks_pair : device_blocks_pair;
+  const std::size_t dst_pair = to_device ? device_blocks_pair : host_blocks_pair;
+
+  // The ids, checked and read once (the copy loop below reads them once per pair). A bitmap of
+  // the destination side finds an id given twice; the bits set are cleared again on the way out.
+  thread_local std::vector<std::uint64_t> ids;
+  thread_local std::vector<std::uint64_t> seen;
+  ids.resize(2 * rows);
+  if (seen.size() < (dst_limit + 63) / 64) seen.resize((dst_limit + 63) / 64);
+  std::size_t marked = 0;
+  struct Clear {
+    std::size_t& n;
+    ~Clear() {
+      for (std::size_t i = 0; i < n; ++i) seen[ids[2 * i + 1] >> 6] = 0;
+    }
+  } clear{marked};
+  for (std::size_t i = 0; i < rows; ++i) {
+    const std::int64_t s = src[i], t = dst[i];
+    auto row = [&](std::string_view name) {
+      return name_at(name, i) + " (block " + std::to_string(s) + " -> " + std::to_string(t) + "): ";
+    };
+    if (s < 0 || static_cast<std::uint64_t>(s) >= src_limit)
+      bad(row(src_name) + "source block " + std::to_string(s) +
+              (s < 0 ? std::string(" is negative")
+                     : " is out of range (" + label(src_pair, to_device) + " has " + std::to_string(src_limit) +
+                           " blocks)"),
+          i);
+    if (t < 0 || static_cast<std::uint64_t>(t) >= dst_limit)
+      bad(row(dst_name) + "destination block " + std::to_string(t) +
+              (t < 0 ? std::string(" is negative")
+                     : " is out of range (" + label(dst_pair, !to_device) + " has " + std::to_string(dst_limit) +
+                           " blocks)"),
+          i);
+    const auto u = static_cast<std::uint64_t>(t);
+    const std::uint64_t bit = std::uint64_t{1} << (u & 63);
+    if ((seen[u >> 6] & bit) != 0) {
+      std::size_t first = 0;
+      while (ids[2 * first + 1] != u) ++first;
+      bad(row(dst_name) + "destination block " + std::to_string(t) + " is also that of " + name_at(dst_name, first) +
+              " (each block is written once per transfer)",
+          i);
+    }
+    seen[u >> 6] |= bit;
+    ids[2 * i] = static_cast<std::uint64_t>(s);
+    ids[2 * i + 1] = u;
+    marked = i + 1;
+  }
+
+  out.resize(pairs.size() * rows);
+  pinned.resize(out.size());
+  BlockCopy* o = out.data();
+  for (std::size_t p = 0; p < pairs.size(); ++p) {
+    const BlockArray& from = to_device ? pairs[p].host : pairs[p].device;
+    const BlockArray& to = to_device ? pairs[p].device : pairs[p].host;
+    const auto* fb = static_cast<const std::byte*>(from.base);
+    auto* tb = static_cast<std::byte*>(to.base);
+    const std::size_t fs = from.stride, ts = to.stride, n = from.block_bytes;
+    for (std::size_t i = 0; i < rows; ++i) *o++ = {fb + ids[2 * i] * fs, tb + ids[2 * i + 1] * ts, n};
+    std::fill_n(pinned.data() + p * rows, rows, host_pinned[p]);
+  }
+}
+
+}  // namespace gfd::detail

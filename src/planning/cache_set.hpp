@@ -1,0 +1,59 @@
+// A registered CacheSet's description (checked once at registration) and the one loop that turns
+// a transfer's block ids into its copy list.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "device/device.hpp"
+#include "gfd/cache_set.hpp"
+#include "gfd/types.hpp"
+#include "planning/planner.hpp"
+
+namespace gfd::detail {
+
+// An id argument's name at row i: its '#' replaced by i, or "name[i]" where it has none.
+std::string name_at(std::string_view name, std::size_t i);
+
+struct CacheSetState {
+  // Checks `pairs` against `device` (pointer queries: a few per array, once) and describes them.
+  // Throws gfd::Error(kInvalidArgument) naming the pair and side.
+  // `labels`: how messages name each pair's host and device array (2 per pair, host first);
+  // empty: "pairs[p].host" and "pairs[p].device".
+  // `call` starts each message. `overlaps`: which sides must not share a byte between arrays
+  // (a side that is only read may: swap_blocks' set goes one way).
+  enum class Sides { kBoth, kHost, kDevice };
+  static CacheSet make(std::span<const CachePair> pairs, Device& device, const void* owner,
+                       std::vector<std::string> labels = {}, std::string_view call = "register_caches",
+                       Sides overlaps = Sides::kBoth);
+  // The state behind `set` (throws gfd::Error for an empty set or one of another engine).
+  static const CacheSetState& of(const CacheSet& set, const void* owner);
+
+  // The copy list of one transfer: for every pair p and row i, block src[i] of p's source side
+  // to block dst[i] of its destination side, at index p * rows + i; `pinned` gets whether each
+  // block's host side is pinned. Ids are checked first (same count, in range, no destination id
+  // twice): a bad one throws gfd::Error whose block() is the row, naming the argument.
+  // `src_name` / `dst_name` name the id arguments in messages: "src_ids" gives "src_ids[5]", and
+  // a '#' stands for the row ("block_mapping row #" gives "block_mapping row 5").
+  void build(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<BlockCopy>& out,
+             std::vector<std::uint8_t>& pinned, std::string_view src_name = "src_ids",
+             std::string_view dst_name = "dst_ids") const;
+  const std::string& label(std::size_t pair, bool host) const { return labels[2 * pair + (host ? 0 : 1)]; }
+
+  const void* owner = nullptr;  // the engine core the set was registered with
+  int device = 0;
+  std::vector<CachePair> pairs;          // strides resolved
+  std::vector<std::uint8_t> host_pinned; // per pair
+  bool all_pinned = true;
+  std::size_t bytes_per_id = 0;
+  std::size_t host_blocks = 0, device_blocks = 0;          // the fewest of any array
+  std::size_t host_blocks_pair = 0, device_blocks_pair = 0;  // a pair that has that few
+  std::vector<std::string> labels;
+};
+
+}  // namespace gfd::detail

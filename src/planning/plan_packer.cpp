@@ -1,0 +1,140 @@
+// The planner's packer: staged segments into chunks and gather pieces, and plan_bounds.
+#include "planning/planner_internal.hpp"
+
+#include <algorithm>
+
+namespace gfd::detail::plan_internal {
+
+namespace {
+
+constexpr std::uint64_t kAlign = 16;
+// A ramp chunk's room for scatter entries beyond its nominal data: 1/16 of it, one 24-byte
+// entry per 384 bytes.
+constexpr std::uint64_t kEntryAllowance = 16;
+// Pieces per chunk at least (about one per gather thread and more), down to kMinPiece.
+constexpr std::uint64_t kPiecesPerChunk = 32;
+constexpr std::uint64_t kMinPiece = 4096;
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+std::uint64_t align_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
+
+}  // namespace
+
+void Packer::add(const Segment& seg) {
+  std::uint64_t done = 0;
+  while (done < seg.bytes) {
+    if (!open_) open_chunk();
+    const std::uint64_t n_ops = plan_.ops.size() - chunk_.op_begin;
+    // Room for this op's payload while leaving space for n_ops + 1 scatter entries.
+    const std::uint64_t entries = (n_ops + 1) * sizeof(ScatterEntry);
+    std::uint64_t room = 0;
+    if (cap_ > entries) room = align_down(cap_ - entries, kAlign);
+    room = std::min(room, data_cap_);
+    room = room > chunk_.data_bytes ? room - chunk_.data_bytes : 0;
+    if (room == 0) {
+      close_chunk();
+      continue;
+    }
+    std::uint64_t take = std::min<std::uint64_t>(seg.bytes - done, room);
+    take = std::min<std::uint64_t>(take, piece_cap_ - piece_fill_);
+    plan_.ops.push_back({seg.src + done, seg.dst + done, chunk_.data_bytes, take});
+    left_ -= std::min(left_, take);
+    chunk_.data_bytes += take;
+    piece_fill_ += take;
+    done += take;
+    if (piece_fill_ >= piece_cap_) close_piece();
+  }
+}
+
+void Packer::finish() {
+  if (open_) close_chunk();
+}
+
+void Packer::open_chunk() {
+  const std::size_t k = plan_.chunks.size();
+  cap_ = data_cap_ = cfg_.slot_bytes;
+  // The first chunks grow from first_chunk_bytes of data; their scatter entries come on top (up
+  // to one per 384 bytes of data), so that a transfer of exactly first_chunk_bytes is one chunk
+  // and one DMA, not a full chunk and a sliver.
+  if (k < 16) {
+    const std::uint64_t ramp = std::uint64_t{cfg_.first_chunk_bytes} << k;
+    cap_ = std::min<std::uint64_t>(cap_, ramp + ramp / kEntryAllowance);
+    data_cap_ = std::min<std::uint64_t>(data_cap_, ramp);
+  }
+  // Device to host, the gather threads place each chunk after its DMA, so the transfer ends
+  // with the placement of its last chunk: halve the chunks towards the end, down to half a
+  // slot (each chunk costs driver calls on the submission path, so no further), so that
+  // less is left to place once the last DMA is done.
+  if (cfg_.direction == Direction::kToHost) {
+    cap_ = std::min<std::uint64_t>(
+        cap_, std::max<std::uint64_t>(std::max<std::uint64_t>(cfg_.first_chunk_bytes, cfg_.slot_bytes / 2),
+                                      align_up((left_ + 1) / 2, kAlign)));
+    data_cap_ = std::min(data_cap_, cap_);
+  }
+  // The chunk that takes the rest of the transfer (a small transfer's only one) is cut into
+  // pieces small enough that every gather thread gets one (a 32nd of its data, kMinPiece at
+  // least): its DMA waits for its last piece, and this is a small transfer's whole latency.
+  // Earlier chunks keep piece_bytes pieces: each piece starts its prefetch afresh. (Not rounded
+  // down: plan_bounds counts on at most kPiecesPerChunk full pieces per chunk; `left_` never
+  // underestimates what is left.)
+  const std::uint64_t least = std::min<std::uint64_t>(kMinPiece, cfg_.piece_bytes);
+  piece_cap_ = left_ <= data_cap_ ? std::clamp<std::uint64_t>(data_cap_ / kPiecesPerChunk, least, cfg_.piece_bytes)
+                                  : cfg_.piece_bytes;
+  chunk_ = {};
+  chunk_.op_begin = static_cast<std::uint32_t>(plan_.ops.size());
+  chunk_.piece_begin = static_cast<std::uint32_t>(plan_.pieces.size());
+  piece_begin_ = chunk_.op_begin;
+  piece_fill_ = 0;
+  open_ = true;
+}
+
+void Packer::close_piece() {
+  const auto end = static_cast<std::uint32_t>(plan_.ops.size());
+  if (end > piece_begin_) plan_.pieces.push_back({piece_begin_, end});
+  piece_begin_ = end;
+  piece_fill_ = 0;
+}
+
+void Packer::close_chunk() {
+  close_piece();
+  chunk_.op_end = static_cast<std::uint32_t>(plan_.ops.size());
+  chunk_.piece_end = static_cast<std::uint32_t>(plan_.pieces.size());
+  chunk_.contiguous_device = true;
+  const bool to_host = cfg_.direction == Direction::kToHost;
+  for (std::uint32_t i = chunk_.op_begin + 1; i < chunk_.op_end && chunk_.contiguous_device; ++i) {
+    const GatherOp& a = plan_.ops[i - 1];
+    const GatherOp& b = plan_.ops[i];
+    chunk_.contiguous_device = to_host ? a.src + a.bytes == b.src : a.dst + a.bytes == b.dst;
+  }
+  chunk_.scatter_offset = align_up(chunk_.data_bytes, kAlign);
+  plan_.chunks.push_back(chunk_);
+  open_ = false;
+}
+
+}  // namespace gfd::detail::plan_internal
+
+namespace gfd::detail {
+
+PlanBounds plan_bounds(std::size_t blocks, std::uint64_t bytes, const PlanConfig& cfg) {
+  using plan_internal::kPiecesPerChunk;
+  // A chunk other than the last closes only when full: its data plus one scatter entry per op
+  // (and one more), aligned down to 16, reach its capacity, which is at least cmin. An op ends
+  // where its block run ends (at most one per block) or where a piece closes; a piece closes
+  // when full or with its chunk. Summing over the chunks bounds their number.
+  const std::uint64_t cmin = std::min<std::uint64_t>(cfg.first_chunk_bytes, cfg.slot_bytes);
+  const std::uint64_t entry = sizeof(ScatterEntry);
+  const std::uint64_t full_pieces = bytes / cfg.piece_bytes;
+  PlanBounds b;
+  b.chunks = (bytes + entry * (blocks + full_pieces) + cmin) / (cmin - 2 * entry - 16 - 15) + 1;
+  // A chunk whose pieces are smaller than piece_bytes has at most kPiecesPerChunk full ones (its
+  // piece size is a 32nd of its data capacity, or kMinPiece where that is larger, which leaves
+  // fewer) and one partial; any other chunk has full piece_bytes pieces and one partial. Only
+  // the 16 ramp chunks can be that small, unless half a slot is (the device-to-host taper).
+  const std::uint64_t small = cfg.slot_bytes / 2 < kPiecesPerChunk * cfg.piece_bytes
+                                  ? b.chunks
+                                  : std::min<std::uint64_t>(b.chunks, 16);
+  b.pieces = full_pieces + b.chunks + small * kPiecesPerChunk;
+  b.ops = blocks + b.pieces;
+  return b;
+}
+
+}  // namespace gfd::detail

@@ -1,0 +1,212 @@
+// Planning a transfer: validate every block (all-or-nothing), coalesce, choose the direct path
+// for large pinned blocks, pack the rest into staging chunks and cut chunks into gather pieces.
+// Pure host code with no device calls except through the pointer classifier.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "device/device.hpp"
+#include "gfd/types.hpp"
+
+namespace gfd::detail {
+
+enum class Direction : std::uint8_t {
+  kToDevice,  // host sources, device destinations
+  kToHost,    // device sources, host destinations
+};
+
+// Blocks already known to be valid: the ids of a registered CacheSet's transfer were checked
+// against caches that were checked once (device memory of this GPU, no overlaps, no duplicate
+// destination), so the planner asks the driver about no pointer and checks no overlap.
+// `pinned[i]` says whether block i's host side is pinned memory (the direct path may take it).
+struct PlanTrust {
+  const std::uint8_t* pinned = nullptr;
+  bool all_pinned = false;
+};
+
+struct PlanConfig {
+  Direction direction = Direction::kToDevice;
+  int device = 0;                         // ordinal the device side must belong to
+  std::size_t slot_bytes = 2 << 20;       // capacity of one chunk (data + scatter entries)
+  std::size_t first_chunk_bytes = 256 << 10;
+  std::size_t piece_bytes = 32 << 10;
+  std::size_t direct_min_bytes = 1 << 20; // host to device; 0 disables the direct path
+  std::size_t direct_min_bytes_to_host = 1 << 20;  // device to host; 0 disables it
+  // The direct path's threshold in this config's direction (SIZE_MAX: none).
+  std::size_t direct_min() const {
+    const std::size_t v = direction == Direction::kToHost ? direct_min_bytes_to_host : direct_min_bytes;
+    return v != 0 ? v : SIZE_MAX;
+  }
+  bool check_overlaps = true;
+  // Staged: coalesce and pack into chunks (the gather pipeline). Pass-through: validate only and
+  // list every block, as given, in Plan::direct (the backends that copy block by block).
+  enum class Mode : std::uint8_t { kStaged, kPassThrough } mode = Mode::kStaged;
+  // Refuse pageable host memory; `pinned_reason` says who needs it (for the error message).
+  bool require_pinned_host = false;
+  const char* pinned_reason = "";
+  // Non-null: the blocks are pre-validated (see PlanTrust); lives for the planning call.
+  const PlanTrust* trust = nullptr;
+};
+
+// One gather copy: `bytes` from host `src` to `slot_offset` in the chunk's staging slot; its
+// final place on the device is `dst`.
+struct GatherOp {
+  const std::byte* src;
+  std::byte* dst;
+  std::uint64_t slot_offset;
+  std::uint64_t bytes;
+};
+
+struct PlannedChunk {
+  std::uint32_t op_begin, op_end;        // range in Plan::ops
+  std::uint32_t piece_begin, piece_end;  // range in Plan::pieces
+  std::uint64_t data_bytes;              // payload bytes at the start of the slot
+  // True when the ops' device-side addresses (destinations to the device, sources to the host)
+  // are consecutive: one DMA between the slot and that range moves the chunk. Otherwise the
+  // scatter entries (at scatter_offset) go along and a kernel moves each op between the device
+  // staging area and its device address.
+  bool contiguous_device;
+  std::uint64_t scatter_offset;          // 16-byte aligned, after the data
+  std::uint64_t dma_bytes() const {
+    return contiguous_device ? data_bytes
+                          : scatter_offset + (op_end - op_begin) * sizeof(ScatterEntry);
+  }
+};
+
+struct PlannedPiece {
+  std::uint32_t op_begin, op_end;
+};
+
+// A block sent by the copy engine straight from pinned host memory (and, in pass-through plans,
+// every block as the caller gave it).
+struct DirectCopy {
+  const std::byte* src;
+  std::byte* dst;
+  std::uint64_t bytes;
+};
+
+struct Plan {
+  // Working memory of make_plan, kept with the plan so that a recycled plan plans again
+  // without allocating (fresh pages cost a fault each: tens of microseconds per transfer).
+  struct Scratch {
+    std::vector<std::uint8_t> pinned;
+    std::vector<std::pair<std::uintptr_t, std::uint32_t>> order, tmp;
+    std::vector<std::uint32_t> count;
+    std::vector<std::uint64_t> slots;  // overlap check of equal blocks on one grid: a hash set
+    std::vector<std::uint32_t> owner;
+  };
+  std::vector<GatherOp> ops;
+  std::vector<PlannedChunk> chunks;
+  std::vector<PlannedPiece> pieces;
+  std::vector<DirectCopy> direct;
+  std::uint64_t total_bytes = 0;
+  std::size_t block_count = 0;
+  bool all_pinned_host = true;  // every block's host side lies in pinned host memory
+  Scratch scratch;
+};
+
+using PointerClassifier = std::function<PointerInfo(const void*)>;
+
+// Host memory the driver does not know (pageable memory), remembered across transfers in 2 MiB
+// regions. The driver reports no range for such memory, so without this a pool of pageable
+// blocks costs one driver query per page every transfer touches (about 140 ns each on the H200,
+// serialised inside the driver: 0.3-0.9 ms for 2048 scattered 4 KB blocks).
+//
+// Why a whole 2 MiB region may stand for one page: the driver places device and managed memory
+// in address ranges it reserves in whole 2 MiB units, so a region holding a page of pageable
+// host memory holds no device memory (tests/cuda_assumptions_test checks this on the GPU). Pinned
+// memory may share such a region; taking it for pageable only sends it through staging, which is
+// correct for either kind. Where pinned memory matters (a backend that needs it, a block large
+// enough for the direct path) the planner asks the driver afresh. Entries expire after `ttl_ms`,
+// which bounds how long memory registered (cudaHostRegister) after use is still staged.
+// Thread-safe and lossy: a direct-mapped table of atomic words; a collision costs a query.
+class PageableCache {
+ public:
+  static constexpr unsigned kGranuleShift = 21;  // 2 MiB
+  static constexpr std::uintptr_t kGranule = std::uintptr_t{1} << kGranuleShift;
+  explicit PageableCache(std::uint32_t ttl_ms = 100);
+  // Milliseconds on the cache's clock; read once per plan.
+  std::uint32_t now_ms() const;
+  bool contains(std::uintptr_t address, std::uint32_t now_ms) const;
+  void insert(std::uintptr_t address, std::uint32_t now_ms);
+  void clear();
+
+ private:
+  static constexpr unsigned kStampBits = 24;  // 4.6 hours of milliseconds, compared modulo
+  static constexpr unsigned kIndexBits = 14;
+  static constexpr std::size_t kEntries = std::size_t{1} << kIndexBits;  // covers 32 GiB
+  std::size_t index(std::uintptr_t granule) const;
+  std::uint32_t ttl_ms_;
+  std::unique_ptr<std::atomic<std::uint64_t>[]> table_;
+};
+
+// Upper bounds on what the staged planner makes of `blocks` blocks of `bytes` bytes in all.
+struct PlanBounds {
+  std::uint64_t chunks = 0, pieces = 0, ops = 0;
+};
+PlanBounds plan_bounds(std::size_t blocks, std::uint64_t bytes, const PlanConfig& config);
+
+// Plans a transfer a stretch of blocks at a time, so that the chunks planned first can move
+// while the rest is validated and packed. advance(end) validates blocks up to `end` (throwing
+// gfd::Error naming the first bad one) and packs them: plan.chunks then holds every chunk closed
+// so far, final. check() validates every block and checks the destinations for overlaps (throws);
+// after it the whole transfer is known to be valid, and advance() only packs. finish() does what
+// is left and closes the last chunk. With `stable`, the plan's ops, pieces and chunks are reserved
+// for the whole transfer up front (plan_bounds), so that closed chunks may be read by other
+// threads while planning goes on; stable() says whether that was possible (not for absurd sizes).
+class PlanBuilder {
+ public:
+  // `block_bytes`: the blocks' sizes summed (saturating at UINT64_MAX) where the caller has done
+  // that already; the builder sums them otherwise.
+  PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& config,
+              const PointerClassifier& classify, Plan& plan, PageableCache* pageable, bool stable,
+              std::optional<std::uint64_t> block_bytes = std::nullopt);
+  ~PlanBuilder();
+  PlanBuilder(const PlanBuilder&) = delete;
+  PlanBuilder& operator=(const PlanBuilder&) = delete;
+  void advance(std::size_t end);
+  void check();
+  void finish();
+  std::size_t size() const;       // blocks in the transfer
+  std::size_t validated() const;  // blocks validated so far
+  std::size_t packed() const;     // blocks packed so far
+  bool stable() const { return stable_; }
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+  bool stable_ = false;
+  bool checked_ = false;
+};
+
+// The blocks' sizes summed, saturating at UINT64_MAX (bad sizes are reported by validation).
+std::uint64_t total_bytes(std::span<const BlockCopy> blocks);
+
+// Throws gfd::Error(kInvalidArgument) naming the first bad block; otherwise fills `plan`
+// (whatever it held before is replaced; its memory is reused). `pageable`, when given, is
+// consulted and updated (the engine keeps one across its transfers).
+void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& config,
+               const PointerClassifier& classify, Plan& plan, PageableCache* pageable = nullptr,
+               std::optional<std::uint64_t> bytes = std::nullopt);
+inline Plan make_plan(std::span<const BlockCopy> blocks, const PlanConfig& config,
+                      const PointerClassifier& classify, PageableCache* pageable = nullptr) {
+  Plan plan;
+  make_plan(blocks, config, classify, plan, pageable);
+  return plan;
+}
+
+// Checks the config itself (slot too small for the pieces, ...); throws gfd::Error.
+void validate_plan_config(const PlanConfig& config);
+
+// Human-readable kind ("pageable host memory", "device memory of GPU 1", ...).
+std::string describe(const PointerInfo& info);
+
+}  // namespace gfd::detail
