@@ -63,8 +63,9 @@ const std::map<std::string, std::string> kFlags = {
     {"direction", "=D       h2d (host to device, default) or d2h (device to host); --dst then names the\n"
                   "                   device side's layout"},
     {"pageable", "          host blocks in pageable memory (not registered); zero_copy_kernel skipped"},
-    {"layout", "=L          pool (this benchmark, default) or paged (a paged KV cache's 2L cache pairs,\n"
-               "                   gfd against the CUDA peers: --layout paged --help lists its flags)"},
+    {"layout", "=L          paged (default: a paged KV cache's 2L cache pairs, scattered both sides, gfd\n"
+               "                   against the CUDA peers; --layout paged --help lists its flags) or pool (this\n"
+               "                   text: blocks of one pool into one device buffer, every backend)"},
     {"help", "              this text"},
 };
 
@@ -542,7 +543,8 @@ int main(int argc, char** argv) try {
   if (layout_flag(argc, argv) == "paged") return run_paged_benchmark(argc, argv);
   Flags flags(argc, argv, kFlags);
   if (flags.has("help")) {
-    std::cout << "gfd_benchmark: scattered host-to-GPU block copies, every backend against the contiguous DMA\n"
+    std::cout << "gfd_benchmark --layout pool: scattered host-to-GPU block copies of one pool, every backend\n"
+                 "against the contiguous DMA (the default layout is paged: gfd_benchmark --help)\n"
               << Flags::usage(kFlags);
     return 0;
   }

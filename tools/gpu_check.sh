@@ -39,7 +39,7 @@ B=build-gpu/bench/gfd_benchmark
 run_bench() {  # name, args... (GFD_* settings come from the environment)
   local name=$1; shift
   SECONDS=0
-  timeout 240 "$B" "$@" --csv "$OUT/$name.csv" --json "$OUT/$name.json" > "$OUT/$name.log" 2>"$OUT/$name.err"
+  timeout 240 "$B" --layout pool "$@" --csv "$OUT/$name.csv" --json "$OUT/$name.json" > "$OUT/$name.log" 2>"$OUT/$name.err"
   local rc=$?
   summary "== $name ($*) $(env | grep -E '^GFD_' | tr '\n' ' '): rc=$rc (${SECONDS}s)"
   # The result table, the latency table, the trace and the engine line.
@@ -81,7 +81,7 @@ if [ "$MODE" = tune ]; then
   run_bench quick_warm --quick --warm --backends gather
 fi
 if [ "$MODE" = probe ]; then
-  timeout 120 "$B" --quick --host-load-probe > "$OUT/host_load_probe.log" 2>&1
+  timeout 120 "$B" --layout pool --quick --host-load-probe > "$OUT/host_load_probe.log" 2>&1
   summary "== host_load_probe: rc=$?"
   sed -n '/^host-load probe/,$p' "$OUT/host_load_probe.log" >> "$OUT/summary.txt"
   for t in 8 10 12 15; do

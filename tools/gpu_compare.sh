@@ -41,7 +41,10 @@ grep -E "error" "$W/build.log" | head -5 | tee -a "$W/summary.txt"
 # A benchmark run; its result rows (backend, blocks, size, ratio, GB/s) go to the summary.
 bench() {  # label binary args...
   local label=$1 bin=$2; shift 2
-  timeout 120 "$bin" "$@" > "$W/$label.log" 2> "$W/$label.err"
+  # A build that knows --layout defaults to the paged layout; these runs measure the pool one.
+  local layout=()
+  "$bin" --help 2>/dev/null | grep -q -- "--layout" && layout=(--layout pool)
+  timeout 120 "$bin" "${layout[@]}" "$@" > "$W/$label.log" 2> "$W/$label.err"
   local rc=$?
   awk -v l="$label" -v rc="$rc" '/^blocks /{t=1;next} t&&NF==0{t=0} t{printf "%-28s %-16s %6s x %-7s p50 %8s us %7s GB/s ratio %s\n", l, $4, $1, $2, $6, $8, $11}' \
     "$W/$label.log" | tee -a "$W/summary.txt"

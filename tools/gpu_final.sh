@@ -28,7 +28,7 @@ B=build-gpu/bench/gfd_benchmark; O=build-old/bench/gfd_benchmark
 row() { awk -v l="$1" '/^blocks /{t=1;next} t&&NF==0{t=0} t{printf "%-12s %-16s %6s x %-5s p50 %8s us %7s GB/s ratio %s\n", l, $4, $1, $2, $6, $8, $11}' "$2" | tee -a "$W/summary.txt"; }
 if [ -x "$O" ]; then
   old_run() { timeout 60 "$O" --quick --direction d2h --backends gather,zero_copy_kernel > "$W/old_d2h_$1.log" 2>&1; row "old_d2h_$1" "$W/old_d2h_$1.log"; }
-  new_run() { timeout 60 "$B" --quick --direction d2h --backends gather,zero_copy_kernel --pool=mmap > "$W/new_d2h_$1.log" 2>&1; row "new_d2h_$1" "$W/new_d2h_$1.log"; }
+  new_run() { timeout 60 "$B" --layout pool --quick --direction d2h --backends gather,zero_copy_kernel --pool=mmap > "$W/new_d2h_$1.log" 2>&1; row "new_d2h_$1" "$W/new_d2h_$1.log"; }
   # Which build runs first alternates: in one lease the first run of each round was slower
   # whatever it ran (bench/RESULTS.md, 2026-12-01 fourth session).
   for i in 1 2 3 4; do

@@ -64,7 +64,7 @@ if has load; then
     --csv "$OUT/py_load.csv"
 fi
 if has pool; then
-  TAIL=25 run pool_quick 120 "$B" --quick --csv "$OUT/pool_quick.csv"
+  TAIL=25 run pool_quick 120 "$B" --layout pool --quick --csv "$OUT/pool_quick.csv"
 fi
 tar czf "$FINAL/logs.tgz" -C "$OUT" . 2>/dev/null
 cp "$OUT/summary.txt" "$FINAL/summary.txt"
