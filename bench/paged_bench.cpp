@@ -28,6 +28,7 @@
 #include "gfd/gfd.hpp"
 #include "peer_kernels.cuh"
 #include "probe.hpp"
+#include "trace_report.hpp"
 
 namespace gfd::bench {
 namespace {
@@ -71,6 +72,7 @@ const std::map<std::string, std::string> kFlags = {
     {"device", "=N          CUDA device (default 0)"},
     {"csv", "=FILE          write results as CSV"},
     {"quick", "             one configuration: 4K x 64 blocks x 8 layers"},
+    {"trace", "             print the engine's timeline of gfd's median transfer per configuration"},
     {"under-load",
      "[=decode]  also measure while bf16 matmuls run back to back on a stream of\n"
      "                   the transfers' priority (GPU only)"},
@@ -450,6 +452,7 @@ class PagedBench {
   cudaStream_t stream = nullptr;
   std::unique_ptr<Caches> caches;  // before the engines: they go first
   std::optional<Engine> gfd, zero_copy;
+  bool trace = false;  // --trace: the engine's timeline of gfd's median transfer (idle runs)
   CacheSet gfd_set, zero_copy_set;
   std::unique_ptr<DecodeLoad> load;
   cudaEvent_t window_from = nullptr, window_to = nullptr;
@@ -704,6 +707,8 @@ class PagedBench {
         ops.finish();
       }
       if (load) GFD_BENCH_CUDA(cudaEventRecord(window_from, stream));
+      const bool traced = trace && m == Method::kGfd && !load;
+      if (traced) probe::start_trace(*gfd, 1 << 20);
       const auto start = Clock::now();
       while (static_cast<int>(us.size()) < iters ||
              (since_us(start) < min_ms * 1e3 && us.size() < 100000)) {
@@ -718,6 +723,11 @@ class PagedBench {
       if (load) {
         GFD_BENCH_CUDA(cudaEventRecord(window_to, stream));
         loaded_ms = load->stop(window_from, window_to);
+      }
+      if (traced) {
+        std::printf("trace of gfd, %s %zu ids x %zu tensors x %zu bytes:\n", to_host ? "d2h" : "h2d", c.n, tensors,
+                    c.size);
+        print_trace(probe::take_trace(*gfd), us, c.n * tensors, c.size, warm ? "warm" : "cold", "gather");
       }
     } catch (...) {
       if (load) load->halt();
@@ -893,6 +903,7 @@ int run_paged_benchmark(int argc, char** argv) {
   b.iters = static_cast<int>(std::max<long long>(20, flags.get_int("iters", 20)));
   b.warmup = static_cast<int>(std::max<long long>(1, flags.get_int("warmup", 3)));
   b.warm = flags.has("warm");
+  b.trace = flags.has("trace");
   const bool quick = flags.has("quick");
   const int layers = static_cast<int>(flags.get_int("layers", quick ? 8 : 32));
   if (layers < 1) throw std::invalid_argument("--layers must be at least 1");
