@@ -3,8 +3,8 @@
 # and Python suites, then the runtime's call (every layer's K and V, scattered both sides) in C++
 # (gfd_benchmark --layout paged) and through Python swap_blocks, idle and under the decode load,
 # plus the one-pool headline. Logs and CSVs go to $OUT (packed as logs.tgz), a summary last.
-#   tools/gpu_paged.sh [test] [pytest] [paged] [python] [load] [pool] [repeat]   (default: all
-#   but repeat; test runs ctest and pytest, pytest only the latter)
+#   tools/gpu_paged.sh [test] [pytest] [paged] [python] [load] [pool] [repeat] [trace]
+#   [reliability]   (default: all but repeat, trace and reliability; test runs ctest and pytest, pytest only the latter)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
@@ -50,8 +50,26 @@ if has paged; then
 fi
 if has repeat; then  # three runs of the runtime's sizes, for the spread between runs
   for r in 1 2 3; do
-    TAIL=30 run "repeat_$r" 120 "$B" --layout paged --direction both --block-sizes 4K,16K,32K --blocks 64 \
-      --methods gfd,batch,uva2,uva12 --csv "$OUT/repeat_$r.csv"
+    TAIL=40 run "repeat_$r" 120 "$B" --layout paged --direction both --block-sizes 4K,16K,32K,64K --blocks 64 \
+      --methods gfd,batch,uva12 --csv "$OUT/repeat_$r.csv"
+  done
+fi
+if has trace; then  # where gfd's call and transfer go, 4096 blocks of 4 KB each way
+  SECONDS=0
+  "$B" --layout paged --direction both --block-sizes 4K --blocks 64 --methods gfd --trace > "$OUT/trace.log" 2>&1
+  summary "== trace: rc=$? (${SECONDS}s)"
+  grep -E "^trace:|^  (planned|submission|threads|pieces)|^[hd]2[dh] " "$OUT/trace.log" >> "$OUT/summary.txt"
+fi
+if has reliability; then  # the long stress run, and compute-sanitizer on the cache-set and scatter paths
+  SECONDS=0
+  GFD_STRESS_REQUESTS=100000 timeout 200 build-gpu/tests/gfd_stress_test --gtest_filter='*Cuda' > "$OUT/stress.log" 2>&1
+  summary "== stress long: rc=$? (${SECONDS}s) $(grep -E '^stress' "$OUT/stress.log" | tr '\n' ' ')"
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for tool in memcheck racecheck; do
+    SECONDS=0
+    timeout 120 "$CS" --tool $tool --error-exitcode 3 build-gpu/tests/gfd_kv_cache_test --gtest_filter='*Cuda*' \
+      > "$OUT/cs_$tool.log" 2>&1
+    summary "== compute-sanitizer $tool (kv_cache + cache set, CUDA): rc=$? (${SECONDS}s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$OUT/cs_$tool.log" | tr '\n' ' ')"
   done
 fi
 if has python; then
