@@ -68,6 +68,7 @@ PlanConfig staged_config(const EngineOptions& o, int device) {
   c.piece_bytes = o.piece_bytes;
   c.direct_min_bytes = o.direct_min_bytes;
   c.direct_min_bytes_to_host = o.direct_min_bytes_to_host;
+  c.strided_min_rows = o.strided_min_rows;
   c.check_overlaps = o.check_overlaps;
   return c;
 }

@@ -1364,3 +1364,123 @@ TEST(PlanBuilderTest, ABadBlockIsReportedWhenReached) {
 }
 
 }  // namespace
+
+// ---- constant-stride runs as 2D copies ---------------------------------------------------------
+namespace {
+
+PlanConfig strided_config(std::size_t min_rows = 64) {
+  PlanConfig cfg = small_config();
+  cfg.strided_min_rows = min_rows;
+  return cfg;
+}
+
+// `n` blocks of `bytes`: block i from src + i * sp to dst + i * dp.
+std::vector<BlockCopy> run_of(std::uintptr_t src, std::int64_t sp, std::uintptr_t dst, std::int64_t dp,
+                              std::size_t n, std::size_t bytes) {
+  std::vector<BlockCopy> v;
+  for (std::size_t i = 0; i < n; ++i)
+    v.push_back(block(src + static_cast<std::int64_t>(i) * sp, dst + static_cast<std::int64_t>(i) * dp, bytes));
+  return v;
+}
+
+std::uint64_t staged_bytes(const Plan& p) {
+  std::uint64_t b = 0;
+  for (const auto& op : p.ops) b += op.bytes;
+  for (const auto& d : p.direct) b += d.bytes;
+  return b;
+}
+
+}  // namespace
+
+TEST(StridedRunTest, TheSeedsLayoutIsOne2DCopy) {
+  // 2048 blocks of 4 KB at a pitch of 2 blocks in pinned memory, to one contiguous device range.
+  const auto blocks = run_of(kPinnedBase, 8192, kDevBase, 4096, 2048, 4096);
+  const Plan p = plan_of(blocks, strided_config());
+  ASSERT_EQ(p.strided.size(), 1u);
+  const auto& s = p.strided[0];
+  EXPECT_EQ(addr(s.src), kPinnedBase);
+  EXPECT_EQ(addr(s.dst), kDevBase);
+  EXPECT_EQ(s.width, 4096u);
+  EXPECT_EQ(s.spitch, 8192u);
+  EXPECT_EQ(s.dpitch, 4096u);
+  EXPECT_EQ(s.rows, 2048u);
+  EXPECT_TRUE(p.ops.empty());
+  EXPECT_TRUE(p.chunks.empty());
+  EXPECT_EQ(p.total_bytes, 2048u * 4096);
+}
+
+TEST(StridedRunTest, OneOddBlockBreaksTheRunInTwo) {
+  auto blocks = run_of(kPinnedBase, 8192, kDevBase + 64 * kMiB, 3 * 4096, 201, 4096);
+  blocks[100] = block(kPinnedBase + 500 * kMiB, kDevBase, 4096);  // elsewhere on both sides
+  const Plan p = plan_of(blocks, strided_config(64));
+  ASSERT_EQ(p.strided.size(), 2u);
+  EXPECT_EQ(p.strided[0].rows, 100u);
+  EXPECT_EQ(p.strided[1].rows, 100u);
+  EXPECT_EQ(addr(p.strided[1].src), kPinnedBase + 101 * 8192);
+  EXPECT_EQ(p.strided[1].dpitch, 3u * 4096);
+  EXPECT_EQ(staged_bytes(p), 4096u);  // the odd block, staged
+  EXPECT_EQ(p.total_bytes, 201u * 4096);
+}
+
+TEST(StridedRunTest, ShortRunsNegativePitchesAndPageableMemoryAreStaged) {
+  const PlanConfig cfg = strided_config(128);
+  const auto short_run = run_of(kPinnedBase, 8192, kDevBase, 4096, 127, 4096);
+  const Plan a = plan_of(short_run, cfg);
+  EXPECT_TRUE(a.strided.empty());
+  EXPECT_EQ(staged_bytes(a), 127u * 4096);
+  const auto backwards = run_of(kPinnedBase + 64 * kMiB, -8192, kDevBase + 64 * kMiB, -4096, 512, 4096);
+  const Plan b = plan_of(backwards, cfg);
+  EXPECT_TRUE(b.strided.empty());
+  EXPECT_EQ(staged_bytes(b), 512u * 4096);
+  const auto pageable = run_of(kPageBase, 8192, kDevBase, 4096, 512, 4096);
+  const Plan c = plan_of(pageable, cfg);
+  EXPECT_TRUE(c.strided.empty());
+  EXPECT_EQ(staged_bytes(c), 512u * 4096);
+  PlanConfig off = cfg;
+  off.strided_min_rows = 0;
+  EXPECT_TRUE(plan_of(run_of(kPinnedBase, 8192, kDevBase, 4096, 512, 4096), off).strided.empty());
+}
+
+TEST(StridedRunTest, MixedListsKeepEveryByteAndTheirOrder) {
+  // Random blocks, then a run, then random blocks, then a run of another size.
+  std::mt19937_64 rng(3);
+  std::vector<BlockCopy> blocks;
+  std::uintptr_t dst = kDevBase;
+  auto random_block = [&] {
+    blocks.push_back(block(kPinnedBase + (rng() % 100000) * 8192, dst, 4096));
+    dst += 4096;
+  };
+  for (int i = 0; i < 50; ++i) random_block();
+  for (const auto& b : run_of(kPinnedBase + 900 * kMiB, 16384, dst, 4096, 300, 4096)) blocks.push_back(b);
+  dst += 300 * 4096;
+  for (int i = 0; i < 50; ++i) random_block();
+  for (const auto& b : run_of(kPinnedBase + 800 * kMiB, 65536, dst, 2 * 8192, 200, 8192)) blocks.push_back(b);
+  const Plan p = plan_of(blocks, strided_config(64));
+  ASSERT_EQ(p.strided.size(), 2u);
+  EXPECT_EQ(p.strided[0].rows, 300u);
+  EXPECT_EQ(p.strided[1].rows, 200u);
+  EXPECT_EQ(p.strided[1].width, 8192u);
+  std::uint64_t in_2d = 0;
+  for (const auto& s : p.strided) in_2d += s.width * s.rows;
+  EXPECT_EQ(staged_bytes(p) + in_2d, p.total_bytes);
+  EXPECT_EQ(p.total_bytes, 100u * 4096 + 300u * 4096 + 200u * 8192);
+  check_structure(p, strided_config(64));
+}
+
+TEST(StridedRunTest, DeviceToHostRunsToo) {
+  // Device blocks in order into host slots at a pitch of 4 blocks.
+  PlanConfig cfg = strided_config(64);
+  cfg.direction = gfd::detail::Direction::kToHost;
+  const auto blocks = run_of(kDevBase, 4096, kPinnedBase, 4 * 4096, 256, 4096);
+  const Plan p = plan_of(blocks, cfg);
+  ASSERT_EQ(p.strided.size(), 1u);
+  EXPECT_EQ(p.strided[0].spitch, 4096u);
+  EXPECT_EQ(p.strided[0].dpitch, 4u * 4096);
+  EXPECT_EQ(p.strided[0].rows, 256u);
+}
+
+TEST(StridedRunTest, OverlappingDestinationsAreStillRejected) {
+  // A destination pitch smaller than a block: rows would overlap. The check sees it first.
+  const auto blocks = run_of(kPinnedBase, 8192, kDevBase, 2048, 256, 4096);
+  EXPECT_THROW(plan_of(blocks, strided_config(64)), gfd::Error);
+}

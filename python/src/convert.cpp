@@ -167,6 +167,7 @@ const OptionField kOptionFields[] = {
     GFD_OPTION(piece_bytes),
     GFD_OPTION(direct_min_bytes),
     GFD_OPTION(direct_min_bytes_to_host),
+    GFD_OPTION(strided_min_rows),
     GFD_OPTION(inline_gather_bytes),
     GFD_OPTION(gather_threads),
     GFD_OPTION(copy_streams),

@@ -71,7 +71,7 @@ class GatherBackend final : public BackendImpl {
     // A small transfer is dominated by the staging pipeline's fixed costs: the kernel takes it
     // where it can read the host memory.
     const Plan& plan = t->plan;
-    const bool kernel = o.kernel_max_bytes != 0 && plan.total_bytes <= o.kernel_max_bytes &&
+    const bool kernel = o.kernel_max_bytes != 0 && plan.total_bytes <= o.kernel_max_bytes && plan.strided.empty() &&
                         plan.all_pinned_host && ctx.device->host_pointers_usable();
     if (kernel) kernel_.submit(*t, r.stream);
     else if (to_host) to_host_.submit(r, t);

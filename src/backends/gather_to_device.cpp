@@ -15,7 +15,7 @@ GatherToDevice::GatherToDevice(StagingPipeline& pipe)
 
 void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
   const Plan& p = t->plan;
-  if (p.direct.empty() && p.chunks.size() == 1) {
+  if (p.direct.empty() && p.strided.empty() && p.chunks.size() == 1) {
     // A tiny transfer is gathered on this thread alone; anything larger by the pool with this
     // thread (16 x 4 KB on the H200: 19-21 us call to sync against 22-26 gathered alone,
     // bench/RESULTS.md, 2026-12-01 third session).
@@ -29,7 +29,7 @@ void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
     p_.ctx->tracer.begin_transfer(*t, stream);
     // From here the transfer must be finalized whatever happens, or the caller would wait forever.
     try {
-      if (!p.direct.empty()) add_directs(t);
+      if (!p.direct.empty() || !p.strided.empty()) add_directs(t);
       for (std::uint32_t k = 0; k < p.chunks.size(); ++k) {
         const Item& it = publish_chunk(t, k);
         // The DMA waits on the GPU for the gather threads' flag: no driver call is left
@@ -240,7 +240,7 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
       timed([&] { builder->finish(); });
       publish_packed();
       if (p_.preissue) enqueue_up_to(published);
-      if (!p.direct.empty()) add_directs(t);
+      if (!p.direct.empty() || !p.strided.empty()) add_directs(t);
     } catch (...) {
       t->fail(std::current_exception());  // a device error: the rest moves nothing
       if (p_.preissue) release_unenqueued();

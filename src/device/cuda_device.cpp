@@ -231,6 +231,12 @@ class CudaDevice final : public Device {
                StreamHandle s) override {
     GFD_CUDA_CHECK(launch_scatter(entries, count, staging, static_cast<cudaStream_t>(s)));
   }
+  void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+               std::size_t rows, bool to_host, StreamHandle s) override {
+    GFD_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows,
+                                     to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
+                                     static_cast<cudaStream_t>(s)));
+  }
   void copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
                   std::size_t count, bool to_host, StreamHandle s) override {
     if (count == 0) return;

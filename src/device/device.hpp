@@ -102,6 +102,12 @@ class Device {
   // device or, with `to_host`, device to host. The arrays are read during the call only.
   virtual void copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
                           std::size_t count, bool to_host, StreamHandle s) = 0;
+  // One 2D copy of `rows` rows of `width` bytes: row r from src + r * spitch to dst + r * dpitch
+  // (cudaMemcpy2DAsync), host to device or, with `to_host`, device to host. The copy engine
+  // moves a constant-stride run of blocks this way at the link rate, where it pays a per-copy
+  // cost for each block of a batch.
+  virtual void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                       std::size_t rows, bool to_host, StreamHandle s) = 0;
   // Copies `count` entries (in pinned host memory) with the zero-copy kernel.
   virtual void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) = 0;
   // Whether kernels may read pinned host memory at its host address (zero_copy needs it).

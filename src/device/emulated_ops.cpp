@@ -42,6 +42,15 @@ void EmulatedDevice::gather(const ScatterEntry* entries, std::uint32_t count, vo
   });
 }
 
+void EmulatedDevice::copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                             std::size_t rows, bool to_host, StreamHandle s) {
+  (void)to_host;
+  enqueue_data(s, "copy_2d", [=] {
+    for (std::size_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<std::byte*>(dst) + r * dpitch, static_cast<const std::byte*>(src) + r * spitch, width);
+  });
+}
+
 void EmulatedDevice::copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
                                 std::size_t count, bool, StreamHandle s) {
   // Like CUDA, take the arrays during the call: the caller may reuse them at once.

@@ -60,6 +60,12 @@ void CopyLanes::enqueue_directs(TransferState& t) {
     else device_.copy_batch(dsts.data(), srcs.data(), sizes.data(), n, t.to_host(), l);
     Counters::add(ctx_.counters.direct, n);
   }
+  // Constant-stride runs: one 2D copy each, spread over the lanes like the groups above.
+  for (const StridedCopy& c : t.plan.strided) {
+    StreamHandle l = lane(t, t.to_host() ? d2h() : next_h2d());
+    device_.copy_2d(c.dst, c.dpitch, c.src, c.spitch, c.width, c.rows, t.to_host(), l);
+    Counters::add(ctx_.counters.direct, c.rows);
+  }
 }
 
 void CopyLanes::enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s, bool wait,

@@ -39,12 +39,64 @@ struct PlanBuilder::State {
   std::size_t placed = 0;     // blocks coalesced into `cur` or placed before it
   const std::size_t direct_min = cfg.direct_min();
 
-  void place(const Segment& seg) {
+  void place_one(const Segment& seg) {
     plan.total_bytes += seg.bytes;
     if (seg.pinned_src && seg.bytes >= direct_min)
       plan.direct.push_back({seg.src, seg.dst, seg.bytes});
     else
       packer.add(seg);
+  }
+
+  // Constant-stride runs: the copy engine moves one 2D copy of many rows at the link rate, where
+  // it pays a per-copy cost for every block of a batch and the staged path crosses host memory
+  // three times. A run is followed as segments go by (two subtractions and compares per
+  // segment, so a random list costs next to nothing): `run_rows` segments from `run_first` on,
+  // each `run_sp` / `run_dp` after the one before. A run too short for a 2D copy is placed
+  // segment by segment, as it would have been.
+  Segment run_first{};
+  std::size_t run_rows = 0;
+  std::int64_t run_sp = 0, run_dp = 0;
+  void flush_run() {
+    if (run_rows >= cfg.strided_min_rows && run_rows >= 2) {
+      plan.strided.push_back({run_first.src, const_cast<std::byte*>(run_first.dst), run_first.bytes,
+                              static_cast<std::uint64_t>(run_sp), static_cast<std::uint64_t>(run_dp), run_rows});
+      plan.total_bytes += run_first.bytes * run_rows;
+    } else {
+      for (std::size_t r = 0; r < run_rows; ++r)
+        place_one({run_first.src + static_cast<std::int64_t>(r) * run_sp,
+                   run_first.dst + static_cast<std::int64_t>(r) * run_dp, run_first.bytes, run_first.pinned_src});
+    }
+    run_rows = 0;
+  }
+  void place(const Segment& seg) {
+    if (cfg.strided_min_rows == 0 || !seg.pinned_src) {
+      if (run_rows != 0) flush_run();
+      place_one(seg);
+      return;
+    }
+    if (run_rows != 0 && seg.bytes == run_first.bytes) {
+      const Segment last{run_first.src + static_cast<std::int64_t>(run_rows - 1) * run_sp,
+                         run_first.dst + static_cast<std::int64_t>(run_rows - 1) * run_dp, 0, true};
+      const std::int64_t sp = seg.src - last.src, dp = seg.dst - last.dst;
+      if (run_rows == 1) {
+        // Pitches positive and no smaller than a row (rows may not overlap), within what a 2D
+        // copy takes (CUDA's pitch limit is 2^31 - 1 on current GPUs).
+        const auto w = static_cast<std::int64_t>(seg.bytes);
+        constexpr std::int64_t kMaxPitch = (std::int64_t{1} << 31) - 1;
+        if (sp >= w && dp >= w && sp <= kMaxPitch && dp <= kMaxPitch) {
+          run_sp = sp;
+          run_dp = dp;
+          ++run_rows;
+          return;
+        }
+      } else if (sp == run_sp && dp == run_dp) {
+        ++run_rows;
+        return;
+      }
+    }
+    if (run_rows != 0) flush_run();
+    run_first = seg;
+    run_rows = 1;
   }
   // Coalesces runs of blocks that are adjacent at both ends into one segment as they go by.
   void coalesce(std::size_t end) {
@@ -72,6 +124,7 @@ PlanBuilder::PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& cf
   plan.chunks.clear();
   plan.pieces.clear();
   plan.direct.clear();
+  plan.strided.clear();
   plan.total_bytes = 0;
   plan.block_count = blocks.size();
   plan.all_pinned_host = true;
@@ -161,6 +214,7 @@ void PlanBuilder::finish() {
   }
   advance(st.blocks.size());
   st.place(st.cur);
+  if (st.run_rows != 0) st.flush_run();
   st.packer.finish();
 }
 

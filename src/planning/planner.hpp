@@ -52,6 +52,10 @@ struct PlanConfig {
   // Refuse pageable host memory; `pinned_reason` says who needs it (for the error message).
   bool require_pinned_host = false;
   const char* pinned_reason = "";
+  // Staged plans: a run of at least this many blocks of one size whose host side is pinned and
+  // whose sources and destinations each advance by one constant pitch goes as one 2D copy
+  // (Plan::strided); 0 = never.
+  std::size_t strided_min_rows = 0;
   // Non-null: the blocks are pre-validated (see PlanTrust); lives for the planning call.
   const PlanTrust* trust = nullptr;
 };
@@ -93,6 +97,14 @@ struct DirectCopy {
   std::uint64_t bytes;
 };
 
+// A constant-stride run moved by one 2D copy: row r of `width` bytes from src + r * spitch to
+// dst + r * dpitch, for r < rows (both pitches at least `width`).
+struct StridedCopy {
+  const std::byte* src;
+  std::byte* dst;
+  std::uint64_t width, spitch, dpitch, rows;
+};
+
 struct Plan {
   // Working memory of make_plan, kept with the plan so that a recycled plan plans again
   // without allocating (fresh pages cost a fault each: tens of microseconds per transfer).
@@ -107,6 +119,7 @@ struct Plan {
   std::vector<PlannedChunk> chunks;
   std::vector<PlannedPiece> pieces;
   std::vector<DirectCopy> direct;
+  std::vector<StridedCopy> strided;
   std::uint64_t total_bytes = 0;
   std::size_t block_count = 0;
   bool all_pinned_host = true;  // every block's host side lies in pinned host memory
