@@ -166,13 +166,22 @@ Pool::Pool(std::size_t b) : bytes(b) {
 
 Pool::~Pool() { munmap(data, bytes); }
 
-SourcePicker::SourcePicker(std::size_t pool_bytes, std::size_t block, std::uint64_t seed)
-    : slots_(pool_bytes / (2 * block)), stride_(2 * block), state_(seed | 1) {}
+SourcePicker::SourcePicker(std::size_t pool_bytes, std::size_t block, std::uint64_t seed, std::size_t pitch,
+                           bool consecutive)
+    : slots_(pool_bytes / (pitch * block)), stride_(pitch * block), state_(seed | 1), consecutive_(consecutive) {}
 
 std::vector<std::size_t> SourcePicker::pick(std::size_t n) {
   if (n > slots_ / 2) throw std::runtime_error("source pool too small for the requested blocks");
   std::vector<std::size_t> out;
   out.reserve(n);
+  if (consecutive_) {
+    state_ ^= state_ << 13;
+    state_ ^= state_ >> 7;
+    state_ ^= state_ << 17;
+    const std::size_t start = state_ % (slots_ - n + 1);
+    for (std::size_t i = 0; i < n; ++i) out.push_back((start + i) * stride_);
+    return out;
+  }
   std::unordered_set<std::size_t> seen;
   seen.reserve(n * 2);
   while (out.size() < n) {

@@ -57,13 +57,17 @@ struct Pool {
 // from the whole pool: fresh each call when `cold`, the same set each call when warm.
 class SourcePicker {
  public:
-  SourcePicker(std::size_t pool_bytes, std::size_t block, std::uint64_t seed);
+  // Offsets of blocks at a pitch of `pitch` blocks: random distinct slots, or with `consecutive`
+  // (--layout strided, the seed's layout) n slots in a row from a random start.
+  SourcePicker(std::size_t pool_bytes, std::size_t block, std::uint64_t seed, std::size_t pitch = 2,
+               bool consecutive = false);
   std::vector<std::size_t> pick(std::size_t n);
 
  private:
   std::size_t slots_;
   std::size_t stride_;
   std::uint64_t state_;
+  bool consecutive_;
 };
 
 double process_cpu_seconds();

@@ -64,8 +64,11 @@ const std::map<std::string, std::string> kFlags = {
                   "                   device side's layout"},
     {"pageable", "          host blocks in pageable memory (not registered); zero_copy_kernel skipped"},
     {"layout", "=L          paged (default: a paged KV cache's 2L cache pairs, scattered both sides, gfd\n"
-               "                   against the CUDA peers; --layout paged --help lists its flags) or pool (this\n"
-               "                   text: blocks of one pool into one device buffer, every backend)"},
+               "                   against the CUDA peers; --layout paged --help lists its flags), pool (this\n"
+               "                   text: random blocks of one pool into one device buffer, every backend) or\n"
+               "                   strided (the same, each transfer's blocks in a row at a pitch of --pitch\n"
+               "                   blocks from a random start: the seed's layout, constant-stride runs)"},
+    {"pitch", "=K           blocks between the starts of two source blocks (default 2)"},
     {"help", "              this text"},
 };
 
@@ -129,6 +132,10 @@ class Bench {
   probe::Device dev;
   cudaStream_t stream = nullptr;
   bool host_only = false, warm = false, trace = false, to_host = false;
+  // --layout strided: each transfer's blocks in a row at a pitch of `pitch` blocks (the seed's
+  // layout); otherwise random blocks at that pitch.
+  bool strided = false;
+  std::size_t pitch = 2;
   int iters = 30, warmup = 5;
   std::size_t batch = 1;
   std::unique_ptr<SourcePool> pool;
@@ -161,7 +168,7 @@ class Bench {
     std::vector<std::vector<BlockCopy>> sets;
   };
   Blocks make_blocks(std::size_t n, std::size_t size, std::size_t sets, std::uint64_t seed = 0xC0FFEE) {
-    Blocks b{SourcePicker(pool->bytes(), size, seed + n * 31 + size), std::mt19937_64(n ^ size),
+    Blocks b{SourcePicker(pool->bytes(), size, seed + n * 31 + size, pitch, strided), std::mt19937_64(n ^ size),
              std::vector<std::size_t>(2 * n), std::vector<std::vector<BlockCopy>>(sets, std::vector<BlockCopy>(n))};
     std::iota(b.dst_pages.begin(), b.dst_pages.end(), 0);
     return b;
@@ -540,7 +547,8 @@ int main(int argc, char** argv) try {
   // Line-buffered stdout: the notes and header lines reach a pipe in order with the progress
   // lines and the engines' "gfd:" lines, which go to stderr.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  if (layout_flag(argc, argv) == "paged") return run_paged_benchmark(argc, argv);
+  const std::string layout = layout_flag(argc, argv);
+  if (layout == "paged") return run_paged_benchmark(argc, argv);
   Flags flags(argc, argv, kFlags);
   if (flags.has("help")) {
     std::cout << "gfd_benchmark --layout pool: scattered host-to-GPU block copies of one pool, every backend\n"
@@ -553,6 +561,8 @@ int main(int argc, char** argv) try {
   bench.warmup = static_cast<int>(std::max<long long>(1, flags.get_int("warmup", 5)));
   bench.warm = flags.has("warm");
   bench.trace = flags.has("trace");
+  bench.strided = layout == "strided";
+  bench.pitch = static_cast<std::size_t>(std::max<long long>(1, flags.get_int("pitch", 2)));
   bench.batch = static_cast<std::size_t>(std::max<long long>(1, flags.get_int("batch", 1)));
   const std::string direction = flags.get("direction", "h2d");
   if (direction != "h2d" && direction != "d2h") throw std::invalid_argument("--direction must be h2d or d2h");
@@ -662,12 +672,18 @@ int main(int argc, char** argv) try {
               pageable ? "pageable" : "pinned");
   std::string pool_kinds;
   for (PoolKind k : pools) pool_kinds += (pool_kinds.empty() ? "" : ",") + std::string(to_string(k));
-  std::printf("device: %s | sources: %s, pool %s%s, %s (%s; L3 %s), 2x block stride | %d timed reps after %d "
+  const std::string stride_text = bench.strided ? "blocks in a row at a pitch of " + std::to_string(bench.pitch) +
+                                                      " blocks (--layout strided)"
+                                                : std::to_string(bench.pitch) + "x block stride";
+  std::printf("device: %s | sources: %s, pool %s%s, %s (%s; L3 %s), %s | %d timed reps after %d "
               "warm-up\n",
               bench.host_only ? "emulated (host-only)" : ("CUDA " + std::to_string(d.ordinal())).c_str(),
-              bench.warm ? "warm (same blocks every rep)" : "cold (fresh random blocks every rep)", pool_kinds.c_str(),
+              bench.warm ? "warm (same blocks every rep)"
+              : bench.strided ? "cold (a fresh random start every rep)"
+                              : "cold (fresh random blocks every rep)",
+              pool_kinds.c_str(),
               pools.size() > 1 ? " (the whole grid once per pool)" : "", format_size(pool_bytes).c_str(),
-              pool_rule.c_str(), format_size(l3_bytes()).c_str(), bench.iters, bench.warmup);
+              pool_rule.c_str(), format_size(l3_bytes()).c_str(), stride_text.c_str(), bench.iters, bench.warmup);
 
   {
     void* p = nullptr;
@@ -839,13 +855,14 @@ int main(int argc, char** argv) try {
     std::ofstream f(flags.get("csv"));
     f << "mode,sources,direction,load,blocks,block_size,dst,backend,p50_us,p90_us,p50_gbps,p90_gbps,ref_gbps,"
          "ratio_p50,ratio_p90,cpu_s_per_gb,threads,compute_slowdown,verified,pool,gather_only_gbps,eff,"
-         "rate_kept\n";
+         "rate_kept,layout,pitch\n";
     for (const Row& r : rows)
       f << label << ',' << sources << ',' << dir << ',' << r.load << ',' << r.n << ',' << r.size << ',' << r.dst << ','
         << r.backend << ',' << r.us.p50 << ',' << r.us.p90 << ',' << r.p50_gbps() << ',' << r.p90_gbps() << ','
         << r.ref_gbps << ',' << r.p50_gbps() / r.ref_gbps << ',' << r.p90_gbps() / r.ref_gbps << ','
         << r.cpu_s_per_gb << ',' << r.threads << ',' << slowdown(r) << ',' << (r.verified ? 1 : 0) << ',' << r.pool
-        << ',' << opt(r.stage_gbps, false) << ',' << opt(r.eff(), false) << ',' << opt(r.kept, false) << '\n';
+        << ',' << opt(r.stage_gbps, false) << ',' << opt(r.eff(), false) << ',' << opt(r.kept, false) << ','
+        << (bench.strided ? "strided" : "pool") << ',' << bench.pitch << '\n';
   }
   if (flags.has("json")) {
     std::ofstream f(flags.get("json"));
@@ -859,7 +876,8 @@ int main(int argc, char** argv) try {
         << ",\"compute_slowdown\":" << (r.slowdown >= -0.5 ? std::to_string(r.slowdown) : "null")
         << ",\"verified\":" << (r.verified ? "true" : "false") << ",\"pool\":\"" << r.pool
         << "\",\"gather_only_gbps\":" << opt(r.stage_gbps, true) << ",\"eff\":" << opt(r.eff(), true)
-        << ",\"rate_kept\":" << opt(r.kept, true) << "}";
+        << ",\"rate_kept\":" << opt(r.kept, true) << ",\"layout\":\"" << (bench.strided ? "strided" : "pool")
+        << "\",\"pitch\":" << bench.pitch << "}";
     }
     f << "]}\n";
   }

@@ -886,8 +886,8 @@ std::string layout_flag(int argc, char** argv) {
     else if (a == "--layout" && i + 1 < argc)
       layout = argv[++i];
   }
-  if (layout != "pool" && layout != "paged")
-    throw std::invalid_argument("--layout=" + layout + ": expected pool or paged");
+  if (layout != "pool" && layout != "paged" && layout != "strided")
+    throw std::invalid_argument("--layout=" + layout + ": expected paged, pool or strided");
   return layout;
 }
 

@@ -4,7 +4,7 @@
 # (gfd_benchmark --layout paged) and through Python swap_blocks, idle and under the decode load,
 # plus the one-pool headline. Logs and CSVs go to $OUT (packed as logs.tgz), a summary last.
 #   tools/gpu_paged.sh [test] [pytest] [paged] [python] [load] [pool] [repeat] [trace]
-#   [reliability]   (default: all but repeat, trace and reliability; test runs ctest and pytest, pytest only the latter)
+#   [strided] [micro] [reliability]   (default: all but repeat, trace, strided, micro, reliability; test runs ctest and pytest, pytest only the latter)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
@@ -60,6 +60,22 @@ if has trace; then  # where gfd's call and transfer go, 4096 blocks of 4 KB each
   summary "== trace: rc=$? (${SECONDS}s)"
   grep -E "^trace:|^  (planned|submission|threads|pieces)|^[hd]2[dh] " "$OUT/trace.log" >> "$OUT/summary.txt"
 fi
+if has strided; then  # constant-stride runs as 2D copies: the seed's layout against random blocks
+  for r in 1 2 3; do
+    for dir in h2d d2h; do
+      TAIL=12 run "strided_${dir}_$r" 120 "$B" --layout strided --pitch 2 --direction $dir --blocks 2048,16384 \
+        --block-sizes 4K --backends gather,batch_async,zero_copy_kernel --csv "$OUT/strided_${dir}_$r.csv"
+    done
+    TAIL=10 run "random_h2d_$r" 120 "$B" --layout pool --blocks 2048,16384 --block-sizes 4K --backends gather \
+      --csv "$OUT/random_h2d_$r.csv"
+  done
+fi
+if has micro; then  # what following constant-stride runs costs a random list (ns per block)
+  SECONDS=0
+  for r in 1 2 3 4 5; do build-gpu/tests/micro/micro_planner --benchmark_filter='runs_'; done > "$OUT/micro_runs.log" 2>&1
+  summary "== micro_planner runs: rc=$? (${SECONDS}s)"
+  grep -o "runs_o[nf]*\|ns_per_block=[0-9.]*" "$OUT/micro_runs.log" | paste -sd' ' >> "$OUT/summary.txt"
+fi
 if has reliability; then  # the long stress run, and compute-sanitizer on the cache-set and scatter paths
   SECONDS=0
   GFD_STRESS_REQUESTS=100000 timeout 200 build-gpu/tests/gfd_stress_test --gtest_filter='*Cuda' > "$OUT/stress.log" 2>&1
@@ -67,7 +83,7 @@ if has reliability; then  # the long stress run, and compute-sanitizer on the ca
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for tool in memcheck racecheck; do
     SECONDS=0
-    timeout 120 "$CS" --tool $tool --error-exitcode 3 build-gpu/tests/gfd_kv_cache_test --gtest_filter='*Cuda*' \
+    timeout 90 "$CS" --tool $tool --error-exitcode 3 build-gpu/tests/gfd_kv_cache_test --gtest_filter='*Cuda*' \
       > "$OUT/cs_$tool.log" 2>&1
     summary "== compute-sanitizer $tool (kv_cache + cache set, CUDA): rc=$? (${SECONDS}s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$OUT/cs_$tool.log" | tr '\n' ' ')"
   done

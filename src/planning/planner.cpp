@@ -39,7 +39,7 @@ struct PlanBuilder::State {
   std::size_t placed = 0;     // blocks coalesced into `cur` or placed before it
   const std::size_t direct_min = cfg.direct_min();
 
-  void place_one(const Segment& seg) {
+  void place(const Segment& seg) {
     plan.total_bytes += seg.bytes;
     if (seg.pinned_src && seg.bytes >= direct_min)
       plan.direct.push_back({seg.src, seg.dst, seg.bytes});
@@ -49,68 +49,93 @@ struct PlanBuilder::State {
 
   // Constant-stride runs: the copy engine moves one 2D copy of many rows at the link rate, where
   // it pays a per-copy cost for every block of a batch and the staged path crosses host memory
-  // three times. A run is followed as segments go by (two subtractions and compares per
-  // segment, so a random list costs next to nothing): `run_rows` segments from `run_first` on,
-  // each `run_sp` / `run_dp` after the one before. A run too short for a 2D copy is placed
-  // segment by segment, as it would have been.
-  Segment run_first{};
-  std::size_t run_rows = 0;
-  std::int64_t run_sp = 0, run_dp = 0;
-  void flush_run() {
-    if (run_rows >= cfg.strided_min_rows && run_rows >= 2) {
-      plan.strided.push_back({run_first.src, const_cast<std::byte*>(run_first.dst), run_first.bytes,
-                              static_cast<std::uint64_t>(run_sp), static_cast<std::uint64_t>(run_dp), run_rows});
-      plan.total_bytes += run_first.bytes * run_rows;
-    } else {
-      for (std::size_t r = 0; r < run_rows; ++r)
-        place_one({run_first.src + static_cast<std::int64_t>(r) * run_sp,
-                   run_first.dst + static_cast<std::int64_t>(r) * run_dp, run_first.bytes, run_first.pinned_src});
+  // three times. find_runs lists, before anything is placed, every stretch of at least
+  // strided_min_rows blocks of one size whose sources and destinations each advance by one pitch
+  // (positive, no smaller than a block, within CUDA's 2^31 - 1, not both contiguous: those are
+  // coalesced). One tight pass, two subtractions and a well-predicted compare per block, so a
+  // random list costs next to nothing (tests/micro/micro_planner, runs_on / runs_off).
+  std::vector<std::pair<std::size_t, std::size_t>>& runs = plan.scratch.runs;
+  std::size_t next_run = 0;
+  bool has_cur = false;
+  void find_runs() {
+    runs.clear();
+    const std::size_t n = blocks.size(), min = cfg.strided_min_rows;
+    if (cfg.mode != PlanConfig::Mode::kStaged || min < 2 || n < min) return;
+    auto addr = [](const void* p) { return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p)); };
+    std::size_t start = 0;
+    std::int64_t sp = 0, dp = 0;
+    bool paired = false;  // blocks start and start + 1 have one size: (sp, dp) is their pitch
+    auto close = [&](std::size_t end) {
+      if (!paired || end - start < min) return false;
+      const auto w = static_cast<std::int64_t>(blocks[start].bytes);
+      constexpr std::int64_t kMaxPitch = (std::int64_t{1} << 31) - 1;
+      if (sp < w || dp < w || sp > kMaxPitch || dp > kMaxPitch || (sp == w && dp == w)) return false;
+      runs.emplace_back(start, end);
+      return true;
+    };
+    for (std::size_t i = 1; i < n; ++i) {
+      const std::int64_t s = addr(blocks[i].src) - addr(blocks[i - 1].src);
+      const std::int64_t d = addr(blocks[i].dst) - addr(blocks[i - 1].dst);
+      const bool same = blocks[i].bytes == blocks[i - 1].bytes;
+      if (paired && same && s == sp && d == dp) continue;
+      // The run ends before block i; the next candidate is blocks i - 1 and i (i alone where
+      // i - 1 went into the run just listed, or the sizes differ).
+      const bool listed = close(i);
+      start = listed || !same ? i : i - 1;
+      paired = !listed && same;
+      sp = s;
+      dp = d;
     }
-    run_rows = 0;
+    close(n);
   }
-  void place(const Segment& seg) {
-    if (cfg.strided_min_rows == 0 || !seg.pinned_src) {
-      if (run_rows != 0) flush_run();
-      place_one(seg);
+  // A listed run, all of it validated: one 2D copy, or (a host side not all pinned) its blocks
+  // one by one as usual.
+  void place_run(std::size_t b, std::size_t e) {
+    const std::vector<std::uint8_t>& pinned = plan.scratch.pinned;
+    bool all_pinned = true;
+    for (std::size_t k = b; k < e; ++k) all_pinned = all_pinned && pinned[k] != 0;
+    if (!all_pinned) {
+      for (std::size_t k = b; k < e; ++k)
+        place({static_cast<const std::byte*>(blocks[k].src), static_cast<std::byte*>(blocks[k].dst), blocks[k].bytes,
+               pinned[k] != 0});
       return;
     }
-    if (run_rows != 0 && seg.bytes == run_first.bytes) {
-      const Segment last{run_first.src + static_cast<std::int64_t>(run_rows - 1) * run_sp,
-                         run_first.dst + static_cast<std::int64_t>(run_rows - 1) * run_dp, 0, true};
-      const std::int64_t sp = seg.src - last.src, dp = seg.dst - last.dst;
-      if (run_rows == 1) {
-        // Pitches positive and no smaller than a row (rows may not overlap), within what a 2D
-        // copy takes (CUDA's pitch limit is 2^31 - 1 on current GPUs).
-        const auto w = static_cast<std::int64_t>(seg.bytes);
-        constexpr std::int64_t kMaxPitch = (std::int64_t{1} << 31) - 1;
-        if (sp >= w && dp >= w && sp <= kMaxPitch && dp <= kMaxPitch) {
-          run_sp = sp;
-          run_dp = dp;
-          ++run_rows;
-          return;
-        }
-      } else if (sp == run_sp && dp == run_dp) {
-        ++run_rows;
-        return;
-      }
-    }
-    if (run_rows != 0) flush_run();
-    run_first = seg;
-    run_rows = 1;
+    const auto* s0 = static_cast<const std::byte*>(blocks[b].src);
+    auto* d0 = static_cast<std::byte*>(blocks[b].dst);
+    const auto sp = static_cast<std::uint64_t>(static_cast<const std::byte*>(blocks[b + 1].src) - s0);
+    const auto dp = static_cast<std::uint64_t>(static_cast<std::byte*>(blocks[b + 1].dst) - d0);
+    plan.strided.push_back({s0, d0, blocks[b].bytes, sp, dp, e - b});
+    plan.total_bytes += blocks[b].bytes * (e - b);
   }
+  // The end advance() must reach so that no listed run is cut: a run that starts before `end`
+  // is placed whole.
+  std::size_t run_end(std::size_t end) const {
+    for (std::size_t r = next_run; r < runs.size() && runs[r].first < end; ++r) end = std::max(end, runs[r].second);
+    return end;
+  }
+
   // Coalesces runs of blocks that are adjacent at both ends into one segment as they go by.
   void coalesce(std::size_t end) {
     const std::vector<std::uint8_t>& pinned = plan.scratch.pinned;
     for (std::size_t i = placed; i < end; ++i) {
+      if (next_run < runs.size() && i == runs[next_run].first) {
+        if (has_cur) place(cur);
+        has_cur = false;
+        place_run(runs[next_run].first, runs[next_run].second);
+        i = runs[next_run].second - 1;
+        ++next_run;
+        continue;
+      }
       const auto* src = static_cast<const std::byte*>(blocks[i].src);
       auto* dst = static_cast<std::byte*>(blocks[i].dst);
-      if (i != 0 && cur.src + cur.bytes == src && cur.dst + cur.bytes == dst) {
+      if (has_cur && cur.src + cur.bytes == src && cur.dst + cur.bytes == dst) {
         cur.bytes += blocks[i].bytes;
         cur.pinned_src = cur.pinned_src && pinned[i] != 0;
         continue;
       }
-      if (i != 0) place(cur);
+      if (has_cur) place(cur);
       cur = {src, dst, blocks[i].bytes, pinned[i] != 0};
+      has_cur = true;
     }
     placed = end;
   }
@@ -148,6 +173,7 @@ PlanBuilder::PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& cf
     }
   }
   s_ = std::make_unique<State>(blocks, cfg, classify, plan, pageable, block_bytes);
+  s_->find_runs();
   if (cfg.trust != nullptr) {
     // Checked already (a CacheSet's transfer): only the pinned-memory requirement is left.
     const PlanTrust& t = *cfg.trust;
@@ -171,7 +197,7 @@ std::size_t PlanBuilder::packed() const { return s_->placed; }
 
 void PlanBuilder::advance(std::size_t end) {
   State& st = *s_;
-  end = std::min(end, st.blocks.size());
+  end = std::min(st.run_end(end), st.blocks.size());
   if (end > st.validated) {
     validate_range(st.blocks, st.validated, end, st.cfg, st.cache, st.plan.scratch.pinned, st.valid);
     st.validated = end;
@@ -213,8 +239,7 @@ void PlanBuilder::finish() {
     return;
   }
   advance(st.blocks.size());
-  st.place(st.cur);
-  if (st.run_rows != 0) st.flush_run();
+  if (st.has_cur) st.place(st.cur);
   st.packer.finish();
 }
 

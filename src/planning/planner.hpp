@@ -114,6 +114,7 @@ struct Plan {
     std::vector<std::uint32_t> count;
     std::vector<std::uint64_t> slots;  // overlap check of equal blocks on one grid: a hash set
     std::vector<std::uint32_t> owner;
+    std::vector<std::pair<std::size_t, std::size_t>> runs;  // constant-stride runs, [begin, end)
   };
   std::vector<GatherOp> ops;
   std::vector<PlannedChunk> chunks;

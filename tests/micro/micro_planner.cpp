@@ -89,7 +89,10 @@ gfd::detail::PointerClassifier fake_classifier(std::size_t n, Source source, std
   };
 }
 
-void BM_MakePlan(benchmark::State& state, DstOrder order, bool check_overlaps, Source source) {
+// `strided_min_rows`: the constant-stride run detection (0: off, the engine's default 128: on),
+// to see what following runs costs a random list that has none.
+void BM_MakePlan(benchmark::State& state, DstOrder order, bool check_overlaps, Source source,
+                 std::size_t strided_min_rows = 0) {
   const auto n = static_cast<std::size_t>(state.range(0));
   const std::vector<BlockCopy> blocks = make_blocks(n, order, source);
   std::uint64_t queries = 0;
@@ -97,6 +100,7 @@ void BM_MakePlan(benchmark::State& state, DstOrder order, bool check_overlaps, S
   PlanConfig config;  // the engine's defaults (2 MB slots, 32 KB pieces, ...)
   config.device = 0;
   config.check_overlaps = check_overlaps;
+  config.strided_min_rows = strided_min_rows;
 
   gfd::detail::PageableCache pageable(60000);
   gfd::detail::PageableCache* shared = source == Source::kPageable ? &pageable : nullptr;
@@ -152,6 +156,8 @@ BENCHMARK_CAPTURE(BM_MakePlan, ascending_dst_nocheck, DstOrder::kAscending, fals
     ->Apply(BlockCounts);
 BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_nocheck, DstOrder::kShuffled, false, Source::kPinned)
     ->Apply(BlockCounts);
+BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_runs_off, DstOrder::kShuffled, true, Source::kPinned, 0)->Arg(4096);
+BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_runs_on, DstOrder::kShuffled, true, Source::kPinned, 128)->Arg(4096);
 BENCHMARK_CAPTURE(BM_Check, ascending_dst, DstOrder::kAscending)->Apply(BlockCounts);
 BENCHMARK_CAPTURE(BM_Check, shuffled_dst, DstOrder::kShuffled)->Apply(BlockCounts);
 BENCHMARK_CAPTURE(BM_MakePlan, pageable_src_ascending_dst, DstOrder::kAscending, true, Source::kPageable)
