@@ -63,10 +63,10 @@ fi
 if has strided; then  # constant-stride runs as 2D copies: the seed's layout against random blocks
   for r in 1 2 3; do
     for dir in h2d d2h; do
-      TAIL=12 run "strided_${dir}_$r" 120 "$B" --layout strided --pitch 2 --direction $dir --blocks 2048,16384 \
+      TAIL=20 run "strided_${dir}_$r" 120 "$B" --layout strided --pitch 2 --direction $dir --blocks 64,128,256,2048,16384 \
         --block-sizes 4K --backends gather,batch_async,zero_copy_kernel --csv "$OUT/strided_${dir}_$r.csv"
     done
-    TAIL=10 run "random_h2d_$r" 120 "$B" --layout pool --blocks 2048,16384 --block-sizes 4K --backends gather \
+    TAIL=10 run "random_h2d_$r" 120 "$B" --layout pool --blocks 64,128,256,2048,16384 --block-sizes 4K --backends gather \
       --csv "$OUT/random_h2d_$r.csv"
   done
 fi
