@@ -81,7 +81,7 @@ if has reliability; then  # the long stress run, and compute-sanitizer on the ca
   GFD_STRESS_REQUESTS=100000 timeout 200 build-gpu/tests/gfd_stress_test --gtest_filter='*Cuda' > "$OUT/stress.log" 2>&1
   summary "== stress long: rc=$? (${SECONDS}s) $(grep -E '^stress' "$OUT/stress.log" | tr '\n' ' ')"
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  for tool in memcheck racecheck; do
+  for tool in ${CS_TOOLS:-memcheck racecheck}; do
     SECONDS=0
     timeout 90 "$CS" --tool $tool --error-exitcode 3 build-gpu/tests/gfd_kv_cache_test --gtest_filter='*Cuda*' \
       > "$OUT/cs_$tool.log" 2>&1
