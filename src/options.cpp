@@ -1,7 +1,9 @@
 #include <cerrno>
 #include <climits>
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include <numa.h>
 
@@ -55,6 +57,17 @@ void env_size(const char* name, std::size_t& field) {
   if (const char* v = std::getenv(name)) field = parse_size(name, v);
 }
 
+void env_cpus(const char* name, std::string& field) {
+  if (const char* v = std::getenv(name)) {
+    try {
+      (void)detail::parse_cpulist(v);
+    } catch (const Error&) {
+      bad_env(name, v, "a CPU list such as 0-7,16");
+    }
+    field = v;
+  }
+}
+
 }  // namespace
 
 EngineOptions EngineOptions::from_env(EngineOptions o) {
@@ -66,6 +79,7 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
   env_size("GFD_DIRECT_MIN_BYTES", o.direct_min_bytes);
   env_size("GFD_DIRECT_MIN_BYTES_TO_HOST", o.direct_min_bytes_to_host);
   env_size("GFD_STRIDED_MIN_ROWS", o.strided_min_rows);
+  env_cpus("GFD_CPUS", o.cpus);
   env_size("GFD_INLINE_GATHER_BYTES", o.inline_gather_bytes);
   env_int("GFD_GATHER_THREADS", o.gather_threads);
   env_int("GFD_COPY_STREAMS", o.copy_streams);
@@ -129,7 +143,21 @@ void EngineOptions::validate() const {
   if (numa_node >= 0 && (numa_available() < 0 || numa_node > numa_max_node()))
     bad_option("numa_node: " + str(numa_node) + " does not exist on this machine");
   if (gather_threads < 0) bad_option("gather_threads: " + str(gather_threads) + " is negative");
-  const auto ncpu = static_cast<long long>(detail::allowed_cpus().size());
+  const std::vector<int> allowed = detail::allowed_cpus();
+  if (!cpus.empty()) {
+    std::vector<int> list;
+    try {
+      list = detail::parse_cpulist(cpus);
+    } catch (const Error& e) {
+      bad_option("cpus: '" + cpus + "' is not a CPU list such as 0-7,16 (" + e.what() + ")");
+    }
+    if (list.empty()) bad_option("cpus: '" + cpus + "' names no CPU");
+    for (int c : list)
+      if (!std::binary_search(allowed.begin(), allowed.end(), c))
+        bad_option("cpus: CPU " + str(c) + " is not one this process may run on (" + detail::format_cpulist(allowed) +
+                   ")");
+  }
+  const auto ncpu = static_cast<long long>(allowed.size());
   if (gather_threads > ncpu)
     bad_option("gather_threads: " + str(gather_threads) + " is more than the " + str(ncpu) +
                " CPUs this process may use");

@@ -11,13 +11,14 @@
 #include <vector>
 
 #include "gfd/gfd.hpp"
+#include "host/topology.hpp"
 
 namespace {
 
 const std::vector<std::string>& gfd_variables() {
   static const std::vector<std::string> names = {
       "GFD_DEVICE",           "GFD_STAGING_BYTES",       "GFD_SLOT_BYTES",
-      "GFD_FIRST_CHUNK_BYTES", "GFD_PIECE_BYTES",        "GFD_DIRECT_MIN_BYTES", "GFD_DIRECT_MIN_BYTES_TO_HOST", "GFD_STRIDED_MIN_ROWS",
+      "GFD_FIRST_CHUNK_BYTES", "GFD_PIECE_BYTES",        "GFD_DIRECT_MIN_BYTES", "GFD_DIRECT_MIN_BYTES_TO_HOST", "GFD_STRIDED_MIN_ROWS", "GFD_CPUS",
       "GFD_INLINE_GATHER_BYTES", "GFD_GATHER_THREADS",   "GFD_COPY_STREAMS",
       "GFD_NUMA_NODE",        "GFD_SPIN_US",             "GFD_CHECK_OVERLAPS",
       "GFD_SUBMITTER_GATHERS", "GFD_STAGING_WRITES", "GFD_KERNEL_MAX_BYTES", "GFD_PREISSUE", "GFD_TIME_DMAS",
@@ -65,6 +66,7 @@ gfd::EngineOptions custom_base() {
   o.direct_min_bytes = std::size_t{3} << 20;
   o.direct_min_bytes_to_host = std::size_t{5} << 20;
   o.strided_min_rows = 7;
+  o.cpus = "0";
   o.inline_gather_bytes = std::size_t{8} << 10;
   o.gather_threads = 5;
   o.copy_streams = 4;
@@ -90,6 +92,7 @@ void expect_same(const gfd::EngineOptions& a, const gfd::EngineOptions& b) {
   EXPECT_EQ(a.direct_min_bytes, b.direct_min_bytes);
   EXPECT_EQ(a.direct_min_bytes_to_host, b.direct_min_bytes_to_host);
   EXPECT_EQ(a.strided_min_rows, b.strided_min_rows);
+  EXPECT_EQ(a.cpus, b.cpus);
   EXPECT_EQ(a.inline_gather_bytes, b.inline_gather_bytes);
   EXPECT_EQ(a.gather_threads, b.gather_threads);
   EXPECT_EQ(a.copy_streams, b.copy_streams);
@@ -156,6 +159,7 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
       {"GFD_DIRECT_MIN_BYTES", "1G", [](auto& o) { o.direct_min_bytes = std::size_t{1} << 30; }},
       {"GFD_DIRECT_MIN_BYTES_TO_HOST", "96K", [](auto& o) { o.direct_min_bytes_to_host = std::size_t{96} << 10; }},
       {"GFD_STRIDED_MIN_ROWS", "0", [](auto& o) { o.strided_min_rows = 0; }},
+      {"GFD_CPUS", "0-1", [](auto& o) { o.cpus = "0-1"; }},
       {"GFD_INLINE_GATHER_BYTES", "4096", [](auto& o) { o.inline_gather_bytes = 4096; }},
       {"GFD_GATHER_THREADS", "9", [](auto& o) { o.gather_threads = 9; }},
       {"GFD_COPY_STREAMS", "3", [](auto& o) { o.copy_streams = 3; }},
@@ -362,3 +366,24 @@ TEST(OptionsFromEnvTest, StagingWritesRejectsOtherValuesNamingTheVariable) {
 }
 
 }  // namespace
+
+TEST(OptionsCpusTest, ACpuListIsCheckedAndNamed) {
+  const std::vector<int> allowed = gfd::detail::allowed_cpus();
+  gfd::EngineOptions o;
+  o.cpus = gfd::detail::format_cpulist(allowed);
+  EXPECT_NO_THROW(o.validate());
+  o.cpus = "3-x";
+  try {
+    o.validate();
+    ADD_FAILURE() << "a malformed list passed";
+  } catch (const gfd::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cpus: '3-x' is not a CPU list"), std::string::npos) << e.what();
+  }
+  o.cpus = std::to_string(allowed.back() + 1000);
+  try {
+    o.validate();
+    ADD_FAILURE() << "a CPU this process may not use passed";
+  } catch (const gfd::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not one this process may run on"), std::string::npos) << e.what();
+  }
+}

@@ -312,3 +312,45 @@ TEST_F(GpuLocalityTest, AloneOrUnknownGpuKeepsItsCpus) {
   const auto emulated = gfd::detail::share_cpus("", read(""), {kBusId}, root_.path().string());
   EXPECT_EQ(emulated.sharing, 1);
 }
+
+namespace {
+
+// A fake sysfs device with vendor and class, as the PCI core lists it.
+void make_pci(const fs::path& root, const std::string& bus_id, const std::string& vendor, const std::string& cls,
+              const std::string& numa_node, const std::string& cpulist) {
+  const fs::path dir = root / "bus" / "pci" / "devices" / bus_id;
+  fs::create_directories(dir);
+  std::ofstream(dir / "vendor") << vendor << "\n";
+  std::ofstream(dir / "class") << cls << "\n";
+  std::ofstream(dir / "numa_node") << numa_node;
+  std::ofstream(dir / "local_cpulist") << cpulist;
+}
+
+}  // namespace
+
+// One process per GPU (vLLM's tensor parallelism, a container with one visible GPU): each sees
+// one GPU, yet the engines of the host's four GPUs on node 0 must take disjoint CPUs.
+TEST_F(GpuLocalityTest, OneVisibleGpuStillSplitsWithTheHostsOthers) {
+  const std::string list = gfd::detail::format_cpulist(allowed_);
+  const std::vector<std::string> gpus = {"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0"};
+  for (const auto& id : gpus) make_pci(root_.path(), id, "0x10de", "0x030200", "0", list);
+  make_pci(root_.path(), "0000:19:00.0", "0x15b3", "0x020000", "0", list);   // a NIC: not a GPU
+  make_pci(root_.path(), "0000:9a:00.0", "0x10de", "0x030200", "1", list);   // a GPU on node 1
+  make_pci(root_.path(), "0000:9b:00.0", "0x10de", "0x040300", "0", list);   // NVIDIA audio: no
+  EXPECT_EQ(gfd::detail::host_gpu_bus_ids(root_.path().string()),
+            (std::vector<std::string>{"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",
+                                      "0000:9a:00.0"}));
+  std::vector<int> taken;
+  for (std::size_t r = 0; r < gpus.size(); ++r) {
+    const auto s = gfd::detail::share_cpus(gpus[r], read(gpus[r]), {gpus[r]}, root_.path().string());
+    EXPECT_EQ(s.sharing, 4) << gpus[r];
+    EXPECT_EQ(s.cpus, gfd::detail::split_cpus(allowed_, static_cast<int>(r), 4)) << gpus[r];
+    taken.insert(taken.end(), s.cpus.begin(), s.cpus.end());
+  }
+  std::sort(taken.begin(), taken.end());
+  if (allowed_.size() >= 4) EXPECT_EQ(taken, allowed_) << "the four parts cover the node's CPUs once";
+  // The GPU on node 1 has its node's CPUs to itself.
+  const auto other = gfd::detail::share_cpus("0000:9a:00.0", read("0000:9a:00.0"), {"0000:9a:00.0"},
+                                             root_.path().string());
+  EXPECT_EQ(other.sharing, 1);
+}

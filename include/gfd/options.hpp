@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "gfd/types.hpp"
 
@@ -59,9 +60,16 @@ struct EngineOptions {
   /// system reports no locality); -2 = do not bind.
   int numa_node = -1;
   /// By default the GPUs that share a NUMA node (or, where the system reports no locality, all
-  /// GPUs) split its CPUs into equal parts, one per GPU's engine, so that engines of one process
-  /// never compete for a CPU. True: this engine uses all of its GPU's local CPUs.
+  /// GPUs) split its CPUs into equal parts, one per GPU's engine, so that engines never compete
+  /// for a CPU: every GPU of the host that sysfs lists counts, whether this process sees it or
+  /// not, so that one process per GPU (vLLM's tensor parallelism, containers with one visible
+  /// GPU) splits the CPUs the same way. True: this engine uses all of its GPU's local CPUs.
   bool use_all_local_cpus = false;
+  /// The CPUs for this engine's gather threads, as a list ("0-7,16"); "" (default): chosen as
+  /// above. Operators who place processes themselves set it (or GFD_CPUS); it must name only CPUs
+  /// this process may run on, and overrides the split and the node's CPUs (staging memory still
+  /// goes on the GPU's node, or numa_node's).
+  std::string cpus;
   /// How long an idle gather thread spins before it parks, in microseconds.
   int spin_us = 200;
   /// The submitting thread gathers too, until its pieces are all taken, and copy_to_device
@@ -119,7 +127,7 @@ struct EngineOptions {
   /// GFD_DIRECT_MIN_BYTES, GFD_DIRECT_MIN_BYTES_TO_HOST,
   /// GFD_STRIDED_MIN_ROWS, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
   /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS, GFD_SUBMITTER_GATHERS,
-  /// GFD_USE_ALL_LOCAL_CPUS, GFD_STAGING_WRITES ("auto", "cldemote", "streaming" or "plain"),
+  /// GFD_USE_ALL_LOCAL_CPUS, GFD_CPUS, GFD_STAGING_WRITES ("auto", "cldemote", "streaming" or "plain"),
   /// GFD_PREISSUE, GFD_KERNEL_MAX_BYTES, GFD_PAGEABLE_CACHE_MS, GFD_BACKEND (a backend name such
   /// as "batch_async"). Sizes accept K, M and G suffixes.
   /// Throws gfd::Error naming the variable when a value does not parse.

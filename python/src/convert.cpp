@@ -128,6 +128,11 @@ void assign(bool& out, py::handle v, const char* name) {
     throw py::type_error(std::string("Engine: option '") + name + "' takes a bool, not " + type_name(v));
   out = py::cast<bool>(py::bool_(py::reinterpret_borrow<py::object>(v)));
 }
+void assign(std::string& out, py::handle v, const char* name) {
+  if (!py::isinstance<py::str>(v))
+    throw py::type_error(std::string("Engine: option '") + name + "' takes a str, not " + type_name(v));
+  out = v.cast<std::string>();
+}
 void assign(Backend& out, py::handle v, const char* name) {
   if (!py::isinstance<py::str>(v))
     throw py::type_error(std::string("Engine: option '") + name +
@@ -173,6 +178,7 @@ const OptionField kOptionFields[] = {
     GFD_OPTION(copy_streams),
     GFD_OPTION(numa_node),
     GFD_OPTION(use_all_local_cpus),
+    GFD_OPTION(cpus),
     GFD_OPTION(spin_us),
     GFD_OPTION(submitter_gathers),
     GFD_OPTION(staging_writes),

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -113,6 +114,25 @@ std::vector<int> split_cpus(const std::vector<int>& cpus, int rank, int count) {
                           cpus.begin() + static_cast<std::ptrdiff_t>(n * (r + 1) / k));
 }
 
+std::vector<std::string> host_gpu_bus_ids(const std::string& sysfs_root) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::path(sysfs_root) / "bus" / "pci" / "devices";
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string d = entry.path().string() + "/";
+    const std::string vendor = trim(read_line(d + "vendor"));
+    const std::string cls = trim(read_line(d + "class"));
+    // 0x030200: 3D controller (data-centre GPUs), 0x030000: VGA-compatible controller.
+    if (vendor == "0x10de" && (cls.rfind("0x0302", 0) == 0 || cls.rfind("0x0300", 0) == 0)) {
+      std::string id = entry.path().filename().string();
+      std::transform(id.begin(), id.end(), id.begin(), ::tolower);
+      out.push_back(id);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 CpuShare share_cpus(const std::string& pci_bus_id, const GpuLocality& loc,
                     const std::vector<std::string>& all_bus_ids, const std::string& sysfs_root) {
   auto lower = [](std::string s) {
@@ -121,7 +141,10 @@ CpuShare share_cpus(const std::string& pci_bus_id, const GpuLocality& loc,
   };
   const std::string me = lower(pci_bus_id);
   std::vector<std::string> group;
-  for (const std::string& id : all_bus_ids) {
+  std::vector<std::string> candidates = all_bus_ids;
+  if (!me.empty())
+    for (const std::string& id : host_gpu_bus_ids(sysfs_root)) candidates.push_back(id);
+  for (const std::string& id : candidates) {
     const std::string other = lower(id);
     if (other == me || read_gpu_locality(other, sysfs_root).numa_node == loc.numa_node)
       group.push_back(other);

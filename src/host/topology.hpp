@@ -20,10 +20,17 @@ std::vector<int> parse_cpulist(const std::string& text);
 GpuLocality read_gpu_locality(const std::string& pci_bus_id,
                               const std::string& sysfs_root = "/sys");
 
-// The part of a GPU's local CPUs its engine takes when every visible GPU runs an engine: GPUs
-// with the same locality (the same NUMA node, or all GPUs that report none) split those CPUs
-// into equal consecutive parts in PCI bus id order, so engines of one process never share a
-// CPU. More GPUs than CPUs: each GPU gets one CPU, round robin.
+// PCI bus ids (lower case) of every NVIDIA GPU sysfs lists under <sysfs_root>/bus/pci/devices
+// (vendor 0x10de, class 3D or VGA controller), whatever CUDA_VISIBLE_DEVICES lets this process
+// see: the other processes of a host each run their own GPU's engine.
+std::vector<std::string> host_gpu_bus_ids(const std::string& sysfs_root = "/sys");
+
+// The part of a GPU's local CPUs its engine takes when every GPU runs an engine: GPUs with the
+// same locality (the same NUMA node, or all GPUs that report none) among `all_bus_ids` (those
+// this process sees) and every GPU of the host that sysfs lists (host_gpu_bus_ids) split those
+// CPUs into equal consecutive parts in PCI bus id order, so that engines, in one process or in
+// one process per GPU, never share a CPU. More GPUs than CPUs: each GPU gets one CPU, round
+// robin.
 struct CpuShare {
   std::vector<int> cpus;  // this GPU's part (never empty)
   int sharing = 1;        // GPUs splitting the same CPUs (1: the GPU has them to itself)

@@ -61,7 +61,7 @@ def test_unknown_option_is_a_type_error():
 
 
 @pytest.mark.parametrize("name,value", [("spin_us", "fast"), ("check_overlaps", "yes"),
-                                        ("staging_bytes", 1.5), ("backend", 3)])
+                                        ("staging_bytes", 1.5), ("backend", 3), ("cpus", 3)])
 def test_option_of_the_wrong_type(name, value):
     with pytest.raises(TypeError, match=name):
         _testing.emulated_engine(**{name: value})
@@ -69,7 +69,7 @@ def test_option_of_the_wrong_type(name, value):
 
 @pytest.mark.parametrize("name,value", [("copy_streams", 0), ("backend", "fastest"),
                                         ("staging_bytes", "12Q"), ("spin_us", -1),
-                                        ("staging_writes", "sideways")])
+                                        ("staging_writes", "sideways"), ("cpus", "3-x")])
 def test_bad_option_value_names_it(name, value):
     with pytest.raises(gfd.Error) as info:
         _testing.emulated_engine(**small_options(**{name: value}))
@@ -133,3 +133,9 @@ def test_engines_are_closed_at_exit():
                        env=dict(os.environ))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
+
+
+def test_cpus_option_places_the_gather_threads():
+    with _testing.emulated_engine(**small_options(cpus="0")) as e:
+        assert e.options()["cpus"] == "0"
+        assert e.stats()["cpus"] == [0]
