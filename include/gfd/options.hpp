@@ -30,7 +30,9 @@ struct EngineOptions {
   /// staged to 90% direct, 256 KB blocks from 76% to 97% (bench/RESULTS.md, 2026-12-01); in the
   /// paged case (64 tensors x 64 blocks) 32 KB blocks moved 87-88% as slot-sized batches
   /// against 63-66% staged, 16 KB blocks 42% against 65% (bench/history/
-  /// 2026-12-01-s6-runtime-call.md). 0 disables the direct path.
+  /// 2026-12-01-s6-runtime-call.md); with this default gfd's own 32 KB swap-ins then moved
+  /// 59.7-90.2% over five runs in two leases, 88% through Python (-s6b-final-code.md). 0
+  /// disables the direct path.
   std::size_t direct_min_bytes = std::size_t{32} << 10;
   /// The same for device to host (pinned host destinations). On the H200 32 KB blocks moved
   /// 85-91% staged against 79% as batches, 64 KB blocks 95% direct (the same notes). 0
@@ -42,7 +44,9 @@ struct EngineOptions {
   /// engine as one 2D copy (cudaMemcpy2DAsync) instead of being gathered; the rest of the list
   /// goes the usual way in the same transfer. On an H200 one such copy of 2048 rows of 4 KB
   /// moved 52 GB/s, the line rate, while 64 copies of 32 rows each moved 45%
-  /// (shared/DESIGN.md). 0 disables it. Host to device and device to host.
+  /// (shared/DESIGN.md); through the engine 128-row runs moved 63-66% of the line rate against
+  /// 38-40% for random blocks, 2048 rows 82.5-84.2% (bench/history/2026-12-01-s6b-final-code.md).
+  /// 0 disables it. Host to device and device to host.
   std::size_t strided_min_rows = 128;
   /// Transfers of at most this many bytes are gathered by the submitting thread alone (waking
   /// the pool would cost more than the copy). Any transfer of one chunk (up to
