@@ -1,6 +1,6 @@
 // What the Python module's files share (python/src): gfd.Error, engine options and stats as
-// Python dicts, element types, tensors and integer arrays coming in from Python. convert.cpp
-// defines these; gfd_ext.cpp builds the module (engines, transfers, buffers out) on them.
+// Python dicts, element types (convert.cpp), tensors and integer arrays coming in from Python
+// (arrays.cpp); gfd_ext.cpp builds the module (engines, transfers) on them.
 #pragma once
 
 #include <pybind11/pybind11.h>
