@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <string>
 
-#include "planning/cache_set.hpp"
-#include "host/gather_copy.hpp"
 #include "gfd/error.hpp"
+#include "host/gather_copy.hpp"
 #include "host/placement.hpp"
-#include "sync.hpp"
 #include "host/topology.hpp"
+#include "planning/cache_set.hpp"
+#include "sync.hpp"
 
 namespace gfd::detail {
 namespace {

@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "planning/cache_set.hpp"
 #include "device/device.hpp"
 #include "engine_context.hpp"
 #include "gfd/engine.hpp"
+#include "planning/cache_set.hpp"
 
 namespace gfd::detail {
 

@@ -9,8 +9,8 @@
 #include "device/device.hpp"
 #include "device/emulated_device.hpp"
 #include "engine_core.hpp"
-#include "host/gather_copy.hpp"
 #include "gfd/error.hpp"
+#include "host/gather_copy.hpp"
 #include "host/host_pool.hpp"
 #include "host/topology.hpp"
 

@@ -24,11 +24,11 @@
 #include <utility>
 #include <vector>
 
-#include "device/device.hpp"
-#include "dlpack.hpp"
-#include "device/emulated_device.hpp"
-#include "engine_core.hpp"
 #include "buffers.hpp"
+#include "device/device.hpp"
+#include "device/emulated_device.hpp"
+#include "dlpack.hpp"
+#include "engine_core.hpp"
 #include "engine_holder.hpp"
 #include "ext.hpp"
 #include "gfd/gfd.hpp"

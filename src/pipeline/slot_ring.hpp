@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "device/device.hpp"
-#include "planning/planner.hpp"
 #include "host/host_memory.hpp"
+#include "planning/planner.hpp"
 #include "sync.hpp"
 
 namespace gfd::detail {

@@ -28,8 +28,8 @@
 
 #include "bench_common.hpp"
 #include "host/gather_copy.hpp"
-#include "micro_cuda.hpp"
 #include "host/topology.hpp"
+#include "micro_cuda.hpp"
 
 namespace {
 
