@@ -4,7 +4,7 @@
 # (gfd_benchmark --layout paged) and through Python swap_blocks, idle and under the decode load,
 # plus the one-pool headline. Logs and CSVs go to $OUT (packed as logs.tgz), a summary last.
 #   tools/gpu_paged.sh [test] [pytest] [paged] [python] [load] [pool] [repeat] [trace]
-#   [strided] [micro] [reliability]   (default: all but repeat, trace, strided, micro, reliability; test runs ctest and pytest, pytest only the latter)
+#   [strided] [micro] [reliability] [vllm]   (default: all but repeat, trace, strided, micro, reliability; test runs ctest and pytest, pytest only the latter)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
@@ -86,6 +86,16 @@ if has reliability; then  # the long stress run, and compute-sanitizer on the ca
     timeout 90 "$CS" --tool $tool --error-exitcode 3 build-gpu/tests/gfd_kv_cache_test --gtest_filter='*Cuda*' \
       > "$OUT/cs_$tool.log" 2>&1
     summary "== compute-sanitizer $tool (kv_cache + cache set, CUDA): rc=$? (${SECONDS}s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$OUT/cs_$tool.log" | tr '\n' ' ')"
+  done
+fi
+if has vllm; then  # the vLLM offloading worker: byte-identical to vLLM's copy path, and its rates
+  SECONDS=0
+  timeout 200 python3 -m pytest -q tests/python/test_kv_worker_gpu.py > "$OUT/vllm_pytest.log" 2>&1
+  summary "vllm worker pytest: rc=$? $(tail -1 "$OUT/vllm_pytest.log") (${SECONDS}s)"
+  grep -E "^FAILED|Error" "$OUT/vllm_pytest.log" | head -10 >> "$OUT/summary.txt"
+  for r in ${VLLM_RUNS:-1 2 3}; do
+    TAIL=14 run "vllm_bench_$r" 200 python3 -m gfd.bench_vllm --pages 8K,32K --blocks 64 \
+      --host-memory "${VLLM_HOST_MEMORY:-pool}" --csv "$OUT/vllm_bench_$r.csv"
   done
 fi
 if has python; then

@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -323,6 +324,33 @@ PYBIND11_MODULE(_gfd, m) {
   }, py::arg("engine"), py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("to_device"),
      py::arg("stream") = py::none(),
      "One plain asynchronous copy on `stream` (the contiguous reference of the benchmark).");
+  t.def("memcpy_batch", [](PyEngine& e, std::uintptr_t dsts, std::uintptr_t srcs, std::uintptr_t sizes,
+                           std::size_t count, bool to_device, std::uintptr_t stream) {
+    // vLLM's CPU offloading copy path (swap_blocks_batch): one cudaMemcpyBatchAsync of every
+    // descriptor, sources read in any order for loads and in stream order for stores. The
+    // arrays are `count` pointers / sizes at those addresses (numpy's .ctypes.data).
+    auto h = e.holder();
+    if (h->emulated) bad_argument("memcpy_batch: needs a CUDA device, not the emulated one");
+    if (count == 0) return;
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = to_device ? cudaMemcpySrcAccessOrderAny : cudaMemcpySrcAccessOrderStream;
+    attr.srcLocHint.type = to_device ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
+    attr.srcLocHint.id = to_device ? 0 : h->ordinal;
+    attr.dstLocHint.type = to_device ? cudaMemLocationTypeDevice : cudaMemLocationTypeHost;
+    attr.dstLocHint.id = to_device ? h->ordinal : 0;
+    std::size_t attr_index = 0;
+    auto check_cuda = [](cudaError_t err, const char* what) {
+      if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+    };
+    py::gil_scoped_release nogil;
+    KeepCurrentDevice keep;
+    check_cuda(cudaSetDevice(h->ordinal), "memcpy_batch: cudaSetDevice");
+    check_cuda(cudaMemcpyBatchAsync(reinterpret_cast<void**>(dsts), reinterpret_cast<const void**>(srcs),
+                                    reinterpret_cast<const std::size_t*>(sizes), count, &attr, &attr_index, 1,
+                                    reinterpret_cast<cudaStream_t>(stream)),
+               "memcpy_batch: cudaMemcpyBatchAsync");
+  }, py::arg("engine"), py::arg("dsts"), py::arg("srcs"), py::arg("sizes"), py::arg("count"), py::arg("to_device"),
+     py::arg("stream"));
   t.def("memset", [](PyEngine& e, std::uintptr_t dst, int value, std::size_t bytes, std::optional<std::uintptr_t> s) {
     auto h = e.holder();
     e.device_of(*h).memset_async(reinterpret_cast<void*>(dst), value, bytes, e.stream_of(*h, s));

@@ -1,0 +1,212 @@
+"""``python -m gfd.bench_vllm``: gfd's vLLM offloading worker against vLLM's own copy path.
+
+The layout of vLLM's CPU offloading (``--tensors`` canonical KV tensors on the GPU, int8
+``[gpu blocks, page]``; host caches ``[chunks, page * blocks_per_chunk]``, about
+``--host-bytes`` in all so that sources are cold) and its jobs: ``--blocks`` GPU blocks per job,
+each with a random host chunk (distinct) and a random GPU block (distinct), every tensor. Methods
+in the same run, each on the same host caches:
+
+- ``gfd``: :class:`gfd.kv_worker.KVTransferWorker` (``submit`` then ``get_finished`` until the job
+  is reported), the time from the job's own CUDA events on the worker's stream;
+- ``vllm_batch``: what vLLM's CPU worker does per job: a descriptor per (block, tensor) built with
+  numpy as vLLM builds it, and one ``cudaMemcpyBatchAsync`` of them on a stream of its own
+  (sources read in any order for loads, in stream order for stores), timed by events;
+- ``dma``: one contiguous copy of the same bytes (pinned host tensor to GPU tensor, or back):
+  the line rate of this run.
+
+P50 and the spread over ``--reps`` timed jobs after warm-up; every method's bytes verified once
+per configuration against a numpy reference. "submit us": how long the call blocks its caller
+(P50: gfd's ``submit``; vLLM's descriptor build and batch call). Needs torch and a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import List, Optional
+
+import numpy as np
+
+from . import Engine, _testing
+from ._bench_util import fmt_size, percentile
+from .bench_paged import parse_size, size_list
+from .kv_worker import KVTransferWorker, host_block_ids
+
+
+def _ptrs(base: int, ids: np.ndarray, stride: int) -> np.ndarray:
+    return (np.uint64(base) + ids.astype(np.uint64) * np.uint64(stride)).astype(np.uint64)
+
+
+class VllmBatch:
+    """vLLM's per-job copy path: descriptors of every (block, tensor), one batched DMA."""
+
+    def __init__(self, engine: Engine, torch, gpu, host, page: int, bpc: int) -> None:
+        self.engine, self.torch, self.gpu, self.host, self.page, self.bpc = engine, torch, gpu, host, page, bpc
+        self.stream = torch.cuda.Stream()
+        self.n = 0
+
+    def submit(self, to_device: bool, chunks: np.ndarray, blocks: np.ndarray):
+        n = len(blocks)
+        t = len(self.gpu)
+        src = np.empty(n * t, np.uint64)
+        dst = np.empty(n * t, np.uint64)
+        sizes = np.full(n * t, self.page, np.uint64)
+        host_ids = host_block_ids(chunks, self.bpc, n, 0)
+        for i, (g, h) in enumerate(zip(self.gpu, self.host)):
+            hp = _ptrs(h.data_ptr(), host_ids, self.page)
+            gp = _ptrs(g.data_ptr(), blocks, g.stride(0))
+            (src if to_device else dst)[i * n:(i + 1) * n] = hp
+            (dst if to_device else src)[i * n:(i + 1) * n] = gp
+        torch = self.torch
+        s = self.stream
+        s.wait_stream(torch.cuda.current_stream())
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(s)
+        _testing.memcpy_batch(self.engine, dst.ctypes.data, src.ctypes.data, sizes.ctypes.data, len(sizes),
+                              to_device, int(s.cuda_stream))
+        end.record(s)
+        self.keep = (src, dst, sizes)
+        return start, end
+
+
+def _fill(torch, tensors, seed: int) -> None:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    for t in tensors:
+        cpu = torch.randint(-128, 127, t.shape, dtype=torch.int8, generator=g)
+        t.copy_(cpu)
+
+
+def run_case(torch, engine: Engine, tensors: int, page: int, blocks: int, bpc: int, host_bytes: int,
+             reps: int, warmup: int, host_memory: str, direction: str) -> List[dict]:
+    chunk_bytes = page * bpc
+    num_chunks = max(blocks, host_bytes // (tensors * chunk_bytes))
+    gpu_blocks = max(2 * blocks * bpc, 1024)
+    gpu = [torch.empty((gpu_blocks, page), dtype=torch.int8, device="cuda") for _ in range(tensors)]
+    w = KVTransferWorker(engine, gpu, [list(range(tensors))], bpc, num_chunks, host_memory=host_memory)
+    host = [h if isinstance(h, torch.Tensor) else torch.from_dlpack(h) for h in w.host_caches]
+    host_rows = [h.view(num_chunks * bpc, page) for h in host]
+    _fill(torch, gpu, 1)
+    for h in host[:1]:
+        _fill(torch, [h[: min(num_chunks, 64)]], 2)  # touch: the rest stays as allocated
+    vb = VllmBatch(engine, torch, gpu, host_rows, page, bpc)
+    to_device = direction == "h2d"
+    # The line rate: one contiguous copy of a job's bytes.
+    job_bytes = tensors * blocks * page
+    dma_host = torch.empty(job_bytes, dtype=torch.int8, pin_memory=True)
+    dma_dev = torch.empty(job_bytes, dtype=torch.int8, device="cuda")
+    rng = np.random.default_rng(7)
+    results = {"gfd": [], "vllm_batch": [], "dma": []}
+    submit_us = {"gfd": [], "vllm_batch": []}
+    job_id = 0
+    cur = torch.cuda.current_stream()
+    for rep in range(warmup + reps):
+        timed = rep >= warmup
+        for method in ("dma", "gfd", "vllm_batch"):
+            chunks = rng.choice(num_chunks, size=-(-blocks // bpc), replace=False).astype(np.int64)
+            gblocks = rng.choice(gpu_blocks, size=blocks, replace=False).astype(np.int64)
+            torch.cuda.synchronize()
+            if method == "dma":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record(cur)
+                if to_device:
+                    dma_dev.copy_(dma_host, non_blocking=True)
+                else:
+                    dma_host.copy_(dma_dev, non_blocking=True)
+                e.record(cur)
+                e.synchronize()
+                seconds = s.elapsed_time(e) * 1e-3
+            elif method == "gfd":
+                job_id += 1
+                t0 = time.perf_counter()
+                w.submit(job_id, to_device, chunks, gblocks, [blocks], [0])
+                t1 = time.perf_counter()
+                while True:
+                    done = w.get_finished()
+                    if done:
+                        break
+                    time.sleep(20e-6)
+                r = done[0]
+                if not r.success:
+                    raise RuntimeError(f"gfd job failed: {r.error}")
+                seconds = r.seconds
+                if timed:
+                    submit_us["gfd"].append((t1 - t0) * 1e6)
+            else:
+                t0 = time.perf_counter()
+                s, e = vb.submit(to_device, chunks, gblocks)
+                t1 = time.perf_counter()
+                e.synchronize()
+                seconds = s.elapsed_time(e) * 1e-3
+                if timed:
+                    submit_us["vllm_batch"].append((t1 - t0) * 1e6)
+            if timed:
+                results[method].append(job_bytes / seconds / 1e9)
+            if rep == warmup and method != "dma":
+                _verify(torch, to_device, host_rows, gpu, chunks, gblocks, bpc)
+    w.shutdown()
+    line = percentile(results["dma"], 50)
+    rows = []
+    for method, rates in results.items():
+        rows.append(dict(method=method, direction=direction, tensors=tensors, page=page, blocks=blocks, bpc=bpc,
+                         host_memory=host_memory, gbps_p50=percentile(rates, 50), gbps_min=min(rates),
+                         gbps_max=max(rates), ratio_p50=percentile(rates, 50) / line,
+                         submit_us_p50=percentile(submit_us[method], 50) if method in submit_us else float("nan"),
+                         descriptors=tensors * blocks))
+    return rows
+
+
+def _verify(torch, to_device, host_rows, gpu, chunks, gblocks, bpc) -> None:
+    torch.cuda.synchronize()
+    hid = torch.from_numpy(host_block_ids(chunks, bpc, len(gblocks), 0))
+    gid = torch.from_numpy(gblocks).cuda()
+    for h, g in zip(host_rows, gpu):
+        if not torch.equal(h[hid].cuda(), g[gid]):
+            raise RuntimeError(f"verification failed ({'h2d' if to_device else 'd2h'})")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gfd.bench_vllm", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tensors", type=int, default=64, help="canonical KV tensors (default 64: 32 layers, K and V)")
+    ap.add_argument("--pages", type=size_list, default=size_list("8K,32K"), help="page bytes per block and tensor")
+    ap.add_argument("--blocks", type=int, default=64, help="GPU blocks per job (default 64)")
+    ap.add_argument("--blocks-per-chunk", type=int, default=1)
+    ap.add_argument("--host-bytes", type=parse_size, default=parse_size("8G"), help="host caches in all (cold)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--host-memory", default="pool", help="pool, torch or both (comma list)")
+    ap.add_argument("--directions", default="h2d,d2h")
+    ap.add_argument("--csv", default="")
+    a = ap.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("bench_vllm: needs torch", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("bench_vllm: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    engine = Engine(device=torch.cuda.current_device())
+    rows = []
+    for hm in a.host_memory.split(","):
+        for page in a.pages:
+            for d in a.directions.split(","):
+                rows += run_case(torch, engine, a.tensors, page, a.blocks, a.blocks_per_chunk, a.host_bytes,
+                                 a.reps, a.warmup, hm, d)
+    engine.close()
+    keys = list(rows[0].keys())
+    if a.csv:
+        with open(a.csv, "w") as f:
+            f.write(",".join(keys) + "\n")
+            for r in rows:
+                f.write(",".join(str(r[k]) for k in keys) + "\n")
+    print(f"{'host':>5} {'page':>5} {'dir':>4} {'method':>10} {'GB/s p50':>9} {'min-max':>13} {'ratio':>6} {'submit us':>9}")
+    for r in rows:
+        print(f"{r['host_memory']:>5} {fmt_size(r['page']):>5} {r['direction']:>4} {r['method']:>10} "
+              f"{r['gbps_p50']:9.1f} {r['gbps_min']:6.1f}-{r['gbps_max']:<6.1f} {100 * r['ratio_p50']:5.1f}% "
+              f"{r['submit_us_p50']:9.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
