@@ -70,3 +70,10 @@ def pointer_kind(engine: Engine, address: int) -> str:
     """'pageable', 'pinned', 'device', 'other_device' or 'managed', as the engine's device
     sees the address."""
     return _t.pointer_kind(engine._core, address)
+
+
+def memcpy_batch(engine: Engine, dsts: int, srcs: int, sizes: int, count: int, to_device: bool, stream: int) -> None:
+    """vLLM's CPU offloading copy path: one cudaMemcpyBatchAsync of ``count`` descriptors (the
+    addresses of pointer and size arrays, e.g. numpy's ``.ctypes.data``) on ``stream``, sources
+    read in any order for loads and in stream order for stores (CUDA devices only)."""
+    _t.memcpy_batch(engine._core, dsts, srcs, sizes, count, to_device, stream)

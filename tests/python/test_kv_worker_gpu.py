@@ -155,6 +155,6 @@ def test_torch_host_memory_and_many_jobs_in_flight(engine):
                 break
         assert sorted(r.job_id for r in seen) == list(range(32)) and all(r.success for r in seen)
         for t, (g, h) in enumerate(zip(gpu, w.host_caches)):
-            assert torch.equal(h.view(128, page), g.cpu()), f"tensor {t}"
+            assert torch.equal(h.view(128, page)[:64], g[:64].cpu()), f"tensor {t}"
     finally:
         w.shutdown()
