@@ -145,13 +145,13 @@ def run_case(torch, engine: Engine, tensors: int, page: int, blocks: int, bpc: i
             if rep == warmup and method != "dma":
                 _verify(torch, to_device, host_rows, gpu, chunks, gblocks, bpc)
     w.shutdown()
-    line = percentile(results["dma"], 50)
+    line = percentile(results["dma"], 0.5)
     rows = []
     for method, rates in results.items():
         rows.append(dict(method=method, direction=direction, tensors=tensors, page=page, blocks=blocks, bpc=bpc,
-                         host_memory=host_memory, gbps_p50=percentile(rates, 50), gbps_min=min(rates),
-                         gbps_max=max(rates), ratio_p50=percentile(rates, 50) / line,
-                         submit_us_p50=percentile(submit_us[method], 50) if method in submit_us else float("nan"),
+                         host_memory=host_memory, gbps_p50=percentile(rates, 0.5), gbps_min=min(rates),
+                         gbps_max=max(rates), ratio_p50=percentile(rates, 0.5) / line,
+                         submit_us_p50=percentile(submit_us[method], 0.5) if method in submit_us else float("nan"),
                          descriptors=tensors * blocks))
     return rows
 

@@ -84,9 +84,9 @@ class _Job:
     job_id: int
     lane: _Lane
     to_device: bool
-    src_ids: np.ndarray      # per transfer part: the rows of one copy_blocks
-    dst_ids: np.ndarray
-    parts: list              # [(CacheSet, src ids, dst ids)]
+    chunks: np.ndarray       # the host chunk ids, as given
+    blocks: np.ndarray       # the GPU block ids, as given
+    slices: list             # per group with blocks: (set key, first chunk, chunks, first block, blocks, skip)
     bytes: int
     ready: Any = None        # the caller's stream at submission (an event), or None
     submitted: bool = False  # the submitter thread is through with it
@@ -235,8 +235,8 @@ class KVTransferWorker:
         """
         if self._closed:
             raise _error("submit: the worker is shut down")
-        chunks = np.asarray(chunk_ids, dtype=np.int64).reshape(-1)
-        blocks = np.asarray(gpu_block_ids, dtype=np.int64).reshape(-1)
+        chunks = np.array(chunk_ids, dtype=np.int64).reshape(-1)  # copies: the caller may reuse its arrays
+        blocks = np.array(gpu_block_ids, dtype=np.int64).reshape(-1)
         if group_sizes is None:
             group_sizes = [len(blocks)] + [0] * (len(self._groups) - 1)
         if block_indices is None:
@@ -246,7 +246,9 @@ class KVTransferWorker:
                          f"indices for {len(self._groups)} groups")
         if sum(group_sizes) != len(blocks):
             raise _error(f"submit: job {job_id}: group sizes sum to {sum(group_sizes)}, {len(blocks)} GPU blocks given")
-        parts: dict = {}
+        # Only the shape of the job is checked here (plain integers); the submitter thread
+        # builds the ids, so that the caller is back at once.
+        slices = []  # (set key, first chunk, chunks, first block, blocks, skip)
         c0 = b0 = 0
         total = 0
         for g, (n, first) in enumerate(zip(group_sizes, block_indices)):
@@ -261,21 +263,14 @@ class KVTransferWorker:
             key = self._group_set[g]
             if key is None:
                 raise _error(f"submit: job {job_id}: group {g} has blocks but no tensors")
-            host = host_block_ids(chunks[c0:c0 + used], self._bpc, n, skip)
-            gpu = blocks[b0:b0 + n]
-            parts.setdefault(key, []).append((host, gpu))
+            slices.append((key, c0, used, b0, n, skip))
             total += n * self._bytes_per_row[key]
             c0 += used
             b0 += n
         if c0 != len(chunks):
             raise _error(f"submit: job {job_id}: {len(chunks)} chunks given, the groups use {c0}")
         lane = self._lanes["store" if not to_device else "expedited" if expedited else "load"]
-        job = _Job(job_id, lane, bool(to_device), None, None, [], total)
-        for key, rows in parts.items():
-            host = rows[0][0] if len(rows) == 1 else np.concatenate([r[0] for r in rows])
-            gpu = rows[0][1] if len(rows) == 1 else np.concatenate([r[1] for r in rows])
-            src, dst = (host, gpu) if to_device else (gpu, host)
-            job.parts.append((self._sets[key], np.ascontiguousarray(src), np.ascontiguousarray(dst)))
+        job = _Job(job_id, lane, bool(to_device), chunks, blocks, slices, total)
         job.ready = self._mark_caller_stream()
         job.t0 = time.perf_counter()
         with self._lock:
@@ -320,7 +315,7 @@ class KVTransferWorker:
                 job.start_event = torch.cuda.Event(enable_timing=True)
                 job.start_event.record(stream)
             job.transfers = []
-            for caches, src, dst in job.parts:
+            for caches, src, dst in self._parts(job):
                 job.transfers.append(self._engine.copy_blocks(caches, src, dst, to_device=job.to_device,
                                                               stream=stream))
             if torch is not None:
@@ -332,6 +327,21 @@ class KVTransferWorker:
             if torch is not None and job.ready is not None:
                 self._events.append(job.ready)
                 job.ready = None
+
+    def _parts(self, job: _Job) -> list:
+        """The job's transfers: (CacheSet, source ids, destination ids) per set of tensors, the
+        rows of every group on that set concatenated."""
+        rows: dict = {}
+        for key, c0, used, b0, n, skip in job.slices:
+            host = host_block_ids(job.chunks[c0:c0 + used], self._bpc, n, skip)
+            rows.setdefault(key, []).append((host, job.blocks[b0:b0 + n]))
+        parts = []
+        for key, r in rows.items():
+            host = r[0][0] if len(r) == 1 else np.concatenate([x[0] for x in r])
+            gpu = r[0][1] if len(r) == 1 else np.concatenate([x[1] for x in r])
+            src, dst = (host, gpu) if job.to_device else (gpu, host)
+            parts.append((self._sets[key], np.ascontiguousarray(src), np.ascontiguousarray(dst)))
+        return parts
 
     def _finished(self, job: _Job) -> bool:
         if not job.submitted:
