@@ -52,6 +52,7 @@ void Counters::fill(EngineStats& st) const {
   st.blocks = blocks.load();
   st.chunks = chunks.load();
   st.scattered_chunks = scattered.load();
+  st.host_direct_chunks = host_direct.load();
   st.direct_copies = direct.load();
   st.gather_seconds = static_cast<double>(gather_ns.load()) * 1e-9;
   st.dma_seconds = dma_ms.load() * 1e-3;
@@ -69,6 +70,7 @@ PlanConfig staged_config(const EngineOptions& o, int device) {
   c.direct_min_bytes = o.direct_min_bytes;
   c.direct_min_bytes_to_host = o.direct_min_bytes_to_host;
   c.strided_min_rows = o.strided_min_rows;
+  c.host_direct = o.host_direct;
   c.check_overlaps = o.check_overlaps;
   return c;
 }

@@ -131,7 +131,8 @@ Transfer EngineCore::submit_blocks(const CacheSet& caches, KvDirection direction
     // entry p * rows + i of the list: reported as row i, naming the pair.
     const std::size_t rows = src.count;
     if (e.block() == kNoBlock || rows == 0 || e.block() >= blocks.size()) throw;
-    const std::size_t p = e.block() / rows, i = e.block() % rows;
+    const std::size_t p = set.row_major ? e.block() % set.pairs.size() : e.block() / rows;
+    const std::size_t i = set.row_major ? e.block() / set.pairs.size() : e.block() % rows;
     throw Error(e.code(),
                 std::string(e.what()) + " [" + set.label(p, d == Direction::kToDevice) + " -> " +
                     set.label(p, d != Direction::kToDevice) + ", " + name_at(src_name, i) + "]",

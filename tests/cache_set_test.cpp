@@ -108,6 +108,9 @@ TEST_P(CacheSetRoundTrip, EveryBlockOfEveryPair) {
   const std::vector<std::int32_t> in_src(in_src64.begin(), in_src64.end()), in_dst(in_dst64.begin(), in_dst64.end());
   engine.copy_blocks(set, KvDirection::kSwapIn, in_src, in_dst, td->cuda_stream()).wait();
   td->device->stream_sync(td->stream);
+  // Host rows side by side (page-first) at least direct_min_bytes long are read in place.
+  const bool in_place = rt.backend == Backend::kGather && rt.page_first && kPairs * rt.bytes >= o.direct_min_bytes;
+  EXPECT_EQ(engine.stats().host_direct_chunks > 0, in_place);
   for (std::size_t p = 0; p < kPairs; ++p)
     for (std::size_t i = 0; i < kMoved; ++i)
       ASSERT_EQ(std::memcmp(c.device_block(p, in_dst[i]).data(), c.host_block(p, in_src[i]), rt.bytes), 0)
@@ -119,6 +122,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
                        ::testing::Values(RoundTrip{Backend::kGather, 4096, false},
                                          RoundTrip{Backend::kGather, 4096, true},
+                                         // page-first rows of 6 x 16 KB: read in place (host_direct)
+                                         RoundTrip{Backend::kGather, 16384, true},
                                          RoundTrip{Backend::kGather, 32768, false},
                                          RoundTrip{Backend::kGather, 131072, false},  // the direct path
                                          RoundTrip{Backend::kBatchAsync, 4096, false},

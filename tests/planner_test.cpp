@@ -1484,3 +1484,66 @@ TEST(StridedRunTest, OverlappingDestinationsAreStillRejected) {
   const auto blocks = run_of(kPinnedBase, 8192, kDevBase, 2048, 256, 4096);
   EXPECT_THROW(plan_of(blocks, strided_config(64)), gfd::Error);
 }
+
+// ---- staged chunks read in place from host memory (host_direct) --------------------------------
+namespace {
+
+// `rows` rows of `per_row` blocks of `bytes`: row r's blocks side by side in host memory at
+// host + r * row_pitch (a block-major host cache: one id's page of every layer together), each
+// block to its own scattered device place.
+std::vector<BlockCopy> rows_of(std::uintptr_t host, std::size_t rows, std::size_t per_row, std::size_t bytes,
+                               std::size_t row_pitch) {
+  std::vector<BlockCopy> v;
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t k = 0; k < per_row; ++k)
+      v.push_back(block(host + r * row_pitch + k * bytes, kDevBase + (7 * (r * per_row + k) % 1000) * 2 * bytes, bytes));
+  return v;
+}
+
+PlanConfig host_direct_config() {
+  PlanConfig cfg = small_config();
+  cfg.direct_min_bytes = 16 * kKiB;  // runs of 16 KB on average are read in place
+  return cfg;
+}
+
+}  // namespace
+
+TEST(HostDirectTest, LongHostRunsAreReadInPlace) {
+  // 8 rows of 8 x 2 KB (16 KB runs), rows apart: every chunk has runs of 16 KB at least.
+  const auto blocks = rows_of(kPinnedBase, 8, 8, 2048, 1 << 20);
+  const Plan p = plan_of(blocks, host_direct_config());
+  ASSERT_FALSE(p.chunks.empty());
+  EXPECT_TRUE(p.direct.empty());
+  std::uint64_t bytes = 0;
+  for (const auto& c : p.chunks) {
+    EXPECT_TRUE(c.host_direct) << "chunk of " << c.data_bytes << " bytes, " << c.host_runs << " runs";
+    EXPECT_FALSE(c.contiguous_device);
+    // The runs counted are those of the ops' host addresses.
+    std::uint32_t runs = 1;
+    for (std::uint32_t i = c.op_begin + 1; i < c.op_end; ++i)
+      runs += p.ops[i - 1].src + p.ops[i - 1].bytes != p.ops[i].src ? 1 : 0;
+    EXPECT_EQ(c.host_runs, runs);
+    bytes += c.data_bytes;
+  }
+  EXPECT_EQ(bytes, 8u * 8 * 2048);
+}
+
+TEST(HostDirectTest, ShortRunsPageableMemoryTheOtherWayOrSwitchedOffAreGathered) {
+  // Runs of 2 x 2 KB = 4 KB: too short.
+  for (const auto& c : plan_of(rows_of(kPinnedBase, 32, 2, 2048, 1 << 20), host_direct_config()).chunks)
+    EXPECT_FALSE(c.host_direct) << c.host_runs << " runs, " << c.data_bytes << " bytes";
+  // Pageable sources: the copy engine cannot read them in place.
+  for (const auto& c : plan_of(rows_of(kPageBase, 8, 8, 2048, 1 << 20), host_direct_config()).chunks)
+    EXPECT_FALSE(c.host_direct);
+  // Switched off.
+  PlanConfig off = host_direct_config();
+  off.host_direct = false;
+  for (const auto& c : plan_of(rows_of(kPinnedBase, 8, 8, 2048, 1 << 20), off).chunks) EXPECT_FALSE(c.host_direct);
+  // Device to host (host destinations): placed by the gather threads as before.
+  PlanConfig to_host = host_direct_config();
+  to_host.direction = gfd::detail::Direction::kToHost;
+  std::vector<BlockCopy> back;
+  for (const auto& b : rows_of(kPinnedBase, 8, 8, 2048, 1 << 20)) back.push_back(block(
+      reinterpret_cast<std::uintptr_t>(b.dst), reinterpret_cast<std::uintptr_t>(b.src), b.bytes));
+  for (const auto& c : plan_of(back, to_host).chunks) EXPECT_FALSE(c.host_direct);
+}

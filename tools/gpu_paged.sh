@@ -95,7 +95,7 @@ if has vllm; then  # the vLLM offloading worker: byte-identical to vLLM's copy p
   grep -E "^FAILED|Error" "$OUT/vllm_pytest.log" | head -10 >> "$OUT/summary.txt"
   for r in ${VLLM_RUNS:-1 2 3}; do
     TAIL=14 run "vllm_bench_$r" 200 python3 -m gfd.bench_vllm --pages 8K,32K --blocks 64 \
-      --host-memory "${VLLM_HOST_MEMORY:-pool}" --csv "$OUT/vllm_bench_$r.csv"
+      --host-memory "${VLLM_HOST_MEMORY:-pool}" --host-layout "${VLLM_HOST_LAYOUT:-tensor,block}" --csv "$OUT/vllm_bench_$r.csv"
   done
 fi
 if has python; then

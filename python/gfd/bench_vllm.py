@@ -54,7 +54,7 @@ class VllmBatch:
         sizes = np.full(n * t, self.page, np.uint64)
         host_ids = host_block_ids(chunks, self.bpc, n, 0)
         for i, (g, h) in enumerate(zip(self.gpu, self.host)):
-            hp = _ptrs(h.data_ptr(), host_ids, self.page)
+            hp = _ptrs(h.data_ptr(), host_ids, h.stride(0))
             gp = _ptrs(g.data_ptr(), blocks, g.stride(0))
             (src if to_device else dst)[i * n:(i + 1) * n] = hp
             (dst if to_device else src)[i * n:(i + 1) * n] = gp
@@ -78,17 +78,18 @@ def _fill(torch, tensors, seed: int) -> None:
 
 
 def run_case(torch, engine: Engine, tensors: int, page: int, blocks: int, bpc: int, host_bytes: int,
-             reps: int, warmup: int, host_memory: str, direction: str) -> List[dict]:
+             reps: int, warmup: int, host_memory: str, direction: str, host_layout: str = "tensor") -> List[dict]:
     chunk_bytes = page * bpc
     num_chunks = max(blocks, host_bytes // (tensors * chunk_bytes))
     gpu_blocks = max(2 * blocks * bpc, 1024)
     gpu = [torch.empty((gpu_blocks, page), dtype=torch.int8, device="cuda") for _ in range(tensors)]
-    w = KVTransferWorker(engine, gpu, [list(range(tensors))], bpc, num_chunks, host_memory=host_memory)
-    host = [h if isinstance(h, torch.Tensor) else torch.from_dlpack(h) for h in w.host_caches]
-    host_rows = [h.view(num_chunks * bpc, page) for h in host]
+    w = KVTransferWorker(engine, gpu, [list(range(tensors))], bpc, num_chunks, host_memory=host_memory,
+                         host_layout=host_layout)
+    host_rows = [w.host_rows(t) for t in range(tensors)]
+    host_rows = [h if isinstance(h, torch.Tensor) else torch.from_numpy(h) for h in host_rows]
     _fill(torch, gpu, 1)
-    for h in host[:1]:
-        _fill(torch, [h[: min(num_chunks, 64)]], 2)  # touch: the rest stays as allocated
+    for h in host_rows:
+        h[: min(num_chunks * bpc, 64)] = 3  # the rest stays as allocated (zeros)
     vb = VllmBatch(engine, torch, gpu, host_rows, page, bpc)
     to_device = direction == "h2d"
     # The line rate: one contiguous copy of a job's bytes.
@@ -149,7 +150,7 @@ def run_case(torch, engine: Engine, tensors: int, page: int, blocks: int, bpc: i
     rows = []
     for method, rates in results.items():
         rows.append(dict(method=method, direction=direction, tensors=tensors, page=page, blocks=blocks, bpc=bpc,
-                         host_memory=host_memory, gbps_p50=percentile(rates, 0.5), gbps_min=min(rates),
+                         host_memory=host_memory, host_layout=host_layout, gbps_p50=percentile(rates, 0.5), gbps_min=min(rates),
                          gbps_max=max(rates), ratio_p50=percentile(rates, 0.5) / line,
                          submit_us_p50=percentile(submit_us[method], 0.5) if method in submit_us else float("nan"),
                          descriptors=tensors * blocks))
@@ -176,6 +177,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--host-memory", default="pool", help="pool, torch or both (comma list)")
     ap.add_argument("--directions", default="h2d,d2h")
+    ap.add_argument("--host-layout", default="tensor,block", help="tensor (vLLM's), block, or both")
     ap.add_argument("--csv", default="")
     a = ap.parse_args(argv)
     try:
@@ -189,10 +191,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     engine = Engine(device=torch.cuda.current_device())
     rows = []
     for hm in a.host_memory.split(","):
-        for page in a.pages:
-            for d in a.directions.split(","):
-                rows += run_case(torch, engine, a.tensors, page, a.blocks, a.blocks_per_chunk, a.host_bytes,
-                                 a.reps, a.warmup, hm, d)
+        for layout in a.host_layout.split(","):
+            for page in a.pages:
+                for d in a.directions.split(","):
+                    rows += run_case(torch, engine, a.tensors, page, a.blocks, a.blocks_per_chunk, a.host_bytes,
+                                     a.reps, a.warmup, hm, d, layout)
     engine.close()
     keys = list(rows[0].keys())
     if a.csv:
@@ -200,9 +203,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             f.write(",".join(keys) + "\n")
             for r in rows:
                 f.write(",".join(str(r[k]) for k in keys) + "\n")
-    print(f"{'host':>5} {'page':>5} {'dir':>4} {'method':>10} {'GB/s p50':>9} {'min-max':>13} {'ratio':>6} {'submit us':>9}")
+    print(f"{'host':>5} {'layout':>6} {'page':>6} {'dir':>4} {'method':>10} {'GB/s p50':>9} {'min-max':>13} {'ratio':>6} {'submit us':>9}")
     for r in rows:
-        print(f"{r['host_memory']:>5} {fmt_size(r['page']):>5} {r['direction']:>4} {r['method']:>10} "
+        print(f"{r['host_memory']:>5} {r['host_layout']:>6} {fmt_size(r['page']):>6} {r['direction']:>4} {r['method']:>10} "
               f"{r['gbps_p50']:9.1f} {r['gbps_min']:6.1f}-{r['gbps_max']:<6.1f} {100 * r['ratio_p50']:5.1f}% "
               f"{r['submit_us_p50']:9.0f}")
     return 0

@@ -111,13 +111,20 @@ class KVTransferWorker:
     GPU's NUMA node, pinned) with ``host_memory="pool"``, or as pinned torch tensors with
     ``host_memory="torch"`` (what vLLM's CPU worker allocates).
 
+    ``host_layout``: ``"tensor"`` (vLLM's: one host array per tensor, a chunk's pages of that
+    tensor together) or ``"block"`` (one host array of ``num_chunks * blocks_per_chunk`` rows,
+    a row holding one GPU block's page of every tensor side by side: a job's host side is then
+    one contiguous run per block, which the copy engine reads in place, with no CPU copy, see
+    EngineOptions::host_direct). Only with host memory the worker allocates.
+
     ``copy_bytes``: per tensor, the bytes of a page that a job moves (a page's unpadded size;
     None: the whole page).
     """
 
     def __init__(self, engine: Engine, gpu_caches: Sequence[Any], groups: Sequence[Sequence[int]],
                  blocks_per_chunk: int, num_chunks: int, *, host_caches: Optional[Sequence[Any]] = None,
-                 host_memory: str = "pool", copy_bytes: Optional[Sequence[int]] = None) -> None:
+                 host_memory: str = "pool", host_layout: str = "tensor",
+                 copy_bytes: Optional[Sequence[int]] = None) -> None:
         if not isinstance(engine, Engine):
             raise TypeError("engine: expected a gfd.Engine")
         if blocks_per_chunk < 1:
@@ -145,16 +152,31 @@ class KVTransferWorker:
             if len(set(members)) != len(members):
                 raise _error(f"groups[{g}]: a tensor is listed twice")
         self._torch = _torch_for(self._gpu[0])
-        self._pool: Optional[HostPool] = None
-        if host_caches is None:
-            host_caches = self._allocate_host(host_memory)
-        self._host = list(host_caches)
-        if len(self._host) != len(self._gpu):
-            raise _error(f"host_caches: {len(self._host)} arrays for {len(self._gpu)} GPU tensors")
-        for t, h in enumerate(self._host):
-            want = (self._num_chunks, self._pages[t] * self._bpc)
-            if tuple(int(d) for d in h.shape) != want or _row_bytes(h, f"host_caches[{t}]") != want[1]:
-                raise _error(f"host_caches[{t}]: expected {want[0]} x {want[1]} bytes, got shape {tuple(h.shape)}")
+        self._pools: List[HostPool] = []  # the HostPools the worker allocated
+        self._layout = host_layout
+        rows = self._num_chunks * self._bpc
+        if host_layout == "block":
+            if host_caches is not None:
+                raise _error("host_layout: 'block' allocates its own host memory; host_caches must be None")
+            self._host = None
+            whole = self._allocate(host_memory, (rows, sum(self._pages)))
+            self._host_block = whole
+            offsets = np.cumsum([0] + self._pages[:-1]).tolist()
+            self._rows = [_columns(whole, o, p) for o, p in zip(offsets, self._pages)]
+        elif host_layout == "tensor":
+            if host_caches is None:
+                host_caches = [self._allocate(host_memory, (self._num_chunks, p * self._bpc)) for p in self._pages]
+            self._host = list(host_caches)
+            self._host_block = None
+            if len(self._host) != len(self._gpu):
+                raise _error(f"host_caches: {len(self._host)} arrays for {len(self._gpu)} GPU tensors")
+            for t, h in enumerate(self._host):
+                want = (self._num_chunks, self._pages[t] * self._bpc)
+                if tuple(int(d) for d in h.shape) != want or _row_bytes(h, f"host_caches[{t}]") != want[1]:
+                    raise _error(f"host_caches[{t}]: expected {want[0]} x {want[1]} bytes, got shape {tuple(h.shape)}")
+            self._rows = [_as_rows(h, p, rows) for h, p in zip(self._host, self._pages)]
+        else:
+            raise _error(f"host_layout: expected 'tensor' or 'block', got {host_layout!r}")
         # One set of (host sub-block rows, GPU rows) pairs per distinct tensor list; groups with
         # the same tensors share theirs (and their rows go in one transfer).
         self._sets: dict = {}
@@ -162,8 +184,7 @@ class KVTransferWorker:
         for members in self._groups:
             key = tuple(sorted(members))
             if key and key not in self._sets:
-                rows = self._num_chunks * self._bpc
-                hosts = [_as_rows(self._host[t], self._pages[t], rows)[:, :self._copy[t]] for t in key]
+                hosts = [self._rows[t][:, :self._copy[t]] for t in key]
                 gpus = [self._gpu[t] if self._copy[t] == self._pages[t] else _first_bytes(self._gpu[t], self._copy[t], t)
                         for t in key]
                 self._sets[key] = engine.register_caches(hosts, gpus)
@@ -183,27 +204,22 @@ class KVTransferWorker:
 
     # -- setup ---------------------------------------------------------------------------------
 
-    def _allocate_host(self, kind: str) -> list:
-        sizes = [self._num_chunks * p * self._bpc for p in self._pages]
+    def _allocate(self, kind: str, shape: tuple) -> Any:
+        """One pinned host byte array of ``shape``: in a HostPool of its own (``"pool"``: huge
+        pages on the GPU's NUMA node) or a pinned torch tensor (``"torch"``)."""
         if kind == "pool":
             if getattr(self._engine, "_emulated", False):
                 from . import _testing  # the emulated device registers its own pinned memory
-                return [_testing.pinned_buffer(self._engine, (self._num_chunks, p * self._bpc), "int8")
-                        for p in self._pages]
-            align = 4096
-            offsets, total = [], 0
-            for s in sizes:
-                offsets.append(total)
-                total += (s + align - 1) // align * align
-            self._pool = HostPool(max(total, 1), device=self._engine.device)
-            views = [self._pool.view((self._num_chunks, p * self._bpc), "int8", o) for p, o in zip(self._pages, offsets)]
-            return [self._torch.from_dlpack(v) for v in views] if self._torch is not None else views
+                return np.asarray(_testing.pinned_buffer(self._engine, shape, "int8"))
+            pool = HostPool(max(shape[0] * shape[1], 1), device=self._engine.device)
+            self._pools.append(pool)
+            view = pool.view(shape, "int8", 0)
+            return self._torch.from_dlpack(view) if self._torch is not None else np.asarray(view)
         if kind == "torch":
             torch = self._torch or sys.modules.get("torch")
             if torch is None:
                 raise _error("host_memory: 'torch' needs torch")
-            return [torch.zeros((self._num_chunks, p * self._bpc), dtype=torch.int8, pin_memory=True)
-                    for p in self._pages]
+            return torch.zeros(shape, dtype=torch.int8, pin_memory=True)
         raise _error(f"host_memory: expected 'pool' or 'torch', got {kind!r}")
 
     def _new_stream(self) -> Any:
@@ -213,13 +229,21 @@ class KVTransferWorker:
 
     @property
     def host_caches(self) -> list:
-        """Per tensor, the ``(num_chunks, page_bytes * blocks_per_chunk)`` host array."""
+        """Per tensor, the ``(num_chunks, page_bytes * blocks_per_chunk)`` host array (the
+        "tensor" layout; the "block" layout has no such arrays: see :meth:`host_rows`)."""
+        if self._host is None:
+            raise _error("host_caches: the 'block' layout keeps one array (host_rows gives each tensor's view)")
         return list(self._host)
 
+    def host_rows(self, tensor: int) -> Any:
+        """Tensor ``tensor``'s host pages as ``(num_chunks * blocks_per_chunk, page_bytes)``
+        rows (a view; row ``chunk * blocks_per_chunk + j`` is sub-block j of that chunk), in
+        either layout."""
+        return self._rows[tensor]
+
     @property
-    def host_pool(self) -> Optional[HostPool]:
-        """The HostPool behind the host caches, when the worker allocated one."""
-        return self._pool
+    def host_layout(self) -> str:
+        return self._layout
 
     # -- jobs ----------------------------------------------------------------------------------
 
@@ -460,6 +484,11 @@ def _first_bytes(t: Any, n: int, index: int) -> Any:
         raise _error(f"copy_bytes[{index}]: moving part of a page needs a tensor that can be sliced "
                      f"(a torch tensor); gpu_caches[{index}] is a {type(t).__name__}")
     return t[:, :n]
+
+
+def _columns(whole: Any, offset: int, width: int) -> Any:
+    """Columns [offset, offset + width) of every row of a 2-D byte array (a strided view)."""
+    return whole[:, offset:offset + width]
 
 
 def _as_rows(host: Any, page: int, rows: int) -> Any:

@@ -14,8 +14,11 @@ import vLLM). Keys of ``kv_connector_extra_config`` read here, beside the CPU sp
 
 - ``gfd_options``: a dict of gfd.Engine options (see ``gfd.option_names``), applied over the
   GFD_* environment variables.
-- ``gfd_host_memory``: ``"pool"`` (default: one gfd.HostPool per worker, huge pages on the GPU's
-  NUMA node, pinned) or ``"torch"`` (pinned torch tensors, as vLLM's CPU worker allocates).
+- ``gfd_host_memory``: ``"pool"`` (default: gfd.HostPools, huge pages on the GPU's NUMA node,
+  pinned) or ``"torch"`` (pinned torch tensors, as vLLM's CPU worker allocates).
+- ``gfd_host_layout``: ``"block"`` (default: a host row holds one block's page of every layer
+  side by side, so a job's host side is one contiguous run per block, read in place by the copy
+  engine) or ``"tensor"`` (vLLM's CPU layout: one host array per layer tensor).
 
 The only module of the package that imports vLLM.
 """
@@ -79,6 +82,7 @@ class GfdOffloadingWorker(OffloadingWorker):
         extra = dict(extra_config or {})
         options = dict(extra.get("gfd_options") or {})
         host_memory = str(extra.get("gfd_host_memory", "pool"))
+        host_layout = str(extra.get("gfd_host_layout", "block"))
         tensors = [_block_rows(t.tensor, t.page_size_bytes) for t in kv_caches.tensors]
         groups = [[r.tensor_idx for r in refs] for refs in kv_caches.group_data_refs]
         # A job moves each page's unpadded bytes (what vLLM's worker copies); a tensor shared by
@@ -92,7 +96,7 @@ class GfdOffloadingWorker(OffloadingWorker):
         try:
             self.core = KVTransferWorker(self.engine, tensors, [sorted(set(g)) for g in groups],
                                          blocks_per_chunk, num_chunks, host_memory=host_memory,
-                                         copy_bytes=copy)
+                                         host_layout=host_layout, copy_bytes=copy)
         except BaseException:
             self.engine.close()
             raise

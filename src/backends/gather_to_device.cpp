@@ -58,9 +58,11 @@ void GatherToDevice::submit_inline(TransferState& t, StreamHandle stream) {
       Slot& s = p_.ring[p_.ring.acquire()];
       p_.ctx->tracer.record(t.id, TraceEvent::kStage, TraceEvent::kSlotTaken, 0);
       if (!c.contiguous_device) write_scatter_entries(p, c, s.host, Direction::kToDevice);
-      const auto t0 = Clock::now();
-      gather_ops(p.ops.data() + c.op_begin, c.op_end - c.op_begin, s.host, p_.store);
-      Counters::add(p_.ctx->counters.gather_ns, ns_since(t0));
+      if (!c.host_direct) {
+        const auto t0 = Clock::now();
+        gather_ops(p.ops.data() + c.op_begin, c.op_end - c.op_begin, s.host, p_.store);
+        Counters::add(p_.ctx->counters.gather_ns, ns_since(t0));
+      }
       p_.ctx->tracer.record(t.id, TraceEvent::kStage, TraceEvent::kGathered, 0);
       move_on_stream(t, s, stream);
     } catch (...) {
@@ -257,8 +259,15 @@ Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, ItemH
   const PlannedChunk& c = p.chunks[k];
   const std::uint32_t slot = p_.ring.acquire();
   Slot& s = p_.ring[slot];
-  Item& it = p_.queue.append(Item::Kind::kChunk, &handler, t, k, slot, false);
+  Item& it = p_.queue.append(Item::Kind::kChunk, &handler, t, k, slot, c.host_direct);
   if (!c.contiguous_device) write_scatter_entries(p, c, s.host, Direction::kToDevice);
+  if (c.host_direct) {
+    // Nothing to gather: the copy engine reads the sources in place (CopyLanes::move_to_device),
+    // and its DMAs wait for no flag.
+    p_.queue.publish(it, 0);
+    p_.ctx->tracer.record(t->id, TraceEvent::kChunkPublished, k, 0);
+    return it;
+  }
   const std::uint32_t pieces = c.piece_end - c.piece_begin;
   it.piece_begin = c.piece_begin;
   it.flag_value = ++s.flag_value;
@@ -271,6 +280,7 @@ Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, ItemH
 // Enqueues a chunk at submission (preissue) and marks its slot as carrying a DMA.
 void GatherToDevice::enqueue_issued(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait) {
   Slot& s = p_.ring[slot];
+  wait = wait && !t.plan.chunks[index].host_direct;  // nothing gathered: no flag to wait for
   s.issue([&] { p_.lanes.enqueue_to_device(t, index, s, wait, s.flag_value); });
 }
 

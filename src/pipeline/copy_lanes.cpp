@@ -81,6 +81,22 @@ void CopyLanes::move_to_device(TransferState& t, std::uint32_t index, Slot& s, S
   const PlannedChunk& c = t.plan.chunks[index];
   if (c.contiguous_device) {
     device_.copy_h2d(t.plan.ops[c.op_begin].dst, s.host, c.data_bytes, l);
+  } else if (c.host_direct) {
+    // Nothing was gathered: each contiguous run of the sources goes straight from host memory
+    // to its place in the device staging area, the scatter entries from the slot after them.
+    const GatherOp* ops = t.plan.ops.data();
+    std::uint32_t run = c.op_begin;
+    for (std::uint32_t i = c.op_begin + 1; i <= c.op_end; ++i) {
+      if (i < c.op_end && ops[i - 1].src + ops[i - 1].bytes == ops[i].src) continue;
+      const std::uint64_t bytes = ops[i - 1].slot_offset + ops[i - 1].bytes - ops[run].slot_offset;
+      device_.copy_h2d(s.dev + ops[run].slot_offset, ops[run].src, bytes, l);
+      run = i;
+    }
+    device_.copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, c.entry_bytes(), l);
+    device_.scatter(reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset), c.op_end - c.op_begin,
+                    s.dev, l);
+    Counters::add(ctx_.counters.scattered, 1);
+    Counters::add(ctx_.counters.host_direct, 1);
   } else {
     device_.copy_h2d(s.dev, s.host, c.dma_bytes(), l);
     device_.scatter(reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset), c.op_end - c.op_begin,

@@ -137,6 +137,14 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
   // No two arrays may share a byte: a transfer writes each destination block once, and a block
   // of one array that is also a block of another would be written twice (or read while written).
   // A set used one way only needs this of its destination side.
+  // Host arrays side by side (pair p + 1's block right after pair p's, one stride for all: a
+  // host cache laid out block-major): a transfer lists each id's blocks of every pair together,
+  // so that one id's host side is one contiguous run the copy engine can take in place.
+  st->row_major = pairs.size() > 1;
+  for (std::size_t p = 1; p < pairs.size() && st->row_major; ++p) {
+    const BlockArray &a = st->pairs[p - 1].host, &b = st->pairs[p].host;
+    st->row_major = a.stride == b.stride && static_cast<const std::byte*>(a.base) + a.block_bytes == b.base;
+  }
   std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
   for (std::size_t i = 0; i < extents.size(); ++i)
     for (std::size_t j = i + 1; j < extents.size() && extents[j].begin < extents[i].end; ++j)
@@ -220,6 +228,17 @@ void CacheSetState::build(Direction d, const BlockIds& src, const BlockIds& dst,
   out.resize(pairs.size() * rows);
   pinned.resize(out.size());
   BlockCopy* o = out.data();
+  if (row_major) {  // entry i * pairs + p: every pair's block of id i side by side
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t p = 0; p < pairs.size(); ++p) {
+        const BlockArray& from = to_device ? pairs[p].host : pairs[p].device;
+        const BlockArray& to = to_device ? pairs[p].device : pairs[p].host;
+        *o++ = {static_cast<const std::byte*>(from.base) + ids[2 * i] * from.stride,
+                static_cast<std::byte*>(to.base) + ids[2 * i + 1] * to.stride, from.block_bytes};
+      }
+    for (std::size_t k = 0; k < out.size(); ++k) pinned[k] = host_pinned[k % pairs.size()];
+    return;
+  }
   for (std::size_t p = 0; p < pairs.size(); ++p) {
     const BlockArray& from = to_device ? pairs[p].host : pairs[p].device;
     const BlockArray& to = to_device ? pairs[p].device : pairs[p].host;

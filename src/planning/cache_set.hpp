@@ -35,7 +35,8 @@ struct CacheSetState {
   static const CacheSetState& of(const CacheSet& set, const void* owner);
 
   // The copy list of one transfer: for every pair p and row i, block src[i] of p's source side
-  // to block dst[i] of its destination side, at index p * rows + i; `pinned` gets whether each
+  // to block dst[i] of its destination side, at index p * rows + i (i * pairs + p where
+  // row_major); `pinned` gets whether each
   // block's host side is pinned. Ids are checked first (same count, in range, no destination id
   // twice): a bad one throws gfd::Error whose block() is the row, naming the argument.
   // `src_name` / `dst_name` name the id arguments in messages: "src_ids" gives "src_ids[5]", and
@@ -50,6 +51,9 @@ struct CacheSetState {
   std::vector<CachePair> pairs;          // strides resolved
   std::vector<std::uint8_t> host_pinned; // per pair
   bool all_pinned = true;
+  // The host arrays lie side by side (see make): build lists entry i * pairs + p, not
+  // p * rows + i.
+  bool row_major = false;
   std::size_t bytes_per_id = 0;
   std::size_t host_blocks = 0, device_blocks = 0;          // the fewest of any array
   std::size_t host_blocks_pair = 0, device_blocks_pair = 0;  // a pair that has that few

@@ -37,6 +37,7 @@ void Packer::add(const Segment& seg) {
     std::uint64_t take = std::min<std::uint64_t>(seg.bytes - done, room);
     take = std::min<std::uint64_t>(take, piece_cap_ - piece_fill_);
     plan_.ops.push_back({seg.src + done, seg.dst + done, chunk_.data_bytes, take});
+    pinned_ = pinned_ && seg.pinned_src;
     left_ -= std::min(left_, take);
     chunk_.data_bytes += take;
     piece_fill_ += take;
@@ -85,6 +86,7 @@ void Packer::open_chunk() {
   piece_begin_ = chunk_.op_begin;
   piece_fill_ = 0;
   open_ = true;
+  pinned_ = true;
 }
 
 void Packer::close_piece() {
@@ -104,6 +106,34 @@ void Packer::close_chunk() {
     const GatherOp& a = plan_.ops[i - 1];
     const GatherOp& b = plan_.ops[i];
     chunk_.contiguous_device = to_host ? a.src + a.bytes == b.src : a.dst + a.bytes == b.dst;
+  }
+  // Host to device: where the sources lie in few contiguous pinned runs (every layer's page of a
+  // block side by side in a host cache laid out block-major, say), the copy engine reads them
+  // in place: no gather. Each run is one DMA, so only runs as long as the direct path's blocks;
+  // the first and last may be cut short by the chunk's edges.
+  chunk_.host_runs = 0;
+  chunk_.host_direct = false;
+  if (!to_host && !chunk_.contiguous_device && chunk_.op_end > chunk_.op_begin) {
+    // Every run but the first and the last at least min_run long (those the chunk's edges may
+    // cut), and one at least.
+    const std::uint64_t min_run = cfg_.direct_min();
+    std::uint32_t runs = 1;
+    std::uint64_t run = plan_.ops[chunk_.op_begin].bytes, longest = 0;
+    bool inner_long = true;
+    for (std::uint32_t i = chunk_.op_begin + 1; i < chunk_.op_end; ++i) {
+      const GatherOp &a = plan_.ops[i - 1], &b = plan_.ops[i];
+      if (a.src + a.bytes == b.src) {
+        run += b.bytes;
+        continue;
+      }
+      if (runs > 1) inner_long = inner_long && run >= min_run;
+      longest = std::max(longest, run);
+      ++runs;
+      run = b.bytes;
+    }
+    longest = std::max(longest, run);
+    chunk_.host_runs = runs;
+    chunk_.host_direct = pinned_ && cfg_.host_direct && min_run != SIZE_MAX && inner_long && longest >= min_run;
   }
   chunk_.scatter_offset = align_up(chunk_.data_bytes, kAlign);
   plan_.chunks.push_back(chunk_);

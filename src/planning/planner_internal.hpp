@@ -99,6 +99,7 @@ class Packer {
   std::uint32_t piece_begin_ = 0;
   std::uint64_t piece_fill_ = 0;
   bool open_ = false;
+  bool pinned_ = true;  // every op of the open chunk has a pinned host side
 };
 
 }  // namespace gfd::detail::plan_internal
