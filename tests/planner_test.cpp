@@ -1539,11 +1539,28 @@ TEST(HostDirectTest, ShortRunsPageableMemoryTheOtherWayOrSwitchedOffAreGathered)
   PlanConfig off = host_direct_config();
   off.host_direct = false;
   for (const auto& c : plan_of(rows_of(kPinnedBase, 8, 8, 2048, 1 << 20), off).chunks) EXPECT_FALSE(c.host_direct);
-  // Device to host (host destinations): placed by the gather threads as before.
+}
+
+TEST(HostDirectTest, DeviceToHostLooksAtTheDestinations) {
+  // The same rows the other way: the host destinations lie in 16 KB runs.
   PlanConfig to_host = host_direct_config();
   to_host.direction = gfd::detail::Direction::kToHost;
+  to_host.direct_min_bytes_to_host = 16 * kKiB;
   std::vector<BlockCopy> back;
-  for (const auto& b : rows_of(kPinnedBase, 8, 8, 2048, 1 << 20)) back.push_back(block(
-      reinterpret_cast<std::uintptr_t>(b.dst), reinterpret_cast<std::uintptr_t>(b.src), b.bytes));
+  for (const auto& b : rows_of(kPinnedBase, 8, 8, 2048, 1 << 20))
+    back.push_back(block(reinterpret_cast<std::uintptr_t>(b.dst), reinterpret_cast<std::uintptr_t>(b.src), b.bytes));
+  const Plan p = plan_of(back, to_host);
+  ASSERT_FALSE(p.chunks.empty());
+  // Device to host the chunks taper towards the end: one may be a sliver of a run, shorter than
+  // 16 KB; every other chunk moves in place.
+  std::size_t slivers = 0;
+  for (const auto& c : p.chunks) {
+    if (!c.host_direct) ++slivers;
+    EXPECT_TRUE(c.host_direct || (c.host_runs == 1 && c.data_bytes < 16 * kKiB))
+        << c.host_runs << " runs, " << c.data_bytes << " bytes";
+  }
+  EXPECT_LE(slivers, 1u);
+  // Its threshold is direct_min_bytes_to_host's.
+  to_host.direct_min_bytes_to_host = 64 * kKiB;
   for (const auto& c : plan_of(back, to_host).chunks) EXPECT_FALSE(c.host_direct);
 }

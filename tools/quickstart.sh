@@ -16,7 +16,9 @@ usage: tools/quickstart.sh bench [gfd_benchmark args...]
          arguments (none: its defaults; --help lists them)
   test   the same setup and build, then runs every test with ctest, lists the skipped tests
          with their reasons (tools/ctest_skips.sh), then builds the Python package and runs
-         its pytest suite (tools/python_test.sh)
+         its pytest suite (tools/python_test.sh), then runs gfd.vllm's tests against the real
+         vLLM package in a virtual environment of their own, build/vllm-venv, installing vLLM
+         there when it is missing (tools/vllm_test.sh)
 
   CUDA_ARCHS=90 tools/quickstart.sh ...   builds for those CUDA architectures only
 EOF
@@ -77,13 +79,19 @@ case "$cmd" in
     step "building the Python package and running its tests (tools/python_test.sh)"
     prc=0
     BUILD_DIR=build run "$ROOT/tools/python_test.sh" -q || prc=$?
+    # gfd.vllm against the real vLLM package (CPU only), from the same package.
+    step "running gfd.vllm's tests against vLLM (tools/vllm_test.sh)"
+    vrc=0
+    BUILD_DIR=build run "$ROOT/tools/vllm_test.sh" -q || vrc=$?
     echo
-    if [ "$rc" -eq 0 ] && [ "$prc" -eq 0 ]; then
+    if [ "$rc" -eq 0 ] && [ "$prc" -eq 0 ] && [ "$vrc" -eq 0 ]; then
       echo "quickstart: all tests passed"
     else
       [ "$rc" -eq 0 ] || echo "quickstart: ctest failed (exit status $rc)" >&2
       [ "$prc" -eq 0 ] || echo "quickstart: the Python suite failed (exit status $prc)" >&2
+      [ "$vrc" -eq 0 ] || echo "quickstart: the vLLM suite failed (exit status $vrc)" >&2
       [ "$rc" -ne 0 ] || rc=$prc
+      [ "$rc" -ne 0 ] || rc=$vrc
     fi
     exit "$rc"
     ;;

@@ -77,3 +77,61 @@ def memcpy_batch(engine: Engine, dsts: int, srcs: int, sizes: int, count: int, t
     addresses of pointer and size arrays, e.g. numpy's ``.ctypes.data``) on ``stream``, sources
     read in any order for loads and in stream order for stores (CUDA devices only)."""
     _t.memcpy_batch(engine._core, dsts, srcs, sizes, count, to_device, stream)
+
+
+def trace_start(engine: Engine, capacity: int = 1 << 20) -> None:
+    """Starts recording the engine's trace points (see src/trace_event.hpp)."""
+    _t.trace_start(engine._core, capacity)
+
+
+def trace_take(engine: Engine) -> list:
+    """The points recorded since trace_start, as (ns, transfer, what, thread, a, b) tuples."""
+    return _t.trace_take(engine._core)
+
+
+# TraceEvent::What and TraceEvent::Stage, as in src/trace_event.hpp.
+_WHAT = ("submit", "planned", "chunk_published", "piece_start", "piece_end", "chunk_issued", "finalized",
+         "return", "dma_done", "stage")
+_STAGES = ("pool woken", "plan storage", "lanes begun", "slot taken", "list written", "gathered", "early chunks out")
+
+
+def trace_report(events: list, transfer: Optional[int] = None) -> str:
+    """A transfer's timeline (the last one traced by default), in microseconds from its call: as
+    gfd_benchmark --trace prints it (bench/trace_report.cpp), per chunk when it was published,
+    gathered, issued and its DMA done."""
+    if not events:
+        return "trace: no events"
+    if transfer is None:
+        transfer = max(e[1] for e in events)
+    ev = [e for e in events if e[1] == transfer]
+    t0 = next((e[0] for e in ev if _WHAT[e[2]] == "submit"), ev[0][0])
+    us = lambda ns: (ns - t0) / 1e3  # noqa: E731
+    chunks: dict = {}
+    stages, marks = {}, {}
+    for ns, _, what, thread, a, b in ev:
+        w = _WHAT[what] if what < len(_WHAT) else str(what)
+        if w == "stage":
+            stages[_STAGES[a] if a < len(_STAGES) else str(a)] = us(ns)
+        elif w in ("planned", "finalized", "return"):
+            marks[w] = us(ns)
+        elif w in ("chunk_published", "piece_start", "piece_end", "chunk_issued", "dma_done"):
+            c = chunks.setdefault(a, {"pieces": 0, "first": None, "last": None})
+            if w == "chunk_published":
+                c["published"], c["pieces"] = us(ns), b
+            elif w == "piece_start":
+                c["first"] = us(ns) if c["first"] is None else min(c["first"], us(ns))
+            elif w == "piece_end":
+                c["last"] = us(ns) if c["last"] is None else max(c["last"], us(ns))
+            elif w == "chunk_issued":
+                c["issued"], c["bytes"] = us(ns), b
+            else:
+                c["dma_done"] = us(ns)
+    f = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    lines = [f"trace of transfer {transfer}: " + " | ".join(f"{k} {v:.1f}" for k, v in marks.items()),
+             "  submission: " + " | ".join(f"{k} {v:.1f}" for k, v in stages.items()),
+             "  chunk   bytes  pieces  published  1st_piece  last_piece  issued  dma_done"]
+    for k in sorted(chunks):
+        c = chunks[k]
+        lines.append(f"  {k:<6} {str(c.get('bytes', 0) >> 10) + 'K':>6} {c['pieces']:>7} {f(c.get('published')):>10} "
+                     f"{f(c['first']):>10} {f(c['last']):>11} {f(c.get('issued')):>7} {f(c.get('dma_done')):>9}")
+    return "\n".join(lines)

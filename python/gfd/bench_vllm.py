@@ -70,6 +70,11 @@ class VllmBatch:
         return start, end
 
 
+def _stats_line(engine: Engine) -> str:
+    s = engine.stats()
+    return " ".join(f"{k}={s[k]}" for k in ("chunks", "scattered_chunks", "host_direct_chunks", "direct_copies"))
+
+
 def _fill(torch, tensors, seed: int) -> None:
     g = torch.Generator(device="cpu").manual_seed(seed)
     for t in tensors:
@@ -78,7 +83,8 @@ def _fill(torch, tensors, seed: int) -> None:
 
 
 def run_case(torch, engine: Engine, tensors: int, page: int, blocks: int, bpc: int, host_bytes: int,
-             reps: int, warmup: int, host_memory: str, direction: str, host_layout: str = "tensor") -> List[dict]:
+             reps: int, warmup: int, host_memory: str, direction: str, host_layout: str = "tensor",
+             trace: bool = False) -> List[dict]:
     chunk_bytes = page * bpc
     num_chunks = max(blocks, host_bytes // (tensors * chunk_bytes))
     gpu_blocks = max(2 * blocks * bpc, 1024)
@@ -119,6 +125,9 @@ def run_case(torch, engine: Engine, tensors: int, page: int, blocks: int, bpc: i
                 seconds = s.elapsed_time(e) * 1e-3
             elif method == "gfd":
                 job_id += 1
+                traced = trace and rep == warmup + reps // 2
+                if traced:
+                    _testing.trace_start(engine)
                 t0 = time.perf_counter()
                 w.submit(job_id, to_device, chunks, gblocks, [blocks], [0])
                 t1 = time.perf_counter()
@@ -128,6 +137,10 @@ def run_case(torch, engine: Engine, tensors: int, page: int, blocks: int, bpc: i
                         break
                     time.sleep(20e-6)
                 r = done[0]
+                if traced:
+                    print(f"{host_layout} layout, {fmt_size(page)} pages, {direction}, job {job_id}: "
+                          f"{job_bytes / r.seconds / 1e9:.1f} GB/s; stats {_stats_line(engine)}")
+                    print(_testing.trace_report(_testing.trace_take(engine)))
                 if not r.success:
                     raise RuntimeError(f"gfd job failed: {r.error}")
                 seconds = r.seconds
@@ -179,6 +192,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--directions", default="h2d,d2h")
     ap.add_argument("--host-layout", default="tensor,block", help="tensor (vLLM's), block, or both")
     ap.add_argument("--csv", default="")
+    ap.add_argument("--trace", action="store_true", help="print the timeline of one timed gfd job per case")
     a = ap.parse_args(argv)
     try:
         import torch
@@ -195,7 +209,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             for page in a.pages:
                 for d in a.directions.split(","):
                     rows += run_case(torch, engine, a.tensors, page, a.blocks, a.blocks_per_chunk, a.host_bytes,
-                                     a.reps, a.warmup, hm, d, layout)
+                                     a.reps, a.warmup, hm, d, layout, a.trace)
     engine.close()
     keys = list(rows[0].keys())
     if a.csv:

@@ -351,6 +351,23 @@ PYBIND11_MODULE(_gfd, m) {
                "memcpy_batch: cudaMemcpyBatchAsync");
   }, py::arg("engine"), py::arg("dsts"), py::arg("srcs"), py::arg("sizes"), py::arg("count"), py::arg("to_device"),
      py::arg("stream"));
+  // The engine's trace (src/probe.hpp): start, then take the points as tuples
+  // (ns, transfer, what, thread, a, b) with `what` a TraceEvent::What (see trace_event.hpp).
+  t.def("trace_start", [](PyEngine& e, std::size_t capacity) {
+    auto h = e.holder();
+    detail::EngineCore::of(*h->engine).start_trace(capacity);
+  }, py::arg("engine"), py::arg("capacity") = std::size_t{1} << 20);
+  t.def("trace_take", [](PyEngine& e) {
+    auto h = e.holder();
+    std::vector<detail::TraceEvent> ev;
+    {
+      py::gil_scoped_release nogil;
+      ev = detail::EngineCore::of(*h->engine).take_trace();
+    }
+    py::list out;
+    for (const auto& x : ev) out.append(py::make_tuple(x.ns, x.transfer, x.what, x.thread, x.a, x.b));
+    return out;
+  }, py::arg("engine"));
   t.def("memset", [](PyEngine& e, std::uintptr_t dst, int value, std::size_t bytes, std::optional<std::uintptr_t> s) {
     auto h = e.holder();
     e.device_of(*h).memset_async(reinterpret_cast<void*>(dst), value, bytes, e.stream_of(*h, s));

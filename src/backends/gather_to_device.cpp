@@ -264,7 +264,7 @@ Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, ItemH
   if (c.host_direct) {
     // Nothing to gather: the copy engine reads the sources in place (CopyLanes::move_to_device),
     // and its DMAs wait for no flag.
-    p_.queue.publish(it, 0);
+    p_.queue.publish_empty(it);
     p_.ctx->tracer.record(t->id, TraceEvent::kChunkPublished, k, 0);
     return it;
   }
@@ -280,8 +280,11 @@ Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, ItemH
 // Enqueues a chunk at submission (preissue) and marks its slot as carrying a DMA.
 void GatherToDevice::enqueue_issued(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait) {
   Slot& s = p_.ring[slot];
-  wait = wait && !t.plan.chunks[index].host_direct;  // nothing gathered: no flag to wait for
-  s.issue([&] { p_.lanes.enqueue_to_device(t, index, s, wait, s.flag_value); });
+  const PlannedChunk& c = t.plan.chunks[index];
+  s.issue([&] { p_.lanes.enqueue_to_device(t, index, s, wait && !c.host_direct, s.flag_value); });
+  // Nothing to gather, so no thread says when it is ready: its enqueue is the point to trace.
+  if (c.host_direct)
+    p_.ctx->tracer.record(t.id, TraceEvent::kChunkIssued, index, static_cast<std::uint32_t>(c.data_bytes));
 }
 
 void GatherToDevice::run_piece(Item& item, std::uint32_t piece) {

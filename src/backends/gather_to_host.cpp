@@ -45,10 +45,13 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::opt
     // them than the ring has slots.
     std::uint32_t enqueued = 0;
     std::vector<Item*> held;  // enqueued before the check: placing waits for release_held()
+    // A chunk may write its host destinations in place (host_direct) only once the transfer is
+    // known valid: a transfer on a CacheSet is from the start (its ids were checked).
+    const bool trusted = r.trust != nullptr;
     auto enqueue_planned = [&](std::size_t limit) {
       const bool planning = t->plan_state.load(std::memory_order_relaxed) == TransferState::kPlanning;
       for (; enqueued < std::min(p.chunks.size(), limit); ++enqueued)
-        enqueue_chunk(t, enqueued, planning ? &held : nullptr);
+        enqueue_chunk(t, enqueued, planning ? &held : nullptr, !planning || trusted);
     };
     // Publishes the verdict (kValid or kRejected) to the gather threads, then lets them at the
     // held chunks: placed, or dropped.
@@ -120,9 +123,24 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::opt
   return t;
 }
 
-void GatherToHost::enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vector<Item*>* held) {
+void GatherToHost::enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vector<Item*>* held, bool valid) {
   const PlannedChunk& c = t->plan.chunks[k];
   const std::uint32_t slot = p_.ring.acquire();
+  if (c.host_direct && valid) {
+    // The copy engine writes the host destinations itself: no piece to place, and the slot is
+    // free again once its DMAs are done (as a host-to-device slot).
+    Item& it = p_.queue.append(Item::Kind::kChunk, this, t, k, slot, true);
+    Slot& s = p_.ring[slot];
+    try {
+      s.issue([&] { p_.lanes.enqueue_to_host(*t, k, s, true); });
+    } catch (...) {
+      p_.queue.publish_empty(it);
+      throw;
+    }
+    p_.queue.publish_empty(it);
+    p_.ctx->tracer.record(t->id, TraceEvent::kChunkPublished, k, 0);
+    return;
+  }
   Item& it = p_.queue.append(Item::Kind::kChunk, this, t, k, slot, false);
   if (held != nullptr) {
     it.held.store(true, std::memory_order_relaxed);

@@ -35,7 +35,8 @@ class GatherToHost final : public ItemHandler {
  private:
   // Takes a slot for chunk k, enqueues the chunk's DMA into it and publishes its pieces (caller
   // holds the submission lock). Items enqueued while the transfer is planned go into `held`.
-  void enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vector<Item*>* held);
+  // `valid`: the transfer is known valid, so a host_direct chunk may write host memory in place.
+  void enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vector<Item*>* held, bool valid);
   bool poll_head_dma(Item& item);
 
   StagingPipeline& p_;

@@ -111,7 +111,7 @@ void CopyLanes::move_to_device(TransferState& t, std::uint32_t index, Slot& s, S
   Counters::add(ctx_.counters.chunks, 1);
 }
 
-void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s) {
+void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, bool in_place) {
   const Plan& p = t.plan;
   const PlannedChunk& c = p.chunks[index];
   // No timing event (one driver call less per chunk on the submission path): device-to-host
@@ -138,7 +138,21 @@ void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s) 
     device_.gather(entries, c.op_end - c.op_begin, s.dev, pk);
     device_.record_event(s.start, pk);
     device_.stream_wait_event(l, s.start);
-    device_.copy_d2h(s.host, s.dev, c.data_bytes, l);
+    if (in_place) {
+      // Each contiguous run of the host destinations straight from the device staging area:
+      // nothing is left for the gather threads to place.
+      const GatherOp* ops = p.ops.data();
+      std::uint32_t run = c.op_begin;
+      for (std::uint32_t i = c.op_begin + 1; i <= c.op_end; ++i) {
+        if (i < c.op_end && ops[i - 1].dst + ops[i - 1].bytes == ops[i].dst) continue;
+        const std::uint64_t bytes = ops[i - 1].slot_offset + ops[i - 1].bytes - ops[run].slot_offset;
+        device_.copy_d2h(ops[run].dst, s.dev + ops[run].slot_offset, bytes, l);
+        run = i;
+      }
+      Counters::add(ctx_.counters.host_direct, 1);
+    } else {
+      device_.copy_d2h(s.host, s.dev, c.data_bytes, l);
+    }
     Counters::add(ctx_.counters.scattered, 1);
   }
   device_.record_event(s.done, l);

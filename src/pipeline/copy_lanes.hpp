@@ -46,8 +46,9 @@ class CopyLanes {
   // scatter kernel for scattered destinations), then `s.done`.
   void move_to_device(TransferState& t, std::uint32_t index, Slot& s, StreamHandle l);
   // Chunk `index` from the device into slot `s` (packed on the GPU first when its device blocks
-  // are scattered); `s.done` follows the DMA.
-  void enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s);
+  // are scattered); `s.done` follows the DMA. `in_place` (a host_direct chunk whose transfer is
+  // known valid): the packed runs go straight to their host destinations instead.
+  void enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, bool in_place = false);
   // Joins the lanes the transfer used into the first of them, records its done event there and
   // marks it finalized (not on lane 0 regardless: a device-to-host transfer must not wait behind
   // host-to-device DMAs). A device failure is recorded in the transfer.

@@ -57,6 +57,15 @@ void WorkQueue::publish_for_pool(Item& item, std::uint32_t pieces, bool first) {
   if (first || gather_head_.load(std::memory_order_seq_cst) >= seq) wake();
 }
 
+void WorkQueue::publish_empty(Item& item) {
+  std::uint64_t seq = tail_.load(std::memory_order_relaxed);
+  publish(item, 0);
+  // Nothing to claim: step the gather head past it where it waits there, as a thread would, so
+  // that publish_for_pool still sees when the threads have run dry (they may have parked with
+  // the head on this item, and would otherwise not be woken for the next one).
+  gather_head_.compare_exchange_strong(seq, seq + 1, std::memory_order_acq_rel);
+}
+
 bool WorkQueue::run_next_piece(bool may_poll) {
   for (;;) {
     std::uint64_t h = gather_head_.load(std::memory_order_acquire);

@@ -78,6 +78,8 @@ class WorkQueue {
                std::uint32_t slot, bool ready);
   // Makes `item` visible to the issuer and its `pieces` claimable.
   void publish(Item& item, std::uint32_t pieces);
+  // publish() of an item with no pieces (ready already): the gather head steps past it.
+  void publish_empty(Item& item);
   // publish(), and wakes the pool where it may be idle: for a transfer's first item, and when
   // every earlier item has been taken (the threads may have run dry and parked). Otherwise the
   // threads are busy with earlier items and reach this one by themselves; waking them again

@@ -107,13 +107,14 @@ void Packer::close_chunk() {
     const GatherOp& b = plan_.ops[i];
     chunk_.contiguous_device = to_host ? a.src + a.bytes == b.src : a.dst + a.bytes == b.dst;
   }
-  // Host to device: where the sources lie in few contiguous pinned runs (every layer's page of a
-  // block side by side in a host cache laid out block-major, say), the copy engine reads them
-  // in place: no gather. Each run is one DMA, so only runs as long as the direct path's blocks;
-  // the first and last may be cut short by the chunk's edges.
+  // Where the host side lies in few contiguous pinned runs (every layer's page of a block side by
+  // side in a host cache laid out block-major, say), the copy engine moves each run between host
+  // memory and the chunk's device staging area in place: no CPU copy. Each run is one DMA, so
+  // only runs as long as the direct path's blocks; the first and last may be cut short by the
+  // chunk's edges.
   chunk_.host_runs = 0;
   chunk_.host_direct = false;
-  if (!to_host && !chunk_.contiguous_device && chunk_.op_end > chunk_.op_begin) {
+  if (!chunk_.contiguous_device && chunk_.op_end > chunk_.op_begin) {
     // Every run but the first and the last at least min_run long (those the chunk's edges may
     // cut), and one at least.
     const std::uint64_t min_run = cfg_.direct_min();
@@ -122,7 +123,7 @@ void Packer::close_chunk() {
     bool inner_long = true;
     for (std::uint32_t i = chunk_.op_begin + 1; i < chunk_.op_end; ++i) {
       const GatherOp &a = plan_.ops[i - 1], &b = plan_.ops[i];
-      if (a.src + a.bytes == b.src) {
+      if ((to_host ? a.dst + a.bytes == b.dst : a.src + a.bytes == b.src)) {
         run += b.bytes;
         continue;
       }

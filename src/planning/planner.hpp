@@ -56,8 +56,8 @@ struct PlanConfig {
   // whose sources and destinations each advance by one constant pitch goes as one 2D copy
   // (Plan::strided); 0 = never.
   std::size_t strided_min_rows = 0;
-  // Host to device: chunks whose pinned sources lie in few long runs are read in place by the
-  // copy engine (PlannedChunk::host_direct).
+  // Chunks whose pinned host side lies in few long runs are moved in place by the copy engine
+  // (PlannedChunk::host_direct), both directions.
   bool host_direct = true;
   // Non-null: the blocks are pre-validated (see PlanTrust); lives for the planning call.
   const PlanTrust* trust = nullptr;
@@ -81,12 +81,11 @@ struct PlannedChunk {
   // scatter entries (at scatter_offset) go along and a kernel moves each op between the device
   // staging area and its device address.
   bool contiguous_device;
-  // Host to device: the ops' host sources are pinned and lie in contiguous runs of at least
-  // PlanConfig::direct_min() bytes (but the first and last, which the chunk's edges may cut):
-  // the copy engine takes each run straight
-  // from host memory into the chunk's device staging area (host_runs DMAs), nobody gathers,
-  // and the scatter kernel places the ops. (Never with contiguous_device: that chunk would be
-  // direct copies.)
+  // The ops' host sides are pinned and lie in contiguous runs of at least direct_min() bytes
+  // (but the first and last, which the chunk's edges may cut): the copy engine moves each run
+  // straight between host memory and the chunk's device staging area (host_runs DMAs) and no
+  // thread copies. Host to device the scatter kernel then places the ops; device to host the
+  // pack kernel first gathers them. (Never with contiguous_device.)
   bool host_direct = false;
   std::uint32_t host_runs = 0;           // contiguous runs of the ops' host side
   std::uint64_t scatter_offset;          // 16-byte aligned, after the data

@@ -1,0 +1,302 @@
+"""gfd.kv_worker.KVTransferWorker on the emulated device (no vLLM, no torch): host caches laid out
+as vLLM's CPU offloading lays them out (host_layout "tensor") or a block's pages side by side
+("block"), jobs of (chunk ids, GPU block ids, group sizes, block
+indices), every byte checked with numpy against a reference built here, the jobs' results, and
+the errors a job or a worker can raise. test_kv_worker_gpu.py covers the same core on a CUDA GPU;
+tests/vllm the glue to vLLM (gfd.vllm)."""
+
+import numpy as np
+import pytest
+
+import gfd
+from gfd import _testing
+from gfd.kv_worker import KVTransferWorker, host_block_ids
+
+PAGES = (2048, 1024, 4096)  # bytes per GPU block, per tensor (tensors of different page sizes)
+GPU_BLOCKS = 24
+
+
+def device_caches(engine, pages=PAGES, blocks=GPU_BLOCKS, seed=0):
+    """Per tensor, a (blocks, page) int8 device buffer filled with random bytes, and its numpy
+    view (the emulated device's memory is host memory)."""
+    rng = np.random.default_rng(seed)
+    bufs = [_testing.device_buffer(engine, (blocks, p), "int8") for p in pages]
+    views = [np.asarray(b) for b in bufs]
+    for v in views:
+        v[:] = rng.integers(-128, 128, v.shape, dtype=np.int8)
+    return bufs, views
+
+
+def host_rows(worker, tensors=len(PAGES)):
+    """Per tensor, the worker's host pages as (chunks * bpc, page) rows (numpy views): row
+    c * bpc + j is sub-block j of chunk c, in either layout."""
+    return [np.asarray(worker.host_rows(t)) for t in range(tensors)]
+
+
+def run(worker, job_id, *args, **kw):
+    """Submits one job, waits for it and returns its result (the only one reported)."""
+    assert worker.submit(job_id, *args, **kw) is True
+    worker.wait([job_id])
+    done = worker.get_finished()
+    assert [r.job_id for r in done] == [job_id]
+    return done[0]
+
+
+@pytest.fixture
+def counted(engine, monkeypatch):
+    """The engine, its copy_blocks calls (one per gfd transfer) counted."""
+    calls = []
+    real = engine.copy_blocks
+
+    def copy_blocks(caches, src, dst=None, **kw):
+        calls.append((caches, np.array(src), np.array(dst)))
+        return real(caches, src, dst, **kw)
+
+    monkeypatch.setattr(engine, "copy_blocks", copy_blocks)
+    return engine, calls
+
+
+def test_host_block_ids():
+    assert list(host_block_ids(np.array([5, 2, 7]), 1, 3, 0)) == [5, 2, 7]
+    assert list(host_block_ids(np.array([5, 2, 7]), 1, 2, 0)) == [5, 2]
+    # Chunk c, sub-block j is id c * 4 + j; the first chunk may start mid-chunk.
+    assert list(host_block_ids(np.array([3, 1]), 4, 6, 0)) == [12, 13, 14, 15, 4, 5]
+    assert list(host_block_ids(np.array([3, 1]), 4, 5, 3)) == [15, 4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("bpc", [1, 4])
+def test_host_caches_shapes(engine, bpc):
+    bufs, _ = device_caches(engine)
+    w = KVTransferWorker(engine, bufs, [[0, 1, 2]], bpc, 5)
+    try:
+        assert w.host_layout == "tensor"
+        hosts = w.host_caches
+        assert [tuple(h.shape) for h in hosts] == [(5, p * bpc) for p in PAGES]
+        assert all(np.asarray(h).dtype == np.int8 for h in hosts)
+        assert hosts is not w.host_caches  # a new list each time: the worker's own is not exposed
+        for t, (h, p) in enumerate(zip(hosts, PAGES)):  # rows: views of the same memory
+            rows = np.asarray(w.host_rows(t))
+            assert rows.shape == (5 * bpc, p) and rows.ctypes.data == np.asarray(h).ctypes.data
+    finally:
+        w.shutdown()
+
+
+@pytest.mark.parametrize("bpc", [1, 4])
+def test_block_layout_rows(engine, bpc):
+    """host_layout "block": one host array, a row per GPU block holding that block's page of
+    every tensor side by side; host_caches does not exist there."""
+    bufs, _ = device_caches(engine)
+    w = KVTransferWorker(engine, bufs, [[0, 1, 2]], bpc, 5, host_layout="block")
+    try:
+        assert w.host_layout == "block"
+        rows = host_rows(w)
+        assert [r.shape for r in rows] == [(5 * bpc, p) for p in PAGES]
+        assert all(r.strides[0] == sum(PAGES) for r in rows)
+        assert [r.ctypes.data - rows[0].ctypes.data for r in rows] == [0, PAGES[0], PAGES[0] + PAGES[1]]
+        with pytest.raises(gfd.Error, match="'block' layout keeps one array"):
+            w.host_caches
+    finally:
+        w.shutdown()
+
+
+@pytest.mark.parametrize("layout", ["tensor", "block"])
+@pytest.mark.parametrize("bpc,skip", [(1, 0), (4, 0), (4, 3)])
+def test_store_then_load_every_byte(counted, bpc, skip, layout):
+    engine, calls = counted
+    bufs, gpu = device_caches(engine)
+    w = KVTransferWorker(engine, bufs, [[0, 1, 2]], bpc, 8, host_layout=layout)
+    try:
+        host = host_rows(w)
+        blocks = np.array([7, 2, 19, 11, 4, 23, 0][:max(3, 7 - skip)], np.int64)
+        n = len(blocks)
+        chunks = np.array([6, 1, 3, 5, 0, 2, 4][:-(-(n + skip) // bpc)], np.int64)
+        ids = host_block_ids(chunks, bpc, n, skip)
+        before = [h.copy() for h in host]
+        r = run(w, 1, False, chunks, blocks, [n], [5 * bpc + skip])  # block index: only its offset counts
+        assert r.success and r.error is None and r.bytes == n * sum(PAGES) and r.seconds > 0
+        for t, (h, b, g) in enumerate(zip(host, before, gpu)):
+            b[ids] = g[blocks]
+            assert np.array_equal(h, b), f"store: host cache {t}"
+        # Load those chunks back into other GPU blocks: every other block stays as it was.
+        others = np.array([1, 3, 5, 8, 9, 10, 12][:n], np.int64)
+        expect = [g.copy() for g in gpu]
+        for e, g in zip(expect, gpu):
+            e[others] = g[blocks]
+        r = run(w, 2, True, chunks, others, [n], [skip])
+        assert r.success and r.bytes == n * sum(PAGES)
+        for t, (g, e) in enumerate(zip(gpu, expect)):
+            assert np.array_equal(g, e), f"load: GPU tensor {t}"
+        assert len(calls) == 2  # one gfd transfer per job
+    finally:
+        w.shutdown()
+
+
+def test_groups_sharing_tensors_move_as_one_transfer(counted):
+    """vLLM's hybrid groups (full attention and sliding window layers aliasing the same
+    tensors): both groups' rows go in one transfer, each group's first chunk at its own offset."""
+    engine, calls = counted
+    bufs, gpu = device_caches(engine, pages=PAGES[:2])
+    w = KVTransferWorker(engine, bufs, [[0, 1], [1, 0]], 4, 8)
+    try:
+        host = host_rows(w, 2)
+        g0, g1 = np.array([3, 4, 5, 6, 7], np.int64), np.array([12, 13], np.int64)
+        c0, c1 = np.array([2, 5]), np.array([7])  # group 0 from sub-block 1 of chunk 2; group 1 at 2 of 7
+        r = run(w, 1, False, np.concatenate([c0, c1]), np.concatenate([g0, g1]), [5, 2], [1, 6])
+        assert r.success and r.bytes == 7 * sum(PAGES[:2])
+        assert len(calls) == 1 and len(calls[0][1]) == 7
+        ids0, ids1 = host_block_ids(c0, 4, 5, 1), host_block_ids(c1, 4, 2, 2)
+        assert list(ids0) == [9, 10, 11, 20, 21] and list(ids1) == [30, 31]
+        for h, g in zip(host, gpu):
+            assert np.array_equal(h[ids0], g[g0]) and np.array_equal(h[ids1], g[g1])
+        # A group without blocks this job: only the other moves.
+        r = run(w, 2, True, [7], [20, 21], [0, 2], [0, 2])
+        assert r.success and r.bytes == 2 * sum(PAGES[:2]) and len(calls) == 2
+        for g in gpu:
+            assert np.array_equal(g[[20, 21]], g[g1])
+    finally:
+        w.shutdown()
+
+
+def test_groups_with_different_tensors_move_as_one_transfer_each(counted):
+    engine, calls = counted
+    bufs, gpu = device_caches(engine)
+    w = KVTransferWorker(engine, bufs, [[0], [1, 2]], 1, 8)
+    try:
+        host = host_rows(w)
+        before = [h.copy() for h in host]
+        r = run(w, 1, False, [4, 0, 6], [9, 1, 15], [2, 1], [0, 0])
+        assert r.success and r.bytes == 2 * PAGES[0] + PAGES[1] + PAGES[2]
+        assert len(calls) == 2 and {len(c[1]) for c in calls} == {1, 2}
+        before[0][[4, 0]] = gpu[0][[9, 1]]
+        before[1][6], before[2][6] = gpu[1][15], gpu[2][15]
+        for t, (h, b) in enumerate(zip(host, before)):
+            assert np.array_equal(h, b), f"tensor {t}: only its group's blocks are stored"
+    finally:
+        w.shutdown()
+
+
+def test_submit_errors(engine):
+    bufs, _ = device_caches(engine)
+    w = KVTransferWorker(engine, bufs, [[0], [1, 2], []], 4, 8)
+    try:
+        def bad(match, *args):
+            with pytest.raises(gfd.Error, match=match):
+                w.submit(9, *args)
+
+        bad("2 group sizes and 2 block indices for 3 groups", False, [0], [1, 2], [1, 1], [0, 0])
+        bad("3 group sizes and 2 block indices", False, [0], [1, 2], [1, 1, 0], [0, 0])
+        bad("group sizes sum to 3, 2 GPU blocks given", False, [0], [1, 2], [2, 1, 0], [0, 0, 0])
+        bad("group 1 needs 1 chunks from position 1, 1 given", False, [0], [1, 2], [1, 1, 0], [0, 0, 0])
+        bad("3 chunks given, the groups use 2", False, [0, 1, 2], [1, 2], [1, 1, 0], [0, 0, 0])
+        # Skipping 3 sub-blocks of the first chunk: 2 blocks need 2 chunks.
+        bad("group 0 needs 2 chunks from position 0, 1 given", False, [0], [1, 2], [2, 0, 0], [3, 0, 0])
+        bad("group 2 has blocks but no tensors", False, [0], [1], [0, 0, 1], [0, 0, 0])
+        assert w.get_finished() == []  # nothing was queued
+        # A job id in flight (submitted, not yet reported by get_finished) cannot be used again.
+        assert w.submit(5, False, [0], [1], [1, 0, 0], [0, 0, 0])
+        with pytest.raises(gfd.Error, match="job 5 is already in flight"):
+            w.submit(5, False, [1], [2], [1, 0, 0], [0, 0, 0])
+        w.wait([5])
+        assert [r.job_id for r in w.get_finished()] == [5]
+        assert run(w, 5, True, [0], [3], [1, 0, 0], [0, 0, 0]).success  # reported: free again
+    finally:
+        w.shutdown()
+    with pytest.raises(gfd.Error, match="shut down"):
+        w.submit(6, False, [0], [1], [1, 0, 0], [0, 0, 0])
+
+
+def test_constructor_errors(engine):
+    bufs, _ = device_caches(engine)
+
+    def bad(match, *args, **kw):
+        with pytest.raises((gfd.Error, TypeError), match=match):
+            KVTransferWorker(*args, **kw)
+
+    bad("expected a gfd.Engine", object(), bufs, [[0]], 1, 4)
+    bad("blocks_per_chunk: must be at least 1", engine, bufs, [[0]], 0, 4)
+    bad("num_chunks: must not be negative", engine, bufs, [[0]], 1, -1)
+    bad("no tensor given", engine, [], [[0]], 1, 4)
+    bad(r"groups\[0\]: tensor index 3 is out of range", engine, bufs, [[0, 3]], 1, 4)
+    bad(r"groups\[1\]: a tensor is listed twice", engine, bufs, [[0], [1, 1]], 1, 4)
+    flat = _testing.device_buffer(engine, (GPU_BLOCKS * 16,), "int8")
+    bad(r"gpu_caches\[0\]: expected a 2-D", engine, [flat], [[0]], 1, 4)
+    wide = _testing.device_buffer(engine, (GPU_BLOCKS, 16), "int32")
+    bad(r"gpu_caches\[0\]: expected a byte array", engine, [wide], [[0]], 1, 4)
+    bad("copy_bytes: 2 sizes for 3 GPU tensors", engine, bufs, [[0]], 1, 4, copy_bytes=[1, 2])
+    bad(r"copy_bytes\[1\]: 2048 bytes for pages of 1024", engine, bufs, [[0]], 1, 4, copy_bytes=[8, 2048, 8])
+    bad(r"copy_bytes\[0\]: moving part of a page needs a tensor that can be sliced", engine, bufs, [[0]], 1, 4,
+        copy_bytes=[1024, 1024, 4096])
+    hosts = [_testing.pinned_buffer(engine, (4, p * 2), "int8") for p in PAGES]
+    bad("host_caches: 2 arrays for 3 GPU tensors", engine, bufs, [[0]], 2, 4, host_caches=hosts[:2])
+    short = [hosts[0], _testing.pinned_buffer(engine, (3, PAGES[1] * 2), "int8"), hosts[2]]
+    bad(r"host_caches\[1\]: expected 4 x 2048 bytes, got shape \(3, 2048\)", engine, bufs, [[0]], 2, 4,
+        host_caches=short)
+    bad("host_memory: expected 'pool' or 'torch'", engine, bufs, [[0]], 1, 4, host_memory="mmap")
+    bad("host_layout: expected 'tensor' or 'block', got 'rows'", engine, bufs, [[0]], 1, 4, host_layout="rows")
+    bad("'block' allocates its own host memory", engine, bufs, [[0]], 2, 4, host_caches=hosts, host_layout="block")
+
+
+def test_given_host_caches_are_used(engine):
+    bufs, gpu = device_caches(engine)
+    hosts = [_testing.pinned_buffer(engine, (4, p * 2), "int8") for p in PAGES]
+    w = KVTransferWorker(engine, bufs, [[0, 1, 2]], 2, 4, host_caches=hosts)
+    try:
+        assert all(a is b for a, b in zip(w.host_caches, hosts)) and len(w.host_caches) == 3
+        assert run(w, 1, False, [3], [5, 6], [2], [0]).success
+        for h, g, p in zip(hosts, gpu, PAGES):
+            assert np.array_equal(np.asarray(h)[3].reshape(2, p), g[[5, 6]])
+    finally:
+        w.shutdown()
+
+
+def test_bad_ids_are_a_failed_job_not_an_exception(engine):
+    bufs, gpu = device_caches(engine)
+    w = KVTransferWorker(engine, bufs, [[0, 1, 2]], 1, 8)
+    try:
+        # Chunk 8 of 8, GPU block 24 of 24: found by the transfer, reported as a failed job.
+        for job, to_device, chunks, blocks in [(1, True, [8], [0]), (2, False, [0], [GPU_BLOCKS])]:
+            r = run(w, job, to_device, chunks, blocks)
+            assert not r.success and r.bytes == 0 and isinstance(r.error, gfd.Error)
+        snapshot = [g.copy() for g in gpu]
+        r = run(w, 3, True, [2], [4])
+        assert r.success and r.error is None  # the worker goes on
+        host = host_rows(w)
+        for g, s, h in zip(gpu, snapshot, host):
+            s[4] = h[2]
+            assert np.array_equal(g, s)
+    finally:
+        w.shutdown()
+
+
+def test_results_in_lane_order_and_wait(slow_engine):
+    """With every emulated copy held 20 ms, jobs stay in flight: wait() returns once they are
+    done, get_finished reports each once, in submission order per direction."""
+    bufs, gpu = device_caches(slow_engine)
+    w = KVTransferWorker(slow_engine, bufs, [[0, 1, 2]], 2, 8)
+    try:
+        for j in range(4):  # stores of blocks 2j, 2j+1 into chunk j
+            assert w.submit(j, False, [j], [2 * j, 2 * j + 1])
+        assert w.submit(10, True, [7], [20, 21], expedited=True)
+        w.wait([0, 1, 2, 3, 10, 99])  # 99: not in flight, ignored
+        done = w.get_finished()
+        ids = [r.job_id for r in done]
+        assert sorted(ids) == [0, 1, 2, 3, 10] and [i for i in ids if i < 10] == [0, 1, 2, 3]
+        assert all(r.success and r.bytes == 2 * sum(PAGES) and r.seconds > 0 for r in done)
+        assert w.get_finished() == []
+        host = host_rows(w)
+        for h, g in zip(host, gpu):
+            assert np.array_equal(h[:8], g[:8])
+    finally:
+        w.shutdown()
+
+
+def test_shutdown_with_jobs_in_flight(slow_engine):
+    bufs, gpu = device_caches(slow_engine)
+    w = KVTransferWorker(slow_engine, bufs, [[0, 1, 2]], 1, 16)
+    for j in range(6):
+        w.submit(j, False, [j], [j + 3])
+    w.shutdown()  # submits what is queued and waits for all of it
+    w.shutdown()  # idempotent
+    assert w.get_finished() == []  # results not collected are dropped
+    for h, g in zip(host_rows(w), gpu):
+        assert np.array_equal(h[:6], g[3:9])

@@ -1,0 +1,383 @@
+"""gfd.vllm against the real vLLM package, on the CPU (gfd's emulated device behind the worker).
+
+The configuration a user gives vLLM (--kv-transfer-config JSON naming GfdOffloadingSpec in
+gfd.vllm) is parsed as vLLM's CLI parses it, into a real VllmConfig of a tiny local Llama
+config.json; vLLM's own KVConnectorFactory builds the OffloadingConnector for the scheduler and
+the worker role, which resolve the spec through OffloadingSpecFactory / build_offloading_config.
+The worker side registers its KV caches through vLLM's register_kv_caches: the caches are gfd
+emulated device buffers, handed to vLLM as CPU torch views of the same memory; the
+CanonicalKVCaches vLLM builds from them is given to the spec with each tensor swapped for the
+device buffer at its address (gfd takes only device memory as the GPU side). Jobs come from
+vLLM's CPUOffloadingManager (prepare_store / complete_store / prepare_load) with GPU specs built
+as vLLM's OffloadingConnectorScheduler builds them, and run through the connector's worker-side
+step (handle_preemptions, start_load_kv, wait_for_save, get_finished) or the worker directly,
+with both host layouts (gfd_host_layout). Every byte of every tensor is checked against a numpy
+reference.
+
+Run by tools/vllm_test.sh, which installs vLLM into a virtual environment and sets
+GFD_REQUIRE_VLLM=1: without vLLM this module then fails instead of skipping.
+"""
+
+import hashlib
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is a local config.json: ask no hub
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+try:
+    import vllm  # noqa: F401
+except Exception as e:  # noqa: BLE001 - any failure to import vLLM (a broken torch, say)
+    if os.environ.get("GFD_REQUIRE_VLLM") == "1":
+        raise RuntimeError(f"GFD_REQUIRE_VLLM=1 but vllm cannot be imported ({type(e).__name__}: {e}); "
+                           "tools/vllm_test.sh installs it into a virtual environment") from e
+    pytest.skip(f"vllm is not importable ({type(e).__name__}: {e}); tools/vllm_test.sh installs it "
+                "and runs this suite", allow_module_level=True)
+
+import torch  # noqa: E402 - vLLM's dependency
+from pydantic import TypeAdapter  # noqa: E402
+from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, VllmConfig  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # noqa: E402
+    OffloadingConnectorMetadata, TransferJob)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config  # noqa: E402
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,  # noqa: E402
+                                        KVCacheTensor, SlidingWindowSpec)
+from vllm.v1.kv_offload.base import (CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec,  # noqa: E402
+                                     LookupResult, ReqContext, TransferResult, make_offload_key)
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
+
+import gfd.vllm as gfd_vllm  # noqa: E402 - an error, never a skip: the package under test
+from gfd import _testing  # noqa: E402
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+         "num_hidden_layers": 4, "vocab_size": 256, "max_position_embeddings": 256,
+         "rms_norm_eps": 1e-5, "torch_dtype": "float16"}
+LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+TOKENS = 16  # per GPU block
+ATTN = FullAttentionSpec(block_size=TOKENS, num_kv_heads=2, head_size=16, dtype=torch.float16)
+SWA = SlidingWindowSpec(block_size=TOKENS, num_kv_heads=2, head_size=16, dtype=torch.float16, sliding_window=32)
+PAGE = ATTN.page_size_bytes  # 2 heads x 16 tokens x (16 + 16) x 2 bytes = 2048
+NUM_BLOCKS = 48
+CPU_BYTES = 1 << 20
+# A small staging ring (as tests/python/conftest.py's small_options): transfers cycle through it.
+SMALL = dict(staging_bytes=1 << 20, slot_bytes=256 << 10, first_chunk_bytes=64 << 10, piece_bytes=16 << 10,
+             gather_threads=2, copy_streams=2, spin_us=20)
+
+
+def config_json(extra):
+    return json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                       "kv_connector_extra_config": {"spec_name": "GfdOffloadingSpec", "spec_module_path": "gfd.vllm",
+                                                     "cpu_bytes_to_use": CPU_BYTES, **extra}})
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-llama")
+    (d / "config.json").write_text(json.dumps(LLAMA))
+    return d
+
+
+def vllm_config(model_dir, extra):
+    # As vLLM's CLI parses --kv-transfer-config (EngineArgs: TypeAdapter(...).validate_json).
+    kv = TypeAdapter(KVTransferConfig).validate_json(config_json(extra))
+    model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=128)
+    return VllmConfig(model_config=model, device_config=DeviceConfig("cpu"),
+                      cache_config=CacheConfig(block_size=TOKENS), kv_transfer_config=kv)
+
+
+def kv_cache_config(topology):
+    """'one_group': two full-attention layers, a tensor each. 'hybrid': vLLM's hybrid allocator,
+    a full-attention group and a sliding-window group whose layers alias the same two tensors."""
+    def tensor(layers):
+        return KVCacheTensor(size=2 * NUM_BLOCKS * PAGE, layers=layers, layer_stride=NUM_BLOCKS * PAGE,
+                             block_stride=PAGE)
+    if topology == "one_group":
+        groups = [KVCacheGroupSpec(LAYERS[:2], ATTN)]
+    else:
+        groups = [KVCacheGroupSpec([LAYERS[0], LAYERS[2]], ATTN), KVCacheGroupSpec([LAYERS[1], LAYERS[3]], SWA)]
+    return KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[tensor(g.layer_names) for g in groups],
+                         kv_cache_groups=groups)
+
+
+class Stack:
+    """One OffloadingConnector per role, as vLLM builds them, the worker's caches registered."""
+
+    def __init__(self, model_dir, monkeypatch, topology="one_group", extra=None, **engine_options):
+        self.engine = _testing.emulated_engine(**{**SMALL, **engine_options})
+        self.factory_calls = []
+
+        def factory(device, options):
+            self.factory_calls.append((device, dict(options)))
+            return self.engine
+
+        monkeypatch.setattr(gfd_vllm, "engine_factory", factory)
+        self.vllm_config = vllm_config(model_dir, dict(extra or {}))
+        kcc = kv_cache_config(topology)
+        self.scheduler = KVConnectorFactory.create_connector(self.vllm_config, KVConnectorRole.SCHEDULER, kcc)
+        self.conn = KVConnectorFactory.create_connector(self.vllm_config, KVConnectorRole.WORKER, kcc)
+        self.manager = self.scheduler.connector_scheduler.manager
+        self.spec = self.conn.connector_worker.spec
+        self.bpc = self.spec.blocks_per_chunk
+        rng = np.random.default_rng(7)
+        self.bufs = [_testing.device_buffer(self.engine, (NUM_BLOCKS, PAGE), "int8") for _ in range(2)]
+        self.gpu = [np.asarray(b) for b in self.bufs]
+        for g in self.gpu:
+            g[:] = rng.integers(-128, 128, g.shape, dtype=np.int8)
+        # vLLM's register_kv_caches on (B, H, N, C) fp16 views; hybrid: layer i of each group on tensor i.
+        views = [torch.from_numpy(g).view(torch.float16).view(NUM_BLOCKS, 2, TOKENS, 32) for g in self.gpu]
+        layer_views = {name: views[t] for g in kcc.kv_cache_groups for t, name in enumerate(g.layer_names)}
+        worker = self.conn.connector_worker
+        captured = []
+        worker._init_worker = captured.append
+        self.conn.register_kv_caches(layer_views)
+        del worker._init_worker
+        (canonical,) = captured
+        by_address = {g.ctypes.data: b for g, b in zip(self.gpu, self.bufs)}
+        tensors = []
+        for t in canonical.tensors:
+            assert t.tensor.dtype == torch.int8 and tuple(t.tensor.shape) == (NUM_BLOCKS, PAGE)
+            assert t.tensor.stride() == (PAGE, 1) and t.page_size_bytes == PAGE
+            tensors.append(CanonicalKVCacheTensor(by_address[t.tensor.data_ptr()], t.page_size_bytes))
+        self.groups = [sorted({r.tensor_idx for r in refs}) for refs in canonical.group_data_refs]
+        worker._init_worker(CanonicalKVCaches(tensors, canonical.group_data_refs))  # spec.get_worker
+        self.worker = worker.worker
+        assert isinstance(self.worker, gfd_vllm.GfdOffloadingWorker)
+        # Per tensor, the host pages as (chunks * bpc, page) rows (row c * bpc + j: sub-block j of chunk c).
+        self.host = [np.asarray(self.worker.core.host_rows(t)) for t in range(len(tensors))]
+        self.ctx = ReqContext(req_id="req-0")
+        self.manager.on_new_request(self.ctx)
+
+    def step(self, load_jobs=None, store_jobs=None, flush=None):
+        """One engine step of the worker side, in the model runner's order."""
+        meta = OffloadingConnectorMetadata(load_jobs=dict(load_jobs or {}), store_jobs=dict(store_jobs or {}),
+                                           jobs_to_flush=flush)
+        self.conn.handle_preemptions(meta)
+        self.conn.bind_connector_metadata(meta)
+        self.conn.start_load_kv(None)
+        self.conn.wait_for_save()
+        _, recving = self.conn.get_finished(set())
+        out = self.conn.build_connector_worker_meta()
+        self.conn.clear_connector_metadata()
+        return recving, out
+
+    def keys(self, group, chunks, salt="a"):
+        return [make_offload_key(hashlib.sha256(f"{salt}/{c}".encode()).digest(), group) for c in chunks]
+
+    def job(self, tables, ranges, store, salt="a"):
+        """A store (GPU -> CPU) or load of the blocks at positions [start, end) of each group's block
+        table: the manager's CPU spec of the chunks covering them, and the GPU spec as the scheduler
+        builds it (groups in order, null blocks (id 0) left out, block_indices[g] the position of
+        group g's first block). Also (group, GPU block, host row) of every block moved."""
+        keys, ids, sizes, starts, moved = [], [], [], [], []
+        for g, (table, (start, end)) in enumerate(zip(tables, ranges)):
+            first, base = start // self.bpc, len(keys)
+            keys += self.keys(g, range(first, -(-end // self.bpc)), salt)
+            pos = [p for p in range(start, end) if table[p] != 0]
+            ids += [int(table[p]) for p in pos]
+            sizes.append(len(pos))
+            starts.append(pos[0] if pos else 0)
+            moved += [(g, int(table[p]), base + p // self.bpc - first, p % self.bpc) for p in pos]
+        with self.manager.lock:
+            if store:
+                out = self.manager.prepare_store(keys, self.ctx)
+                assert out.keys_to_store == keys and not out.evicted_keys
+                cpu = out.store_spec
+            else:
+                assert all(self.manager.lookup(k, self.ctx) is LookupResult.HIT for k in keys)
+                cpu = self.manager.prepare_load(keys, self.ctx)
+        assert len(cpu.block_ids) == len(keys)
+        gpu = GPULoadStoreSpec(ids, group_sizes=sizes, block_indices=starts)
+        rows = [(g, b, int(cpu.block_ids[k]) * self.bpc + j) for g, b, k, j in moved]
+        return keys, gpu, cpu, rows
+
+    def expect_host(self, rows, before):
+        for g, b, row in rows:
+            for t in self.groups[g]:
+                before[t][row] = self.gpu[t][b]
+        return before
+
+
+def tables_for(s, rng):
+    """Per group, a store table and a load table of 3 chunks of positions (block ids all distinct;
+    0 is vLLM's null block), and the stored and loaded ranges. Group 0: all positions stored; the
+    load starts at position 1 (one block computed on the GPU already): unaligned for bpc > 1. The
+    sliding-window group: only its window (the last bpc + 2 positions) is real and stored, so its
+    first block starts mid-chunk too."""
+    n = 3 * s.bpc
+    free = iter(rng.permutation(np.arange(1, NUM_BLOCKS)))
+    stores, loads, store_ranges, load_ranges = [], [], [], []
+    for g in range(len(s.groups)):
+        live = 0 if g == 0 else n - (s.bpc + 2 if s.bpc > 1 else 2)
+        stores.append([0] * live + [next(free) for _ in range(n - live)])
+        loads.append([0] * live + [next(free) for _ in range(n - live)])
+        store_ranges.append((live, n))
+        load_ranges.append((1 if g == 0 else live, n))
+    return stores, loads, store_ranges, load_ranges
+
+
+@pytest.mark.parametrize("extra,bpc", [({}, 1), ({"block_size": 4 * TOKENS}, 4), ({"blocks_per_chunk": 4}, 4)])
+def test_config_resolves_to_the_gfd_spec_in_both_roles(model_dir, extra, bpc):
+    vc = vllm_config(model_dir, extra)
+    extra_config = vc.kv_transfer_config.kv_connector_extra_config
+    assert vc.kv_transfer_config.kv_connector == "OffloadingConnector"
+    assert OffloadingSpecFactory.get_spec_cls(extra_config) is gfd_vllm.GfdOffloadingSpec
+    kcc = kv_cache_config("one_group")
+    oc = build_offloading_config(vc, kcc)
+    assert oc.cache.blocks_per_chunk == bpc and oc.worker_kv_bytes_per_block == 2 * PAGE
+    assert [g.layer_names for g in oc.groups] == [tuple(LAYERS[:2])]
+    spec = OffloadingSpecFactory.create_spec(oc)
+    chunk = -(-2 * PAGE * bpc // spec.BLOCK_SIZE_ALIGNMENT) * spec.BLOCK_SIZE_ALIGNMENT
+    assert type(spec) is gfd_vllm.GfdOffloadingSpec and spec.blocks_per_chunk == bpc
+    assert spec.num_chunks == CPU_BYTES // chunk > 0 and not spec.replicated_layout
+    scheduler = KVConnectorFactory.create_connector(vc, KVConnectorRole.SCHEDULER, kcc)
+    assert scheduler.connector_worker is None and scheduler.connector_scheduler.config.blocks_per_chunk == bpc
+    manager = scheduler.connector_scheduler.manager
+    assert isinstance(manager, CPUOffloadingManager) and manager._num_chunks == spec.num_chunks
+    worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, kcc)
+    assert worker.connector_scheduler is None and worker.connector_worker.worker is None
+    wspec = worker.connector_worker.spec
+    assert type(wspec) is gfd_vllm.GfdOffloadingSpec
+    assert (wspec.blocks_per_chunk, wspec.num_chunks) == (bpc, spec.num_chunks)
+
+
+@pytest.mark.parametrize("layout", ["tensor", "block"])
+@pytest.mark.parametrize("topology", ["one_group", "hybrid"])
+@pytest.mark.parametrize("extra", [{}, {"block_size": 4 * TOKENS}], ids=["bpc1", "bpc4"])
+def test_store_then_load_back_through_the_connector(model_dir, monkeypatch, topology, extra, layout):
+    s = Stack(model_dir, monkeypatch, topology,
+              {**extra, "gfd_options": {"gather_threads": 2}, "gfd_host_layout": layout})
+    assert s.factory_calls == [(0, {"gather_threads": 2})] and s.worker.core.host_layout == layout
+    assert s.groups == [[0, 1]] * (2 if topology == "hybrid" else 1)
+    stores, loads, store_ranges, load_ranges = tables_for(s, np.random.default_rng(s.bpc))
+    keys, gpu_spec, cpu_spec, rows = s.job(stores, store_ranges, store=True)
+    original = [g.copy() for g in s.gpu]
+    expect = s.expect_host(rows, [h.copy() for h in s.host])
+    nbytes = len(rows) * 2 * PAGE
+    # Step 1 defers the store (wait_for_save); step 2 flushes it: submitted, waited on, reported.
+    recving, meta = s.step(store_jobs={1: TransferJob("req-0", gpu_spec, cpu_spec)})
+    assert meta is None and not recving
+    recving, meta = s.step(flush={1})
+    assert meta.completed_jobs == {1: 1} and not recving
+    assert meta.transfer_stats.store.sizes == [nbytes] and meta.transfer_stats.store.time > 0
+    for t, (h, e) in enumerate(zip(s.host, expect)):
+        assert np.array_equal(h, e), f"store: host cache {t}"
+    with s.manager.lock:
+        s.manager.complete_store(keys, s.ctx)
+    # Load the chunks back into other GPU blocks.
+    load_keys, gpu_spec, cpu_spec, rows = s.job(loads, load_ranges, store=False)
+    stored = {(g, p): b for g, table in enumerate(stores) for p, b in enumerate(table)}
+    expect = [g.copy() for g in s.gpu]
+    for g, b, row in rows:
+        for t in s.groups[g]:
+            expect[t][b] = s.host[t][row]
+    recving, meta = s.step(load_jobs={2: TransferJob("req-0", cpu_spec, gpu_spec)})
+    s.worker.wait({2})
+    recving2, meta2 = s.step()
+    assert recving | recving2 == {"req-0"}
+    loads_done = [m for m in (meta, meta2) if m is not None]
+    assert [m.completed_jobs for m in loads_done] == [{2: 1}]
+    assert loads_done[0].transfer_stats.load.sizes == [len(rows) * 2 * PAGE]
+    for t, (g, e) in enumerate(zip(s.gpu, expect)):
+        assert np.array_equal(g, e), f"load: GPU tensor {t}"
+    for g, (table, (a, z)) in enumerate(zip(loads, load_ranges)):
+        for p in range(a, z):  # the round trip: each loaded block holds its stored block's bytes
+            for t in s.groups[g]:
+                assert np.array_equal(s.gpu[t][table[p]], original[t][stored[(g, p)]])
+    with s.manager.lock:
+        s.manager.complete_load(load_keys, s.ctx)
+    s.conn.shutdown()
+    assert s.engine.closed
+
+
+def test_jobs_in_flight_then_done(model_dir, monkeypatch):
+    delay = 200_000  # us per emulated copy: a job stays in flight at least that long
+    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, copy_delay_us=delay)
+    stores = tables_for(s, np.random.default_rng(3))[0]
+    first = s.job(stores, [(0, 4)], store=True, salt="x")
+    second = s.job(stores, [(4, 12)], store=True, salt="y")
+    t0 = time.perf_counter()
+    assert s.worker.submit_store(1, first[1], first[2]) is True
+    assert s.worker.submit_store(2, second[1], second[2]) is True
+    early = s.worker.get_finished()
+    if time.perf_counter() - t0 < delay * 1e-6:
+        assert early == [], "a job reported done before its first copy could end"
+    s.worker.wait({1, 2, 77})  # 77: not in flight, ignored
+    done = early + s.worker.get_finished()
+    assert [r.job_id for r in done] == [1, 2]
+    for r, rows in zip(done, (first[3], second[3])):
+        assert isinstance(r, TransferResult) and r.success is True
+        assert r.transfer_size == len(rows) * 2 * PAGE
+        assert isinstance(r.transfer_time, float) and r.transfer_time > 0
+    assert s.worker.get_finished() == []  # each result once
+    for g, b, row in first[3] + second[3]:
+        for t in s.groups[g]:
+            assert np.array_equal(s.host[t][row], s.gpu[t][b]), f"host cache {t}, row {row}"
+    s.worker.shutdown()
+
+
+def test_sync_load_is_expedited_and_waited_within_the_step(model_dir, monkeypatch):
+    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, copy_delay_us=50_000)
+    stores, loads, store_ranges, load_ranges = tables_for(s, np.random.default_rng(4))
+    keys, gpu_spec, cpu_spec, rows = s.job(stores, store_ranges, store=True)
+    assert s.step(flush={1}, store_jobs={1: TransferJob("req-0", gpu_spec, cpu_spec)})[1].completed_jobs == {1: 1}
+    with s.manager.lock:
+        s.manager.complete_store(keys, s.ctx)
+    _, gpu_spec, cpu_spec, rows = s.job(loads, load_ranges, store=False)
+    recving, meta = s.step(load_jobs={5: TransferJob("req-0", cpu_spec, gpu_spec, sync=True)})
+    # start_load_kv returned after the expedited load: its bytes are in place, nothing to receive.
+    assert meta.completed_jobs == {5: 1} and not recving
+    for g, b, row in rows:
+        for t in s.groups[g]:
+            assert np.array_equal(s.gpu[t][b], s.host[t][row])
+    s.conn.shutdown()
+
+
+@pytest.mark.parametrize("fault", ["copy_d2h", "copy_h2d"])
+def test_device_fault_is_a_failed_job(model_dir, monkeypatch, fault):
+    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, fault=fault)
+    stores, loads, store_ranges, load_ranges = tables_for(s, np.random.default_rng(5))
+    keys, gpu_spec, cpu_spec, _ = s.job(stores, store_ranges, store=True)
+    assert s.worker.submit_store(1, gpu_spec, cpu_spec) is True  # never raises for a device fault
+    s.worker.wait({1})
+    (r,) = s.worker.get_finished()
+    if fault == "copy_d2h":
+        assert (r.job_id, r.success, r.transfer_size) == (1, False, 0)
+        assert isinstance(r.transfer_time, float)
+    else:
+        assert (r.job_id, r.success) == (1, True)
+        with s.manager.lock:
+            s.manager.complete_store(keys, s.ctx)
+        _, gpu_spec, cpu_spec, _ = s.job(loads, load_ranges, store=False)
+        assert s.worker.submit_load(2, cpu_spec, gpu_spec) is True
+        s.worker.wait({2})
+        (r,) = s.worker.get_finished()
+        assert (r.job_id, r.success, r.transfer_size) == (2, False, 0)
+    s.worker.shutdown()
+    assert s.engine.closed
+
+
+def test_shutdown_with_jobs_in_flight(model_dir, monkeypatch):
+    s = Stack(model_dir, monkeypatch, "one_group", {}, copy_delay_us=100_000)
+    stores = tables_for(s, np.random.default_rng(6))[0]
+    jobs = [s.job(stores, [(p, p + 1)], store=True, salt=f"s{p}") for p in range(3)]
+    for j, (_, gpu_spec, cpu_spec, _) in enumerate(jobs):
+        assert s.worker.submit_store(j, gpu_spec, cpu_spec)
+    th = threading.Thread(target=s.conn.shutdown, daemon=True)  # the connector's: the worker's
+    th.start()
+    th.join(120)  # a guard against a hang only
+    assert not th.is_alive(), "shutdown did not return with jobs in flight"
+    assert s.engine.closed
+    # Shutdown waited for the jobs: their bytes are on the host.
+    for _, _, _, rows in jobs:
+        for _, b, row in rows:
+            for t in s.groups[0]:
+                assert np.array_equal(s.host[t][row], s.gpu[t][b])
+    s.worker.shutdown()  # idempotent
