@@ -81,7 +81,7 @@ void print_trace(const std::vector<probe::TraceEvent>& ev, const std::vector<dou
               planned, first_piece, last_piece, finalized, returned);
   if (!stages.empty()) {
     const char* names[] = {"pool woken", "plan storage", "lanes begun", "slot taken", "list written", "gathered",
-                           "early chunks out"};
+                           "early chunks out", "last stretch packed"};
     std::printf("  submission:");
     for (auto [k, t] : stages) std::printf(" %s %.1f |", k < std::size(names) ? names[k] : "?", t);
     std::printf("\n");

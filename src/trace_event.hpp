@@ -29,6 +29,7 @@ struct TraceEvent {
     kListWritten,    // zero-copy kernel: the block list is written into it
     kGathered,       // one-chunk transfer: the submitter has gathered it
     kEarlyPublished, // the chunks packed before the whole list was checked are published
+    kPacked,         // host to device: a stretch of the list is packed (b = blocks packed so far)
   };
   std::uint64_t ns;        // steady clock
   std::uint32_t transfer;  // engine-wide transfer number

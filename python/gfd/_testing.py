@@ -92,7 +92,8 @@ def trace_take(engine: Engine) -> list:
 # TraceEvent::What and TraceEvent::Stage, as in src/trace_event.hpp.
 _WHAT = ("submit", "planned", "chunk_published", "piece_start", "piece_end", "chunk_issued", "finalized",
          "return", "dma_done", "stage")
-_STAGES = ("pool woken", "plan storage", "lanes begun", "slot taken", "list written", "gathered", "early chunks out")
+_STAGES = ("pool woken", "plan storage", "lanes begun", "slot taken", "list written", "gathered", "early chunks out",
+           "packed")
 
 
 def trace_report(events: list, transfer: Optional[int] = None) -> str:
@@ -107,11 +108,15 @@ def trace_report(events: list, transfer: Optional[int] = None) -> str:
     t0 = next((e[0] for e in ev if _WHAT[e[2]] == "submit"), ev[0][0])
     us = lambda ns: (ns - t0) / 1e3  # noqa: E731
     chunks: dict = {}
-    stages, marks = {}, {}
+    stages, marks, packed = {}, {}, []
     for ns, _, what, thread, a, b in ev:
         w = _WHAT[what] if what < len(_WHAT) else str(what)
         if w == "stage":
-            stages[_STAGES[a] if a < len(_STAGES) else str(a)] = us(ns)
+            name = _STAGES[a] if a < len(_STAGES) else str(a)
+            if name == "packed":
+                packed.append(f"{b}@{us(ns):.1f}")
+            else:
+                stages[name] = us(ns)
         elif w in ("planned", "finalized", "return"):
             marks[w] = us(ns)
         elif w in ("chunk_published", "piece_start", "piece_end", "chunk_issued", "dma_done"):
@@ -129,6 +134,7 @@ def trace_report(events: list, transfer: Optional[int] = None) -> str:
     f = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     lines = [f"trace of transfer {transfer}: " + " | ".join(f"{k} {v:.1f}" for k, v in marks.items()),
              "  submission: " + " | ".join(f"{k} {v:.1f}" for k, v in stages.items()),
+             "  packed (blocks@us): " + " ".join(packed),
              "  chunk   bytes  pieces  published  1st_piece  last_piece  issued  dma_done"]
     for k in sorted(chunks):
         c = chunks[k]

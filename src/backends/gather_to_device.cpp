@@ -208,6 +208,7 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
     std::size_t step = 64;
     auto pack_stretch = [&] {
       timed([&] { builder->advance(builder->packed() + step); });
+      ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kPacked, static_cast<std::uint32_t>(builder->packed()));
       step = std::min<std::size_t>(step * 2, max_stretch_);
       publish_packed();
     };

@@ -92,9 +92,14 @@ void CopyLanes::move_to_device(TransferState& t, std::uint32_t index, Slot& s, S
       device_.copy_h2d(s.dev + ops[run].slot_offset, ops[run].src, bytes, l);
       run = i;
     }
-    device_.copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, c.entry_bytes(), l);
-    device_.scatter(reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset), c.op_end - c.op_begin,
-                    s.dev, l);
+    // The kernel reads its entries from the pinned slot over PCIe where it can (one driver call
+    // less, as the pack kernel does); otherwise they are copied beside the data first.
+    const auto* entries = reinterpret_cast<const ScatterEntry*>(s.host + c.scatter_offset);
+    if (!device_.host_pointers_usable()) {
+      device_.copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, c.entry_bytes(), l);
+      entries = reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset);
+    }
+    device_.scatter(entries, c.op_end - c.op_begin, s.dev, l);
     Counters::add(ctx_.counters.scattered, 1);
     Counters::add(ctx_.counters.host_direct, 1);
   } else {
