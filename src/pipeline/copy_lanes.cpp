@@ -68,6 +68,33 @@ void CopyLanes::enqueue_directs(TransferState& t) {
   }
 }
 
+void CopyLanes::copy_runs(const Plan& p, const PlannedChunk& c, Slot& s, bool to_host, StreamHandle l) {
+  // One DMA per contiguous run of the chunk's host side, between it and its place in the
+  // device staging area; several in one cudaMemcpyBatchAsync (a driver call costs 2-4 us in a
+  // VM, where a chunk of every layer's 8 KB pages has 4-5 runs of 512 KB).
+  thread_local std::vector<void*> dsts;
+  thread_local std::vector<const void*> srcs;
+  thread_local std::vector<std::size_t> sizes;
+  dsts.clear();
+  srcs.clear();
+  sizes.clear();
+  const GatherOp* ops = p.ops.data();
+  std::uint32_t run = c.op_begin;
+  for (std::uint32_t i = c.op_begin + 1; i <= c.op_end; ++i) {
+    if (i < c.op_end && (to_host ? ops[i - 1].dst + ops[i - 1].bytes == ops[i].dst
+                                 : ops[i - 1].src + ops[i - 1].bytes == ops[i].src))
+      continue;
+    std::byte* staged = s.dev + ops[run].slot_offset;
+    dsts.push_back(to_host ? static_cast<void*>(ops[run].dst) : staged);
+    srcs.push_back(to_host ? static_cast<const void*>(staged) : ops[run].src);
+    sizes.push_back(ops[i - 1].slot_offset + ops[i - 1].bytes - ops[run].slot_offset);
+    run = i;
+  }
+  if (sizes.size() == 1 && to_host) device_.copy_d2h(dsts[0], srcs[0], sizes[0], l);
+  else if (sizes.size() == 1) device_.copy_h2d(dsts[0], srcs[0], sizes[0], l);
+  else device_.copy_batch(dsts.data(), srcs.data(), sizes.data(), sizes.size(), to_host, l);
+}
+
 void CopyLanes::enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s, bool wait,
                                   std::uint64_t flag_value) {
   StreamHandle l = lane(t, next_h2d());
@@ -83,15 +110,8 @@ void CopyLanes::move_to_device(TransferState& t, std::uint32_t index, Slot& s, S
     device_.copy_h2d(t.plan.ops[c.op_begin].dst, s.host, c.data_bytes, l);
   } else if (c.host_direct) {
     // Nothing was gathered: each contiguous run of the sources goes straight from host memory
-    // to its place in the device staging area, the scatter entries from the slot after them.
-    const GatherOp* ops = t.plan.ops.data();
-    std::uint32_t run = c.op_begin;
-    for (std::uint32_t i = c.op_begin + 1; i <= c.op_end; ++i) {
-      if (i < c.op_end && ops[i - 1].src + ops[i - 1].bytes == ops[i].src) continue;
-      const std::uint64_t bytes = ops[i - 1].slot_offset + ops[i - 1].bytes - ops[run].slot_offset;
-      device_.copy_h2d(s.dev + ops[run].slot_offset, ops[run].src, bytes, l);
-      run = i;
-    }
+    // to its place in the device staging area.
+    copy_runs(t.plan, c, s, false, l);
     // The kernel reads its entries from the pinned slot over PCIe where it can (one driver call
     // less, as the pack kernel does); otherwise they are copied beside the data first.
     const auto* entries = reinterpret_cast<const ScatterEntry*>(s.host + c.scatter_offset);
@@ -146,14 +166,7 @@ void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, 
     if (in_place) {
       // Each contiguous run of the host destinations straight from the device staging area:
       // nothing is left for the gather threads to place.
-      const GatherOp* ops = p.ops.data();
-      std::uint32_t run = c.op_begin;
-      for (std::uint32_t i = c.op_begin + 1; i <= c.op_end; ++i) {
-        if (i < c.op_end && ops[i - 1].dst + ops[i - 1].bytes == ops[i].dst) continue;
-        const std::uint64_t bytes = ops[i - 1].slot_offset + ops[i - 1].bytes - ops[run].slot_offset;
-        device_.copy_d2h(ops[run].dst, s.dev + ops[run].slot_offset, bytes, l);
-        run = i;
-      }
+      copy_runs(p, c, s, true, l);
       Counters::add(ctx_.counters.host_direct, 1);
     } else {
       device_.copy_d2h(s.host, s.dev, c.data_bytes, l);

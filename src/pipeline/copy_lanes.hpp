@@ -49,6 +49,9 @@ class CopyLanes {
   // are scattered); `s.done` follows the DMA. `in_place` (a host_direct chunk whose transfer is
   // known valid): the packed runs go straight to their host destinations instead.
   void enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, bool in_place = false);
+  // A host_direct chunk's DMAs: each run of its host side to or from its place in the slot's
+  // device staging area.
+  void copy_runs(const Plan& p, const PlannedChunk& c, Slot& s, bool to_host, StreamHandle l);
   // Joins the lanes the transfer used into the first of them, records its done event there and
   // marks it finalized (not on lane 0 regardless: a device-to-host transfer must not wait behind
   // host-to-device DMAs). A device failure is recorded in the transfer.
