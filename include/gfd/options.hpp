@@ -48,12 +48,14 @@ struct EngineOptions {
   /// 38-40% for random blocks, 2048 rows 82.5-84.2% (bench/history/2026-12-01-s6b-final-code.md).
   /// 0 disables it. Host to device and device to host.
   std::size_t strided_min_rows = 128;
-  /// Host to device: a staging chunk whose (pinned) sources lie in contiguous runs, each as long
-  /// as the direct path's blocks (direct_min_bytes; the chunk's edges may cut two), is not
-  /// gathered: the copy
-  /// engine reads each run in place into the device staging area and the scatter kernel places
-  /// the blocks. A runtime whose host cache holds every layer's page of a block side by side
-  /// (gfd.kv_worker's "block" layout) moves small pages this way with no CPU copy.
+  /// A staging chunk whose pinned host side lies in contiguous runs, each as long as the direct
+  /// path's blocks (direct_min_bytes, direct_min_bytes_to_host; the chunk's edges may cut two),
+  /// is not copied by the CPU: the copy engine moves the runs in place (one batched copy per
+  /// chunk) between host memory and the device staging area, where the scatter kernel places
+  /// (or the pack kernel packs) the blocks. A runtime whose host cache holds every layer's page
+  /// of a block side by side (gfd.kv_worker's "block" layout) moves small pages this way with
+  /// no CPU copy: on an H200, 8 KB pages of 64 layers loaded at 72-73% of the line rate
+  /// (bench/history/2026-12-02-s7-vllm-worker.md).
   bool host_direct = true;
   /// Transfers of at most this many bytes are gathered by the submitting thread alone (waking
   /// the pool would cost more than the copy). Any transfer of one chunk (up to

@@ -16,10 +16,11 @@ import vLLM). Keys of ``kv_connector_extra_config`` read here, beside the CPU sp
   GFD_* environment variables.
 - ``gfd_host_memory``: ``"pool"`` (default: gfd.HostPools, huge pages on the GPU's NUMA node,
   pinned) or ``"torch"`` (pinned torch tensors, as vLLM's CPU worker allocates).
-- ``gfd_host_layout``: ``"tensor"`` (default: vLLM's CPU layout, one host array per layer
-  tensor) or ``"block"`` (a host row holds one block's page of every tensor side by side, so a
-  job's host side is one contiguous run per block that the copy engine moves in place; slower
-  on the H200 so far: bench/RESULTS.md).
+- ``gfd_host_layout``: ``"block"`` (default: a host row holds one GPU block's page of every
+  tensor side by side, so a job's host side is one contiguous run per block, which the copy
+  engine moves in place with no CPU copy: EngineOptions::host_direct) or ``"tensor"`` (vLLM's
+  CPU layout, one host array per tensor). On the H200 the block layout loaded 32 KiB pages at
+  87-88% of the line rate against 54-60% (bench/RESULTS.md).
 
 The only module of the package that imports vLLM.
 """
@@ -83,7 +84,7 @@ class GfdOffloadingWorker(OffloadingWorker):
         extra = dict(extra_config or {})
         options = dict(extra.get("gfd_options") or {})
         host_memory = str(extra.get("gfd_host_memory", "pool"))
-        host_layout = str(extra.get("gfd_host_layout", "tensor"))
+        host_layout = str(extra.get("gfd_host_layout", "block"))
         tensors = [_block_rows(t.tensor, t.page_size_bytes) for t in kv_caches.tensors]
         groups = [[r.tensor_idx for r in refs] for refs in kv_caches.group_data_refs]
         # A job moves each page's unpadded bytes (what vLLM's worker copies); a tensor shared by
