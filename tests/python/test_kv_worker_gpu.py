@@ -40,7 +40,7 @@ def _vllm_copy(engine, to_device, host_rows, gpu, host_ids, gpu_ids, page, strea
     n = len(gpu_ids)
     src, dst = [], []
     for h, g in zip(host_rows, gpu):
-        hp = np.uint64(h.data_ptr()) + host_ids.astype(np.uint64) * np.uint64(page)
+        hp = np.uint64(h.data_ptr()) + host_ids.astype(np.uint64) * np.uint64(h.stride(0))
         gp = np.uint64(g.data_ptr()) + gpu_ids.astype(np.uint64) * np.uint64(g.stride(0))
         src.append(hp if to_device else gp)
         dst.append(gp if to_device else hp)
@@ -65,15 +65,15 @@ def _wait_job(w, job_id):
 
 @pytest.mark.parametrize("name,tensors,page", SHAPES)
 @pytest.mark.parametrize("bpc", [1, 4])
-def test_worker_matches_vllm_copy_path(engine, name, tensors, page, bpc):
+@pytest.mark.parametrize("layout", ["tensor", "block"])
+def test_worker_matches_vllm_copy_path(engine, name, tensors, page, bpc, layout):
     gpu_blocks, num_chunks, blocks = 256, 96, 64
     gpu = [_random((gpu_blocks, page), t).cuda() for t in range(tensors)]
-    w = KVTransferWorker(engine, gpu, [list(range(tensors))], bpc, num_chunks)
+    w = KVTransferWorker(engine, gpu, [list(range(tensors))], bpc, num_chunks, host_layout=layout)
     rows = num_chunks * bpc
-    host = [h if isinstance(h, torch.Tensor) else torch.from_dlpack(h) for h in w.host_caches]
-    for t, h in enumerate(host):
-        h.copy_(_random(h.shape, 1000 + t))
-    host_rows = [h.view(rows, page) for h in host]
+    host_rows = [w.host_rows(t) for t in range(tensors)]  # (rows, page) views, either layout
+    for t, h in enumerate(host_rows):
+        h.copy_(_random((rows, page), 1000 + t))
     rng = np.random.default_rng(5)
     side = torch.cuda.Stream()
     cur = torch.cuda.current_stream()
