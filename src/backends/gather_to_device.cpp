@@ -267,6 +267,10 @@ Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, ItemH
     // and its DMAs wait for no flag.
     p_.queue.publish_empty(it);
     p_.ctx->tracer.record(t->id, TraceEvent::kChunkPublished, k, 0);
+    // Without preissue the issuer enqueues ready chunks, and no gather thread finishes this one
+    // to call it: the submitter does, or a transfer longer than the ring would wait for a slot
+    // that only issuing frees.
+    if (!p_.preissue) p_.queue.try_issue();
     return it;
   }
   const std::uint32_t pieces = c.piece_end - c.piece_begin;

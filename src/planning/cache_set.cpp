@@ -134,9 +134,6 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
       st->device_blocks_pair = p;
     }
   }
-  // No two arrays may share a byte: a transfer writes each destination block once, and a block
-  // of one array that is also a block of another would be written twice (or read while written).
-  // A set used one way only needs this of its destination side.
   // Host arrays side by side (pair p + 1's block right after pair p's, one stride for all: a
   // host cache laid out block-major): a transfer lists each id's blocks of every pair together,
   // so that one id's host side is one contiguous run the copy engine can take in place.
@@ -145,6 +142,9 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
     const BlockArray &a = st->pairs[p - 1].host, &b = st->pairs[p].host;
     st->row_major = a.stride == b.stride && static_cast<const std::byte*>(a.base) + a.block_bytes == b.base;
   }
+  // No two arrays may share a byte: a transfer writes each destination block once, and a block
+  // of one array that is also a block of another would be written twice (or read while written).
+  // A set used one way only needs this of its destination side.
   std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
   for (std::size_t i = 0; i < extents.size(); ++i)
     for (std::size_t j = i + 1; j < extents.size() && extents[j].begin < extents[i].end; ++j)

@@ -300,3 +300,38 @@ def test_shutdown_with_jobs_in_flight(slow_engine):
     assert w.get_finished() == []  # results not collected are dropped
     for h, g in zip(host_rows(w), gpu):
         assert np.array_equal(h[:6], g[3:9])
+
+
+@pytest.mark.parametrize("preissue", [True, False])
+def test_block_layout_moves_in_place_through_a_small_ring(preissue):
+    """The block layout's rows (8 tensors x 4 KB side by side) move in place both ways
+    (host_direct chunks: no piece for the gather threads), in transfers 12 times the staging
+    ring, with DMAs enqueued at submission or by the issuer (a ring that waits for a slot that
+    only issuing frees would hang)."""
+    e = _testing.emulated_engine(gather_threads=2, direct_min_bytes=16384, direct_min_bytes_to_host=16384,
+                                 staging_bytes=512 << 10, slot_bytes=256 << 10, first_chunk_bytes=64 << 10,
+                                 piece_bytes=16 << 10, preissue=preissue)
+    try:
+        pages = 8
+        gpu = [_testing.device_buffer(e, (256, 4096), "int8") for _ in range(pages)]
+        w = KVTransferWorker(e, gpu, [list(range(pages))], 1, 512, host_layout="block")
+        rng = np.random.default_rng(1)
+        for t in range(pages):
+            w.host_rows(t)[:] = rng.integers(-128, 127, (512, 4096), dtype=np.int8)
+        chunks, blocks = rng.choice(512, 200, replace=False), rng.choice(256, 200, replace=False)
+        w.submit(1, True, chunks, blocks)
+        w.wait([1])
+        assert [r.success for r in w.get_finished()] == [True]
+        for t in range(pages):
+            assert np.array_equal(np.asarray(gpu[t])[blocks], w.host_rows(t)[chunks]), f"load, tensor {t}"
+        back = rng.choice(512, 200, replace=False)
+        w.submit(2, False, back, blocks)
+        w.wait([2])
+        assert [r.success for r in w.get_finished()] == [True]
+        for t in range(pages):
+            assert np.array_equal(w.host_rows(t)[back], np.asarray(gpu[t])[blocks]), f"store, tensor {t}"
+        st = e.stats()
+        assert st["host_direct_chunks"] == st["chunks"] > 0
+        w.shutdown()
+    finally:
+        e.close()
