@@ -16,10 +16,11 @@ import vLLM). Keys of ``kv_connector_extra_config`` read here, beside the CPU sp
   GFD_* environment variables.
 - ``gfd_host_memory``: ``"pool"`` (default: gfd.HostPools, huge pages on the GPU's NUMA node,
   pinned) or ``"torch"`` (pinned torch tensors, as vLLM's CPU worker allocates).
-- ``gfd_host_layout``: ``"block"`` (default: a host row holds one GPU block's page of every
-  tensor side by side, so a job's host side is one contiguous run per block, which the copy
-  engine moves in place with no CPU copy: EngineOptions::host_direct) or ``"tensor"`` (vLLM's
-  CPU layout, one host array per tensor). On the H200 the block layout loaded 32 KiB pages at
+- ``gfd_host_layout``: ``"block"`` (a host row holds one GPU block's page of every tensor side
+  by side, so a job's host side is one contiguous run per block, which the copy engine moves in
+  place with no CPU copy: EngineOptions::host_direct) or ``"tensor"`` (vLLM's CPU layout, one
+  host array per tensor). Default: ``"block"`` up to 64 GiB of host memory per worker (one
+  pinned allocation), ``"tensor"`` above. On the H200 the block layout loaded 32 KiB pages at
   87-88% of the line rate against 54-60% (bench/RESULTS.md).
 
 The only module of the package that imports vLLM.
@@ -47,6 +48,9 @@ __all__ = ["GfdOffloadingSpec", "GfdOffloadingWorker", "engine_factory"]
 def _default_engine(device: int, options: dict) -> Engine:
     return Engine.from_env(device=device, **options)
 
+
+#: The largest host memory the default "block" layout takes as one pinned allocation.
+_MAX_BLOCK_LAYOUT_BYTES = 64 << 30
 
 #: Makes the worker's engine from (device, gfd_options). Replaceable (tests put the emulated
 #: device behind it).
@@ -84,8 +88,15 @@ class GfdOffloadingWorker(OffloadingWorker):
         extra = dict(extra_config or {})
         options = dict(extra.get("gfd_options") or {})
         host_memory = str(extra.get("gfd_host_memory", "pool"))
-        host_layout = str(extra.get("gfd_host_layout", "block"))
         tensors = [_block_rows(t.tensor, t.page_size_bytes) for t in kv_caches.tensors]
+        host_layout = extra.get("gfd_host_layout")
+        if host_layout is None:
+            # The block layout is one pinned allocation of every tensor's pages; above
+            # _MAX_BLOCK_LAYOUT_BYTES (vLLM registers host memory in pieces no larger, to stay
+            # clear of driver limits) the per-tensor layout keeps each allocation small.
+            total = num_chunks * blocks_per_chunk * sum(int(t.page_size_bytes) for t in kv_caches.tensors)
+            host_layout = "block" if total <= _MAX_BLOCK_LAYOUT_BYTES else "tensor"
+        host_layout = str(host_layout)
         groups = [[r.tensor_idx for r in refs] for refs in kv_caches.group_data_refs]
         # A job moves each page's unpadded bytes (what vLLM's worker copies); a tensor shared by
         # several layers moves the most any of them uses.

@@ -381,3 +381,13 @@ def test_shutdown_with_jobs_in_flight(model_dir, monkeypatch):
             for t in s.groups[0]:
                 assert np.array_equal(s.host[t][row], s.gpu[t][b])
     s.worker.shutdown()  # idempotent
+
+
+@pytest.mark.parametrize("limit,layout", [(1 << 40, "block"), (1, "tensor")])
+def test_default_host_layout_is_block_up_to_the_allocation_limit(model_dir, monkeypatch, limit, layout):
+    """Without gfd_host_layout the worker lays host memory out block-major (one pinned
+    allocation) up to gfd.vllm's limit, vLLM's per-tensor way above it."""
+    monkeypatch.setattr(gfd_vllm, "_MAX_BLOCK_LAYOUT_BYTES", limit)
+    s = Stack(model_dir, monkeypatch, "one_group", {})
+    assert s.worker.core.host_layout == layout
+    s.worker.shutdown()
