@@ -5,6 +5,8 @@ indices), every byte checked with numpy against a reference built here, the jobs
 the errors a job or a worker can raise. test_kv_worker_gpu.py covers the same core on a CUDA GPU;
 tests/vllm the glue to vLLM (gfd.vllm)."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -333,5 +335,47 @@ def test_block_layout_moves_in_place_through_a_small_ring(preissue):
         st = e.stats()
         assert st["host_direct_chunks"] == st["chunks"] > 0
         w.shutdown()
+    finally:
+        e.close()
+
+
+def test_workers_of_both_layouts_share_one_engine():
+    """Four workers on one engine, two per host layout, each storing and loading random blocks
+    from its own thread: transfers moved in place (block layout) and gathered ones (tensor
+    layout) interleave in the engine's ring and queue; every byte is checked."""
+    e = _testing.emulated_engine(gather_threads=2, direct_min_bytes=16384, direct_min_bytes_to_host=16384,
+                                 staging_bytes=1 << 20, slot_bytes=256 << 10, first_chunk_bytes=64 << 10,
+                                 piece_bytes=16 << 10)
+    errors = []
+
+    def run(layout, seed):
+        try:
+            rng = np.random.default_rng(seed)
+            gpu = [_testing.device_buffer(e, (128, 4096), "int8") for _ in range(6)]
+            w = KVTransferWorker(e, gpu, [list(range(6))], 1, 256, host_layout=layout)
+            for t in range(6):
+                w.host_rows(t)[:] = rng.integers(-128, 127, (256, 4096), dtype=np.int8)
+            for job in range(30):
+                n = int(rng.integers(1, 100))
+                chunks, blocks = rng.choice(256, n, replace=False), rng.choice(128, n, replace=False)
+                w.submit(job, job % 2 == 0, chunks, blocks)
+                w.wait([job])
+                assert [r.success for r in w.get_finished()] == [True]
+                for t in range(6):
+                    assert np.array_equal(np.asarray(gpu[t])[blocks], w.host_rows(t)[chunks]), (layout, job, t)
+            w.shutdown()
+        except Exception as ex:  # noqa: BLE001 - reported below, with the thread's layout
+            errors.append(f"{layout}: {ex!r}")
+
+    try:
+        threads = [threading.Thread(target=run, args=(layout, seed))
+                   for seed, layout in enumerate(["block", "tensor", "block", "tensor"])]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert errors == []
+        st = e.stats()
+        assert 0 < st["host_direct_chunks"] < st["chunks"]
     finally:
         e.close()
