@@ -295,10 +295,15 @@ class KVTransferWorker:
             raise _error(f"submit: job {job_id}: {len(chunks)} chunks given, the groups use {c0}")
         lane = self._lanes["store" if not to_device else "expedited" if expedited else "load"]
         job = _Job(job_id, lane, bool(to_device), chunks, blocks, slices, total)
+        with self._lock:
+            if job_id in self._by_id:
+                raise _error(f"submit: job {job_id} is already in flight")
         job.ready = self._mark_caller_stream()
         job.t0 = time.perf_counter()
         with self._lock:
-            if job_id in self._by_id:
+            if job_id in self._by_id:  # submitted meanwhile from another thread
+                if job.ready is not None:
+                    self._events.append(job.ready)
                 raise _error(f"submit: job {job_id} is already in flight")
             self._by_id[job_id] = job
             lane.jobs.append(job)
@@ -368,11 +373,9 @@ class KVTransferWorker:
         return parts
 
     def _finished(self, job: _Job) -> bool:
-        if not job.submitted:
-            return False
-        if job.error is None and any(not t.done() for t in job.transfers):
-            return False
-        return True
+        # A job whose later part failed to submit is done only once its earlier parts are: until
+        # then they still read or write its blocks.
+        return job.submitted and all(t.done() for t in job.transfers or [])
 
     def _result(self, job: _Job) -> JobResult:
         err = job.error
