@@ -59,7 +59,12 @@ struct EmulatedDevice::Impl {
   std::mutex m;
   std::set<EmuStream*> streams;
   mutable std::mutex fault_m;
+  mutable std::condition_variable fault_cv;
   std::string fault;  // the sticky error in force, "" when none
+  // Copies and kernels that passed the fault check and have not finished (under fault_m): a
+  // fault is reported only once none is left, as on a GPU nothing runs once the error is seen
+  // (a slot freed after its failed DMA must not still be read by it).
+  int running = 0;
 };
 
 void EmulatedDevice::clear_fault() {
@@ -73,8 +78,10 @@ std::string EmulatedDevice::fault_message() const {
 }
 
 void EmulatedDevice::check_sticky() const {
-  std::lock_guard lk(impl_->fault_m);
-  if (!impl_->fault.empty()) throw Error(ErrorCode::kCuda, impl_->fault);
+  std::unique_lock lk(impl_->fault_m);
+  if (impl_->fault.empty()) return;
+  impl_->fault_cv.wait(lk, [&] { return impl_->running == 0; });
+  throw Error(ErrorCode::kCuda, impl_->fault);
 }
 
 void EmulatedDevice::enqueue_data(StreamHandle s, const char* what, std::function<void()> body) {
@@ -83,13 +90,20 @@ void EmulatedDevice::enqueue_data(StreamHandle s, const char* what, std::functio
     {
       std::lock_guard lk(impl_->fault_m);
       if (!impl_->fault.empty()) return;  // after a fault nothing more is copied
+      if (options_.fault && options_.fault(what)) {
+        impl_->fault = std::string("emulated device fault in ") + what +
+                       " [sticky: the device is unusable until it is reset]";
+        return;
+      }
+      ++impl_->running;
     }
-    if (options_.fault && options_.fault(what)) {
-      std::lock_guard lk(impl_->fault_m);
-      impl_->fault = std::string("emulated device fault in ") + what +
-                     " [sticky: the device is unusable until it is reset]";
-      return;
-    }
+    struct Done {
+      Impl& impl;
+      ~Done() {
+        std::lock_guard lk(impl.fault_m);
+        if (--impl.running == 0) impl.fault_cv.notify_all();
+      }
+    } done{*impl_};
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
     body();
   });
