@@ -202,7 +202,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not torch.cuda.is_available():
         print("bench_vllm: needs a CUDA GPU", file=sys.stderr)
         return 2
-    engine = Engine(device=torch.cuda.current_device())
+    engine = Engine.from_env(device=torch.cuda.current_device())  # GFD_* variables apply (A/B runs)
     rows = []
     for hm in a.host_memory.split(","):
         for layout in a.host_layout.split(","):
