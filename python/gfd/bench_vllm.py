@@ -17,6 +17,8 @@ in the same run, each on the same host caches:
 P50 and the spread over ``--reps`` timed jobs after warm-up; every method's bytes verified once
 per configuration against a numpy reference. "submit us": how long the call blocks its caller
 (P50: gfd's ``submit``; vLLM's descriptor build and batch call). Needs torch and a CUDA GPU.
+The engine is made from the GFD_* environment variables (``gfd.Engine.from_env``), so that an
+option can be switched for a comparison (``GFD_HOST_DIRECT=0``, say).
 """
 
 from __future__ import annotations
