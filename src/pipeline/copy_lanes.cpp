@@ -108,24 +108,24 @@ void CopyLanes::move_to_device(TransferState& t, std::uint32_t index, Slot& s, S
   const PlannedChunk& c = t.plan.chunks[index];
   if (c.contiguous_device) {
     device_.copy_h2d(t.plan.ops[c.op_begin].dst, s.host, c.data_bytes, l);
-  } else if (c.host_direct) {
-    // Nothing was gathered: each contiguous run of the sources goes straight from host memory
-    // to its place in the device staging area.
-    copy_runs(t.plan, c, s, false, l);
-    // The kernel reads its entries from the pinned slot over PCIe where it can (one driver call
-    // less, as the pack kernel does); otherwise they are copied beside the data first.
-    const auto* entries = reinterpret_cast<const ScatterEntry*>(s.host + c.scatter_offset);
-    if (!device_.host_pointers_usable()) {
-      device_.copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, c.entry_bytes(), l);
-      entries = reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset);
+  } else {
+    // The chunk's data reaches the device staging area, then the scatter kernel places it.
+    const auto* entries = reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset);
+    if (c.host_direct) {
+      // Nothing was gathered: each contiguous run of the sources goes straight from host memory
+      // to its place in the staging area. The kernel reads its entries from the pinned slot
+      // over PCIe where it can (one driver call less, as the pack kernel does); otherwise they
+      // are copied beside the data first.
+      copy_runs(t.plan, c, s, false, l);
+      if (device_.host_pointers_usable())
+        entries = reinterpret_cast<const ScatterEntry*>(s.host + c.scatter_offset);
+      else
+        device_.copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, c.entry_bytes(), l);
+      Counters::add(ctx_.counters.host_direct, 1);
+    } else {
+      device_.copy_h2d(s.dev, s.host, c.dma_bytes(), l);  // the data and its entries
     }
     device_.scatter(entries, c.op_end - c.op_begin, s.dev, l);
-    Counters::add(ctx_.counters.scattered, 1);
-    Counters::add(ctx_.counters.host_direct, 1);
-  } else {
-    device_.copy_h2d(s.dev, s.host, c.dma_bytes(), l);
-    device_.scatter(reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset), c.op_end - c.op_begin,
-                    s.dev, l);
     Counters::add(ctx_.counters.scattered, 1);
   }
   device_.record_event(s.done, l);
