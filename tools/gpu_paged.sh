@@ -4,7 +4,7 @@
 # (gfd_benchmark --layout paged) and through Python swap_blocks, idle and under the decode load,
 # plus the one-pool headline. Logs and CSVs go to $OUT (packed as logs.tgz), a summary last.
 #   tools/gpu_paged.sh [test] [pytest] [paged] [python] [load] [pool] [repeat] [trace]
-#   [strided] [micro] [reliability] [vllm]   (default: all but repeat, trace, strided, micro, reliability; test runs ctest and pytest, pytest only the latter)
+#   [strided] [stridedtrace] [copy2d] [micro] [reliability] [vllm]   (default: all but repeat, trace, strided, micro, reliability; test runs ctest and pytest, pytest only the latter)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
@@ -70,6 +70,17 @@ if has strided; then  # constant-stride runs as 2D copies: the seed's layout aga
       --csv "$OUT/random_h2d_$r.csv"
   done
 fi
+if has stridedtrace; then  # where an all-strided transfer's time goes, beside the same run's DMA
+  for dir in h2d d2h; do
+    TAIL=60 run "strided_trace_$dir" 120 "$B" --layout strided --pitch 2 --direction $dir --blocks 2048,16384 \
+      --block-sizes 4K --backends gather --trace
+  done
+fi
+if has copy2d; then  # 2D copies alone: a strided run whole or split over streams; vLLM 0.33's per-block shape
+  for dir in h2d d2h; do
+    TAIL=30 run "copy2d_$dir" 120 build-gpu/tests/micro/copy2d_cost --direction $dir
+  done
+fi
 if has micro; then  # what following constant-stride runs costs a random list (ns per block)
   SECONDS=0
   for r in 1 2 3 4 5; do build-gpu/tests/micro/micro_planner --benchmark_filter='runs_'; done > "$OUT/micro_runs.log" 2>&1
@@ -94,8 +105,8 @@ if has vllm; then  # the vLLM offloading worker: byte-identical to vLLM's copy p
   summary "vllm worker pytest: rc=$? $(tail -1 "$OUT/vllm_pytest.log") (${SECONDS}s)"
   grep -E "^FAILED|Error" "$OUT/vllm_pytest.log" | head -10 >> "$OUT/summary.txt"
   for r in ${VLLM_RUNS:-1 2 3}; do
-    TAIL=14 run "vllm_bench_$r" 200 python3 -m gfd.bench_vllm --pages 8K,32K --blocks 64 \
-      --host-memory "${VLLM_HOST_MEMORY:-pool}" --host-layout "${VLLM_HOST_LAYOUT:-tensor,block}" --csv "$OUT/vllm_bench_$r.csv"
+    TAIL=14 run "vllm_bench_$r" 200 python3 -m gfd.bench_vllm --pages ${VLLM_PAGES:-8K,32K} --blocks 64 \
+      --directions ${VLLM_DIRECTIONS:-h2d,d2h} --host-memory "${VLLM_HOST_MEMORY:-pool}" --host-layout "${VLLM_HOST_LAYOUT:-tensor,block}" --csv "$OUT/vllm_bench_$r.csv"
   done
 fi
 if has python; then

@@ -14,6 +14,11 @@ in the same run, each on the same host caches:
 - ``dma``: one contiguous copy of the same bytes (pinned host tensor to GPU tensor, or back):
   the line rate of this run.
 
+The GPU tensors are laid out as vLLM 0.33 allocates them for its offloading connector
+(``--gpu-alloc one``: one backing allocation, layer ``l`` of block ``g`` at
+``l * layer stride + g * page``, the LBHNC layout the connector asks for), or as one allocation
+per tensor (``--gpu-alloc separate``, as earlier vLLM releases did).
+
 P50 and the spread over ``--reps`` timed jobs after warm-up; every method's bytes verified once
 per configuration against a numpy reference. "submit us": how long the call blocks its caller
 (P50: gfd's ``submit``; vLLM's descriptor build and batch call). Needs torch and a CUDA GPU.
@@ -84,13 +89,26 @@ def _fill(torch, tensors, seed: int) -> None:
         t.copy_(cpu)
 
 
+def gpu_caches(torch, tensors: int, gpu_blocks: int, page: int, alloc: str = "one"):
+    """The per-layer ``[gpu_blocks, page]`` int8 GPU caches: views of one backing allocation at a
+    constant layer stride, as vLLM 0.33's ``allocate_kv_cache`` makes them (``one``), or one
+    allocation each (``separate``)."""
+    if alloc == "separate":
+        return [torch.empty((gpu_blocks, page), dtype=torch.int8, device="cuda") for _ in range(tensors)]
+    if alloc != "one":
+        raise ValueError(f"gpu alloc must be 'one' or 'separate', not {alloc!r}")
+    layer = gpu_blocks * page
+    buf = torch.empty(tensors * layer, dtype=torch.int8, device="cuda")
+    return [buf[t * layer:(t + 1) * layer].view(gpu_blocks, page) for t in range(tensors)]
+
+
 def run_case(torch, engine: Engine, tensors: int, page: int, blocks: int, bpc: int, host_bytes: int,
              reps: int, warmup: int, host_memory: str, direction: str, host_layout: str = "tensor",
-             trace: bool = False) -> List[dict]:
+             trace: bool = False, gpu_alloc: str = "one") -> List[dict]:
     chunk_bytes = page * bpc
     num_chunks = max(blocks, host_bytes // (tensors * chunk_bytes))
     gpu_blocks = max(2 * blocks * bpc, 1024)
-    gpu = [torch.empty((gpu_blocks, page), dtype=torch.int8, device="cuda") for _ in range(tensors)]
+    gpu = gpu_caches(torch, tensors, gpu_blocks, page, gpu_alloc)
     w = KVTransferWorker(engine, gpu, [list(range(tensors))], bpc, num_chunks, host_memory=host_memory,
                          host_layout=host_layout)
     host_rows = [w.host_rows(t) for t in range(tensors)]
@@ -165,7 +183,7 @@ def run_case(torch, engine: Engine, tensors: int, page: int, blocks: int, bpc: i
     rows = []
     for method, rates in results.items():
         rows.append(dict(method=method, direction=direction, tensors=tensors, page=page, blocks=blocks, bpc=bpc,
-                         host_memory=host_memory, host_layout=host_layout, gbps_p50=percentile(rates, 0.5), gbps_min=min(rates),
+                         host_memory=host_memory, host_layout=host_layout, gpu_alloc=gpu_alloc, gbps_p50=percentile(rates, 0.5), gbps_min=min(rates),
                          gbps_max=max(rates), ratio_p50=percentile(rates, 0.5) / line,
                          submit_us_p50=percentile(submit_us[method], 0.5) if method in submit_us else float("nan"),
                          descriptors=tensors * blocks))
@@ -193,6 +211,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--host-memory", default="pool", help="pool, torch or both (comma list)")
     ap.add_argument("--directions", default="h2d,d2h")
     ap.add_argument("--host-layout", default="tensor,block", help="tensor (vLLM's), block, or both")
+    ap.add_argument("--gpu-alloc", default="one", help="one (vLLM 0.33's single backing allocation) or separate")
     ap.add_argument("--csv", default="")
     ap.add_argument("--trace", action="store_true", help="print the timeline of one timed gfd job per case")
     a = ap.parse_args(argv)
@@ -211,7 +230,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             for page in a.pages:
                 for d in a.directions.split(","):
                     rows += run_case(torch, engine, a.tensors, page, a.blocks, a.blocks_per_chunk, a.host_bytes,
-                                     a.reps, a.warmup, hm, d, layout, a.trace)
+                                     a.reps, a.warmup, hm, d, layout, a.trace, a.gpu_alloc)
     engine.close()
     keys = list(rows[0].keys())
     if a.csv:
