@@ -54,6 +54,7 @@ void Counters::fill(EngineStats& st) const {
   st.scattered_chunks = scattered.load();
   st.host_direct_chunks = host_direct.load();
   st.direct_copies = direct.load();
+  st.strided_copies = strided.load();
   st.gather_seconds = static_cast<double>(gather_ns.load()) * 1e-9;
   st.dma_seconds = dma_ms.load() * 1e-3;
   st.submit_wait_seconds = static_cast<double>(submit_wait_ns.load()) * 1e-9;
@@ -70,6 +71,7 @@ PlanConfig staged_config(const EngineOptions& o, int device) {
   c.direct_min_bytes = o.direct_min_bytes;
   c.direct_min_bytes_to_host = o.direct_min_bytes_to_host;
   c.strided_min_rows = o.strided_min_rows;
+  c.strided_min_bytes = o.strided_min_bytes;
   c.host_direct = o.host_direct;
   c.check_overlaps = o.check_overlaps;
   return c;

@@ -79,6 +79,7 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
   env_size("GFD_DIRECT_MIN_BYTES", o.direct_min_bytes);
   env_size("GFD_DIRECT_MIN_BYTES_TO_HOST", o.direct_min_bytes_to_host);
   env_size("GFD_STRIDED_MIN_ROWS", o.strided_min_rows);
+  env_size("GFD_STRIDED_MIN_BYTES", o.strided_min_bytes);
   env_bool("GFD_HOST_DIRECT", o.host_direct);
   env_cpus("GFD_CPUS", o.cpus);
   env_size("GFD_INLINE_GATHER_BYTES", o.inline_gather_bytes);

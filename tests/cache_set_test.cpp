@@ -279,6 +279,61 @@ TEST_P(CacheSetTest, PageableHostCache) {
   EXPECT_EQ(m.second, 0u);
 }
 
+// The layers' device caches as views of one allocation at a constant stride (vLLM 0.33's
+// allocate_kv_cache), with a host cache laid out by block (every layer's page of an id side by
+// side) or by layer (one array per layer, back to back): each id's pages of every layer are one
+// constant-stride run (16 x 32 KB = 512 KiB), moved as one 2D copy, both ways, every byte
+// checked.
+TEST_P(CacheSetTest, LayersOfOneAllocationMoveAsOne2DCopyPerId) {
+  constexpr std::size_t kLayers = 16, kBytes = 32 << 10, kBlocks = 24, kHostBlocks = 32, kMoved = 10;
+  DeviceBuffer dev(*td_->device, kLayers * kBlocks * kBytes);
+  {
+    HostBuffer init(*td_->device, dev.size(), true);
+    fill_random(init.data(), init.size(), 41);
+    td_->device->copy_h2d(dev.data(), init.data(), init.size(), td_->stream);
+    td_->device->stream_sync(td_->stream);
+  }
+  for (const bool by_block : {true, false}) {
+    SCOPED_TRACE(by_block ? "host rows by block" : "host arrays by layer");
+    HostBuffer host(*td_->device, kLayers * kHostBlocks * kBytes, true);
+    std::memset(host.data(), 0, host.size());
+    std::vector<CachePair> list;
+    for (std::size_t l = 0; l < kLayers; ++l) {
+      CachePair q;
+      q.device = {dev.data() + l * kBlocks * kBytes, kBlocks, kBytes, 0};
+      q.host = by_block ? BlockArray{host.data() + l * kBytes, kHostBlocks, kBytes, kLayers * kBytes}
+                        : BlockArray{host.data() + l * kHostBlocks * kBytes, kHostBlocks, kBytes, 0};
+      list.push_back(q);
+    }
+    auto host_block = [&](std::size_t l, std::size_t b) {
+      return static_cast<const std::byte*>(list[l].host.base) + b * (by_block ? kLayers * kBytes : kBytes);
+    };
+    Engine engine = td_->make_engine(small_options());
+    const CacheSet set = engine.register_caches(list);
+    const auto out_src = distinct(kMoved, kBlocks, 5), out_dst = distinct(kMoved, kHostBlocks, 6);
+    engine.copy_blocks(set, KvDirection::kSwapOut, out_src, out_dst, td_->cuda_stream()).wait();
+    EXPECT_EQ(engine.stats().strided_copies, kMoved) << "one 2D copy per id";
+    for (std::size_t l = 0; l < kLayers; ++l)
+      for (std::size_t i = 0; i < kMoved; ++i)
+        ASSERT_EQ(std::memcmp(host_block(l, out_dst[i]),
+                              td_->read(dev.data() + (l * kBlocks + out_src[i]) * kBytes, kBytes).data(), kBytes),
+                  0)
+            << "swap-out layer " << l << " row " << i;
+    // Back in, to other device blocks.
+    const auto in_dst = distinct(kMoved, kBlocks, 7);
+    engine.copy_blocks(set, KvDirection::kSwapIn, out_dst, in_dst, td_->cuda_stream()).wait();
+    td_->device->stream_sync(td_->stream);
+    EXPECT_EQ(engine.stats().strided_copies, 2 * kMoved);
+    EXPECT_EQ(engine.stats().chunks, 0u) << "nothing staged";
+    for (std::size_t l = 0; l < kLayers; ++l)
+      for (std::size_t i = 0; i < kMoved; ++i)
+        ASSERT_EQ(std::memcmp(td_->read(dev.data() + (l * kBlocks + in_dst[i]) * kBytes, kBytes).data(),
+                              host_block(l, out_dst[i]), kBytes),
+                  0)
+            << "swap-in layer " << l << " row " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, CacheSetTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
                          [](const auto& info) { return to_string(info.param); });
 

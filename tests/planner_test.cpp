@@ -1485,6 +1485,72 @@ TEST(StridedRunTest, OverlappingDestinationsAreStillRejected) {
   EXPECT_THROW(plan_of(blocks, strided_config(64)), gfd::Error);
 }
 
+// The engine's rule: at least 2 rows and 512 KiB. One block id of 64 layers whose caches share
+// one allocation at a constant layer stride (vLLM 0.33), host rows of every layer's page side
+// by side: each id is one run when its pages hold 512 KiB (64 x 8 KB), none at 64 x 4 KB.
+TEST(StridedRunTest, RunsOfFewLargeRowsByTheirBytes) {
+  PlanConfig cfg = strided_config(2);
+  cfg.strided_min_bytes = 512 * kKiB;
+  auto job = [](std::size_t page, std::size_t ids) {
+    std::vector<BlockCopy> v;
+    const std::uintptr_t layer = 2 * kMiB;  // 64 layer caches of 2 MB in one device allocation
+    for (std::size_t i = 0; i < ids; ++i) {
+      const std::uintptr_t host_row = kPinnedBase + (37 * i % 101) * 64 * page;
+      const std::uintptr_t dev_block = (53 * i % 97) * page;
+      for (std::uintptr_t l = 0; l < 64; ++l) v.push_back(block(host_row + l * page, kDevBase + l * layer + dev_block, page));
+    }
+    return v;
+  };
+  const Plan eight = plan_of(job(8192, 16), cfg);
+  ASSERT_EQ(eight.strided.size(), 16u);
+  for (const auto& s : eight.strided) {
+    EXPECT_EQ(s.rows, 64u);
+    EXPECT_EQ(s.width, 8192u);
+    EXPECT_EQ(s.spitch, 8192u);
+    EXPECT_EQ(s.dpitch, 2 * kMiB);
+  }
+  EXPECT_TRUE(eight.chunks.empty());
+  EXPECT_EQ(eight.total_bytes, 16u * 64 * 8192);
+  const Plan four = plan_of(job(4096, 16), cfg);
+  EXPECT_TRUE(four.strided.empty()) << "64 x 4 KB = 256 KiB per run";
+  EXPECT_EQ(staged_bytes(four), 16u * 64 * 4096);
+}
+
+// A run is validated by its ends where both lie in one device allocation and one pinned range;
+// otherwise block by block, so a bad block inside or at the end of a run is still named.
+TEST(StridedRunTest, RunsAreCheckedByTheirEndsAndBadBlocksStillNamed) {
+  const PlanConfig cfg = strided_config(64);
+  // Runs past the end of the device allocation: block 300 is the first outside it.
+  const auto past = run_of(kPinnedBase, 8192, kDevBase + kDevSize - 300 * 4096, 4096, 400, 4096);
+  try {
+    plan_of(past, cfg);
+    ADD_FAILURE() << "accepted";
+  } catch (const gfd::Error& e) {
+    EXPECT_EQ(e.block(), 300u) << e.what();
+  }
+  // The host side leaves pinned memory half way (into memory the driver does not know, which is
+  // pageable): checked block by block, so nothing goes as a 2D copy over pageable rows and
+  // every byte is staged.
+  const Plan p = plan_of(run_of(kPinnedBase + kPinnedSize - 100 * 8192, 8192, kDevBase, 4096, 200, 4096), cfg);
+  EXPECT_TRUE(p.strided.empty());
+  EXPECT_EQ(staged_bytes(p), 200u * 4096);
+  EXPECT_FALSE(p.all_pinned_host);
+  // A null destination in the middle breaks the run (its pitch differs) and is named.
+  auto holed = run_of(kPinnedBase, 8192, kDevBase, 4096, 400, 4096);
+  holed[250].dst = nullptr;
+  try {
+    plan_of(holed, cfg);
+    ADD_FAILURE() << "accepted";
+  } catch (const gfd::Error& e) {
+    EXPECT_EQ(e.block(), 250u) << e.what();
+  }
+  // A good run: one 2D copy, every block marked pinned.
+  const Plan good = plan_of(run_of(kPinnedBase, 8192, kDevBase, 4096, 400, 4096), cfg);
+  ASSERT_EQ(good.strided.size(), 1u);
+  EXPECT_EQ(good.strided[0].rows, 400u);
+  EXPECT_TRUE(good.all_pinned_host);
+}
+
 // ---- staged chunks read in place from host memory (host_direct) --------------------------------
 namespace {
 

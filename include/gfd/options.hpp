@@ -38,16 +38,22 @@ struct EngineOptions {
   /// 85-91% staged against 79% as batches, 64 KB blocks 95% direct (the same notes). 0
   /// disables it.
   std::size_t direct_min_bytes_to_host = std::size_t{64} << 10;
-  /// Constant-stride runs: at least this many consecutive blocks of one size, whose host side is
-  /// pinned and whose sources and destinations each advance by one constant pitch (a request's
-  /// blocks at a fixed pitch, a layer-major pool, the seed's 2x-stride layout), go to the copy
-  /// engine as one 2D copy (cudaMemcpy2DAsync) instead of being gathered; the rest of the list
-  /// goes the usual way in the same transfer. On an H200 one such copy of 2048 rows of 4 KB
-  /// moved 52 GB/s, the line rate, while 64 copies of 32 rows each moved 45%
-  /// (shared/DESIGN.md); through the engine 128-row runs moved 63-66% of the line rate against
-  /// 38-40% for random blocks, 2048 rows 82.5-84.2% (bench/history/2026-12-01-s6b-final-code.md).
-  /// 0 disables it. Host to device and device to host.
-  std::size_t strided_min_rows = 128;
+  /// Constant-stride runs: at least this many consecutive blocks of one size, together at least
+  /// strided_min_bytes, whose host side is pinned and whose sources and destinations each
+  /// advance by one constant pitch (a request's blocks at a fixed pitch, a layer-major pool, the
+  /// seed's 2x-stride layout, one block id of every layer when the layers' caches share one
+  /// allocation at a constant stride, as vLLM 0.33 allocates them) go to the copy engine as 2D
+  /// copies (cudaMemcpy2DAsync; several runs of a transfer in one cudaMemcpy3DBatchAsync)
+  /// instead of being gathered; the rest of the list goes the usual way in the same transfer.
+  /// On an H200 one 2D copy of 2048 rows of 4 KB moved 99.8% of a contiguous DMA, and 64 copies
+  /// of 64 layer-strided rows (one per block) 77% at 8 KB rows and 92% at 32 KB
+  /// (tests/micro/copy2d_cost, bench/history/2026-12-02-s8-2d-runs.md). 0 or 1 disables it.
+  /// Host to device and device to host.
+  std::size_t strided_min_rows = 2;
+  /// The bytes a constant-stride run must hold to go as a 2D copy (see strided_min_rows): 512
+  /// KiB, the 128 rows of 4 KB that beat gathering on an H200 (63-66% of the line rate against
+  /// 38-40%, bench/history/2026-12-01-s6b-final-code.md), and a block of 64 layers' 8 KB pages.
+  std::size_t strided_min_bytes = std::size_t{512} << 10;
   /// A staging chunk whose pinned host side lies in contiguous runs, each as long as the direct
   /// path's blocks (direct_min_bytes, direct_min_bytes_to_host; the chunk's edges may cut two),
   /// is not copied by the CPU: the copy engine moves the runs in place (one batched copy per
@@ -138,7 +144,7 @@ struct EngineOptions {
   /// `base` with every field overridden by its GFD_* environment variable where one is set:
   /// GFD_DEVICE, GFD_STAGING_BYTES, GFD_SLOT_BYTES, GFD_FIRST_CHUNK_BYTES, GFD_PIECE_BYTES,
   /// GFD_DIRECT_MIN_BYTES, GFD_DIRECT_MIN_BYTES_TO_HOST,
-  /// GFD_STRIDED_MIN_ROWS, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
+  /// GFD_STRIDED_MIN_ROWS, GFD_STRIDED_MIN_BYTES, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
   /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS, GFD_SUBMITTER_GATHERS,
   /// GFD_USE_ALL_LOCAL_CPUS, GFD_CPUS, GFD_STAGING_WRITES ("auto", "cldemote", "streaming" or "plain"),
   /// GFD_PREISSUE, GFD_KERNEL_MAX_BYTES, GFD_PAGEABLE_CACHE_MS, GFD_BACKEND (a backend name such

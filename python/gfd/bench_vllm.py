@@ -79,7 +79,7 @@ class VllmBatch:
 
 def _stats_line(engine: Engine) -> str:
     s = engine.stats()
-    return " ".join(f"{k}={s[k]}" for k in ("chunks", "scattered_chunks", "host_direct_chunks", "direct_copies"))
+    return " ".join(f"{k}={s[k]}" for k in ("chunks", "scattered_chunks", "host_direct_chunks", "direct_copies", "strided_copies"))
 
 
 def _fill(torch, tensors, seed: int) -> None:

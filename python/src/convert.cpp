@@ -173,6 +173,7 @@ const OptionField kOptionFields[] = {
     GFD_OPTION(direct_min_bytes),
     GFD_OPTION(direct_min_bytes_to_host),
     GFD_OPTION(strided_min_rows),
+    GFD_OPTION(strided_min_bytes),
     GFD_OPTION(host_direct),
     GFD_OPTION(inline_gather_bytes),
     GFD_OPTION(gather_threads),
@@ -201,7 +202,7 @@ struct StatsField {
 #define GFD_STAT(f) StatsField{#f, [](const EngineStats& s) -> py::object { return to_py(s.f); }}
 const StatsField kStatsFields[] = {
     GFD_STAT(bytes),          GFD_STAT(transfers),       GFD_STAT(blocks),
-    GFD_STAT(chunks),         GFD_STAT(scattered_chunks), GFD_STAT(host_direct_chunks), GFD_STAT(direct_copies),
+    GFD_STAT(chunks),         GFD_STAT(scattered_chunks), GFD_STAT(host_direct_chunks), GFD_STAT(direct_copies), GFD_STAT(strided_copies),
     GFD_STAT(gather_seconds), GFD_STAT(dma_seconds),     GFD_STAT(submit_wait_seconds),
     GFD_STAT(plan_seconds),   GFD_STAT(hugepages),       GFD_STAT(numa_node),
     GFD_STAT(gather_threads), GFD_STAT(staging_bytes),   GFD_STAT(slot_bytes),

@@ -56,12 +56,15 @@ class GatherBackend final : public BackendImpl {
     // list to be valid).
     const std::uint64_t bytes = total_bytes(r.blocks);  // summed once, handed on to planning
     const bool several = r.blocks.size() > 1;
-    if (to_host && several && bytes > o.kernel_max_bytes) return to_host_.submit(r, nullptr, bytes);
+    // A list that may be all constant-stride runs is planned whole first: if nothing is staged,
+    // its 2D copies go on the caller's stream (CopyLanes::submit_directs_on).
+    const bool strided = several && may_be_strided(r.blocks, ctx.plan_config);
+    if (to_host && several && bytes > o.kernel_max_bytes && !strided) return to_host_.submit(r, nullptr, bytes);
     // Host to device, too large for the kernel and for gathering on this thread alone: checked
     // whole, then packed while the first chunks are gathered.
     // A transfer of one first chunk or less is planned whole (one chunk: submit_one_chunk).
     if (!to_host && several && bytes > o.kernel_max_bytes && bytes > o.inline_gather_bytes &&
-        bytes > ctx.plan_config.first_chunk_bytes)
+        bytes > ctx.plan_config.first_chunk_bytes && !strided)
       return to_device_.submit_planning(r, bytes);
     PlanConfig cfg = ctx.plan_config;
     cfg.direction = r.direction;
@@ -74,7 +77,12 @@ class GatherBackend final : public BackendImpl {
     const bool kernel = o.kernel_max_bytes != 0 && plan.total_bytes <= o.kernel_max_bytes && plan.strided.empty() &&
                         plan.all_pinned_host && ctx.device->host_pointers_usable();
     if (kernel) kernel_.submit(*t, r.stream);
-    else if (to_host) to_host_.submit(r, t);
+    else if (plan.chunks.empty() && plan.direct.size() <= CopyLanes::kGroup) {
+      // Nothing staged, at most one batch of direct copies: all on the caller's stream.
+      std::lock_guard lk(pipe_.lock);
+      ctx.tracer.begin_transfer(*t, r.stream);
+      pipe_.lanes.submit_directs_on(*t, r.stream);
+    } else if (to_host) to_host_.submit(r, t);
     else to_device_.submit(t, r.stream);
     return t;
   }

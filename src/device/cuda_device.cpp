@@ -237,6 +237,44 @@ class CudaDevice final : public Device {
                                      to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
                                      static_cast<cudaStream_t>(s)));
   }
+  void copy_2d_batch(const Copy2D* copies, std::size_t count, bool to_host, StreamHandle s) override {
+    if (count == 1 || !batch_3d_) {
+      Device::copy_2d_batch(copies, count, to_host, s);
+      return;
+    }
+    if (count == 0) return;
+    // One op per copy: pointer operands, rows of `width` bytes at the operand's pitch (its row
+    // length: one byte per element), one layer. Sources in stream order, as copy_batch.
+    thread_local std::vector<cudaMemcpy3DBatchOp> ops;
+    ops.assign(count, cudaMemcpy3DBatchOp{});
+    for (std::size_t i = 0; i < count; ++i) {
+      const Copy2D& c = copies[i];
+      cudaMemcpy3DBatchOp& op = ops[i];
+      op.src.type = cudaMemcpyOperandTypePointer;
+      op.src.op.ptr.ptr = const_cast<void*>(c.src);
+      op.src.op.ptr.rowLength = c.spitch;
+      op.src.op.ptr.locHint.type = to_host ? cudaMemLocationTypeDevice : cudaMemLocationTypeHost;
+      op.src.op.ptr.locHint.id = to_host ? ordinal_ : 0;
+      op.dst.type = cudaMemcpyOperandTypePointer;
+      op.dst.op.ptr.ptr = c.dst;
+      op.dst.op.ptr.rowLength = c.dpitch;
+      op.dst.op.ptr.locHint.type = to_host ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
+      op.dst.op.ptr.locHint.id = to_host ? 0 : ordinal_;
+      op.extent.width = c.width;
+      op.extent.height = c.rows;
+      op.extent.depth = 1;
+      op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    }
+    const cudaError_t e = cudaMemcpy3DBatchAsync(count, ops.data(), 0, static_cast<cudaStream_t>(s));
+    if (e == cudaErrorNotSupported || e == cudaErrorCallRequiresNewerDriver) {
+      // An older driver: one 2D copy at a time from now on.
+      (void)cudaGetLastError();
+      batch_3d_ = false;
+      Device::copy_2d_batch(copies, count, to_host, s);
+      return;
+    }
+    if (e != cudaSuccess) throw_cuda_error(e, "cudaMemcpy3DBatchAsync", GFD_SOURCE_FILE_, __LINE__);
+  }
   void copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
                   std::size_t count, bool to_host, StreamHandle s) override {
     if (count == 0) return;
@@ -285,6 +323,7 @@ class CudaDevice final : public Device {
   int prio_low_ = 0, prio_high_ = 0;
   bool host_pointers_usable_ = false;
   bool wait_value_ = false;
+  std::atomic<bool> batch_3d_{true};  // cudaMemcpy3DBatchAsync works here (false after cudaErrorNotSupported)
 };
 
 }  // namespace

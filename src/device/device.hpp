@@ -49,6 +49,16 @@ struct ZeroCopyEntry {
   std::uint64_t bytes;
 };
 
+// One 2D copy: `rows` rows of `width` bytes, row r from src + r * spitch to dst + r * dpitch.
+struct Copy2D {
+  void* dst;
+  std::size_t dpitch;
+  const void* src;
+  std::size_t spitch;
+  std::size_t width;
+  std::size_t rows;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -108,6 +118,16 @@ class Device {
   // cost for each block of a batch.
   virtual void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                        std::size_t rows, bool to_host, StreamHandle s) = 0;
+  // `count` such copies, in any order among themselves (none may write what another reads or
+  // writes); the array is read during the call only. A GPU takes them in one driver call
+  // (cudaMemcpy3DBatchAsync: a job of 64 blocks, each one 2D copy of its layers' pages, costs
+  // one call instead of 64); this default enqueues them one by one.
+  virtual void copy_2d_batch(const Copy2D* copies, std::size_t count, bool to_host, StreamHandle s) {
+    for (std::size_t i = 0; i < count; ++i) {
+      const Copy2D& c = copies[i];
+      copy_2d(c.dst, c.dpitch, c.src, c.spitch, c.width, c.rows, to_host, s);
+    }
+  }
   // Copies `count` entries (in pinned host memory) with the zero-copy kernel.
   virtual void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) = 0;
   // Whether kernels may read pinned host memory at its host address (zero_copy needs it).

@@ -36,11 +36,10 @@ StreamHandle CopyLanes::lane(TransferState& t, std::uint32_t lane) {
   return s;
 }
 
-void CopyLanes::enqueue_directs(TransferState& t) {
+void CopyLanes::enqueue_directs(TransferState& t, StreamHandle on) {
   const std::vector<DirectCopy>& direct = t.plan.direct;
-  // Groups of this many copies alternate between the host-to-device lanes, so that the copy
+  // Groups of kGroup copies alternate between the host-to-device lanes, so that the copy
   // engines can overlap them (device to host keeps its one lane, in order).
-  constexpr std::size_t kGroup = 256;
   thread_local std::vector<void*> dsts;
   thread_local std::vector<const void*> srcs;
   thread_local std::vector<std::size_t> sizes;
@@ -54,18 +53,39 @@ void CopyLanes::enqueue_directs(TransferState& t) {
       srcs[k] = direct[i + k].src;
       sizes[k] = direct[i + k].bytes;
     }
-    StreamHandle l = lane(t, t.to_host() ? d2h() : next_h2d());
+    StreamHandle l = on != nullptr ? on : lane(t, t.to_host() ? d2h() : next_h2d());
     if (n == 1 && t.to_host()) device_.copy_d2h(dsts[0], srcs[0], sizes[0], l);
     else if (n == 1) device_.copy_h2d(dsts[0], srcs[0], sizes[0], l);
     else device_.copy_batch(dsts.data(), srcs.data(), sizes.data(), n, t.to_host(), l);
     Counters::add(ctx_.counters.direct, n);
   }
-  // Constant-stride runs: one 2D copy each, spread over the lanes like the groups above.
-  for (const StridedCopy& c : t.plan.strided) {
-    StreamHandle l = lane(t, t.to_host() ? d2h() : next_h2d());
-    device_.copy_2d(c.dst, c.dpitch, c.src, c.spitch, c.width, c.rows, t.to_host(), l);
-    Counters::add(ctx_.counters.direct, c.rows);
+  // Constant-stride runs: one 2D copy each, in groups spread over the lanes like the ones above.
+  const std::vector<StridedCopy>& runs = t.plan.strided;
+  thread_local std::vector<Copy2D> copies;
+  for (std::size_t i = 0; i < runs.size(); i += kGroup) {
+    const std::size_t n = std::min(kGroup, runs.size() - i);
+    copies.resize(n);
+    std::uint64_t rows = 0;
+    for (std::size_t k = 0; k < n; ++k) {
+      const StridedCopy& c = runs[i + k];
+      copies[k] = {c.dst, c.dpitch, c.src, c.spitch, c.width, c.rows};
+      rows += c.rows;
+    }
+    StreamHandle l = on != nullptr ? on : lane(t, t.to_host() ? d2h() : next_h2d());
+    device_.copy_2d_batch(copies.data(), n, t.to_host(), l);
+    Counters::add(ctx_.counters.direct, rows);
+    Counters::add(ctx_.counters.strided, n);
   }
+}
+
+void CopyLanes::submit_directs_on(TransferState& t, StreamHandle stream) {
+  try {
+    enqueue_directs(t, stream);
+    device_.record_event(t.done_event, stream);
+  } catch (...) {
+    t.fail(std::current_exception());
+  }
+  t.mark_finalized();
 }
 
 void CopyLanes::copy_runs(const Plan& p, const PlannedChunk& c, Slot& s, bool to_host, StreamHandle l) {

@@ -20,6 +20,9 @@ struct EngineContext;
 
 class CopyLanes {
  public:
+  // Direct copies (and 2D copies) per driver call at most.
+  static constexpr std::size_t kGroup = 256;
+
   CopyLanes(EngineContext& ctx, int h2d_lanes);
   ~CopyLanes();
   CopyLanes(const CopyLanes&) = delete;
@@ -35,8 +38,14 @@ class CopyLanes {
 
   // The plan's direct copies (blocks large enough to need no staging, from or to pinned memory),
   // in cudaMemcpyBatchAsync calls: one driver call per group instead of one per block, which is
-  // what makes 64 KB-256 KB blocks cheaper straight than staged.
-  void enqueue_directs(TransferState& t);
+  // what makes 64 KB-256 KB blocks cheaper straight than staged; then its constant-stride runs,
+  // each one 2D copy, in cudaMemcpy3DBatchAsync groups. On the lanes, or all on `on` where given.
+  void enqueue_directs(TransferState& t, StreamHandle on = nullptr);
+  // A transfer with nothing staged (its plan only direct copies and runs) on the caller's
+  // stream itself: no start event, lane waits or joins (four driver calls, and on the GPU two
+  // cross-stream waits, where the whole transfer may be one 160 us 2D copy). Records its done
+  // event there and marks it finalized; a device failure is recorded in the transfer.
+  void submit_directs_on(TransferState& t, StreamHandle stream);
   // Chunk `index` from slot `s` to the device: with `wait`, behind a wait on the slot's flag
   // reaching `flag_value` (set by the thread that finishes gathering the chunk); scattered
   // destinations go through the slot's device twin and the scatter kernel.

@@ -134,14 +134,31 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
       st->device_blocks_pair = p;
     }
   }
-  // Host arrays side by side (pair p + 1's block right after pair p's, one stride for all: a
-  // host cache laid out block-major): a transfer lists each id's blocks of every pair together,
-  // so that one id's host side is one contiguous run the copy engine can take in place.
-  st->row_major = pairs.size() > 1;
-  for (std::size_t p = 1; p < pairs.size() && st->row_major; ++p) {
+  // A transfer lists each id's blocks of every pair together (row-major) where that makes them
+  // runs: host arrays side by side (pair p + 1's block right after pair p's, one stride for all:
+  // a host cache laid out block-major), so that one id's host side is one contiguous run the
+  // copy engine can take in place; or the arrays of both sides each at one constant pitch (the
+  // layers' caches of one allocation, as vLLM 0.33 allocates them, with a host cache laid out
+  // either way), so that one id's blocks are a constant-stride run: one 2D copy.
+  auto at_one_pitch = [&](bool host, std::size_t min_pitch) {
+    const auto side = [&](std::size_t p) -> const BlockArray& { return host ? st->pairs[p].host : st->pairs[p].device; };
+    const auto addr = [](const BlockArray& a) { return reinterpret_cast<std::uintptr_t>(a.base); };
+    if (pairs.size() < 2 || addr(side(1)) < addr(side(0)) + min_pitch) return false;
+    const std::uintptr_t pitch = addr(side(1)) - addr(side(0));
+    for (std::size_t p = 1; p < pairs.size(); ++p) {
+      const BlockArray &a = side(p - 1), &b = side(p);
+      if (a.stride != b.stride || a.block_bytes != b.block_bytes || addr(b) < addr(a) || addr(b) - addr(a) != pitch)
+        return false;
+    }
+    return true;
+  };
+  bool side_by_side = pairs.size() > 1;
+  for (std::size_t p = 1; p < pairs.size() && side_by_side; ++p) {
     const BlockArray &a = st->pairs[p - 1].host, &b = st->pairs[p].host;
-    st->row_major = a.stride == b.stride && static_cast<const std::byte*>(a.base) + a.block_bytes == b.base;
+    side_by_side = a.stride == b.stride && static_cast<const std::byte*>(a.base) + a.block_bytes == b.base;
   }
+  const std::size_t block = st->pairs[0].host.block_bytes;
+  st->row_major = side_by_side || (at_one_pitch(true, block) && at_one_pitch(false, block));
   // No two arrays may share a byte: a transfer writes each destination block once, and a block
   // of one array that is also a block of another would be written twice (or read while written).
   // A set used one way only needs this of its destination side.

@@ -270,6 +270,31 @@ void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::s
   }
 }
 
+void validate_run(std::span<const BlockCopy> blocks, std::size_t begin, std::size_t end,
+                  const PlanConfig& cfg, RangeCache& cache, std::vector<std::uint8_t>& pinned,
+                  Validation& v) {
+  validate_range(blocks, begin, begin + 1, cfg, cache, pinned, v);
+  const bool to_host = cfg.direction == Direction::kToHost;
+  const BlockCopy& last = blocks[end - 1];
+  const auto d = reinterpret_cast<std::uintptr_t>(to_host ? last.src : static_cast<const void*>(last.dst));
+  const auto h = reinterpret_cast<std::uintptr_t>(to_host ? static_cast<const void*>(last.dst) : last.src);
+  const std::size_t w = last.bytes;
+  // The first block's ranges (v.dr, v.sr) hold it; they hold the whole run when they hold the
+  // last block's end (no wrap-around: the end is at most the range's end).
+  const bool in_place = pinned[begin] != 0 && v.dr != nullptr && v.sr != nullptr && v.dr->end != 0 &&
+                        v.sr->end != 0 && v.sr->kind == PointerKind::kPinnedHost && d >= v.dr->begin &&
+                        w <= v.dr->end - d && d <= v.dr->end && h >= v.sr->begin && h <= v.sr->end &&
+                        w <= v.sr->end - h;
+  if (!in_place) {
+    validate_range(blocks, begin + 1, end, cfg, cache, pinned, v);
+    return;
+  }
+  std::fill(pinned.begin() + static_cast<std::ptrdiff_t>(begin) + 1, pinned.begin() + static_cast<std::ptrdiff_t>(end),
+            std::uint8_t{1});
+  // Ascending, disjoint destinations along the run (pitch >= block).
+  v.last_end = reinterpret_cast<std::uintptr_t>(last.dst) + w;
+}
+
 void check_overlaps(std::span<const BlockCopy> blocks, Plan::Scratch& scratch) {
   auto begin_of = [&](std::size_t i) { return reinterpret_cast<std::uintptr_t>(blocks[i].dst); };
   auto end_of = [&](std::size_t i) { return begin_of(i) + blocks[i].bytes; };

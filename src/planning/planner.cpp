@@ -14,6 +14,7 @@ using plan_internal::Packer;
 using plan_internal::RangeCache;
 using plan_internal::Segment;
 using plan_internal::validate_range;
+using plan_internal::validate_run;
 
 void validate_plan_config(const PlanConfig& c) {
   auto bad = [](const std::string& m) { throw Error(ErrorCode::kInvalidArgument, m); };
@@ -50,7 +51,8 @@ struct PlanBuilder::State {
   // Constant-stride runs: the copy engine moves one 2D copy of many rows at the link rate, where
   // it pays a per-copy cost for every block of a batch and the staged path crosses host memory
   // three times. find_runs lists, before anything is placed, every stretch of at least
-  // strided_min_rows blocks of one size whose sources and destinations each advance by one pitch
+  // strided_min_rows blocks (strided_min_bytes in all) of one size whose sources and
+  // destinations each advance by one pitch
   // (positive, no smaller than a block, within CUDA's 2^31 - 1, not both contiguous: those are
   // coalesced). One tight pass, two subtractions and a well-predicted compare per block, so a
   // random list costs next to nothing (tests/micro/micro_planner, runs_on / runs_off).
@@ -68,6 +70,7 @@ struct PlanBuilder::State {
     auto close = [&](std::size_t end) {
       if (!paired || end - start < min) return false;
       const auto w = static_cast<std::int64_t>(blocks[start].bytes);
+      if (static_cast<std::uint64_t>(end - start) * blocks[start].bytes < cfg.strided_min_bytes) return false;
       constexpr std::int64_t kMaxPitch = (std::int64_t{1} << 31) - 1;
       if (sp < w || dp < w || sp > kMaxPitch || dp > kMaxPitch || (sp == w && dp == w)) return false;
       runs.emplace_back(start, end);
@@ -106,6 +109,29 @@ struct PlanBuilder::State {
     const auto dp = static_cast<std::uint64_t>(static_cast<std::byte*>(blocks[b + 1].dst) - d0);
     plan.strided.push_back({s0, d0, blocks[b].bytes, sp, dp, e - b});
     plan.total_bytes += blocks[b].bytes * (e - b);
+  }
+  // Validates blocks [validated, end): a listed run by its ends where it lies in one device
+  // allocation and one pinned host range (validate_run), the rest block by block.
+  std::size_t next_checked_run = 0;
+  void validate_to(std::size_t end) {
+    while (validated < end) {
+      while (next_checked_run < runs.size() && runs[next_checked_run].second <= validated) ++next_checked_run;
+      std::size_t stop = end;
+      if (next_checked_run < runs.size() && runs[next_checked_run].first < end) {
+        const auto [rb, re] = runs[next_checked_run];
+        if (rb <= validated) {
+          // advance() validates listed runs whole; a run entered part way is checked block by block.
+          const std::size_t e = std::min(re, end);
+          if (rb == validated && e == re) validate_run(blocks, rb, re, cfg, cache, plan.scratch.pinned, valid);
+          else validate_range(blocks, validated, e, cfg, cache, plan.scratch.pinned, valid);
+          validated = e;
+          continue;
+        }
+        stop = rb;
+      }
+      validate_range(blocks, validated, stop, cfg, cache, plan.scratch.pinned, valid);
+      validated = stop;
+    }
   }
   // The end advance() must reach so that no listed run is cut: a run that starts before `end`
   // is placed whole.
@@ -198,10 +224,7 @@ std::size_t PlanBuilder::packed() const { return s_->placed; }
 void PlanBuilder::advance(std::size_t end) {
   State& st = *s_;
   end = std::min(st.run_end(end), st.blocks.size());
-  if (end > st.validated) {
-    validate_range(st.blocks, st.validated, end, st.cfg, st.cache, st.plan.scratch.pinned, st.valid);
-    st.validated = end;
-  }
+  if (end > st.validated) st.validate_to(end);
   // Ranges are checked for overlaps by check(); a staged plan packs as it goes.
   if (st.cfg.mode == PlanConfig::Mode::kStaged && end > st.placed) st.coalesce(end);
 }
@@ -210,10 +233,7 @@ void PlanBuilder::check() {
   if (checked_) return;
   State& st = *s_;
   Plan& plan = st.plan;
-  if (st.validated < st.blocks.size()) {
-    validate_range(st.blocks, st.validated, st.blocks.size(), st.cfg, st.cache, plan.scratch.pinned, st.valid);
-    st.validated = st.blocks.size();
-  }
+  if (st.validated < st.blocks.size()) st.validate_to(st.blocks.size());
   if (st.cfg.trust != nullptr) {
     plan.all_pinned_host = st.cfg.trust->all_pinned;
     checked_ = true;
@@ -247,6 +267,18 @@ std::uint64_t total_bytes(std::span<const BlockCopy> blocks) {
   std::uint64_t bytes = 0;
   for (const BlockCopy& b : blocks) bytes = b.bytes > UINT64_MAX - bytes ? UINT64_MAX : bytes + b.bytes;
   return bytes;
+}
+
+bool may_be_strided(std::span<const BlockCopy> blocks, const PlanConfig& cfg) {
+  const std::size_t n = blocks.size();
+  if (cfg.mode != PlanConfig::Mode::kStaged || cfg.strided_min_rows < 2 || n < cfg.strided_min_rows || n < 2)
+    return false;
+  auto addr = [](const void* p) { return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p)); };
+  const BlockCopy &a = blocks[0], &b = blocks[1], &y = blocks[n - 2], &z = blocks[n - 1];
+  const auto w = static_cast<std::int64_t>(a.bytes);
+  const std::int64_t sp = addr(b.src) - addr(a.src), dp = addr(b.dst) - addr(a.dst);
+  return w > 0 && b.bytes == a.bytes && y.bytes == a.bytes && z.bytes == a.bytes && sp >= w && dp >= w &&
+         addr(z.src) - addr(y.src) == sp && addr(z.dst) - addr(y.dst) == dp;
 }
 
 void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,

@@ -52,10 +52,11 @@ struct PlanConfig {
   // Refuse pageable host memory; `pinned_reason` says who needs it (for the error message).
   bool require_pinned_host = false;
   const char* pinned_reason = "";
-  // Staged plans: a run of at least this many blocks of one size whose host side is pinned and
-  // whose sources and destinations each advance by one constant pitch goes as one 2D copy
-  // (Plan::strided); 0 = never.
+  // Staged plans: a run of at least strided_min_rows blocks of one size, strided_min_bytes in
+  // all, whose host side is pinned and whose sources and destinations each advance by one
+  // constant pitch goes as one 2D copy (Plan::strided); strided_min_rows < 2 = never.
   std::size_t strided_min_rows = 0;
+  std::size_t strided_min_bytes = 0;
   // Chunks whose pinned host side lies in few long runs are moved in place by the copy engine
   // (PlannedChunk::host_direct), both directions.
   bool host_direct = true;
@@ -214,6 +215,12 @@ class PlanBuilder {
 
 // The blocks' sizes summed, saturating at UINT64_MAX (bad sizes are reported by validation).
 std::uint64_t total_bytes(std::span<const BlockCopy> blocks);
+
+// Whether `blocks` may be made of constant-stride runs only (a plan that stages nothing): its
+// first two blocks and its last two are of one size and advance by one same pitch on each side,
+// no smaller than a block, and `config` lets runs go as 2D copies. Looks at four blocks; a
+// backend then plans such a list whole before it enqueues anything.
+bool may_be_strided(std::span<const BlockCopy> blocks, const PlanConfig& config);
 
 // Throws gfd::Error(kInvalidArgument) naming the first bad block; otherwise fills `plan`
 // (whatever it held before is replaced; its memory is reused). `pageable`, when given, is

@@ -71,6 +71,15 @@ void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::s
                     const PlanConfig& cfg, RangeCache& cache, std::vector<std::uint8_t>& pinned,
                     Validation& v);
 
+// Validates the constant-stride run [begin, end) of `blocks` (find_runs: one block size, both
+// sides advancing by a pitch no smaller than a block): the first block is checked in full;
+// where the last one then lies in the same device allocation and the same pinned host range,
+// so does every block between (addresses only grow along the run), and the run is valid in
+// O(1). Otherwise every block is checked, as validate_range does.
+void validate_run(std::span<const BlockCopy> blocks, std::size_t begin, std::size_t end,
+                  const PlanConfig& cfg, RangeCache& cache, std::vector<std::uint8_t>& pinned,
+                  Validation& v);
+
 // Throws gfd::Error naming the later of two blocks whose destination ranges overlap.
 void check_overlaps(std::span<const BlockCopy> blocks, Plan::Scratch& scratch);
 

@@ -63,12 +63,26 @@ def _wait_job(w, job_id):
     raise AssertionError("job not reported after wait()")
 
 
+def _gpu_caches(tensors, gpu_blocks, page, alloc):
+    """Per-layer (gpu_blocks, page) int8 caches: one allocation each, or (``one``) views of one
+    allocation at a constant layer stride, as vLLM 0.33's allocate_kv_cache makes them."""
+    if alloc == "separate":
+        return [_random((gpu_blocks, page), t).cuda() for t in range(tensors)]
+    buf = torch.empty(tensors * gpu_blocks * page, dtype=torch.int8, device="cuda")
+    gpu = [buf[t * gpu_blocks * page:(t + 1) * gpu_blocks * page].view(gpu_blocks, page) for t in range(tensors)]
+    for t, g in enumerate(gpu):
+        g.copy_(_random((gpu_blocks, page), t))
+    return gpu
+
+
 @pytest.mark.parametrize("name,tensors,page", SHAPES)
 @pytest.mark.parametrize("bpc", [1, 4])
 @pytest.mark.parametrize("layout", ["tensor", "block"])
-def test_worker_matches_vllm_copy_path(engine, name, tensors, page, bpc, layout):
+@pytest.mark.parametrize("alloc", ["separate", "one"])
+def test_worker_matches_vllm_copy_path(engine, name, tensors, page, bpc, layout, alloc):
     gpu_blocks, num_chunks, blocks = 256, 96, 64
-    gpu = [_random((gpu_blocks, page), t).cuda() for t in range(tensors)]
+    gpu = _gpu_caches(tensors, gpu_blocks, page, alloc)
+    strided_before = engine.stats()["strided_copies"]
     w = KVTransferWorker(engine, gpu, [list(range(tensors))], bpc, num_chunks, host_layout=layout)
     rows = num_chunks * bpc
     host_rows = [w.host_rows(t) for t in range(tensors)]  # (rows, page) views, either layout
@@ -122,6 +136,9 @@ def test_worker_matches_vllm_copy_path(engine, name, tensors, page, bpc, layout)
         _vllm_copy(engine, True, host_rows, ref_gpu, hids2, gids2, page, side)
         for t, (g, ref) in enumerate(zip(gpu, ref_gpu)):
             assert torch.equal(g, ref), f"load: GPU tensor {t} differs from vLLM's copy path"
+        if alloc == "one" and layout == "block":
+            # Each block's pages of every layer: one constant-stride run, one 2D copy, both ways.
+            assert engine.stats()["strided_copies"] - strided_before == 2 * blocks
     finally:
         w.shutdown()
 
