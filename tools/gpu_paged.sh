@@ -4,7 +4,7 @@
 # (gfd_benchmark --layout paged) and through Python swap_blocks, idle and under the decode load,
 # plus the one-pool headline. Logs and CSVs go to $OUT (packed as logs.tgz), a summary last.
 #   tools/gpu_paged.sh [test] [pytest] [paged] [python] [load] [pool] [repeat] [trace]
-#   [strided] [stridedtrace] [copy2d] [micro] [reliability] [vllm]   (default: all but repeat, trace, strided, micro, reliability; test runs ctest and pytest, pytest only the latter)
+#   [strided] [stridedtrace] [copy2d] [micro] [reliability] [vllm] [vllmsep]   (default: all but repeat, trace, strided, micro, reliability; test runs ctest and pytest, pytest only the latter)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
@@ -80,12 +80,15 @@ if has copy2d; then  # 2D copies alone: a strided run whole or split over stream
   for dir in h2d d2h; do
     TAIL=30 run "copy2d_$dir" 120 build-gpu/tests/micro/copy2d_cost --direction $dir
   done
+  # A layer pitch over 2^31 - 1 (cudaMemcpy2DAsync's limit): 8 layers of 98304 x 32 KB (3 GiB each)
+  TAIL=12 run copy2d_big_pitch 120 build-gpu/tests/micro/copy2d_cost --rows 2048 --splits 1 --layers 8 \
+    --dev-blocks 98304 --widths 32K
 fi
 if has micro; then  # what following constant-stride runs costs a random list (ns per block)
   SECONDS=0
   for r in 1 2 3 4 5; do build-gpu/tests/micro/micro_planner --benchmark_filter='runs_'; done > "$OUT/micro_runs.log" 2>&1
   summary "== micro_planner runs: rc=$? (${SECONDS}s)"
-  grep -o "runs_o[nf]*\|ns_per_block=[0-9.]*" "$OUT/micro_runs.log" | paste -sd' ' >> "$OUT/summary.txt"
+  grep -oE "BM_MakePlan/[a-z_]+/[0-9]+|ns_per_block=[0-9.]+" "$OUT/micro_runs.log" | paste -sd' ' >> "$OUT/summary.txt"
 fi
 if has reliability; then  # the long stress run, and compute-sanitizer on the cache-set and scatter paths
   SECONDS=0
@@ -106,8 +109,13 @@ if has vllm; then  # the vLLM offloading worker: byte-identical to vLLM's copy p
   grep -E "^FAILED|Error" "$OUT/vllm_pytest.log" | head -10 >> "$OUT/summary.txt"
   for r in ${VLLM_RUNS:-1 2 3}; do
     TAIL=14 run "vllm_bench_$r" 200 python3 -m gfd.bench_vllm --pages ${VLLM_PAGES:-8K,32K} --blocks 64 \
-      --directions ${VLLM_DIRECTIONS:-h2d,d2h} --host-memory "${VLLM_HOST_MEMORY:-pool}" --host-layout "${VLLM_HOST_LAYOUT:-tensor,block}" --csv "$OUT/vllm_bench_$r.csv"
+      --directions ${VLLM_DIRECTIONS:-h2d,d2h} --gpu-alloc ${VLLM_GPU_ALLOC:-one} --host-memory "${VLLM_HOST_MEMORY:-pool}" --host-layout "${VLLM_HOST_LAYOUT:-tensor,block}" --csv "$OUT/vllm_bench_$r.csv"
   done
+fi
+if has vllmsep; then  # the same with one GPU allocation per layer (vLLM before 0.33), one run
+  TAIL=14 run vllm_bench_separate 200 python3 -m gfd.bench_vllm --pages ${VLLM_PAGES:-8K,32K} --blocks 64 \
+    --gpu-alloc separate --host-memory "${VLLM_HOST_MEMORY:-pool}" --host-layout "${VLLM_HOST_LAYOUT:-tensor,block}" \
+    --csv "$OUT/vllm_bench_separate.csv"
 fi
 if has python; then
   run py_paged 240 python3 -m gfd.bench --layout paged --direction both --csv "$OUT/py_paged.csv"

@@ -2,6 +2,7 @@
 #include "planning/planner.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "gfd/error.hpp"
@@ -95,9 +96,7 @@ struct PlanBuilder::State {
   // one by one as usual.
   void place_run(std::size_t b, std::size_t e) {
     const std::vector<std::uint8_t>& pinned = plan.scratch.pinned;
-    bool all_pinned = true;
-    for (std::size_t k = b; k < e; ++k) all_pinned = all_pinned && pinned[k] != 0;
-    if (!all_pinned) {
+    if (std::memchr(pinned.data() + b, 0, e - b) != nullptr) {  // a row not pinned
       for (std::size_t k = b; k < e; ++k)
         place({static_cast<const std::byte*>(blocks[k].src), static_cast<std::byte*>(blocks[k].dst), blocks[k].bytes,
                pinned[k] != 0});

@@ -89,10 +89,11 @@ gfd::detail::PointerClassifier fake_classifier(std::size_t n, Source source, std
   };
 }
 
-// `strided_min_rows`: the constant-stride run detection (0: off, the engine's default 128: on),
-// to see what following runs costs a random list that has none.
+// `strided_min_rows`, `strided_min_bytes`: the constant-stride run detection (rows 0: off; the
+// engine's defaults, 2 rows and 512 KiB: on), to see what following runs costs a random list
+// that has none, and what planning the seed's layout (ascending_dst: one run) costs with it.
 void BM_MakePlan(benchmark::State& state, DstOrder order, bool check_overlaps, Source source,
-                 std::size_t strided_min_rows = 0) {
+                 std::size_t strided_min_rows = 0, std::size_t strided_min_bytes = 0) {
   const auto n = static_cast<std::size_t>(state.range(0));
   const std::vector<BlockCopy> blocks = make_blocks(n, order, source);
   std::uint64_t queries = 0;
@@ -101,6 +102,7 @@ void BM_MakePlan(benchmark::State& state, DstOrder order, bool check_overlaps, S
   config.device = 0;
   config.check_overlaps = check_overlaps;
   config.strided_min_rows = strided_min_rows;
+  config.strided_min_bytes = strided_min_bytes;
 
   gfd::detail::PageableCache pageable(60000);
   gfd::detail::PageableCache* shared = source == Source::kPageable ? &pageable : nullptr;
@@ -157,7 +159,14 @@ BENCHMARK_CAPTURE(BM_MakePlan, ascending_dst_nocheck, DstOrder::kAscending, fals
 BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_nocheck, DstOrder::kShuffled, false, Source::kPinned)
     ->Apply(BlockCounts);
 BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_runs_off, DstOrder::kShuffled, true, Source::kPinned, 0)->Arg(4096);
-BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_runs_on, DstOrder::kShuffled, true, Source::kPinned, 128)->Arg(4096);
+BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_runs_on, DstOrder::kShuffled, true, Source::kPinned, 2, 512 << 10)
+    ->Arg(4096);
+BENCHMARK_CAPTURE(BM_MakePlan, seed_layout_runs_off, DstOrder::kAscending, true, Source::kPinned, 0)
+    ->Arg(2048)
+    ->Arg(16384);
+BENCHMARK_CAPTURE(BM_MakePlan, seed_layout_runs_on, DstOrder::kAscending, true, Source::kPinned, 2, 512 << 10)
+    ->Arg(2048)
+    ->Arg(16384);
 BENCHMARK_CAPTURE(BM_Check, ascending_dst, DstOrder::kAscending)->Apply(BlockCounts);
 BENCHMARK_CAPTURE(BM_Check, shuffled_dst, DstOrder::kShuffled)->Apply(BlockCounts);
 BENCHMARK_CAPTURE(BM_MakePlan, pageable_src_ascending_dst, DstOrder::kAscending, true, Source::kPageable)
