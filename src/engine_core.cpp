@@ -122,7 +122,7 @@ Transfer EngineCore::submit_blocks(const CacheSet& caches, KvDirection direction
   const auto t0 = Clock::now();
   set.build(d, src, dst, blocks, pinned, src_name, dst_name);
   Counters::add(ctx_->counters.plan_ns, ns_since(t0));
-  const PlanTrust trust{pinned.data(), set.all_pinned};
+  const PlanTrust trust{pinned.data(), set.all_pinned, set.one_allocation};
   const ScopedCurrentDevice current(*ctx_->device);
   try {
     return submit_request(blocks, stream, d, &trust);

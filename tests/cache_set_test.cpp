@@ -334,6 +334,25 @@ TEST_P(CacheSetTest, LayersOfOneAllocationMoveAsOne2DCopyPerId) {
   }
 }
 
+// Two device arrays of separate allocations (a layer's K and V tensors), host rows side by side:
+// any two arrays lie at "one pitch", but a 2D copy may not span two allocations, so each id's
+// pair of 256 KB pages is staged, not one 2D copy (on a GPU the driver would refuse it).
+TEST_P(CacheSetTest, ArraysOfSeparateAllocationsAreNotOne2DCopy) {
+  constexpr std::size_t kBytes = 256 << 10, kHostBlocks = 8;
+  Caches c(*td_, 2, 6, kHostBlocks, kBytes, true, true);
+  Engine engine = td_->make_engine(small_options());
+  const CacheSet set = engine.register_caches(c.list);
+  const std::vector<std::int64_t> s{5, 0, 3}, d{1, 4, 2};
+  engine.copy_blocks(set, KvDirection::kSwapIn, s, d, td_->cuda_stream()).wait();
+  td_->device->stream_sync(td_->stream);
+  EXPECT_EQ(engine.stats().strided_copies, 0u);
+  for (std::size_t p = 0; p < 2; ++p)
+    for (std::size_t i = 0; i < s.size(); ++i)
+      ASSERT_EQ(std::memcmp(c.device_block(p, d[i]).data(), c.host_block(p, s[i]), kBytes), 0) << p << " " << i;
+  engine.copy_blocks(set, KvDirection::kSwapOut, d, s, td_->cuda_stream()).wait();
+  EXPECT_EQ(engine.stats().strided_copies, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, CacheSetTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
                          [](const auto& info) { return to_string(info.param); });
 

@@ -1551,6 +1551,29 @@ TEST(StridedRunTest, RunsAreCheckedByTheirEndsAndBadBlocksStillNamed) {
   EXPECT_TRUE(good.all_pinned_host);
 }
 
+// A 2D copy must stay within one allocation: a run whose rows cross from one device allocation
+// into the next (separate tensors that happen to lie at a constant pitch) is staged block by block.
+TEST(StridedRunTest, ARunOverTwoAllocationsIsStaged) {
+  const std::uintptr_t split = kDevBase + kDevSize / 2;  // two allocations of GPU 0, back to back
+  const gfd::detail::PointerClassifier two = [split](const void* p) {
+    PointerInfo info = fake_classify(p);
+    if (info.kind == PointerKind::kDevice && info.device == 0) {
+      const bool low = reinterpret_cast<std::uintptr_t>(p) < split;
+      info.begin = low ? kDevBase : split;
+      info.end = low ? split : kDevBase + kDevSize;
+    }
+    return info;
+  };
+  const auto blocks = run_of(kPinnedBase, 8192, split - 100 * 4096, 4096, 200, 4096);
+  const Plan p = gfd::detail::make_plan(blocks, strided_config(64), two);
+  EXPECT_TRUE(p.strided.empty());
+  EXPECT_EQ(staged_bytes(p), 200u * 4096);
+  // Within one of them: one 2D copy.
+  const Plan q = gfd::detail::make_plan(run_of(kPinnedBase, 8192, split, 4096, 200, 4096), strided_config(64), two);
+  ASSERT_EQ(q.strided.size(), 1u);
+  EXPECT_EQ(q.strided[0].rows, 200u);
+}
+
 // ---- staged chunks read in place from host memory (host_direct) --------------------------------
 namespace {
 

@@ -36,7 +36,8 @@ StreamHandle CopyLanes::lane(TransferState& t, std::uint32_t lane) {
   return s;
 }
 
-void CopyLanes::enqueue_directs(TransferState& t, StreamHandle on) {
+void CopyLanes::enqueue_directs(TransferState& t, std::optional<StreamHandle> on) {
+  // (`on` may be the legacy default stream, a null handle.)
   const std::vector<DirectCopy>& direct = t.plan.direct;
   // Groups of kGroup copies alternate between the host-to-device lanes, so that the copy
   // engines can overlap them (device to host keeps its one lane, in order).
@@ -53,7 +54,7 @@ void CopyLanes::enqueue_directs(TransferState& t, StreamHandle on) {
       srcs[k] = direct[i + k].src;
       sizes[k] = direct[i + k].bytes;
     }
-    StreamHandle l = on != nullptr ? on : lane(t, t.to_host() ? d2h() : next_h2d());
+    StreamHandle l = on ? *on : lane(t, t.to_host() ? d2h() : next_h2d());
     if (n == 1 && t.to_host()) device_.copy_d2h(dsts[0], srcs[0], sizes[0], l);
     else if (n == 1) device_.copy_h2d(dsts[0], srcs[0], sizes[0], l);
     else device_.copy_batch(dsts.data(), srcs.data(), sizes.data(), n, t.to_host(), l);
@@ -71,7 +72,7 @@ void CopyLanes::enqueue_directs(TransferState& t, StreamHandle on) {
       copies[k] = {c.dst, c.dpitch, c.src, c.spitch, c.width, c.rows};
       rows += c.rows;
     }
-    StreamHandle l = on != nullptr ? on : lane(t, t.to_host() ? d2h() : next_h2d());
+    StreamHandle l = on ? *on : lane(t, t.to_host() ? d2h() : next_h2d());
     device_.copy_2d_batch(copies.data(), n, t.to_host(), l);
     Counters::add(ctx_.counters.direct, rows);
     Counters::add(ctx_.counters.strided, n);

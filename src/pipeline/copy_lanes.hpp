@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "device/device.hpp"
@@ -40,7 +41,7 @@ class CopyLanes {
   // in cudaMemcpyBatchAsync calls: one driver call per group instead of one per block, which is
   // what makes 64 KB-256 KB blocks cheaper straight than staged; then its constant-stride runs,
   // each one 2D copy, in cudaMemcpy3DBatchAsync groups. On the lanes, or all on `on` where given.
-  void enqueue_directs(TransferState& t, StreamHandle on = nullptr);
+  void enqueue_directs(TransferState& t, std::optional<StreamHandle> on = std::nullopt);
   // A transfer with nothing staged (its plan only direct copies and runs) on the caller's
   // stream itself: no start event, lane waits or joins (four driver calls, and on the GPU two
   // cross-stream waits, where the whole transfer may be one 160 us 2D copy). Records its done

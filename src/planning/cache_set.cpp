@@ -80,6 +80,9 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
   st->host_blocks = st->device_blocks = SIZE_MAX;
   std::vector<Extent> extents;
   extents.reserve(2 * pairs.size());
+  // The allocation each side's arrays lie in (its start; 0: unknown extent), while all agree.
+  std::uintptr_t alloc[2] = {0, 0};
+  st->one_allocation = true;
   for (std::size_t p = 0; p < pairs.size(); ++p) {
     CachePair& q = st->pairs[p];
     for (int side = 0; side < 2; ++side) {
@@ -98,6 +101,10 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
             std::to_string(a.stride) + " run past the end of the address space");
       const std::uintptr_t end = begin + (a.blocks - 1) * a.stride + a.block_bytes;
       const PointerInfo info = device.query_pointer(a.base);
+      const bool known = info.end != 0 && begin >= info.begin && end <= info.end &&
+                         (side == 1 || info.kind == PointerKind::kPinnedHost);
+      if (!known || (p > 0 && alloc[side] != info.begin)) st->one_allocation = false;
+      alloc[side] = info.begin;
       const bool within = info.end == 0 || (begin >= info.begin && end <= info.end);
       if (side == 1) {
         if (info.kind == PointerKind::kOtherDevice)

@@ -54,6 +54,10 @@ struct CacheSetState {
   // The host arrays lie side by side (see make): build lists entry i * pairs + p, not
   // p * rows + i.
   bool row_major = false;
+  // Every device array in one allocation, and every host array in one pinned range (the
+  // layers' caches of one allocation, as vLLM 0.33 makes them): runs across arrays may go as
+  // 2D copies (PlanTrust::one_allocation).
+  bool one_allocation = false;
   std::size_t bytes_per_id = 0;
   std::size_t host_blocks = 0, device_blocks = 0;          // the fewest of any array
   std::size_t host_blocks_pair = 0, device_blocks_pair = 0;  // a pair that has that few

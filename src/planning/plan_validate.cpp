@@ -270,7 +270,7 @@ void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::s
   }
 }
 
-void validate_run(std::span<const BlockCopy> blocks, std::size_t begin, std::size_t end,
+bool validate_run(std::span<const BlockCopy> blocks, std::size_t begin, std::size_t end,
                   const PlanConfig& cfg, RangeCache& cache, std::vector<std::uint8_t>& pinned,
                   Validation& v) {
   validate_range(blocks, begin, begin + 1, cfg, cache, pinned, v);
@@ -287,12 +287,13 @@ void validate_run(std::span<const BlockCopy> blocks, std::size_t begin, std::siz
                         w <= v.sr->end - h;
   if (!in_place) {
     validate_range(blocks, begin + 1, end, cfg, cache, pinned, v);
-    return;
+    return false;
   }
   std::fill(pinned.begin() + static_cast<std::ptrdiff_t>(begin) + 1, pinned.begin() + static_cast<std::ptrdiff_t>(end),
             std::uint8_t{1});
   // Ascending, disjoint destinations along the run (pitch >= block).
   v.last_end = reinterpret_cast<std::uintptr_t>(last.dst) + w;
+  return true;
 }
 
 void check_overlaps(std::span<const BlockCopy> blocks, Plan::Scratch& scratch) {

@@ -58,10 +58,14 @@ struct PlanBuilder::State {
   // coalesced). One tight pass, two subtractions and a well-predicted compare per block, so a
   // random list costs next to nothing (tests/micro/micro_planner, runs_on / runs_off).
   std::vector<std::pair<std::size_t, std::size_t>>& runs = plan.scratch.runs;
+  // Per listed run: it lies in one device allocation and one pinned host range (validate_run,
+  // or PlanTrust::one_allocation), so it may go as one 2D copy; otherwise block by block.
+  std::vector<std::uint8_t>& run_ok = plan.scratch.run_ok;
   std::size_t next_run = 0;
   bool has_cur = false;
   void find_runs() {
     runs.clear();
+    run_ok.clear();
     const std::size_t n = blocks.size(), min = cfg.strided_min_rows;
     if (cfg.mode != PlanConfig::Mode::kStaged || min < 2 || n < min) return;
     auto addr = [](const void* p) { return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p)); };
@@ -75,6 +79,7 @@ struct PlanBuilder::State {
       constexpr std::int64_t kMaxPitch = (std::int64_t{1} << 31) - 1;
       if (sp < w || dp < w || sp > kMaxPitch || dp > kMaxPitch || (sp == w && dp == w)) return false;
       runs.emplace_back(start, end);
+      run_ok.push_back(cfg.trust != nullptr && cfg.trust->one_allocation);
       return true;
     };
     for (std::size_t i = 1; i < n; ++i) {
@@ -94,9 +99,9 @@ struct PlanBuilder::State {
   }
   // A listed run, all of it validated: one 2D copy, or (a host side not all pinned) its blocks
   // one by one as usual.
-  void place_run(std::size_t b, std::size_t e) {
+  void place_run(std::size_t r, std::size_t b, std::size_t e) {
     const std::vector<std::uint8_t>& pinned = plan.scratch.pinned;
-    if (std::memchr(pinned.data() + b, 0, e - b) != nullptr) {  // a row not pinned
+    if (run_ok[r] == 0 || std::memchr(pinned.data() + b, 0, e - b) != nullptr) {  // several allocations, or a row not pinned
       for (std::size_t k = b; k < e; ++k)
         place({static_cast<const std::byte*>(blocks[k].src), static_cast<std::byte*>(blocks[k].dst), blocks[k].bytes,
                pinned[k] != 0});
@@ -121,7 +126,8 @@ struct PlanBuilder::State {
         if (rb <= validated) {
           // advance() validates listed runs whole; a run entered part way is checked block by block.
           const std::size_t e = std::min(re, end);
-          if (rb == validated && e == re) validate_run(blocks, rb, re, cfg, cache, plan.scratch.pinned, valid);
+          if (rb == validated && e == re)
+            run_ok[next_checked_run] = validate_run(blocks, rb, re, cfg, cache, plan.scratch.pinned, valid);
           else validate_range(blocks, validated, e, cfg, cache, plan.scratch.pinned, valid);
           validated = e;
           continue;
@@ -146,7 +152,7 @@ struct PlanBuilder::State {
       if (next_run < runs.size() && i == runs[next_run].first) {
         if (has_cur) place(cur);
         has_cur = false;
-        place_run(runs[next_run].first, runs[next_run].second);
+        place_run(next_run, runs[next_run].first, runs[next_run].second);
         i = runs[next_run].second - 1;
         ++next_run;
         continue;

@@ -30,6 +30,10 @@ enum class Direction : std::uint8_t {
 struct PlanTrust {
   const std::uint8_t* pinned = nullptr;
   bool all_pinned = false;
+  // Every array of each side lies in one allocation (one device allocation, one pinned host
+  // range), so a constant-stride run may cross from one array to the next: a 2D copy must stay
+  // within one allocation. False: no 2D copies for this list.
+  bool one_allocation = false;
 };
 
 struct PlanConfig {
@@ -127,6 +131,7 @@ struct Plan {
     std::vector<std::uint64_t> slots;  // overlap check of equal blocks on one grid: a hash set
     std::vector<std::uint32_t> owner;
     std::vector<std::pair<std::size_t, std::size_t>> runs;  // constant-stride runs, [begin, end)
+    std::vector<std::uint8_t> run_ok;  // per run: within one allocation on each side (may be one 2D copy)
   };
   std::vector<GatherOp> ops;
   std::vector<PlannedChunk> chunks;

@@ -75,8 +75,9 @@ void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::s
 // sides advancing by a pitch no smaller than a block): the first block is checked in full;
 // where the last one then lies in the same device allocation and the same pinned host range,
 // so does every block between (addresses only grow along the run), and the run is valid in
-// O(1). Otherwise every block is checked, as validate_range does.
-void validate_run(std::span<const BlockCopy> blocks, std::size_t begin, std::size_t end,
+// O(1) and true is returned. Otherwise every block is checked, as validate_range does, and false
+// is returned: the run spans several allocations (or pageable memory), no 2D copy may take it.
+bool validate_run(std::span<const BlockCopy> blocks, std::size_t begin, std::size_t end,
                   const PlanConfig& cfg, RangeCache& cache, std::vector<std::uint8_t>& pinned,
                   Validation& v);
 
