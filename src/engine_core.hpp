@@ -73,6 +73,11 @@ class EngineCore {
  private:
   EngineCore(const EngineOptions& options, std::shared_ptr<Device> device);
   // submit and submit_blocks: past the gate, with the engine's GPU current.
+  // A CacheSet transfer as one 2D copy per id (CacheSetState::id_runs), where the gather backend
+  // and the run options take it.
+  bool takes_id_runs(const CacheSetState& set) const;
+  Transfer submit_runs(std::span<const StridedCopy> runs, std::size_t blocks, StreamHandle stream,
+                       Direction direction);
   Transfer submit_request(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction,
                           const PlanTrust* trust);
 

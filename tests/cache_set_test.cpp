@@ -331,6 +331,18 @@ TEST_P(CacheSetTest, LayersOfOneAllocationMoveAsOne2DCopyPerId) {
                               host_block(l, out_dst[i]), kBytes),
                   0)
             << "swap-in layer " << l << " row " << i;
+    // Bad ids through the same path: named by row, nothing moved.
+    const auto before = td_->read(dev.data(), kBytes);
+    const std::vector<std::int64_t> dup_src{1, 2}, dup_dst{0, 0}, far_src{1, static_cast<std::int64_t>(kHostBlocks)};
+    auto m = rejection([&] { (void)engine.copy_blocks(set, KvDirection::kSwapIn, dup_src, dup_dst, td_->cuda_stream()); });
+    EXPECT_NE(m.first.find("dst_ids[1]"), std::string::npos) << m.first;
+    EXPECT_EQ(m.second, 1u);
+    m = rejection([&] { (void)engine.copy_blocks(set, KvDirection::kSwapIn, far_src, dup_src, td_->cuda_stream()); });
+    EXPECT_NE(m.first.find("out of range"), std::string::npos) << m.first;
+    EXPECT_EQ(m.second, 1u);
+    td_->device->stream_sync(td_->stream);
+    EXPECT_EQ(td_->read(dev.data(), kBytes), before);
+    EXPECT_EQ(engine.stats().strided_copies, 2 * kMoved);
   }
 }
 

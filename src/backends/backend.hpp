@@ -47,6 +47,11 @@ struct Request {
   std::uint32_t id = 0;  // engine-wide transfer number (tracing)
   // Non-null for a CacheSet's transfer: the blocks are pre-validated (PlanConfig::trust).
   const PlanTrust* trust = nullptr;
+  // A CacheSet's transfer whose ids are each one constant-stride run of validated, pinned
+  // memory in one allocation per side (CacheSetState::id_runs), given as those runs instead of
+  // `blocks` (then empty): only to the gather backend, which moves each as one 2D copy.
+  std::span<const StridedCopy> runs;
+  std::size_t run_blocks = 0;  // the blocks the runs hold
 };
 
 class BackendImpl {

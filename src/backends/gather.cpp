@@ -43,6 +43,7 @@ class GatherBackend final : public BackendImpl {
   TransferPtr submit(const Request& r) override {
     EngineContext& ctx = *pipe_.ctx;
     const EngineOptions& o = pipe_.options;
+    if (!r.runs.empty()) return submit_runs(r);
     // Wake parked gather threads first: they are back and spinning by the time planning has
     // produced pieces (a futex wake-up costs tens of microseconds, planning about as much).
     if (!r.blocks.empty() &&
@@ -84,6 +85,28 @@ class GatherBackend final : public BackendImpl {
       pipe_.lanes.submit_directs_on(*t, r.stream);
     } else if (to_host) to_host_.submit(r, t);
     else to_device_.submit(t, r.stream);
+    return t;
+  }
+
+  // A CacheSet's transfer given as 2D runs (checked already): the plan is the runs, on the
+  // caller's stream.
+  TransferPtr submit_runs(const Request& r) {
+    EngineContext& ctx = *pipe_.ctx;
+    TransferPtr t = make_transfer(pipe_.ctx, r.id, r.direction);
+    t->plan = ctx.plans.take();
+    Plan& p = t->plan;
+    p.ops.clear();
+    p.chunks.clear();
+    p.pieces.clear();
+    p.direct.clear();
+    p.strided.assign(r.runs.begin(), r.runs.end());
+    p.total_bytes = 0;
+    for (const StridedCopy& c : r.runs) p.total_bytes += c.width * c.rows;
+    p.block_count = r.run_blocks;
+    p.all_pinned_host = true;
+    std::lock_guard lk(pipe_.lock);
+    ctx.tracer.begin_transfer(*t, r.stream);
+    pipe_.lanes.submit_directs_on(*t, r.stream);
     return t;
   }
 

@@ -165,7 +165,13 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
     side_by_side = a.stride == b.stride && static_cast<const std::byte*>(a.base) + a.block_bytes == b.base;
   }
   const std::size_t block = st->pairs[0].host.block_bytes;
-  st->row_major = side_by_side || (at_one_pitch(true, block) && at_one_pitch(false, block));
+  const bool both_at_one_pitch = at_one_pitch(true, block) && at_one_pitch(false, block);
+  st->row_major = side_by_side || both_at_one_pitch;
+  if (both_at_one_pitch && st->one_allocation && st->all_pinned) {
+    const auto addr = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+    st->id_runs = {true, addr(st->pairs[1].host.base) - addr(st->pairs[0].host.base),
+                   addr(st->pairs[1].device.base) - addr(st->pairs[0].device.base)};
+  }
   // No two arrays may share a byte: a transfer writes each destination block once, and a block
   // of one array that is also a block of another would be written twice (or read while written).
   // A set used one way only needs this of its destination side.
@@ -185,9 +191,8 @@ const CacheSetState& CacheSetState::of(const CacheSet& set, const void* owner) {
   return *set.state_;
 }
 
-void CacheSetState::build(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<BlockCopy>& out,
-                          std::vector<std::uint8_t>& pinned, std::string_view src_name,
-                          std::string_view dst_name) const {
+const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, const BlockIds& dst,
+                                              std::string_view src_name, std::string_view dst_name) const {
   const bool to_device = d == Direction::kToDevice;
   for (const BlockIds* ids : {&src, &dst})
     if (ids->count != 0 && (ids->data == nullptr || (ids->width != 4 && ids->width != 8)))
@@ -248,7 +253,15 @@ void CacheSetState::build(Direction d, const BlockIds& src, const BlockIds& dst,
     ids[2 * i + 1] = u;
     marked = i + 1;
   }
+  return ids.data();
+}
 
+void CacheSetState::build(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<BlockCopy>& out,
+                          std::vector<std::uint8_t>& pinned, std::string_view src_name,
+                          std::string_view dst_name) const {
+  const bool to_device = d == Direction::kToDevice;
+  const std::uint64_t* ids = check_ids(d, src, dst, src_name, dst_name);
+  const std::size_t rows = src.count;
   out.resize(pairs.size() * rows);
   pinned.resize(out.size());
   BlockCopy* o = out.data();
@@ -272,6 +285,21 @@ void CacheSetState::build(Direction d, const BlockIds& src, const BlockIds& dst,
     for (std::size_t i = 0; i < rows; ++i) *o++ = {fb + ids[2 * i] * fs, tb + ids[2 * i + 1] * ts, n};
     std::fill_n(pinned.data() + p * rows, rows, host_pinned[p]);
   }
+}
+
+void CacheSetState::build_runs(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<StridedCopy>& out,
+                               std::string_view src_name, std::string_view dst_name) const {
+  const bool to_device = d == Direction::kToDevice;
+  const std::uint64_t* ids = check_ids(d, src, dst, src_name, dst_name);
+  const BlockArray& from = to_device ? pairs[0].host : pairs[0].device;
+  const BlockArray& to = to_device ? pairs[0].device : pairs[0].host;
+  const std::uint64_t from_pitch = to_device ? id_runs.host_pitch : id_runs.device_pitch;
+  const std::uint64_t to_pitch = to_device ? id_runs.device_pitch : id_runs.host_pitch;
+  out.resize(src.count);
+  for (std::size_t i = 0; i < src.count; ++i)
+    out[i] = {static_cast<const std::byte*>(from.base) + ids[2 * i] * from.stride,
+              static_cast<std::byte*>(to.base) + ids[2 * i + 1] * to.stride, from.block_bytes, from_pitch, to_pitch,
+              pairs.size()};
 }
 
 }  // namespace gfd::detail

@@ -44,6 +44,11 @@ struct CacheSetState {
   void build(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<BlockCopy>& out,
              std::vector<std::uint8_t>& pinned, std::string_view src_name = "src_ids",
              std::string_view dst_name = "dst_ids") const;
+  // Where each id's blocks of every pair are one constant-stride run (id_runs): the transfer as
+  // those runs, one per row (the same checks and errors as build), for a 2D copy each, without
+  // listing every block.
+  void build_runs(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<StridedCopy>& out,
+                  std::string_view src_name = "src_ids", std::string_view dst_name = "dst_ids") const;
   const std::string& label(std::size_t pair, bool host) const { return labels[2 * pair + (host ? 0 : 1)]; }
 
   const void* owner = nullptr;  // the engine core the set was registered with
@@ -58,10 +63,23 @@ struct CacheSetState {
   // layers' caches of one allocation, as vLLM 0.33 makes them): runs across arrays may go as
   // 2D copies (PlanTrust::one_allocation).
   bool one_allocation = false;
+  // Each id's blocks of every pair, in pair order, are one constant-stride run: row-major, one
+  // allocation per side, pinned, one block size, each side's arrays at one pitch (positive, no
+  // smaller than a block). `ok` false otherwise.
+  struct IdRuns {
+    bool ok = false;
+    std::uint64_t host_pitch = 0, device_pitch = 0;
+  } id_runs;
   std::size_t bytes_per_id = 0;
   std::size_t host_blocks = 0, device_blocks = 0;          // the fewest of any array
   std::size_t host_blocks_pair = 0, device_blocks_pair = 0;  // a pair that has that few
   std::vector<std::string> labels;
+
+ private:
+  // The ids checked (same count, in range, no destination id twice; a bad one throws naming its
+  // row), as [src, dst] pairs per row in thread-local storage that lives until the next call.
+  const std::uint64_t* check_ids(Direction d, const BlockIds& src, const BlockIds& dst, std::string_view src_name,
+                                 std::string_view dst_name) const;
 };
 
 }  // namespace gfd::detail
