@@ -97,11 +97,11 @@ struct PlanBuilder::State {
     }
     close(n);
   }
-  // A listed run, all of it validated: one 2D copy, or (a host side not all pinned) its blocks
-  // one by one as usual.
+  // Listed run r, [b, e), all of it validated: one 2D copy, or (rows in several allocations, or
+  // a host side not all pinned) its blocks one by one as usual.
   void place_run(std::size_t r, std::size_t b, std::size_t e) {
     const std::vector<std::uint8_t>& pinned = plan.scratch.pinned;
-    if (run_ok[r] == 0 || std::memchr(pinned.data() + b, 0, e - b) != nullptr) {  // several allocations, or a row not pinned
+    if (run_ok[r] == 0 || std::memchr(pinned.data() + b, 0, e - b) != nullptr) {
       for (std::size_t k = b; k < e; ++k)
         place({static_cast<const std::byte*>(blocks[k].src), static_cast<std::byte*>(blocks[k].dst), blocks[k].bytes,
                pinned[k] != 0});
