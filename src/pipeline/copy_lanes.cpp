@@ -80,6 +80,17 @@ void CopyLanes::enqueue_directs(TransferState& t, std::optional<StreamHandle> on
 }
 
 void CopyLanes::submit_directs_on(TransferState& t, StreamHandle stream) {
+  if (stream == nullptr) {
+    try {
+      begin(t, stream);
+      enqueue_directs(t);
+    } catch (...) {
+      t.fail(std::current_exception());
+    }
+    finalize(t);
+    t.join_stream(stream);
+    return;
+  }
   try {
     enqueue_directs(t, stream);
     device_.record_event(t.done_event, stream);

@@ -46,6 +46,10 @@ class CopyLanes {
   // stream itself: no start event, lane waits or joins (four driver calls, and on the GPU two
   // cross-stream waits, where the whole transfer may be one 160 us 2D copy). Records its done
   // event there and marks it finalized; a device failure is recorded in the transfer.
+  // On the legacy default stream (a null handle) the transfer goes on the lanes instead, joined
+  // back to it, as before this path existed: on the H200 the caller's-stream path failed a test
+  // on the null stream (tests/python/test_gpu.py, not diagnosed), and that stream serialises
+  // with every other anyway.
   void submit_directs_on(TransferState& t, StreamHandle stream);
   // Chunk `index` from slot `s` to the device: with `wait`, behind a wait on the slot's flag
   // reaching `flag_value` (set by the thread that finishes gathering the chunk); scattered
