@@ -12,7 +12,8 @@ OUT=$(mktemp -d /tmp/gfd_gpu.XXXXXX)
 mkdir -p "$FINAL"
 STEPS=${*:-test paged python load pool}
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
-summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
+# The summary goes to $FINAL as it grows, so that a call cut by its time limit still returns it.
+summary() { echo "$*" | tee -a "$OUT/summary.txt"; cp "$OUT/summary.txt" "$FINAL/summary.partial.txt"; }
 { nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
   nproc; lscpu | grep -E "Model name|L3|NUMA"; git log --oneline -1; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
@@ -43,6 +44,7 @@ run() {  # name, timeout, command...
   timeout "$t" "$@" > "$OUT/$name.log" 2>&1
   summary "== $name: rc=$? (${SECONDS}s) $(env | grep -E '^GFD_' | tr '\n' ' ')"
   tail -n "${TAIL:-40}" "$OUT/$name.log" >> "$OUT/summary.txt"
+  cp "$OUT/summary.txt" "$FINAL/summary.partial.txt"
 }
 if has paged; then
   run paged_h2d 240 "$B" --layout paged --direction h2d --csv "$OUT/paged_h2d.csv"
