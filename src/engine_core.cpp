@@ -161,31 +161,27 @@ bool EngineCore::takes_id_runs(const CacheSetState& set) const {
 
 Transfer EngineCore::submit_runs(std::span<const StridedCopy> runs, std::size_t blocks, StreamHandle stream,
                                  Direction direction) {
-  const auto id = next_id_.fetch_add(1, std::memory_order_relaxed);
-  ctx_->tracer.record(id, TraceEvent::kSubmit);
-  Request r{{}, stream, direction, id, nullptr};
+  Request r{{}, stream, direction, 0, nullptr};
   r.runs = runs;
   r.run_blocks = blocks;
-  TransferPtr t = backend_->submit(r);
-  Counters& c = ctx_->counters;
-  Counters::add(c.transfers, 1);
-  Counters::add(c.blocks, blocks);
-  if (t) Counters::add(c.bytes, t->plan.total_bytes);
-  ctx_->tracer.record(id, TraceEvent::kReturn);
-  return Transfer(std::move(t));
+  return dispatch(r, blocks);
 }
 
 Transfer EngineCore::submit_request(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction,
                                     const PlanTrust* trust) {
-  const auto id = next_id_.fetch_add(1, std::memory_order_relaxed);
-  ctx_->tracer.record(id, TraceEvent::kSubmit);
-  TransferPtr t = backend_->submit(Request{blocks, stream, direction, id, trust});
+  return dispatch(Request{blocks, stream, direction, 0, trust}, blocks.size());
+}
+
+Transfer EngineCore::dispatch(Request r, std::size_t blocks) {
+  r.id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  ctx_->tracer.record(r.id, TraceEvent::kSubmit);
+  TransferPtr t = backend_->submit(r);
   // Counted once validated (a rejected transfer has thrown by now).
   Counters& c = ctx_->counters;
   Counters::add(c.transfers, 1);
-  Counters::add(c.blocks, blocks.size());
+  Counters::add(c.blocks, blocks);
   if (t) Counters::add(c.bytes, t->plan.total_bytes);
-  ctx_->tracer.record(id, TraceEvent::kReturn);
+  ctx_->tracer.record(r.id, TraceEvent::kReturn);
   return Transfer(std::move(t));
 }
 

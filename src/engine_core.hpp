@@ -78,6 +78,8 @@ class EngineCore {
   bool takes_id_runs(const CacheSetState& set) const;
   Transfer submit_runs(std::span<const StridedCopy> runs, std::size_t blocks, StreamHandle stream,
                        Direction direction);
+  // Numbers the request, hands it to the backend and counts it (`blocks` of them).
+  Transfer dispatch(Request r, std::size_t blocks);
   Transfer submit_request(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction,
                           const PlanTrust* trust);
 
