@@ -152,11 +152,9 @@ Transfer EngineCore::submit_blocks(const CacheSet& caches, KvDirection direction
 
 bool EngineCore::takes_id_runs(const CacheSetState& set) const {
   const PlanConfig& c = ctx_->plan_config;
-  constexpr std::uint64_t kMaxPitch = (std::uint64_t{1} << 31) - 1;  // cudaMemcpy2DAsync's (measured: beyond
-  // it a 2D copy of 3 GiB pitch moved 19% of the line rate, tests/micro/copy2d_cost)
   return set.id_runs.ok && ctx_->options.backend == Backend::kGather && c.strided_min_rows >= 2 &&
          set.pairs.size() >= c.strided_min_rows && set.bytes_per_id >= c.strided_min_bytes &&
-         set.id_runs.host_pitch <= kMaxPitch && set.id_runs.device_pitch <= kMaxPitch;
+         set.id_runs.host_pitch <= kMax2dPitch && set.id_runs.device_pitch <= kMax2dPitch;
 }
 
 Transfer EngineCore::submit_runs(std::span<const StridedCopy> runs, std::size_t blocks, StreamHandle stream,

@@ -95,15 +95,9 @@ class GatherBackend final : public BackendImpl {
     TransferPtr t = make_transfer(pipe_.ctx, r.id, r.direction);
     t->plan = ctx.plans.take();
     Plan& p = t->plan;
-    p.ops.clear();
-    p.chunks.clear();
-    p.pieces.clear();
-    p.direct.clear();
+    p.reset(r.run_blocks);
     p.strided.assign(r.runs.begin(), r.runs.end());
-    p.total_bytes = 0;
     for (const StridedCopy& c : r.runs) p.total_bytes += c.width * c.rows;
-    p.block_count = r.run_blocks;
-    p.all_pinned_host = true;
     std::lock_guard lk(pipe_.lock);
     ctx.tracer.begin_transfer(*t, r.stream);
     pipe_.lanes.submit_directs_on(*t, r.stream);

@@ -147,31 +147,29 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
   // copy engine can take in place; or the arrays of both sides each at one constant pitch (the
   // layers' caches of one allocation, as vLLM 0.33 allocates them, with a host cache laid out
   // either way), so that one id's blocks are a constant-stride run: one 2D copy.
-  auto at_one_pitch = [&](bool host, std::size_t min_pitch) {
+  // The pitch between one side's arrays where it is one (no smaller than a block), else 0.
+  auto pitch_of = [&](bool host) -> std::uintptr_t {
     const auto side = [&](std::size_t p) -> const BlockArray& { return host ? st->pairs[p].host : st->pairs[p].device; };
     const auto addr = [](const BlockArray& a) { return reinterpret_cast<std::uintptr_t>(a.base); };
-    if (pairs.size() < 2 || addr(side(1)) < addr(side(0)) + min_pitch) return false;
+    const std::size_t block = st->pairs[0].host.block_bytes;
+    if (pairs.size() < 2 || addr(side(1)) < addr(side(0)) + block) return 0;
     const std::uintptr_t pitch = addr(side(1)) - addr(side(0));
     for (std::size_t p = 1; p < pairs.size(); ++p) {
       const BlockArray &a = side(p - 1), &b = side(p);
       if (a.stride != b.stride || a.block_bytes != b.block_bytes || addr(b) < addr(a) || addr(b) - addr(a) != pitch)
-        return false;
+        return 0;
     }
-    return true;
+    return pitch;
   };
   bool side_by_side = pairs.size() > 1;
   for (std::size_t p = 1; p < pairs.size() && side_by_side; ++p) {
     const BlockArray &a = st->pairs[p - 1].host, &b = st->pairs[p].host;
     side_by_side = a.stride == b.stride && static_cast<const std::byte*>(a.base) + a.block_bytes == b.base;
   }
-  const std::size_t block = st->pairs[0].host.block_bytes;
-  const bool both_at_one_pitch = at_one_pitch(true, block) && at_one_pitch(false, block);
+  const std::uintptr_t host_pitch = pitch_of(true), device_pitch = host_pitch != 0 ? pitch_of(false) : 0;
+  const bool both_at_one_pitch = host_pitch != 0 && device_pitch != 0;
   st->row_major = side_by_side || both_at_one_pitch;
-  if (both_at_one_pitch && st->one_allocation && st->all_pinned) {
-    const auto addr = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
-    st->id_runs = {true, addr(st->pairs[1].host.base) - addr(st->pairs[0].host.base),
-                   addr(st->pairs[1].device.base) - addr(st->pairs[0].device.base)};
-  }
+  if (both_at_one_pitch && st->one_allocation && st->all_pinned) st->id_runs = {true, host_pitch, device_pitch};
   // No two arrays may share a byte: a transfer writes each destination block once, and a block
   // of one array that is also a block of another would be written twice (or read while written).
   // A set used one way only needs this of its destination side.

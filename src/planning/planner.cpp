@@ -76,7 +76,7 @@ struct PlanBuilder::State {
       if (!paired || end - start < min) return false;
       const auto w = static_cast<std::int64_t>(blocks[start].bytes);
       if (static_cast<std::uint64_t>(end - start) * blocks[start].bytes < cfg.strided_min_bytes) return false;
-      constexpr std::int64_t kMaxPitch = (std::int64_t{1} << 31) - 1;
+      constexpr auto kMaxPitch = static_cast<std::int64_t>(kMax2dPitch);
       if (sp < w || dp < w || sp > kMaxPitch || dp > kMaxPitch || (sp == w && dp == w)) return false;
       runs.emplace_back(start, end);
       run_ok.push_back(cfg.trust != nullptr && cfg.trust->one_allocation);
@@ -176,14 +176,7 @@ struct PlanBuilder::State {
 PlanBuilder::PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
                          const PointerClassifier& classify, Plan& plan, PageableCache* pageable,
                          bool stable, std::optional<std::uint64_t> known_bytes) {
-  plan.ops.clear();
-  plan.chunks.clear();
-  plan.pieces.clear();
-  plan.direct.clear();
-  plan.strided.clear();
-  plan.total_bytes = 0;
-  plan.block_count = blocks.size();
-  plan.all_pinned_host = true;
+  plan.reset(blocks.size());
   if (blocks.size() > UINT32_MAX / 2)
     throw Error(ErrorCode::kInvalidArgument,
                 "blocks: " + std::to_string(blocks.size()) + " blocks is more than one transfer takes");
