@@ -34,9 +34,9 @@ if has test; then
 fi
 if has test || has pytest; then
   SECONDS=0
-  timeout 300 python3 -m pytest -q -x tests/python > "$OUT/pytest.log" 2>&1
+  timeout 300 python3 -m pytest -q -rf tests/python > "$OUT/pytest.log" 2>&1
   summary "pytest: rc=$? $(tail -1 "$OUT/pytest.log") (${SECONDS}s)"
-  grep -E "^FAILED|Error" "$OUT/pytest.log" | head -10 >> "$OUT/summary.txt"
+  grep -E "^FAILED|^E  " "$OUT/pytest.log" | head -30 >> "$OUT/summary.txt"
 fi
 run() {  # name, timeout, command...
   local name=$1 t=$2; shift 2
