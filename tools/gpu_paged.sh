@@ -58,7 +58,7 @@ if has repeat; then  # three runs of the runtime's sizes, for the spread between
 fi
 if has trace; then  # where gfd's call and transfer go, 4096 blocks of 4 KB each way
   SECONDS=0
-  "$B" --layout paged --direction both --block-sizes 4K --blocks 64 --methods gfd --trace > "$OUT/trace.log" 2>&1
+  "$B" --layout paged --direction both --block-sizes ${TRACE_SIZES:-4K} --blocks 64 --methods gfd --trace > "$OUT/trace.log" 2>&1
   summary "== trace: rc=$? (${SECONDS}s)"
   grep -E "^trace:|^  (planned|submission|threads|pieces)|^[hd]2[dh] " "$OUT/trace.log" >> "$OUT/summary.txt"
 fi
