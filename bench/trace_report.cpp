@@ -29,7 +29,7 @@ void print_trace(const std::vector<probe::TraceEvent>& ev, const std::vector<dou
   const std::uint32_t id = ids[rep];
   std::uint64_t t0 = 0;
   struct Chunk {
-    double published = -1, first = 1e18, last = 0, issued = -1, dma_done = -1, slowest = 0;
+    double published = -1, first = 1e18, last = 0, issued = -1, dma_done = -1, slowest = 0, enqueued = -1;
     int slowest_thread = 0;
     std::uint32_t bytes = 0, pieces = 0;
     std::set<int> threads;
@@ -39,6 +39,7 @@ void print_trace(const std::vector<probe::TraceEvent>& ev, const std::vector<dou
   std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint64_t> open;
   double planned = 0, finalized = 0, returned = 0, first_piece = 1e18, last_piece = 0;
   std::map<std::uint32_t, double> stages;  // E::Stage -> time
+  std::vector<std::pair<double, std::uint32_t>> packed;  // each stretch packed: time, blocks so far
   std::vector<double> piece_us;            // how long each piece took
   for (const E& e : ev)
     if (e.transfer == id && e.what == E::kSubmit) t0 = e.ns;
@@ -67,7 +68,11 @@ void print_trace(const std::vector<probe::TraceEvent>& ev, const std::vector<dou
       case E::kFinalized: finalized = t; break;
       case E::kDmaDone: chunks[e.a].dma_done = t; break;
       case E::kReturn: returned = t; break;
-      case E::kStage: stages[e.a] = t; break;
+      case E::kStage:
+        if (e.a == E::kEnqueued) chunks[e.b].enqueued = t;
+        else stages[e.a] = t;
+        if (e.a == E::kPacked) packed.emplace_back(t, e.b);
+        break;
       default: break;
     }
   }
@@ -86,6 +91,11 @@ void print_trace(const std::vector<probe::TraceEvent>& ev, const std::vector<dou
     for (auto [k, t] : stages) std::printf(" %s %.1f |", k < std::size(names) ? names[k] : "?", t);
     std::printf("\n");
   }
+  if (!packed.empty()) {
+    std::printf("  stretches packed (us: blocks so far):");
+    for (auto [t, b] : packed) std::printf(" %.1f:%u", t, b);
+    std::printf("\n");
+  }
   std::printf("  threads that gathered: %zu (-1 = the submitting thread); busy %.1f us in total = %.1f threads "
               "on average over the %.1f us gather window\n",
               busy.size(), busy_sum, window > 0 ? busy_sum / window : 0, window);
@@ -99,11 +109,11 @@ void print_trace(const std::vector<probe::TraceEvent>& ev, const std::vector<dou
                 piece_us.size(), at(0.5), at(0.9), at(0.99), piece_us.back(), stragglers);
   }
   std::printf("  (times in us from the call; dma_done is read on the GPU clock, a few us early)\n");
-  std::printf("  %-6s %-7s %-7s %10s %10s %10s %10s %10s %8s %14s\n", "chunk", "bytes", "pieces", "published",
-              "1st_piece", "last_piece", "issued", "dma_done", "threads", "slowest(thr)");
+  std::printf("  %-6s %-7s %-7s %10s %10s %10s %10s %10s %10s %8s %14s\n", "chunk", "bytes", "pieces", "published",
+              "enqueued", "1st_piece", "last_piece", "issued", "dma_done", "threads", "slowest(thr)");
   for (auto& [k, c] : chunks)
-    std::printf("  %-6u %-7s %-7u %10.1f %10.1f %10.1f %10.1f %10.1f %8zu %9.1f(%3d)\n", k,
-                (std::to_string(c.bytes >> 10) + "K").c_str(), c.pieces, c.published,
+    std::printf("  %-6u %-7s %-7u %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f %8zu %9.1f(%3d)\n", k,
+                (std::to_string(c.bytes >> 10) + "K").c_str(), c.pieces, c.published, c.enqueued,
                 c.first < 1e17 ? c.first : -1.0, c.last, c.issued, c.dma_done, c.threads.size(), c.slowest,
                 c.slowest_thread);
 }

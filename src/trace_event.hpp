@@ -30,6 +30,7 @@ struct TraceEvent {
     kGathered,       // one-chunk transfer: the submitter has gathered it
     kEarlyPublished, // the chunks packed before the whole list was checked are published
     kPacked,         // host to device: a stretch of the list is packed (b = blocks packed so far)
+    kEnqueued,       // host to device, preissue: chunk b's DMA is enqueued by the submitter
   };
   std::uint64_t ns;        // steady clock
   std::uint32_t transfer;  // engine-wide transfer number

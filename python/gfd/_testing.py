@@ -93,7 +93,7 @@ def trace_take(engine: Engine) -> list:
 _WHAT = ("submit", "planned", "chunk_published", "piece_start", "piece_end", "chunk_issued", "finalized",
          "return", "dma_done", "stage")
 _STAGES = ("pool woken", "plan storage", "lanes begun", "slot taken", "list written", "gathered", "early chunks out",
-           "packed")
+           "packed", "enqueued")
 
 
 def trace_report(events: list, transfer: Optional[int] = None) -> str:

@@ -287,6 +287,7 @@ void GatherToDevice::enqueue_issued(TransferState& t, std::uint32_t index, std::
   Slot& s = p_.ring[slot];
   const PlannedChunk& c = t.plan.chunks[index];
   s.issue([&] { p_.lanes.enqueue_to_device(t, index, s, wait && !c.host_direct, s.flag_value); });
+  p_.ctx->tracer.record(t.id, TraceEvent::kStage, TraceEvent::kEnqueued, index);
   // Nothing to gather, so no thread says when it is ready: its enqueue is the point to trace.
   if (c.host_direct)
     p_.ctx->tracer.record(t.id, TraceEvent::kChunkIssued, index, static_cast<std::uint32_t>(c.data_bytes));
