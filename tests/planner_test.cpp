@@ -1574,6 +1574,73 @@ TEST(StridedRunTest, ARunOverTwoAllocationsIsStaged) {
   EXPECT_EQ(q.strided[0].rows, 200u);
 }
 
+// A list that is one run end to end is planned in one pass (plan_one_run, which make_plan tries
+// first) into the same plan the builder makes; anything else is left to the builder.
+TEST(StridedRunTest, AWholeListRunIsPlannedInOnePassAsTheBuilderWould) {
+  using gfd::detail::plan_one_run;
+  const PlanConfig cfg = strided_config(64);
+  const auto seed = run_of(kPinnedBase, 8192, kDevBase, 4096, 2048, 4096);
+  Plan fast;
+  ASSERT_TRUE(plan_one_run(seed, cfg, classifier(), fast, nullptr));
+  Plan built;
+  {
+    gfd::detail::PlanBuilder b(seed, cfg, classifier(), built, nullptr, false);
+    b.finish();
+  }
+  ASSERT_EQ(fast.strided.size(), 1u);
+  ASSERT_EQ(built.strided.size(), 1u);
+  const auto &f = fast.strided[0], &g = built.strided[0];
+  EXPECT_EQ(f.src, g.src);
+  EXPECT_EQ(f.dst, g.dst);
+  EXPECT_EQ(f.width, g.width);
+  EXPECT_EQ(f.spitch, g.spitch);
+  EXPECT_EQ(f.dpitch, g.dpitch);
+  EXPECT_EQ(f.rows, g.rows);
+  EXPECT_EQ(fast.total_bytes, built.total_bytes);
+  EXPECT_EQ(fast.block_count, 2048u);
+  EXPECT_TRUE(fast.ops.empty() && fast.chunks.empty() && fast.direct.empty());
+  EXPECT_TRUE(fast.all_pinned_host);
+  // Device to host too.
+  PlanConfig back = cfg;
+  back.direction = gfd::detail::Direction::kToHost;
+  Plan out;
+  EXPECT_TRUE(plan_one_run(run_of(kDevBase, 4096, kPinnedBase, 8192, 2048, 4096), back, classifier(), out, nullptr));
+  // Not one run: one odd block, one other size, too few rows, both sides contiguous (one DMA),
+  // pageable host memory, runs off.
+  Plan no;
+  auto odd = seed;
+  odd[1000] = block(kPinnedBase + 500 * kMiB, kDevBase + 1000 * 4096, 4096);
+  EXPECT_FALSE(plan_one_run(odd, cfg, classifier(), no, nullptr));
+  auto sized = seed;
+  sized[7].bytes = 2048;
+  EXPECT_FALSE(plan_one_run(sized, cfg, classifier(), no, nullptr));
+  EXPECT_FALSE(plan_one_run(run_of(kPinnedBase, 8192, kDevBase, 4096, 63, 4096), cfg, classifier(), no, nullptr));
+  EXPECT_FALSE(plan_one_run(run_of(kPinnedBase, 4096, kDevBase, 4096, 512, 4096), cfg, classifier(), no, nullptr));
+  EXPECT_FALSE(plan_one_run(run_of(kPageBase, 8192, kDevBase, 4096, 512, 4096), cfg, classifier(), no, nullptr));
+  PlanConfig off = cfg;
+  off.strided_min_rows = 0;
+  EXPECT_FALSE(plan_one_run(seed, off, classifier(), no, nullptr));
+  // A bad last block is named, as the builder names it.
+  const auto past = run_of(kPinnedBase, 8192, kDevBase + kDevSize - 300 * 4096, 4096, 400, 4096);
+  try {
+    (void)plan_one_run(past, cfg, classifier(), no, nullptr);
+    ADD_FAILURE() << "accepted";
+  } catch (const gfd::Error& e) {
+    EXPECT_EQ(e.block(), 300u) << e.what();
+  }
+  // Trusted blocks (a CacheSet's): only where each side's arrays share one allocation.
+  std::vector<std::uint8_t> pinned(seed.size(), 1);
+  gfd::detail::PlanTrust trust{pinned.data(), true, false};
+  PlanConfig trusted = cfg;
+  trusted.trust = &trust;
+  EXPECT_FALSE(plan_one_run(seed, trusted, classifier(), no, nullptr));
+  trust.one_allocation = true;
+  EXPECT_TRUE(plan_one_run(seed, trusted, classifier(), no, nullptr));
+  pinned[5] = 0;
+  trust.all_pinned = false;
+  EXPECT_FALSE(plan_one_run(seed, trusted, classifier(), no, nullptr)) << "a pageable row";
+}
+
 // ---- staged chunks read in place from host memory (host_direct) --------------------------------
 namespace {
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 
 #include "backends/gather_to_device.hpp"
 #include "backends/gather_to_host.hpp"
@@ -44,29 +45,32 @@ class GatherBackend final : public BackendImpl {
     EngineContext& ctx = *pipe_.ctx;
     const EngineOptions& o = pipe_.options;
     if (!r.runs.empty()) return submit_runs(r);
+    const bool several = r.blocks.size() > 1;
+    // A list that may be all constant-stride runs is planned whole first: if nothing is staged,
+    // its 2D copies go on the caller's stream (CopyLanes::submit_directs_on). A list that is one
+    // run end to end is planned in one pass (plan_one_run), so it neither sums its bytes first
+    // nor wakes the gather pool, which it does not use.
+    const bool strided = several && may_be_strided(r.blocks, ctx.plan_config);
     // Wake parked gather threads first: they are back and spinning by the time planning has
     // produced pieces (a futex wake-up costs tens of microseconds, planning about as much).
-    if (!r.blocks.empty() &&
+    if (!strided && !r.blocks.empty() &&
         r.blocks.size() * std::min<std::size_t>(r.blocks[0].bytes, 1u << 30) > o.inline_gather_bytes) {
       pipe_.queue.wake_for_transfer();
       ctx.tracer.record(r.id, TraceEvent::kStage, TraceEvent::kPoolWoken, 0);
     }
     const bool to_host = r.direction == Direction::kToHost;
+    // Summed once, handed on to planning (a strided list's planning sums it where it needs to).
+    const std::optional<std::uint64_t> bytes = strided ? std::nullopt : std::optional(total_bytes(r.blocks));
     // Device to host, too large for the kernel: planned a stretch at a time, with the DMAs of
     // the chunks planned first already running (only placing the bytes waits for the whole
     // list to be valid).
-    const std::uint64_t bytes = total_bytes(r.blocks);  // summed once, handed on to planning
-    const bool several = r.blocks.size() > 1;
-    // A list that may be all constant-stride runs is planned whole first: if nothing is staged,
-    // its 2D copies go on the caller's stream (CopyLanes::submit_directs_on).
-    const bool strided = several && may_be_strided(r.blocks, ctx.plan_config);
-    if (to_host && several && bytes > o.kernel_max_bytes && !strided) return to_host_.submit(r, nullptr, bytes);
+    if (to_host && several && !strided && *bytes > o.kernel_max_bytes) return to_host_.submit(r, nullptr, *bytes);
     // Host to device, too large for the kernel and for gathering on this thread alone: checked
     // whole, then packed while the first chunks are gathered.
     // A transfer of one first chunk or less is planned whole (one chunk: submit_one_chunk).
-    if (!to_host && several && bytes > o.kernel_max_bytes && bytes > o.inline_gather_bytes &&
-        bytes > ctx.plan_config.first_chunk_bytes && !strided)
-      return to_device_.submit_planning(r, bytes);
+    if (!to_host && several && !strided && *bytes > o.kernel_max_bytes && *bytes > o.inline_gather_bytes &&
+        *bytes > ctx.plan_config.first_chunk_bytes)
+      return to_device_.submit_planning(r, *bytes);
     PlanConfig cfg = ctx.plan_config;
     cfg.direction = r.direction;
     cfg.trust = r.trust;

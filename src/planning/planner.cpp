@@ -279,9 +279,46 @@ bool may_be_strided(std::span<const BlockCopy> blocks, const PlanConfig& cfg) {
          addr(z.src) - addr(y.src) == sp && addr(z.dst) - addr(y.dst) == dp;
 }
 
+bool plan_one_run(std::span<const BlockCopy> blocks, const PlanConfig& cfg, const PointerClassifier& classify,
+                  Plan& plan, PageableCache* pageable) {
+  if (!may_be_strided(blocks, cfg)) return false;
+  const std::size_t n = blocks.size();
+  const std::uint64_t w = blocks[0].bytes;
+  auto addr = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  const std::uintptr_t s0 = addr(blocks[0].src), d0 = addr(blocks[0].dst);
+  const std::uint64_t sp = addr(blocks[1].src) - s0, dp = addr(blocks[1].dst) - d0;  // >= w (may_be_strided)
+  // The rules of find_runs for one run of the whole list.
+  if (n < cfg.strided_min_rows || (sp == w && dp == w) || sp > kMax2dPitch || dp > kMax2dPitch ||
+      w > UINT64_MAX / n || n * w < cfg.strided_min_bytes)
+    return false;
+  const PlanTrust* trust = cfg.trust;
+  if (trust != nullptr &&
+      (!trust->one_allocation || (!trust->all_pinned && std::memchr(trust->pinned, 0, n) != nullptr)))
+    return false;
+  // One pass: every block at its place along the run (the bytes are summed by it: n * w).
+  for (std::size_t i = 2; i < n; ++i)
+    if (blocks[i].bytes != w || addr(blocks[i].src) != s0 + i * sp || addr(blocks[i].dst) != d0 + i * dp)
+      return false;
+  plan.reset(n);
+  if (trust == nullptr) {
+    // Checked by its ends (validate_run): the first block in full, the last in the same device
+    // allocation and pinned host range. Otherwise every block is checked (a bad one throws, named)
+    // and the list is planned the usual way.
+    RangeCache cache(classify, pageable);
+    plan_internal::Validation v;
+    plan.scratch.pinned.resize(n);
+    if (!validate_run(blocks, 0, n, cfg, cache, plan.scratch.pinned, v)) return false;
+  }
+  plan.strided.push_back({reinterpret_cast<const std::byte*>(s0), reinterpret_cast<std::byte*>(d0), w, sp, dp, n});
+  plan.total_bytes = n * w;
+  plan.all_pinned_host = true;
+  return true;
+}
+
 void make_plan(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
                const PointerClassifier& classify, Plan& plan, PageableCache* pageable,
                std::optional<std::uint64_t> bytes) {
+  if (plan_one_run(blocks, cfg, classify, plan, pageable)) return;
   PlanBuilder builder(blocks, cfg, classify, plan, pageable, false, bytes);
   builder.finish();
 }

@@ -242,6 +242,14 @@ std::uint64_t total_bytes(std::span<const BlockCopy> blocks);
 // backend then plans such a list whole before it enqueues anything.
 bool may_be_strided(std::span<const BlockCopy> blocks, const PlanConfig& config);
 
+// A list that is one constant-stride run from its first block to its last (the seed's layout,
+// with the rules of find_runs, PlanConfig::strided_min_rows and strided_min_bytes) planned as
+// that one 2D copy in a single pass: true, `plan` holds it. False where the list is not such a
+// run (or spans several allocations on a side, or a host side not all pinned): plan it the usual
+// way. Throws gfd::Error for a bad block as make_plan does. make_plan tries it first.
+bool plan_one_run(std::span<const BlockCopy> blocks, const PlanConfig& config, const PointerClassifier& classify,
+                  Plan& plan, PageableCache* pageable);
+
 // Throws gfd::Error(kInvalidArgument) naming the first bad block; otherwise fills `plan`
 // (whatever it held before is replaced; its memory is reused). `pageable`, when given, is
 // consulted and updated (the engine keeps one across its transfers).
