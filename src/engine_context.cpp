@@ -70,6 +70,8 @@ PlanConfig staged_config(const EngineOptions& o, int device) {
   c.piece_bytes = o.piece_bytes;
   c.direct_min_bytes = o.direct_min_bytes;
   c.direct_min_bytes_to_host = o.direct_min_bytes_to_host;
+  c.direct_split_min_bytes = o.direct_split_min_bytes;
+  c.direct_split_percent = o.direct_split_percent;
   c.strided_min_rows = o.strided_min_rows;
   c.strided_min_bytes = o.strided_min_bytes;
   c.host_direct = o.host_direct;

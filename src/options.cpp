@@ -78,6 +78,8 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
   env_size("GFD_PIECE_BYTES", o.piece_bytes);
   env_size("GFD_DIRECT_MIN_BYTES", o.direct_min_bytes);
   env_size("GFD_DIRECT_MIN_BYTES_TO_HOST", o.direct_min_bytes_to_host);
+  env_size("GFD_DIRECT_SPLIT_MIN_BYTES", o.direct_split_min_bytes);
+  env_int("GFD_DIRECT_SPLIT_PERCENT", o.direct_split_percent);
   env_size("GFD_STRIDED_MIN_ROWS", o.strided_min_rows);
   env_size("GFD_STRIDED_MIN_BYTES", o.strided_min_bytes);
   env_bool("GFD_HOST_DIRECT", o.host_direct);
@@ -139,6 +141,8 @@ void EngineOptions::validate() const {
                " bytes into more than 32768 pieces");
   if (first_chunk_bytes < 4096) bad_option("first_chunk_bytes: " + str(first_chunk_bytes) + " is below 4096");
   if (spin_us < 0) bad_option("spin_us: " + str(spin_us) + " is negative");
+  if (direct_split_percent < 0 || direct_split_percent > 100)
+    bad_option("direct_split_percent: " + str(direct_split_percent) + " is outside 0..100");
   if (pageable_cache_ms < 0 || pageable_cache_ms > 3600000)
     bad_option("pageable_cache_ms: " + str(pageable_cache_ms) + " is outside 0..3600000 (an hour)");
   if (numa_node < -2) bad_option("numa_node: " + str(numa_node) + " is below -2");

@@ -634,6 +634,8 @@ TEST_P(EngineTest, AbsurdOptionsAreRejectedNamingTheOption) {
   add("numa_node", [](EngineOptions& o) { o.numa_node = 4096; });
   add("pageable_cache_ms", [](EngineOptions& o) { o.pageable_cache_ms = -1; });
   add("pageable_cache_ms", [](EngineOptions& o) { o.pageable_cache_ms = 3600001; });
+  add("direct_split_percent", [](EngineOptions& o) { o.direct_split_percent = 101; });
+  add("direct_split_percent", [](EngineOptions& o) { o.direct_split_percent = -1; });
   for (const Case& c : cases) {
     SCOPED_TRACE(c.needle);
     try {

@@ -18,7 +18,7 @@ namespace {
 const std::vector<std::string>& gfd_variables() {
   static const std::vector<std::string> names = {
       "GFD_DEVICE",           "GFD_STAGING_BYTES",       "GFD_SLOT_BYTES",
-      "GFD_FIRST_CHUNK_BYTES", "GFD_PIECE_BYTES",        "GFD_DIRECT_MIN_BYTES", "GFD_DIRECT_MIN_BYTES_TO_HOST", "GFD_STRIDED_MIN_ROWS", "GFD_STRIDED_MIN_BYTES", "GFD_CPUS",
+      "GFD_FIRST_CHUNK_BYTES", "GFD_PIECE_BYTES",        "GFD_DIRECT_MIN_BYTES", "GFD_DIRECT_MIN_BYTES_TO_HOST", "GFD_DIRECT_SPLIT_MIN_BYTES", "GFD_DIRECT_SPLIT_PERCENT", "GFD_STRIDED_MIN_ROWS", "GFD_STRIDED_MIN_BYTES", "GFD_CPUS",
       "GFD_INLINE_GATHER_BYTES", "GFD_GATHER_THREADS",   "GFD_COPY_STREAMS",
       "GFD_NUMA_NODE",        "GFD_SPIN_US",             "GFD_CHECK_OVERLAPS",
       "GFD_SUBMITTER_GATHERS", "GFD_STAGING_WRITES", "GFD_KERNEL_MAX_BYTES", "GFD_PREISSUE", "GFD_TIME_DMAS",
@@ -65,6 +65,8 @@ gfd::EngineOptions custom_base() {
   o.piece_bytes = std::size_t{16} << 10;
   o.direct_min_bytes = std::size_t{3} << 20;
   o.direct_min_bytes_to_host = std::size_t{5} << 20;
+  o.direct_split_min_bytes = std::size_t{12} << 10;
+  o.direct_split_percent = 40;
   o.strided_min_rows = 7;
   o.strided_min_bytes = std::size_t{96} << 10;
   o.host_direct = false;
@@ -93,6 +95,8 @@ void expect_same(const gfd::EngineOptions& a, const gfd::EngineOptions& b) {
   EXPECT_EQ(a.piece_bytes, b.piece_bytes);
   EXPECT_EQ(a.direct_min_bytes, b.direct_min_bytes);
   EXPECT_EQ(a.direct_min_bytes_to_host, b.direct_min_bytes_to_host);
+  EXPECT_EQ(a.direct_split_min_bytes, b.direct_split_min_bytes);
+  EXPECT_EQ(a.direct_split_percent, b.direct_split_percent);
   EXPECT_EQ(a.strided_min_rows, b.strided_min_rows);
   EXPECT_EQ(a.strided_min_bytes, b.strided_min_bytes);
   EXPECT_EQ(a.host_direct, b.host_direct);
@@ -128,10 +132,10 @@ void expect_rejected(EnvGuard& env, const std::string& name, const std::string& 
 
 const std::vector<std::string> kSizeVariables = {
     "GFD_STAGING_BYTES", "GFD_SLOT_BYTES", "GFD_FIRST_CHUNK_BYTES", "GFD_PIECE_BYTES",
-    "GFD_DIRECT_MIN_BYTES", "GFD_INLINE_GATHER_BYTES", "GFD_KERNEL_MAX_BYTES"};
+    "GFD_DIRECT_MIN_BYTES", "GFD_DIRECT_SPLIT_MIN_BYTES", "GFD_INLINE_GATHER_BYTES", "GFD_KERNEL_MAX_BYTES"};
 const std::vector<std::string> kIntVariables = {"GFD_DEVICE", "GFD_GATHER_THREADS",
                                                 "GFD_COPY_STREAMS", "GFD_NUMA_NODE",
-                                                "GFD_SPIN_US"};
+                                                "GFD_SPIN_US", "GFD_DIRECT_SPLIT_PERCENT"};
 
 TEST(OptionsFromEnvTest, NoVariablesLeavesBaseUnchanged) {
   EnvGuard env;
@@ -162,6 +166,8 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
       {"GFD_PIECE_BYTES", "32k", [](auto& o) { o.piece_bytes = std::size_t{32} << 10; }},
       {"GFD_DIRECT_MIN_BYTES", "1G", [](auto& o) { o.direct_min_bytes = std::size_t{1} << 30; }},
       {"GFD_DIRECT_MIN_BYTES_TO_HOST", "96K", [](auto& o) { o.direct_min_bytes_to_host = std::size_t{96} << 10; }},
+      {"GFD_DIRECT_SPLIT_MIN_BYTES", "8K", [](auto& o) { o.direct_split_min_bytes = std::size_t{8} << 10; }},
+      {"GFD_DIRECT_SPLIT_PERCENT", "25", [](auto& o) { o.direct_split_percent = 25; }},
       {"GFD_STRIDED_MIN_ROWS", "0", [](auto& o) { o.strided_min_rows = 0; }},
       {"GFD_STRIDED_MIN_BYTES", "1M", [](auto& o) { o.strided_min_bytes = std::size_t{1} << 20; }},
       {"GFD_HOST_DIRECT", "off", [](auto& o) { o.host_direct = false; }},

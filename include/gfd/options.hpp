@@ -38,6 +38,14 @@ struct EngineOptions {
   /// 85-91% staged against 79% as batches, 64 KB blocks 95% direct (the same notes). 0
   /// disables it.
   std::size_t direct_min_bytes_to_host = std::size_t{64} << 10;
+  /// Host to device, mid-size blocks on both copy-engine paths at once: of the pinned blocks of
+  /// at least direct_split_min_bytes and below direct_min_bytes, direct_split_percent percent
+  /// (spread evenly over the list) go straight from host memory like the direct path's, on copy
+  /// streams of their own, while the rest is staged; the copy engine's per-copy cost and the
+  /// gather's host-memory traffic then overlap instead of one path carrying every block. 0 (or a
+  /// minimum of 0, or one not below direct_min_bytes) keeps every such block staged.
+  std::size_t direct_split_min_bytes = 0;
+  int direct_split_percent = 0;
   /// Constant-stride runs: at least this many consecutive blocks of one size, together at least
   /// strided_min_bytes, whose host side is pinned and whose sources and destinations each
   /// advance by one constant pitch (a request's blocks at a fixed pitch, a layer-major pool, the

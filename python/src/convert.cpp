@@ -172,6 +172,8 @@ const OptionField kOptionFields[] = {
     GFD_OPTION(piece_bytes),
     GFD_OPTION(direct_min_bytes),
     GFD_OPTION(direct_min_bytes_to_host),
+    GFD_OPTION(direct_split_min_bytes),
+    GFD_OPTION(direct_split_percent),
     GFD_OPTION(strided_min_rows),
     GFD_OPTION(strided_min_bytes),
     GFD_OPTION(host_direct),

@@ -205,6 +205,15 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
     // larger ones, up to max_stretch_ blocks: a chunk is published only once the stretch that
     // closes it is packed, and packing beside 15 gathering threads is slow (60 ns per block on
     // the H200 host), so long stretches left the threads without a chunk to gather.
+    // With preissue the direct copies planned so far go out stretch by stretch once the list is
+    // checked (the mid-size split spreads them over the list), so that the copy engine moves them
+    // beside the staged chunks rather than after them; a group of at least kGroup / 4 per call.
+    std::size_t directs_out = 0;
+    auto enqueue_directs_so_far = [&](bool all) {
+      if (!p_.preissue || (!all && p.direct.size() - directs_out < CopyLanes::kGroup / 4)) return;
+      p_.lanes.enqueue_direct_copies(*t, directs_out, p.direct.size());
+      directs_out = p.direct.size();
+    };
     std::size_t step = 64;
     auto pack_stretch = [&] {
       timed([&] { builder->advance(builder->packed() + step); });
@@ -239,11 +248,19 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
     try {
       // Chunks published before the check: their DMAs may be enqueued now.
       if (p_.preissue && published > lag) enqueue_up_to(published - lag);
-      while (builder->packed() < builder->size()) pack_stretch();
+      while (builder->packed() < builder->size()) {
+        pack_stretch();
+        enqueue_directs_so_far(false);
+      }
       timed([&] { builder->finish(); });
       publish_packed();
       if (p_.preissue) enqueue_up_to(published);
-      if (!p.direct.empty() || !p.strided.empty()) add_directs(t);
+      if (p_.preissue) {
+        enqueue_directs_so_far(true);
+        p_.lanes.enqueue_runs(*t);
+      } else if (!p.direct.empty() || !p.strided.empty()) {
+        add_directs(t);
+      }
     } catch (...) {
       t->fail(std::current_exception());  // a device error: the rest moves nothing
       if (p_.preissue) release_unenqueued();

@@ -9,7 +9,7 @@ namespace gfd::detail {
 CopyLanes::CopyLanes(EngineContext& ctx, int h2d_lanes)
     : ctx_(ctx), device_(*ctx.device), h2d_(static_cast<std::uint32_t>(h2d_lanes)) {
   try {
-    for (std::uint32_t i = 0; i < h2d_ + 2; ++i) lanes_.push_back(device_.create_stream());
+    for (std::uint32_t i = 0; i < h2d_ + 2 + kDirectLanes; ++i) lanes_.push_back(device_.create_stream());
   } catch (...) {
     for (StreamHandle l : lanes_) device_.destroy_stream(l);
     throw;
@@ -37,15 +37,23 @@ StreamHandle CopyLanes::lane(TransferState& t, std::uint32_t lane) {
 }
 
 void CopyLanes::enqueue_directs(TransferState& t, std::optional<StreamHandle> on) {
+  enqueue_direct_copies(t, 0, t.plan.direct.size(), on);
+  enqueue_runs(t, on);
+}
+
+void CopyLanes::enqueue_direct_copies(TransferState& t, std::size_t from, std::size_t to,
+                                      std::optional<StreamHandle> on) {
   // (`on` may be the legacy default stream, a null handle.)
   const std::vector<DirectCopy>& direct = t.plan.direct;
   // Groups of kGroup copies alternate between the host-to-device lanes, so that the copy
-  // engines can overlap them (device to host keeps its one lane, in order).
+  // engines can overlap them (device to host keeps its one lane, in order); beside staged
+  // chunks, between the direct lanes.
+  const bool beside_chunks = !t.to_host() && (!t.plan.ops.empty() || !t.plan.chunks.empty());
   thread_local std::vector<void*> dsts;
   thread_local std::vector<const void*> srcs;
   thread_local std::vector<std::size_t> sizes;
-  for (std::size_t i = 0; i < direct.size(); i += kGroup) {
-    const std::size_t n = std::min(kGroup, direct.size() - i);
+  for (std::size_t i = from; i < to; i += kGroup) {
+    const std::size_t n = std::min(kGroup, to - i);
     dsts.resize(n);
     srcs.resize(n);
     sizes.resize(n);
@@ -54,13 +62,16 @@ void CopyLanes::enqueue_directs(TransferState& t, std::optional<StreamHandle> on
       srcs[k] = direct[i + k].src;
       sizes[k] = direct[i + k].bytes;
     }
-    StreamHandle l = on ? *on : lane(t, t.to_host() ? d2h() : next_h2d());
+    StreamHandle l = on ? *on : lane(t, t.to_host() ? d2h() : beside_chunks ? next_direct() : next_h2d());
     if (n == 1 && t.to_host()) device_.copy_d2h(dsts[0], srcs[0], sizes[0], l);
     else if (n == 1) device_.copy_h2d(dsts[0], srcs[0], sizes[0], l);
     else device_.copy_batch(dsts.data(), srcs.data(), sizes.data(), n, t.to_host(), l);
     Counters::add(ctx_.counters.direct, n);
   }
-  // Constant-stride runs: one 2D copy each, in groups spread over the lanes like the ones above.
+}
+
+void CopyLanes::enqueue_runs(TransferState& t, std::optional<StreamHandle> on) {
+  // Constant-stride runs: one 2D copy each, in groups spread over the lanes like direct copies.
   const std::vector<StridedCopy>& runs = t.plan.strided;
   thread_local std::vector<Copy2D> copies;
   for (std::size_t i = 0; i < runs.size(); i += kGroup) {

@@ -2,7 +2,8 @@
 // Host-to-device lanes 0..h2d-1 are taken in turn; then one device-to-host lane (one lane keeps
 // those DMAs in order, as the gather threads place chunks in order, and apart from host-to-device
 // DMAs that may wait on gathering); then one lane where scattered device blocks are packed for
-// it. A transfer's first use of a lane makes the lane wait for the transfer's start event on the
+// it; then two lanes for the direct copies of a transfer that stages blocks too (the mid-size
+// split), which would otherwise queue behind its chunks' DMAs. A transfer's first use of a lane makes the lane wait for the transfer's start event on the
 // caller's stream, so nothing starts before the work the caller queued first.
 #pragma once
 
@@ -36,12 +37,22 @@ class CopyLanes {
   }
   std::uint32_t d2h() const { return h2d_; }
   std::uint32_t pack() const { return h2d_ + 1; }
+  std::uint32_t next_direct() {
+    return h2d_ + 2 + static_cast<std::uint32_t>(rr_direct_.fetch_add(1, std::memory_order_relaxed) % kDirectLanes);
+  }
 
   // The plan's direct copies (blocks large enough to need no staging, from or to pinned memory),
   // in cudaMemcpyBatchAsync calls: one driver call per group instead of one per block, which is
   // what makes 64 KB-256 KB blocks cheaper straight than staged; then its constant-stride runs,
   // each one 2D copy, in cudaMemcpy3DBatchAsync groups. On the lanes, or all on `on` where given.
   void enqueue_directs(TransferState& t, std::optional<StreamHandle> on = std::nullopt);
+  // Its direct copies [from, to) alone: host to device on the direct lanes where the plan stages
+  // blocks too (a submitter enqueues them stretch by stretch as it packs), on the host-to-device
+  // lanes in turn otherwise; device to host on its lane.
+  void enqueue_direct_copies(TransferState& t, std::size_t from, std::size_t to,
+                             std::optional<StreamHandle> on = std::nullopt);
+  // Its constant-stride runs alone.
+  void enqueue_runs(TransferState& t, std::optional<StreamHandle> on = std::nullopt);
   // A transfer with nothing staged (its plan only direct copies and runs) on the caller's
   // stream itself: no start event, lane waits or joins (four driver calls, and on the GPU two
   // cross-stream waits, where the whole transfer may be one 160 us 2D copy). Records its done
@@ -80,8 +91,10 @@ class CopyLanes {
   Device& device_;
   std::uint32_t h2d_;
   std::vector<StreamHandle> lanes_;
+  static constexpr std::uint32_t kDirectLanes = 2;
   // Next host-to-device lane, round robin: taken by the issuer and, with preissue, submitters.
   std::atomic<std::uint64_t> rr_{0};
+  std::atomic<std::uint64_t> rr_direct_{0};
 };
 
 }  // namespace gfd::detail

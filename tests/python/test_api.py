@@ -69,7 +69,8 @@ def test_option_of_the_wrong_type(name, value):
 
 @pytest.mark.parametrize("name,value", [("copy_streams", 0), ("backend", "fastest"),
                                         ("staging_bytes", "12Q"), ("spin_us", -1),
-                                        ("staging_writes", "sideways"), ("cpus", "3-x")])
+                                        ("staging_writes", "sideways"), ("cpus", "3-x"),
+                                        ("direct_split_percent", 150)])
 def test_bad_option_value_names_it(name, value):
     with pytest.raises(gfd.Error) as info:
         _testing.emulated_engine(**small_options(**{name: value}))
