@@ -1056,9 +1056,10 @@ int run_paged_benchmark(int argc, char** argv) {
   std::vector<Method> run_methods;
   for (Method m : methods) {
     if (m == Method::kGfd) {
-      b.gfd.emplace(d.make_engine(EngineOptions{}));
+      // The GFD_* variables apply (A/B runs of engine settings; none set: the defaults).
+      b.gfd.emplace(d.make_engine(EngineOptions::from_env()));
     } else if (m == Method::kGfdZeroCopy) {
-      EngineOptions o;
+      EngineOptions o = EngineOptions::from_env();
       o.backend = Backend::kZeroCopyKernel;
       try {
         b.zero_copy.emplace(d.make_engine(o));
@@ -1071,10 +1072,13 @@ int run_paged_benchmark(int argc, char** argv) {
   }
   if (b.gfd) {
     const EngineStats st = b.gfd->stats();
+    std::string from = "default options";  // or the GFD_* variables that changed them
+    for (char** e = environ; *e != nullptr; ++e)
+      if (std::strncmp(*e, "GFD_", 4) == 0) from += std::string(from == "default options" ? " but " : " ") + *e;
     std::printf(
-        "engine gfd (gather, default options): %d gather threads on CPUs %s, NUMA node %d, "
+        "engine gfd (gather, %s): %d gather threads on CPUs %s, NUMA node %d, "
         "ring %s in %s slots, hugepages %s\n",
-        st.gather_threads, probe::format_cpulist(st.cpus).c_str(), st.numa_node,
+        from.c_str(), st.gather_threads, probe::format_cpulist(st.cpus).c_str(), st.numa_node,
         format_size(st.staging_bytes).c_str(), format_size(st.slot_bytes).c_str(),
         to_string(st.hugepages));
   }

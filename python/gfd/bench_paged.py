@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -554,13 +555,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                     f"{gpu_per_cache // bs} GPU blocks of {fmt_size(bs)} per cache, fewer than --blocks {max_n}")
     max_nbytes = caches * max_n * max(sizes)
 
-    # Engines: a default one ('gfd') and one per other backend.
+    # Engines: a default one ('gfd') and one per other backend, from the GFD_* variables (A/B runs).
     engines: Dict[str, Any] = {}
     skipped: Dict[Tuple[str, str], str] = {}
     for m in methods:
         opts = {} if m == "gfd" else {"backend": m}
         try:
-            engines[m] = _testing.emulated_engine(**opts) if emulated else gfd.Engine(device=a.device, **opts)
+            engines[m] = (_testing.emulated_engine(**opts) if emulated
+                          else gfd.Engine.from_env(device=a.device, **opts))
         except gfd.Error as e:
             print(f"skipped: {m}: gfd.Engine({', '.join(f'{k}={v!r}' for k, v in opts.items())}) raised: {e}")
     if not engines:
@@ -583,7 +585,9 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"pinned={env.host_pinned}), GPU caches {fmt_size(gpu_per_cache * caches)} | cold: fresh random "
           f"distinct host and device blocks every rep | {iters} timed reps after {warmup} warm-up")
     print("  methods: " + ", ".join(f"{m} (backend {b})" for m, b in backends.items())
-          + f" | default engine: {st['gather_threads']} gather threads, staging {fmt_size(st['staging_bytes'])}")
+          + f" | engine: {st['gather_threads']} gather threads, staging {fmt_size(st['staging_bytes'])}"
+          + (f" | GFD_* applied: {' '.join(f'{k}={v}' for k, v in sorted(os.environ.items()) if k.startswith('GFD_'))}"
+             if any(k.startswith("GFD_") for k in os.environ) and not emulated else ""))
     if emulated:
         print("  timing: host clock from the call until the transfer is done and the stream drained")
     else:
