@@ -43,7 +43,9 @@ struct EngineOptions {
   /// (spread evenly over the list) go straight from host memory like the direct path's, on copy
   /// streams of their own, while the rest is staged; the copy engine's per-copy cost and the
   /// gather's host-memory traffic then overlap instead of one path carrying every block. 0 (or a
-  /// minimum of 0, or one not below direct_min_bytes) keeps every such block staged.
+  /// minimum of 0, or one not below direct_min_bytes) keeps every such block staged. Off by
+  /// default: not yet measured on a GPU (its first A/B did not apply the variables:
+  /// bench/history/2026-12-02-s9-final-code.md).
   std::size_t direct_split_min_bytes = 0;
   int direct_split_percent = 0;
   /// Constant-stride runs: at least this many consecutive blocks of one size, together at least
@@ -55,7 +57,9 @@ struct EngineOptions {
   /// instead of being gathered; the rest of the list goes the usual way in the same transfer.
   /// On an H200 one 2D copy of 2048 rows of 4 KB moved 99.8% of a contiguous DMA, and 64 copies
   /// of 64 layer-strided rows (one per block) 77% at 8 KB rows and 92% at 32 KB
-  /// (tests/micro/copy2d_cost, bench/history/2026-12-02-s8-2d-runs.md). 0 or 1 disables it.
+  /// (tests/micro/copy2d_cost, bench/history/2026-12-02-s8-2d-runs.md); gfd moved the seed's
+  /// layout (2048 x 4 KB at a pitch of 2 blocks) at 95.4-96.8% host to device and 96.4-96.8%
+  /// device to host (-s9-final-code.md). 0 or 1 disables it.
   /// Host to device and device to host.
   std::size_t strided_min_rows = 2;
   /// The bytes a constant-stride run must hold to go as a 2D copy (see strided_min_rows): 512
