@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Rotated A/B of engine settings on the paged case (the runtime's call), one line per run:
 #   tools/gpu_variants.sh ROUNDS "NAME=ENV ENV" ... (ENV as GFD_X=v, comma-free; NAME only: defaults)
-# Builds build-gpu first if needed; each run is gfd_benchmark --layout paged, gfd only,
+# The paged benchmark reads the GFD_* variables since the ninth session (before, every variant ran
+# the defaults). Builds build-gpu first if needed; each run is gfd_benchmark --layout paged, gfd only,
 # $SIZES (default 4K,16K,32K) both directions, 64 ids. Writes $OUT/variants.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -47,9 +47,10 @@ class GatherBackend final : public BackendImpl {
     if (!r.runs.empty()) return submit_runs(r);
     const bool several = r.blocks.size() > 1;
     // A list that may be all constant-stride runs is planned whole first: if nothing is staged,
-    // its 2D copies go on the caller's stream (CopyLanes::submit_directs_on). A list that is one
-    // run end to end is planned in one pass (plan_one_run), so it neither sums its bytes first
-    // nor wakes the gather pool, which it does not use.
+    // its 2D copies go on the caller's stream (CopyLanes::submit_directs_on). It neither sums its
+    // bytes first nor wakes the gather pool: one that is a run end to end (the seed's layout) is
+    // planned in one pass (plan_one_run) and never uses the pool; one that is not wakes it with
+    // its first staged chunk.
     const bool strided = several && may_be_strided(r.blocks, ctx.plan_config);
     // Wake parked gather threads first: they are back and spinning by the time planning has
     // produced pieces (a futex wake-up costs tens of microseconds, planning about as much).
