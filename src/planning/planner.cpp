@@ -26,6 +26,21 @@ void validate_plan_config(const PlanConfig& c) {
   if (c.device < 0) bad("device must be >= 0 (got " + std::to_string(c.device) + ")");
 }
 
+namespace {
+// Whether a constant-stride run of `rows` blocks of `width` bytes whose sources and destinations
+// advance by `sp` and `dp` may go as one 2D copy (find_runs and plan_one_run): enough rows and
+// bytes (strided_min_rows, strided_min_bytes), both pitches at least a block and within CUDA's
+// 2^31 - 1, not contiguous on both sides (that is one plain copy, coalesced). The pitches are
+// checked before the bytes are multiplied, so the product cannot overflow.
+bool takes_2d(std::uint64_t rows, std::uint64_t width, std::int64_t sp, std::int64_t dp, const PlanConfig& cfg) {
+  const auto w = static_cast<std::int64_t>(width);
+  constexpr auto kMaxPitch = static_cast<std::int64_t>(kMax2dPitch);
+  if (rows < cfg.strided_min_rows || sp < w || dp < w || sp > kMaxPitch || dp > kMaxPitch || (sp == w && dp == w))
+    return false;
+  return rows * width >= cfg.strided_min_bytes;
+}
+}  // namespace
+
 struct PlanBuilder::State {
   State(std::span<const BlockCopy> b, const PlanConfig& c, const PointerClassifier& classify,
         Plan& p, PageableCache* pageable, std::uint64_t block_bytes)
@@ -86,11 +101,7 @@ struct PlanBuilder::State {
     std::int64_t sp = 0, dp = 0;
     bool paired = false;  // blocks start and start + 1 have one size: (sp, dp) is their pitch
     auto close = [&](std::size_t end) {
-      if (!paired || end - start < min) return false;
-      const auto w = static_cast<std::int64_t>(blocks[start].bytes);
-      if (static_cast<std::uint64_t>(end - start) * blocks[start].bytes < cfg.strided_min_bytes) return false;
-      constexpr auto kMaxPitch = static_cast<std::int64_t>(kMax2dPitch);
-      if (sp < w || dp < w || sp > kMaxPitch || dp > kMaxPitch || (sp == w && dp == w)) return false;
+      if (!paired || !takes_2d(end - start, blocks[start].bytes, sp, dp, cfg)) return false;
       runs.emplace_back(start, end);
       run_ok.push_back(cfg.trust != nullptr && cfg.trust->one_allocation);
       return true;
@@ -300,10 +311,7 @@ bool plan_one_run(std::span<const BlockCopy> blocks, const PlanConfig& cfg, cons
   auto addr = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
   const std::uintptr_t s0 = addr(blocks[0].src), d0 = addr(blocks[0].dst);
   const std::uint64_t sp = addr(blocks[1].src) - s0, dp = addr(blocks[1].dst) - d0;  // >= w (may_be_strided)
-  // The rules of find_runs for one run of the whole list.
-  if (n < cfg.strided_min_rows || (sp == w && dp == w) || sp > kMax2dPitch || dp > kMax2dPitch ||
-      w > UINT64_MAX / n || n * w < cfg.strided_min_bytes)
-    return false;
+  if (!takes_2d(n, w, static_cast<std::int64_t>(sp), static_cast<std::int64_t>(dp), cfg)) return false;
   const PlanTrust* trust = cfg.trust;
   if (trust != nullptr &&
       (!trust->one_allocation || (!trust->all_pinned && std::memchr(trust->pinned, 0, n) != nullptr)))
