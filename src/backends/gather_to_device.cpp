@@ -278,8 +278,8 @@ Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, ItemH
   const std::uint32_t slot = p_.ring.acquire();
   Slot& s = p_.ring[slot];
   Item& it = p_.queue.append(Item::Kind::kChunk, &handler, t, k, slot, c.host_direct);
-  if (!c.contiguous_device) write_scatter_entries(p, c, s.host, Direction::kToDevice);
   if (c.host_direct) {
+    if (!c.contiguous_device) write_scatter_entries(p, c, s.host, Direction::kToDevice);
     // Nothing to gather: the copy engine reads the sources in place (CopyLanes::move_to_device),
     // and its DMAs wait for no flag.
     p_.queue.publish_empty(it);
@@ -313,8 +313,13 @@ void GatherToDevice::enqueue_issued(TransferState& t, std::uint32_t index, std::
 void GatherToDevice::run_piece(Item& item, std::uint32_t piece) {
   const Plan& p = item.t->plan;
   const PlannedPiece& pc = p.pieces[piece];
+  const PlannedChunk& c = p.chunks[item.index];
+  std::byte* slot = p_.ring[item.slot].host;
   const auto t0 = Clock::now();
-  gather_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, p_.ring[item.slot].host, p_.store);
+  // Each piece writes its own ops' scatter entries (which the chunk's DMA carries with the data):
+  // spread over the threads instead of written by the submitter as it packs.
+  if (!c.contiguous_device) stream_scatter_entries(p, c, pc.op_begin, pc.op_end, slot, Direction::kToDevice);
+  gather_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, slot, p_.store);
   Counters::add(p_.ctx->counters.gather_ns, ns_since(t0));
 }
 

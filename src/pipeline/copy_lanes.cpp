@@ -195,7 +195,7 @@ void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, 
     // copied to the device first. The packing runs on a lane of its own, so that it overlaps the
     // previous chunk's DMA; the device-to-host lane waits for it (the slot's start event, unused
     // for timing here).
-    write_scatter_entries(p, c, s.host, Direction::kToHost);
+    stream_scatter_entries(p, c, c.op_begin, c.op_end, s.host, Direction::kToHost);
     StreamHandle pk = lane(t, pack());
     const auto* entries = reinterpret_cast<const ScatterEntry*>(s.host + c.scatter_offset);
     if (!device_.host_pointers_usable()) {

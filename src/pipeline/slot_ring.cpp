@@ -5,6 +5,11 @@
 
 #include "engine_context.hpp"
 #include "gfd/error.hpp"
+#include "host/gather_copy.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace gfd::detail {
 
@@ -132,6 +137,25 @@ void write_scatter_entries(const Plan& p, const PlannedChunk& c, std::byte* slot
     entries[i - c.op_begin] = {reinterpret_cast<std::uint64_t>(device_side), p.ops[i].slot_offset,
                                p.ops[i].bytes};
   }
+}
+
+void stream_scatter_entries(const Plan& p, const PlannedChunk& c, std::uint32_t first, std::uint32_t last,
+                            std::byte* slot_host, Direction d) noexcept {
+  auto* entries = reinterpret_cast<ScatterEntry*>(slot_host + c.scatter_offset);
+  const bool to_host = d == Direction::kToHost;
+  for (std::uint32_t i = first; i < last; ++i) {
+    const GatherOp& op = p.ops[i];
+    const auto device_side = reinterpret_cast<std::uint64_t>(to_host ? static_cast<const void*>(op.src) : op.dst);
+#if defined(__x86_64__)
+    auto* w = reinterpret_cast<long long*>(&entries[i - c.op_begin]);
+    _mm_stream_si64(w, static_cast<long long>(device_side));
+    _mm_stream_si64(w + 1, static_cast<long long>(op.slot_offset));
+    _mm_stream_si64(w + 2, static_cast<long long>(op.bytes));
+#else
+    entries[i - c.op_begin] = {device_side, op.slot_offset, op.bytes};
+#endif
+  }
+  store_fence();
 }
 
 }  // namespace gfd::detail
