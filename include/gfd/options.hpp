@@ -44,8 +44,9 @@ struct EngineOptions {
   /// streams of their own, while the rest is staged; the copy engine's per-copy cost and the
   /// gather's host-memory traffic then overlap instead of one path carrying every block. 0 (or a
   /// minimum of 0, or one not below direct_min_bytes) keeps every such block staged. Off by
-  /// default: not yet measured on a GPU (its first A/B did not apply the variables:
-  /// bench/history/2026-12-02-s9-final-code.md).
+  /// default: on an H200 it lost, 16 KB swap-ins moving 66-74% all staged against 20-25% with
+  /// 25% direct and 12% with 50%, and 32 KB ones 69-74% split against 63-89% all direct
+  /// (bench/history/2026-12-02-s10-variants.md).
   std::size_t direct_split_min_bytes = 0;
   int direct_split_percent = 0;
   /// Constant-stride runs: at least this many consecutive blocks of one size, together at least
