@@ -104,8 +104,10 @@ class SlotRing {
 void write_scatter_entries(const Plan& p, const PlannedChunk& c, std::byte* slot_host, Direction d);
 // The entries of ops [first, last) of chunk `c` only (a gather piece's own), written with
 // streaming stores and fenced: the slot's lines are rarely in this core's cache (the last DMA
-// read them), and plain stores would first read each line from DRAM (read-for-ownership),
-// which beside 15 gathering threads cost the submitter tens of nanoseconds per block.
+// read them), and plain stores would first read each line from DRAM (read-for-ownership).
+// Host to device, each piece's gather thread writes its own entries, which the submitter used
+// to write as it packed; a rotated A/B on an H200 showed no gain within the spread
+// (bench/history/2026-12-02-s10-variants.md).
 void stream_scatter_entries(const Plan& p, const PlannedChunk& c, std::uint32_t first, std::uint32_t last,
                             std::byte* slot_host, Direction d) noexcept;
 
