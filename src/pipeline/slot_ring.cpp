@@ -129,30 +129,32 @@ void SlotRing::drain() noexcept {
   }
 }
 
+namespace {
+// Op i's scatter entry: its device side (the destination host to device, the source device to
+// host), where it lies in the slot, and how long it is.
+ScatterEntry entry_of(const GatherOp& op, bool to_host) {
+  const void* device_side = to_host ? static_cast<const void*>(op.src) : op.dst;
+  return {reinterpret_cast<std::uint64_t>(device_side), op.slot_offset, op.bytes};
+}
+}  // namespace
+
 void write_scatter_entries(const Plan& p, const PlannedChunk& c, std::byte* slot_host, Direction d) {
   auto* entries = reinterpret_cast<ScatterEntry*>(slot_host + c.scatter_offset);
-  const bool to_host = d == Direction::kToHost;
-  for (std::uint32_t i = c.op_begin; i < c.op_end; ++i) {
-    const void* device_side = to_host ? static_cast<const void*>(p.ops[i].src) : p.ops[i].dst;
-    entries[i - c.op_begin] = {reinterpret_cast<std::uint64_t>(device_side), p.ops[i].slot_offset,
-                               p.ops[i].bytes};
-  }
+  for (std::uint32_t i = c.op_begin; i < c.op_end; ++i) entries[i - c.op_begin] = entry_of(p.ops[i], d == Direction::kToHost);
 }
 
 void stream_scatter_entries(const Plan& p, const PlannedChunk& c, std::uint32_t first, std::uint32_t last,
                             std::byte* slot_host, Direction d) noexcept {
   auto* entries = reinterpret_cast<ScatterEntry*>(slot_host + c.scatter_offset);
-  const bool to_host = d == Direction::kToHost;
   for (std::uint32_t i = first; i < last; ++i) {
-    const GatherOp& op = p.ops[i];
-    const auto device_side = reinterpret_cast<std::uint64_t>(to_host ? static_cast<const void*>(op.src) : op.dst);
+    const ScatterEntry e = entry_of(p.ops[i], d == Direction::kToHost);
 #if defined(__x86_64__)
     auto* w = reinterpret_cast<long long*>(&entries[i - c.op_begin]);
-    _mm_stream_si64(w, static_cast<long long>(device_side));
-    _mm_stream_si64(w + 1, static_cast<long long>(op.slot_offset));
-    _mm_stream_si64(w + 2, static_cast<long long>(op.bytes));
+    _mm_stream_si64(w, static_cast<long long>(e.dst));
+    _mm_stream_si64(w + 1, static_cast<long long>(e.src_offset));
+    _mm_stream_si64(w + 2, static_cast<long long>(e.bytes));
 #else
-    entries[i - c.op_begin] = {device_side, op.slot_offset, op.bytes};
+    entries[i - c.op_begin] = e;
 #endif
   }
   store_fence();
