@@ -55,6 +55,7 @@ void Counters::fill(EngineStats& st) const {
   st.host_direct_chunks = host_direct.load();
   st.direct_copies = direct.load();
   st.strided_copies = strided.load();
+  st.id_planned_transfers = id_planned.load();
   st.gather_seconds = static_cast<double>(gather_ns.load()) * 1e-9;
   st.dma_seconds = dma_ms.load() * 1e-3;
   st.submit_wait_seconds = static_cast<double>(submit_wait_ns.load()) * 1e-9;

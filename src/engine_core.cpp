@@ -126,6 +126,19 @@ Transfer EngineCore::submit_blocks(const CacheSet& caches, KvDirection direction
     const ScopedCurrentDevice current(*ctx_->device);
     return submit_runs(runs, src.count * set.pairs.size(), stream, d);
   }
+  if (takes_id_ops(set, d)) {
+    // The ids checked and kept; the chunks are cut and the copies made later (plan_from_ids).
+    thread_local IdOps ops;
+    const auto t0 = Clock::now();
+    const bool taken = set.build_id_ops(d, src, dst, ops, src_name, dst_name);
+    Counters::add(ctx_->counters.plan_ns, ns_since(t0));
+    if (taken) {
+      Request r{{}, stream, d, 0, nullptr};
+      r.id_ops = &ops;
+      const ScopedCurrentDevice current(*ctx_->device);
+      return dispatch(r, ops.rows * ops.pairs.size());
+    }
+  }
   // Reused by each thread: the planner copies what it keeps, so the list only lives for the call.
   thread_local std::vector<BlockCopy> blocks;
   thread_local std::vector<std::uint8_t> pinned;
@@ -155,6 +168,17 @@ bool EngineCore::takes_id_runs(const CacheSetState& set) const {
   return set.id_runs.ok && ctx_->options.backend == Backend::kGather && c.strided_min_rows >= 2 &&
          set.pairs.size() >= c.strided_min_rows && set.bytes_per_id >= c.strided_min_bytes &&
          set.id_runs.host_pitch <= kMax2dPitch && set.id_runs.device_pitch <= kMax2dPitch;
+}
+
+bool EngineCore::takes_id_ops(const CacheSetState& set, Direction d) const {
+  const EngineOptions& o = ctx_->options;
+  PlanConfig c = ctx_->plan_config;
+  c.direction = d;
+  const std::size_t b = set.block_bytes;
+  // Every block staged: below the direct path's size, and below the mid-size split's.
+  const bool staged = b != 0 && b < c.direct_min() && (!c.splits() || b < c.direct_split_min_bytes);
+  return o.plan_from_ids && o.backend == Backend::kGather && set.all_pinned && !set.row_major && staged &&
+         fits_from_ids(b, c);
 }
 
 Transfer EngineCore::submit_runs(std::span<const StridedCopy> runs, std::size_t blocks, StreamHandle stream,

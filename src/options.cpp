@@ -83,6 +83,7 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
   env_size("GFD_STRIDED_MIN_ROWS", o.strided_min_rows);
   env_size("GFD_STRIDED_MIN_BYTES", o.strided_min_bytes);
   env_bool("GFD_HOST_DIRECT", o.host_direct);
+  env_bool("GFD_PLAN_FROM_IDS", o.plan_from_ids);
   env_cpus("GFD_CPUS", o.cpus);
   env_size("GFD_INLINE_GATHER_BYTES", o.inline_gather_bytes);
   env_int("GFD_GATHER_THREADS", o.gather_threads);

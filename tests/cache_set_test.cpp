@@ -113,6 +113,10 @@ TEST_P(CacheSetRoundTrip, EveryBlockOfEveryPair) {
   engine.copy_blocks(set, KvDirection::kSwapIn, in_src, in_dst, td->cuda_stream()).wait();
   td->device->stream_sync(td->stream);
   EXPECT_EQ(engine.stats().host_direct_chunks > out_in_place, in_place);
+  // Equal blocks below the direct path's size in arrays not side by side: planned from the ids
+  // (plan_from_ids), both ways.
+  const bool from_ids = rt.backend == Backend::kGather && !rt.page_first && rt.bytes < o.direct_min_bytes;
+  EXPECT_EQ(engine.stats().id_planned_transfers, from_ids ? 2u : 0u);
   for (std::size_t p = 0; p < kPairs; ++p)
     for (std::size_t i = 0; i < kMoved; ++i)
       ASSERT_EQ(std::memcmp(c.device_block(p, in_dst[i]).data(), c.host_block(p, in_src[i]), rt.bytes), 0)
@@ -394,6 +398,77 @@ TEST_P(CacheSetTest, MidSizeSplitMovesEveryByteOnBothPaths) {
     for (std::size_t i = 0; i < kMoved; ++i)
       ASSERT_EQ(std::memcmp(c.host_block(p, back[i]), c.device_block(p, dst[i]).data(), kBytes), 0)
           << "swap-out pair " << p << " row " << i;
+}
+
+// Planned from the ids (EngineOptions::plan_from_ids) against listed block by block: the same
+// transfers, one engine each, through a ring smaller than each transfer, both ways, every byte
+// checked; and ids that make most blocks adjacent on both sides of packed arrays keep the listed
+// path, where they coalesce.
+TEST_P(CacheSetTest, PlannedFromIdsMovesWhatTheListedPathMoves) {
+  constexpr std::size_t kPairs = 12, kBytes = 4096, kBlocks = 200, kMoved = 150;  // 7.2 MB each way
+  for (const bool from_ids : {true, false}) {
+    SCOPED_TRACE(from_ids ? "from ids" : "listed");
+    Caches c(*td_, kPairs, kBlocks, 2 * kBlocks, kBytes, true, false);  // swap-outs to the upper half
+    EngineOptions o = small_options();  // a 1 MiB ring
+    o.plan_from_ids = from_ids;
+    Engine engine = td_->make_engine(o);
+    const CacheSet set = engine.register_caches(c.list);
+    const auto in_src = distinct(kMoved, kBlocks, 21), in_dst = distinct(kMoved, kBlocks, 22);
+    engine.copy_blocks(set, KvDirection::kSwapIn, in_src, in_dst, td_->cuda_stream()).wait();
+    td_->device->stream_sync(td_->stream);
+    for (std::size_t p = 0; p < kPairs; ++p)
+      for (std::size_t i = 0; i < kMoved; ++i)
+        ASSERT_EQ(std::memcmp(c.device_block(p, in_dst[i]).data(), c.host_block(p, in_src[i]), kBytes), 0)
+            << "swap-in pair " << p << " row " << i;
+    auto out_dst = distinct(kMoved, kBlocks, 23);
+    for (auto& b : out_dst) b += kBlocks;
+    engine.copy_blocks(set, KvDirection::kSwapOut, in_dst, out_dst, td_->cuda_stream()).wait();
+    for (std::size_t p = 0; p < kPairs; ++p)
+      for (std::size_t i = 0; i < kMoved; ++i)
+        ASSERT_EQ(std::memcmp(c.host_block(p, out_dst[i]), c.host_block(p, in_src[i]), kBytes), 0)
+            << "swap-out pair " << p << " row " << i;
+    EngineStats st = engine.stats();
+    EXPECT_EQ(st.id_planned_transfers, from_ids ? 2u : 0u);
+    EXPECT_EQ(st.blocks, 2 * kPairs * kMoved);
+    EXPECT_GT(st.chunks, 2u) << "several chunks each way";
+    // Rows 0..39 to 100..139: every row one id after the one before, on both sides.
+    std::vector<std::int64_t> run_src(40), run_dst(40);
+    std::iota(run_src.begin(), run_src.end(), 0);
+    std::iota(run_dst.begin(), run_dst.end(), 100);
+    engine.copy_blocks(set, KvDirection::kSwapIn, run_src, run_dst, td_->cuda_stream()).wait();
+    td_->device->stream_sync(td_->stream);
+    EXPECT_EQ(engine.stats().id_planned_transfers, st.id_planned_transfers) << "adjacent ids keep the listed path";
+    for (std::size_t p = 0; p < kPairs; ++p)
+      for (std::size_t i = 0; i < run_src.size(); ++i)
+        ASSERT_EQ(std::memcmp(c.device_block(p, run_dst[i]).data(), c.host_block(p, run_src[i]), kBytes), 0)
+            << "run pair " << p << " row " << i;
+  }
+}
+
+// A transfer planned from its ids that one chunk holds (moved by the submitting thread) and one
+// of a single id: every byte checked, both ways.
+TEST_P(CacheSetTest, SmallTransfersPlannedFromIds) {
+  constexpr std::size_t kPairs = 3, kBytes = 2048, kBlocks = 32;
+  Caches c(*td_, kPairs, kBlocks, 2 * kBlocks, kBytes, true, false);  // swap-outs to the upper half
+  Engine engine = td_->make_engine(small_options());
+  const CacheSet set = engine.register_caches(c.list);
+  for (const std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{20}}) {
+    const auto src = distinct(n, kBlocks, 31 + n), dst = distinct(n, kBlocks, 41 + n);
+    engine.copy_blocks(set, KvDirection::kSwapIn, src, dst, td_->cuda_stream()).wait();
+    td_->device->stream_sync(td_->stream);
+    for (std::size_t p = 0; p < kPairs; ++p)
+      for (std::size_t i = 0; i < n; ++i)
+        ASSERT_EQ(std::memcmp(c.device_block(p, dst[i]).data(), c.host_block(p, src[i]), kBytes), 0)
+            << n << " ids: swap-in pair " << p << " row " << i;
+    auto back = distinct(n, kBlocks, 51 + n);
+    for (auto& b : back) b += kBlocks;
+    engine.copy_blocks(set, KvDirection::kSwapOut, dst, back, td_->cuda_stream()).wait();
+    for (std::size_t p = 0; p < kPairs; ++p)
+      for (std::size_t i = 0; i < n; ++i)
+        ASSERT_EQ(std::memcmp(c.host_block(p, back[i]), c.host_block(p, src[i]), kBytes), 0)
+            << n << " ids: swap-out pair " << p << " row " << i;
+  }
+  EXPECT_EQ(engine.stats().id_planned_transfers, 6u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, CacheSetTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),

@@ -70,6 +70,7 @@ gfd::EngineOptions custom_base() {
   o.strided_min_rows = 7;
   o.strided_min_bytes = std::size_t{96} << 10;
   o.host_direct = false;
+  o.plan_from_ids = false;
   o.cpus = "0";
   o.inline_gather_bytes = std::size_t{8} << 10;
   o.gather_threads = 5;
@@ -100,6 +101,7 @@ void expect_same(const gfd::EngineOptions& a, const gfd::EngineOptions& b) {
   EXPECT_EQ(a.strided_min_rows, b.strided_min_rows);
   EXPECT_EQ(a.strided_min_bytes, b.strided_min_bytes);
   EXPECT_EQ(a.host_direct, b.host_direct);
+  EXPECT_EQ(a.plan_from_ids, b.plan_from_ids);
   EXPECT_EQ(a.cpus, b.cpus);
   EXPECT_EQ(a.inline_gather_bytes, b.inline_gather_bytes);
   EXPECT_EQ(a.gather_threads, b.gather_threads);
@@ -171,6 +173,7 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
       {"GFD_STRIDED_MIN_ROWS", "0", [](auto& o) { o.strided_min_rows = 0; }},
       {"GFD_STRIDED_MIN_BYTES", "1M", [](auto& o) { o.strided_min_bytes = std::size_t{1} << 20; }},
       {"GFD_HOST_DIRECT", "off", [](auto& o) { o.host_direct = false; }},
+      {"GFD_PLAN_FROM_IDS", "0", [](auto& o) { o.plan_from_ids = false; }},
       {"GFD_CPUS", "0-1", [](auto& o) { o.cpus = "0-1"; }},
       {"GFD_INLINE_GATHER_BYTES", "4096", [](auto& o) { o.inline_gather_bytes = 4096; }},
       {"GFD_GATHER_THREADS", "9", [](auto& o) { o.gather_threads = 9; }},

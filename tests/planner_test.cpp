@@ -676,6 +676,90 @@ TEST(PlannerTest, PinnedSourceRunningPastItsAllocationIsStaged) {
 // ---------------------------------------------------------------------------------------------
 // Validation
 
+// A CacheSet's transfer planned from its ids (plan_from_ids, make_ops): equal blocks that
+// neither coalesce (arrays at twice the block size) nor go direct, both directions, sizes that
+// do and do not divide a chunk, down to a transfer of one block. The plan keeps every structural
+// invariant and covers every byte; its ops are the listed blocks in CacheSetState::build's order
+// (pair by pair); it has as many chunks as make_plan of that list, or one more where make_plan
+// splits a block across two.
+TEST(PlannerTest, PlanFromIdsCutsChunksByArithmetic) {
+  using gfd::detail::Direction;
+  using gfd::detail::IdOps;
+  for (const Direction dir : {Direction::kToDevice, Direction::kToHost})
+    for (const std::uint64_t bytes : {std::uint64_t{1024}, std::uint64_t{3000}, std::uint64_t{4096}})
+      for (const std::size_t rows : {std::size_t{1}, std::size_t{37}, std::size_t{300}}) {
+        SCOPED_TRACE((dir == Direction::kToDevice ? "to device, " : "to host, ") + std::to_string(bytes) +
+                     " bytes, " + std::to_string(rows) + " rows");
+        PlanConfig cfg = small_config();
+        cfg.direction = dir;
+        ASSERT_TRUE(gfd::detail::fits_from_ids(bytes, cfg));
+        constexpr std::size_t kPairs = 5;
+        std::mt19937_64 rng(bytes + rows);
+        std::vector<std::uint64_t> src_ids(rows), dst_ids(rows);
+        std::iota(src_ids.begin(), src_ids.end(), 0);
+        std::iota(dst_ids.begin(), dst_ids.end(), 0);
+        std::shuffle(src_ids.begin(), src_ids.end(), rng);
+        std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
+        Plan plan;
+        plan.reset(kPairs * rows);
+        IdOps& ids = plan.id_ops;
+        ids.rows = rows;
+        ids.block_bytes = bytes;
+        for (std::size_t i = 0; i < rows; ++i) {
+          ids.ids.push_back(src_ids[i]);
+          ids.ids.push_back(dst_ids[i]);
+        }
+        const std::uint64_t stride = 2 * bytes, span = 512 * stride;
+        std::vector<BlockCopy> list;
+        for (std::size_t p = 0; p < kPairs; ++p) {
+          const std::uintptr_t host = kPinnedBase + p * span, dev = kDevBase + p * span;
+          const std::uintptr_t from = dir == Direction::kToDevice ? host : dev;
+          const std::uintptr_t to = dir == Direction::kToDevice ? dev : host;
+          ids.pairs.push_back({static_cast<const std::byte*>(src_at(from)), static_cast<std::byte*>(dst_at(to)),
+                               stride, stride});
+          for (std::size_t i = 0; i < rows; ++i)
+            list.push_back(block(from + src_ids[i] * stride, to + dst_ids[i] * stride, bytes));
+        }
+        gfd::detail::plan_from_ids(plan, cfg);
+        EXPECT_TRUE(plan.from_ids);
+        gfd::detail::make_all_ops(plan);
+        ASSERT_NO_FATAL_FAILURE(check_plan(list, plan, cfg));
+        ASSERT_EQ(plan.ops.size(), list.size());
+        for (std::size_t k = 0; k < list.size(); ++k) {
+          ASSERT_EQ(plan.ops[k].src, list[k].src) << "op " << k;
+          ASSERT_EQ(plan.ops[k].dst, list[k].dst) << "op " << k;
+        }
+        const Plan listed = plan_of(list, cfg);
+        EXPECT_GE(plan.chunks.size(), listed.chunks.size());
+        EXPECT_LE(plan.chunks.size(), listed.chunks.size() + 1 + listed.chunks.size() / 4);
+      }
+}
+
+// Blocks larger than a piece: one block per piece (plan_from_ids never splits a block), every
+// byte covered.
+TEST(PlannerTest, PlanFromIdsPutsABlockLargerThanAPieceInAPieceOfItsOwn) {
+  PlanConfig cfg = small_config();  // 4 KB pieces
+  constexpr std::uint64_t kBytes = 12288;
+  Plan plan;
+  plan.reset(20);
+  plan.id_ops.rows = 20;
+  plan.id_ops.block_bytes = kBytes;
+  std::vector<BlockCopy> list;
+  plan.id_ops.pairs.push_back({static_cast<const std::byte*>(src_at(kPinnedBase)),
+                               static_cast<std::byte*>(dst_at(kDevBase)), 2 * kBytes, 3 * kBytes});
+  for (std::uint64_t i = 0; i < 20; ++i) {
+    plan.id_ops.ids.push_back(19 - i);
+    plan.id_ops.ids.push_back(i);
+    list.push_back(block(kPinnedBase + (19 - i) * 2 * kBytes, kDevBase + i * 3 * kBytes, kBytes));
+  }
+  gfd::detail::plan_from_ids(plan, cfg);
+  gfd::detail::make_all_ops(plan);
+  ASSERT_NO_FATAL_FAILURE(check_coverage(list, plan));
+  ASSERT_EQ(plan.pieces.size(), 20u);
+  for (const auto& pc : plan.pieces) EXPECT_EQ(pc.op_end - pc.op_begin, 1u);
+  for (const auto& c : plan.chunks) EXPECT_LE(c.dma_bytes(), cfg.slot_bytes);
+}
+
 TEST(PlannerValidationTest, NullSource) {
   auto blocks = valid_blocks();
   blocks[1].src = nullptr;

@@ -55,6 +55,7 @@ struct EngineStats {
   std::uint64_t host_direct_chunks = 0;  ///< of those, read in place from host memory (no gather)
   std::uint64_t direct_copies = 0;   ///< blocks sent straight from pinned memory
   std::uint64_t strided_copies = 0;  ///< 2D copies of constant-stride runs (their blocks are in direct_copies)
+  std::uint64_t id_planned_transfers = 0;  ///< CacheSet transfers planned from their ids (EngineOptions::plan_from_ids)
   double gather_seconds = 0;         ///< CPU time spent gathering, summed over threads
   double dma_seconds = 0;            ///< copy-engine time of staged host-to-device chunks on the
                                      ///< copy lanes (GPU clock; not the small transfers of at most

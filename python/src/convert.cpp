@@ -177,6 +177,7 @@ const OptionField kOptionFields[] = {
     GFD_OPTION(strided_min_rows),
     GFD_OPTION(strided_min_bytes),
     GFD_OPTION(host_direct),
+    GFD_OPTION(plan_from_ids),
     GFD_OPTION(inline_gather_bytes),
     GFD_OPTION(gather_threads),
     GFD_OPTION(copy_streams),
@@ -205,6 +206,7 @@ struct StatsField {
 const StatsField kStatsFields[] = {
     GFD_STAT(bytes),          GFD_STAT(transfers),       GFD_STAT(blocks),
     GFD_STAT(chunks),         GFD_STAT(scattered_chunks), GFD_STAT(host_direct_chunks), GFD_STAT(direct_copies), GFD_STAT(strided_copies),
+    GFD_STAT(id_planned_transfers),
     GFD_STAT(gather_seconds), GFD_STAT(dma_seconds),     GFD_STAT(submit_wait_seconds),
     GFD_STAT(plan_seconds),   GFD_STAT(hugepages),       GFD_STAT(numa_node),
     GFD_STAT(gather_threads), GFD_STAT(staging_bytes),   GFD_STAT(slot_bytes),

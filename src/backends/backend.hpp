@@ -52,6 +52,10 @@ struct Request {
   // `blocks` (then empty): only to the gather backend, which moves each as one 2D copy.
   std::span<const StridedCopy> runs;
   std::size_t run_blocks = 0;  // the blocks the runs hold
+  // A CacheSet's transfer as its checked ids (EngineCore::takes_id_ops: equal blocks, all
+  // staged, pinned host caches; `blocks` then empty): only to the gather backend, which plans it
+  // with plan_from_ids.
+  const IdOps* id_ops = nullptr;
 };
 
 class BackendImpl {

@@ -45,6 +45,7 @@ class GatherBackend final : public BackendImpl {
     EngineContext& ctx = *pipe_.ctx;
     const EngineOptions& o = pipe_.options;
     if (!r.runs.empty()) return submit_runs(r);
+    if (r.id_ops != nullptr) return submit_id_ops(r);
     const bool several = r.blocks.size() > 1;
     // A list that may be all constant-stride runs is planned whole first: if nothing is staged,
     // its 2D copies go on the caller's stream (CopyLanes::submit_directs_on). It neither sums its
@@ -106,6 +107,45 @@ class GatherBackend final : public BackendImpl {
     std::lock_guard lk(pipe_.lock);
     ctx.tracer.begin_transfer(*t, r.stream);
     pipe_.lanes.submit_directs_on(*t, r.stream);
+    return t;
+  }
+
+  // A CacheSet's transfer as its checked ids: planned by arithmetic (plan_from_ids); the gather
+  // threads make the ops of the pieces they take (host to device) or the submitter those of each
+  // chunk as it enqueues it (device to host). A plan of one chunk, or one the kernel takes, is
+  // made whole here (the paths for small transfers read every op on this thread).
+  TransferPtr submit_id_ops(const Request& r) {
+    EngineContext& ctx = *pipe_.ctx;
+    const EngineOptions& o = pipe_.options;
+    const IdOps& ids = *r.id_ops;
+    const std::size_t blocks = ids.rows * ids.pairs.size();
+    if (blocks == 0) return nullptr;
+    const std::uint64_t bytes = blocks * ids.block_bytes;
+    if (bytes > o.inline_gather_bytes) {
+      pipe_.queue.wake_for_transfer();
+      ctx.tracer.record(r.id, TraceEvent::kStage, TraceEvent::kPoolWoken, 0);
+    }
+    const auto t0 = Clock::now();
+    TransferPtr t = make_transfer(pipe_.ctx, r.id, r.direction);
+    t->plan = ctx.plans.take();
+    Plan& p = t->plan;
+    p.reset(blocks);
+    p.id_ops.pairs.assign(ids.pairs.begin(), ids.pairs.end());
+    p.id_ops.ids.assign(ids.ids.begin(), ids.ids.end());
+    p.id_ops.rows = ids.rows;
+    p.id_ops.block_bytes = ids.block_bytes;
+    PlanConfig cfg = ctx.plan_config;
+    cfg.direction = r.direction;
+    plan_from_ids(p, cfg);
+    p.all_pinned_host = true;  // takes_id_ops: pinned host caches only
+    const bool kernel = o.kernel_max_bytes != 0 && bytes <= o.kernel_max_bytes && ctx.device->host_pointers_usable();
+    if (kernel || p.chunks.size() == 1) make_all_ops(p);
+    Counters::add(ctx.counters.plan_ns, ns_since(t0));
+    Counters::add(ctx.counters.id_planned, 1);
+    ctx.tracer.record(r.id, TraceEvent::kPlanned);
+    if (kernel) kernel_.submit(*t, r.stream);
+    else if (r.direction == Direction::kToHost) to_host_.submit(r, t);
+    else to_device_.submit(t, r.stream);
     return t;
   }
 

@@ -131,6 +131,9 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
       bad(fn + ": " + st->labels[2 * p] + " has blocks of " + std::to_string(q.host.block_bytes) +
           " bytes, " + st->labels[2 * p + 1] + " of " + std::to_string(q.device.block_bytes));
     st->all_pinned = st->all_pinned && st->host_pinned[p] != 0;
+    if (p == 0) st->block_bytes = q.host.block_bytes;
+    else if (st->block_bytes != q.host.block_bytes) st->block_bytes = 0;
+    st->packed_pair = st->packed_pair || (q.host.stride == q.host.block_bytes && q.device.stride == q.device.block_bytes);
     st->bytes_per_id += q.host.block_bytes;
     if (q.host.blocks < st->host_blocks) {
       st->host_blocks = q.host.blocks;
@@ -283,6 +286,29 @@ void CacheSetState::build(Direction d, const BlockIds& src, const BlockIds& dst,
     for (std::size_t i = 0; i < rows; ++i) *o++ = {fb + ids[2 * i] * fs, tb + ids[2 * i + 1] * ts, n};
     std::fill_n(pinned.data() + p * rows, rows, host_pinned[p]);
   }
+}
+
+bool CacheSetState::build_id_ops(Direction d, const BlockIds& src, const BlockIds& dst, IdOps& out,
+                                 std::string_view src_name, std::string_view dst_name) const {
+  const bool to_device = d == Direction::kToDevice;
+  const std::uint64_t* ids = check_ids(d, src, dst, src_name, dst_name);
+  const std::size_t rows = src.count;
+  if (packed_pair) {
+    std::size_t adjacent = 0;
+    for (std::size_t i = 1; i < rows; ++i)
+      adjacent += ids[2 * i] == ids[2 * i - 2] + 1 && ids[2 * i + 1] == ids[2 * i - 1] + 1;
+    if (4 * adjacent >= rows && rows > 1) return false;
+  }
+  out.rows = rows;
+  out.block_bytes = block_bytes;
+  out.ids.assign(ids, ids + 2 * rows);
+  out.pairs.resize(pairs.size());
+  for (std::size_t p = 0; p < pairs.size(); ++p) {
+    const BlockArray& from = to_device ? pairs[p].host : pairs[p].device;
+    const BlockArray& to = to_device ? pairs[p].device : pairs[p].host;
+    out.pairs[p] = {static_cast<const std::byte*>(from.base), static_cast<std::byte*>(to.base), from.stride, to.stride};
+  }
+  return true;
 }
 
 void CacheSetState::build_runs(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<StridedCopy>& out,

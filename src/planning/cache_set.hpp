@@ -49,6 +49,12 @@ struct CacheSetState {
   // listing every block.
   void build_runs(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<StridedCopy>& out,
                   std::string_view src_name = "src_ids", std::string_view dst_name = "dst_ids") const;
+  // The transfer as its checked ids (IdOps, for plan_from_ids), with the same checks and errors
+  // as build. False, with `out` unusable, where the ids would make blocks that the planner
+  // coalesces (a pair packed at its block size on both sides, and a quarter of the rows or more
+  // one id after the previous row's on both sides): build's list moves those in fewer copies.
+  bool build_id_ops(Direction d, const BlockIds& src, const BlockIds& dst, IdOps& out,
+                    std::string_view src_name = "src_ids", std::string_view dst_name = "dst_ids") const;
   const std::string& label(std::size_t pair, bool host) const { return labels[2 * pair + (host ? 0 : 1)]; }
 
   const void* owner = nullptr;  // the engine core the set was registered with
@@ -71,6 +77,10 @@ struct CacheSetState {
     std::uint64_t host_pitch = 0, device_pitch = 0;
   } id_runs;
   std::size_t bytes_per_id = 0;
+  std::size_t block_bytes = 0;  // every pair's, where all have one size; else 0
+  // Some pair's arrays are packed (stride = block size) on both sides: ids one apart on both
+  // sides make blocks adjacent on both, which the planner coalesces.
+  bool packed_pair = false;
   std::size_t host_blocks = 0, device_blocks = 0;          // the fewest of any array
   std::size_t host_blocks_pair = 0, device_blocks_pair = 0;  // a pair that has that few
   std::vector<std::string> labels;

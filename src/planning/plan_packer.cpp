@@ -5,20 +5,6 @@
 
 namespace gfd::detail::plan_internal {
 
-namespace {
-
-constexpr std::uint64_t kAlign = 16;
-// A ramp chunk's room for scatter entries beyond its nominal data: 1/16 of it, one 24-byte
-// entry per 384 bytes.
-constexpr std::uint64_t kEntryAllowance = 16;
-// Pieces per chunk at least (about one per gather thread and more), down to kMinPiece.
-constexpr std::uint64_t kPiecesPerChunk = 32;
-constexpr std::uint64_t kMinPiece = 4096;
-std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
-std::uint64_t align_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
-
-}  // namespace
-
 void Packer::add(const Segment& seg) {
   std::uint64_t done = 0;
   while (done < seg.bytes) {
@@ -50,36 +36,44 @@ void Packer::finish() {
   if (open_) close_chunk();
 }
 
-void Packer::open_chunk() {
-  const std::size_t k = plan_.chunks.size();
-  cap_ = data_cap_ = cfg_.slot_bytes;
+ChunkCaps chunk_caps(const PlanConfig& cfg, std::size_t k, std::uint64_t left) {
+  ChunkCaps c;
+  c.cap = c.data_cap = cfg.slot_bytes;
   // The first chunks grow from first_chunk_bytes of data; their scatter entries come on top (up
   // to one per 384 bytes of data), so that a transfer of exactly first_chunk_bytes is one chunk
   // and one DMA, not a full chunk and a sliver.
   if (k < 16) {
-    const std::uint64_t ramp = std::uint64_t{cfg_.first_chunk_bytes} << k;
-    cap_ = std::min<std::uint64_t>(cap_, ramp + ramp / kEntryAllowance);
-    data_cap_ = std::min<std::uint64_t>(data_cap_, ramp);
+    const std::uint64_t ramp = std::uint64_t{cfg.first_chunk_bytes} << k;
+    c.cap = std::min<std::uint64_t>(c.cap, ramp + ramp / kEntryAllowance);
+    c.data_cap = std::min<std::uint64_t>(c.data_cap, ramp);
   }
   // Device to host, the gather threads place each chunk after its DMA, so the transfer ends
   // with the placement of its last chunk: halve the chunks towards the end, down to half a
   // slot (each chunk costs driver calls on the submission path, so no further), so that
   // less is left to place once the last DMA is done.
-  if (cfg_.direction == Direction::kToHost) {
-    cap_ = std::min<std::uint64_t>(
-        cap_, std::max<std::uint64_t>(std::max<std::uint64_t>(cfg_.first_chunk_bytes, cfg_.slot_bytes / 2),
-                                      align_up((left_ + 1) / 2, kAlign)));
-    data_cap_ = std::min(data_cap_, cap_);
+  if (cfg.direction == Direction::kToHost) {
+    c.cap = std::min<std::uint64_t>(
+        c.cap, std::max<std::uint64_t>(std::max<std::uint64_t>(cfg.first_chunk_bytes, cfg.slot_bytes / 2),
+                                       align_up((left + 1) / 2, kAlign)));
+    c.data_cap = std::min(c.data_cap, c.cap);
   }
   // The chunk that takes the rest of the transfer (a small transfer's only one) is cut into
   // pieces small enough that every gather thread gets one (a 32nd of its data, kMinPiece at
   // least): its DMA waits for its last piece, and this is a small transfer's whole latency.
   // Earlier chunks keep piece_bytes pieces: each piece starts its prefetch afresh. (Not rounded
-  // down: plan_bounds counts on at most kPiecesPerChunk full pieces per chunk; `left_` never
+  // down: plan_bounds counts on at most kPiecesPerChunk full pieces per chunk; `left` never
   // underestimates what is left.)
-  const std::uint64_t least = std::min<std::uint64_t>(kMinPiece, cfg_.piece_bytes);
-  piece_cap_ = left_ <= data_cap_ ? std::clamp<std::uint64_t>(data_cap_ / kPiecesPerChunk, least, cfg_.piece_bytes)
-                                  : cfg_.piece_bytes;
+  const std::uint64_t least = std::min<std::uint64_t>(kMinPiece, cfg.piece_bytes);
+  c.piece_cap = left <= c.data_cap ? std::clamp<std::uint64_t>(c.data_cap / kPiecesPerChunk, least, cfg.piece_bytes)
+                                   : cfg.piece_bytes;
+  return c;
+}
+
+void Packer::open_chunk() {
+  const ChunkCaps caps = chunk_caps(cfg_, plan_.chunks.size(), left_);
+  cap_ = caps.cap;
+  data_cap_ = caps.data_cap;
+  piece_cap_ = caps.piece_cap;
   chunk_ = {};
   chunk_.op_begin = static_cast<std::uint32_t>(plan_.ops.size());
   chunk_.piece_begin = static_cast<std::uint32_t>(plan_.pieces.size());

@@ -130,6 +130,23 @@ struct StridedCopy {
   std::uint64_t width, spitch, dpitch, rows;
 };
 
+// A registered CacheSet's transfer of equal blocks that all go through staging, kept as its ids:
+// its ops are not listed by the submitter but made where they are used (plan_from_ids, make_ops),
+// by the gather threads piece by piece host to device, by the submitter chunk by chunk device to
+// host (the pack kernel reads their entries first). Op k is row k % rows of pair k / rows, as
+// CacheSetState::build lists them.
+struct IdOps {
+  struct Pair {
+    const std::byte* from;  // the source side's array (host to device: the host cache)
+    std::byte* to;
+    std::uint64_t from_stride, to_stride;
+  };
+  std::vector<Pair> pairs;
+  std::vector<std::uint64_t> ids;  // checked: [source id, destination id] per row
+  std::size_t rows = 0;
+  std::uint64_t block_bytes = 0;
+};
+
 struct Plan {
   // Working memory of make_plan, kept with the plan so that a recycled plan plans again
   // without allocating (fresh pages cost a fault each: tens of microseconds per transfer).
@@ -150,6 +167,11 @@ struct Plan {
   std::uint64_t total_bytes = 0;
   std::size_t block_count = 0;
   bool all_pinned_host = true;  // every block's host side lies in pinned host memory
+  // Made from ids (plan_from_ids): `ops` is sized but each op holds nothing until make_ops
+  // writes it; ops_made: every op written already (a one-chunk plan, made whole at once).
+  bool from_ids = false;
+  bool ops_made = false;
+  IdOps id_ops;
   Scratch scratch;
   // Empty, for a transfer of `blocks` blocks (the lists keep their memory).
   void reset(std::size_t blocks) {
@@ -161,6 +183,8 @@ struct Plan {
     total_bytes = 0;
     block_count = blocks;
     all_pinned_host = true;
+    from_ids = false;
+    ops_made = false;
   }
 };
 
@@ -271,6 +295,26 @@ inline Plan make_plan(std::span<const BlockCopy> blocks, const PlanConfig& confi
   make_plan(blocks, config, classify, plan, pageable);
   return plan;
 }
+
+// Whether plan_from_ids can plan blocks of `block_bytes` under `config`: every chunk, the
+// smallest included, holds at least one whole block with its scatter entry.
+bool fits_from_ids(std::uint64_t block_bytes, const PlanConfig& config);
+
+// Plans `plan.id_ops` (filled by the caller; rows * pairs blocks of block_bytes, every one
+// staged) as make_plan would pack that list, without listing it: the chunks and pieces are cut
+// by arithmetic, one op per block (no block split, none coalesced), none moved in place, and
+// only a chunk of one block contiguous on the device side (its op is made here). plan.ops is
+// sized for the ops make_ops writes later (those of every other chunk).
+// Requires fits_from_ids.
+void plan_from_ids(Plan& plan, const PlanConfig& config);
+
+// Writes ops [begin, end) of a plan_from_ids plan; `chunk_begin` is the op_begin of their chunk
+// (all of them in one chunk). The ops' storage is the plan's: each op is written by one thread
+// before anyone reads it (the piece that gathers it, or the submitter before it publishes the
+// chunk), so the plan is written through const here.
+void make_ops(const Plan& plan, std::uint32_t begin, std::uint32_t end, std::uint32_t chunk_begin);
+// Every op of a plan_from_ids plan, chunk by chunk (a small transfer, made whole on submission).
+void make_all_ops(Plan& plan);
 
 // Checks the config itself (slot too small for the pieces, ...); throws gfd::Error.
 void validate_plan_config(const PlanConfig& config);

@@ -1,4 +1,4 @@
-// Private to the planner: the pieces planner.cpp, plan_validate.cpp and plan_packer.cpp share.
+// Private to the planner: the pieces planner.cpp, plan_validate.cpp, plan_packer.cpp and plan_from_ids.cpp share.
 #pragma once
 
 #include <cstddef>
@@ -83,6 +83,24 @@ bool validate_run(std::span<const BlockCopy> blocks, std::size_t begin, std::siz
 
 // Throws gfd::Error naming the later of two blocks whose destination ranges overlap.
 void check_overlaps(std::span<const BlockCopy> blocks, Plan::Scratch& scratch);
+
+inline constexpr std::uint64_t kAlign = 16;
+// A ramp chunk's room for scatter entries beyond its nominal data: 1/16 of it, one 24-byte
+// entry per 384 bytes.
+inline constexpr std::uint64_t kEntryAllowance = 16;
+// Pieces per chunk at least (about one per gather thread and more), down to kMinPiece.
+inline constexpr std::uint64_t kPiecesPerChunk = 32;
+inline constexpr std::uint64_t kMinPiece = 4096;
+inline std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+inline std::uint64_t align_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
+
+// Chunk k's capacities, with `left` bytes (at least) still to pack: in all (data, scatter
+// entries, alignment), of which data, and its pieces' payload. The packer and plan_from_ids
+// cut chunks by them.
+struct ChunkCaps {
+  std::uint64_t cap = 0, data_cap = 0, piece_cap = 0;
+};
+ChunkCaps chunk_caps(const PlanConfig& cfg, std::size_t k, std::uint64_t left);
 
 // Packs staged segments into chunks, splitting segments wherever a chunk or piece fills up.
 class Packer {
