@@ -177,7 +177,9 @@ bool EngineCore::takes_id_ops(const CacheSetState& set, Direction d) const {
   const std::size_t b = set.block_bytes;
   // Every block staged: below the direct path's size, and below the mid-size split's.
   const bool staged = b != 0 && b < c.direct_min() && (!c.splits() || b < c.direct_split_min_bytes);
-  return o.plan_from_ids && o.backend == Backend::kGather && set.all_pinned && !set.row_major && staged &&
+  // Host arrays side by side make each id's host side one run, which host_direct chunks move in
+  // place: those keep the listed path, which finds the runs.
+  return o.plan_from_ids && o.backend == Backend::kGather && set.all_pinned && !set.side_by_side && staged &&
          fits_from_ids(b, c);
 }
 

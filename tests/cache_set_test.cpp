@@ -445,6 +445,47 @@ TEST_P(CacheSetTest, PlannedFromIdsMovesWhatTheListedPathMoves) {
   }
 }
 
+// Arrays at one pitch on each side (one device allocation, one pinned host allocation), each id
+// too small for a 2D copy (strided_min_bytes): listed row by row, and planned from the ids in
+// that order; every byte checked, both ways.
+TEST_P(CacheSetTest, ArraysAtOnePitchArePlannedFromIdsRowByRow) {
+  constexpr std::size_t kPairs = 4, kBytes = 4096, kBlocks = 64, kMoved = 48;
+  const std::size_t pitch = kBlocks * kBytes + 8192;  // arrays apart, on both sides
+  HostBuffer host(*td_->device, kPairs * pitch * 2, true);
+  DeviceBuffer dev(*td_->device, kPairs * pitch);
+  fill_random(host.data(), host.size(), 61);
+  std::vector<CachePair> pairs;
+  for (std::size_t p = 0; p < kPairs; ++p) {
+    CachePair q;
+    q.host = {host.data() + p * 2 * pitch, 2 * kBlocks, kBytes, 0};
+    q.device = {dev.data() + p * pitch, kBlocks, kBytes, 0};
+    pairs.push_back(q);
+  }
+  Engine engine = td_->make_engine(small_options());
+  const CacheSet set = engine.register_caches(pairs);
+  const auto src = distinct(kMoved, kBlocks, 62), dst = distinct(kMoved, kBlocks, 63);
+  engine.copy_blocks(set, KvDirection::kSwapIn, src, dst, td_->cuda_stream()).wait();
+  td_->device->stream_sync(td_->stream);
+  for (std::size_t p = 0; p < kPairs; ++p)
+    for (std::size_t i = 0; i < kMoved; ++i)
+      ASSERT_EQ(std::memcmp(td_->read(dev.data() + p * pitch + dst[i] * kBytes, kBytes).data(),
+                            host.data() + p * 2 * pitch + src[i] * kBytes, kBytes),
+                0)
+          << "swap-in pair " << p << " row " << i;
+  auto back = distinct(kMoved, kBlocks, 64);
+  for (auto& b : back) b += kBlocks;
+  engine.copy_blocks(set, KvDirection::kSwapOut, dst, back, td_->cuda_stream()).wait();
+  for (std::size_t p = 0; p < kPairs; ++p)
+    for (std::size_t i = 0; i < kMoved; ++i)
+      ASSERT_EQ(std::memcmp(host.data() + p * 2 * pitch + back[i] * kBytes, host.data() + p * 2 * pitch + src[i] * kBytes,
+                            kBytes),
+                0)
+          << "swap-out pair " << p << " row " << i;
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.id_planned_transfers, 2u);
+  EXPECT_EQ(st.strided_copies, 0u);
+}
+
 // A transfer planned from its ids that one chunk holds (moved by the submitting thread) and one
 // of a single id: every byte checked, both ways.
 TEST_P(CacheSetTest, SmallTransfersPlannedFromIds) {

@@ -680,16 +680,17 @@ TEST(PlannerTest, PinnedSourceRunningPastItsAllocationIsStaged) {
 // neither coalesce (arrays at twice the block size) nor go direct, both directions, sizes that
 // do and do not divide a chunk, down to a transfer of one block. The plan keeps every structural
 // invariant and covers every byte; its ops are the listed blocks in CacheSetState::build's order
-// (pair by pair); it has as many chunks as make_plan of that list, or one more where make_plan
+// (pair by pair, or row by row); it has as many chunks as make_plan of that list, or one more where make_plan
 // splits a block across two.
 TEST(PlannerTest, PlanFromIdsCutsChunksByArithmetic) {
   using gfd::detail::Direction;
   using gfd::detail::IdOps;
   for (const Direction dir : {Direction::kToDevice, Direction::kToHost})
     for (const std::uint64_t bytes : {std::uint64_t{1024}, std::uint64_t{3000}, std::uint64_t{4096}})
-      for (const std::size_t rows : {std::size_t{1}, std::size_t{37}, std::size_t{300}}) {
+      for (const std::size_t rows : {std::size_t{1}, std::size_t{37}, std::size_t{300}})
+        for (const bool row_major : {false, true}) {
         SCOPED_TRACE((dir == Direction::kToDevice ? "to device, " : "to host, ") + std::to_string(bytes) +
-                     " bytes, " + std::to_string(rows) + " rows");
+                     " bytes, " + std::to_string(rows) + " rows" + (row_major ? ", row-major" : ""));
         PlanConfig cfg = small_config();
         cfg.direction = dir;
         ASSERT_TRUE(gfd::detail::fits_from_ids(bytes, cfg));
@@ -705,6 +706,7 @@ TEST(PlannerTest, PlanFromIdsCutsChunksByArithmetic) {
         IdOps& ids = plan.id_ops;
         ids.rows = rows;
         ids.block_bytes = bytes;
+        ids.row_major = row_major;
         for (std::size_t i = 0; i < rows; ++i) {
           ids.ids.push_back(src_ids[i]);
           ids.ids.push_back(dst_ids[i]);
@@ -717,9 +719,14 @@ TEST(PlannerTest, PlanFromIdsCutsChunksByArithmetic) {
           const std::uintptr_t to = dir == Direction::kToDevice ? dev : host;
           ids.pairs.push_back({static_cast<const std::byte*>(src_at(from)), static_cast<std::byte*>(dst_at(to)),
                                stride, stride});
-          for (std::size_t i = 0; i < rows; ++i)
-            list.push_back(block(from + src_ids[i] * stride, to + dst_ids[i] * stride, bytes));
         }
+        // CacheSetState::build's order: pair by pair, or (row_major) row by row.
+        for (std::size_t a = 0; a < (row_major ? rows : kPairs); ++a)
+          for (std::size_t z = 0; z < (row_major ? kPairs : rows); ++z) {
+            const std::size_t p = row_major ? z : a, i = row_major ? a : z;
+            list.push_back(block(addr(ids.pairs[p].from) + src_ids[i] * stride,
+                                 addr(ids.pairs[p].to) + dst_ids[i] * stride, bytes));
+          }
         gfd::detail::plan_from_ids(plan, cfg);
         EXPECT_TRUE(plan.from_ids);
         gfd::detail::make_all_ops(plan);

@@ -28,7 +28,7 @@ B=build-gpu/bench/gfd_benchmark
 
 if has test; then
   SECONDS=0
-  (cd build-gpu && timeout 300 ctest -j6 --timeout 120) > "$OUT/ctest.log" 2>&1
+  (cd build-gpu && timeout 300 ctest -j6 --timeout 120 --output-on-failure) > "$OUT/ctest.log" 2>&1
   summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log") (${SECONDS}s)"
   grep -E "\*\*\*Failed|Timeout|Exception" "$OUT/ctest.log" | head -20 >> "$OUT/summary.txt"
 fi

@@ -77,7 +77,7 @@ struct EngineOptions {
   /// (bench/history/2026-12-02-s7-vllm-worker.md).
   bool host_direct = true;
   /// A CacheSet's transfer of equal blocks that all go through staging (none direct, no 2D
-  /// runs, host caches pinned) is planned from its ids: the submitter checks the ids and cuts
+  /// runs, host caches pinned and not side by side) is planned from its ids: the submitter checks the ids and cuts
   /// the chunks by arithmetic, and each gather thread makes its own piece's copies from the ids
   /// (device to host the submitter makes them chunk by chunk, for the pack kernel), instead of
   /// listing, planning and packing every block on the calling thread. The blocks of such a plan

@@ -134,6 +134,7 @@ class GatherBackend final : public BackendImpl {
     p.id_ops.ids.assign(ids.ids.begin(), ids.ids.end());
     p.id_ops.rows = ids.rows;
     p.id_ops.block_bytes = ids.block_bytes;
+    p.id_ops.row_major = ids.row_major;
     PlanConfig cfg = ctx.plan_config;
     cfg.direction = r.direction;
     plan_from_ids(p, cfg);

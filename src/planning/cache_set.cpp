@@ -172,6 +172,7 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
   const std::uintptr_t host_pitch = pitch_of(true), device_pitch = host_pitch != 0 ? pitch_of(false) : 0;
   const bool both_at_one_pitch = host_pitch != 0 && device_pitch != 0;
   st->row_major = side_by_side || both_at_one_pitch;
+  st->side_by_side = side_by_side;
   if (both_at_one_pitch && st->one_allocation && st->all_pinned) st->id_runs = {true, host_pitch, device_pitch};
   // No two arrays may share a byte: a transfer writes each destination block once, and a block
   // of one array that is also a block of another would be written twice (or read while written).
@@ -293,7 +294,7 @@ bool CacheSetState::build_id_ops(Direction d, const BlockIds& src, const BlockId
   const bool to_device = d == Direction::kToDevice;
   const std::uint64_t* ids = check_ids(d, src, dst, src_name, dst_name);
   const std::size_t rows = src.count;
-  if (packed_pair) {
+  if (packed_pair && !row_major) {
     std::size_t adjacent = 0;
     for (std::size_t i = 1; i < rows; ++i)
       adjacent += ids[2 * i] == ids[2 * i - 2] + 1 && ids[2 * i + 1] == ids[2 * i - 1] + 1;
@@ -301,6 +302,7 @@ bool CacheSetState::build_id_ops(Direction d, const BlockIds& src, const BlockId
   }
   out.rows = rows;
   out.block_bytes = block_bytes;
+  out.row_major = row_major;
   out.ids.assign(ids, ids + 2 * rows);
   out.pairs.resize(pairs.size());
   for (std::size_t p = 0; p < pairs.size(); ++p) {

@@ -49,10 +49,11 @@ struct CacheSetState {
   // listing every block.
   void build_runs(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<StridedCopy>& out,
                   std::string_view src_name = "src_ids", std::string_view dst_name = "dst_ids") const;
-  // The transfer as its checked ids (IdOps, for plan_from_ids), with the same checks and errors
-  // as build. False, with `out` unusable, where the ids would make blocks that the planner
-  // coalesces (a pair packed at its block size on both sides, and a quarter of the rows or more
-  // one id after the previous row's on both sides): build's list moves those in fewer copies.
+  // The transfer as its checked ids (IdOps, for plan_from_ids, in build's order), with the same
+  // checks and errors as build. False, with `out` unusable, where the ids would make blocks that
+  // the planner coalesces (listed pair by pair, a pair packed at its block size on both sides,
+  // and a quarter of the rows or more one id after the previous row's on both sides): build's
+  // list moves those in fewer copies.
   bool build_id_ops(Direction d, const BlockIds& src, const BlockIds& dst, IdOps& out,
                     std::string_view src_name = "src_ids", std::string_view dst_name = "dst_ids") const;
   const std::string& label(std::size_t pair, bool host) const { return labels[2 * pair + (host ? 0 : 1)]; }
@@ -65,6 +66,9 @@ struct CacheSetState {
   // The host arrays lie side by side (see make): build lists entry i * pairs + p, not
   // p * rows + i.
   bool row_major = false;
+  // Of those, the host arrays side by side (pair p + 1's block right after pair p's): each id's
+  // host blocks are one contiguous run, which host_direct chunks move in place.
+  bool side_by_side = false;
   // Every device array in one allocation, and every host array in one pinned range (the
   // layers' caches of one allocation, as vLLM 0.33 makes them): runs across arrays may go as
   // 2D copies (PlanTrust::one_allocation).

@@ -77,15 +77,17 @@ void make_ops(const Plan& plan, std::uint32_t begin, std::uint32_t end, std::uin
   const std::uint64_t b = ids.block_bytes;
   // Written through const: see the declaration.
   GatherOp* out = const_cast<GatherOp*>(plan.ops.data());
-  const std::size_t rows = ids.rows;
-  std::size_t p = begin / rows, i = begin % rows;
+  // Op k is (pair p, row i); the inner index of the list's order wraps at `inner`.
+  const std::size_t inner = ids.row_major ? ids.pairs.size() : ids.rows;
+  std::size_t outer_at = begin / inner, inner_at = begin % inner;
   for (std::uint32_t k = begin; k < end; ++k) {
+    const std::size_t p = ids.row_major ? inner_at : outer_at, i = ids.row_major ? outer_at : inner_at;
     const IdOps::Pair& q = ids.pairs[p];
     out[k] = {q.from + ids.ids[2 * i] * q.from_stride, q.to + ids.ids[2 * i + 1] * q.to_stride,
               (k - chunk_begin) * b, b};
-    if (++i == rows) {
-      i = 0;
-      ++p;
+    if (++inner_at == inner) {
+      inner_at = 0;
+      ++outer_at;
     }
   }
 }

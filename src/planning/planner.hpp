@@ -133,8 +133,8 @@ struct StridedCopy {
 // A registered CacheSet's transfer of equal blocks that all go through staging, kept as its ids:
 // its ops are not listed by the submitter but made where they are used (plan_from_ids, make_ops),
 // by the gather threads piece by piece host to device, by the submitter chunk by chunk device to
-// host (the pack kernel reads their entries first). Op k is row k % rows of pair k / rows, as
-// CacheSetState::build lists them.
+// host (the pack kernel reads their entries first). Op k is row k % rows of pair k / rows, or
+// with row_major row k / pairs of pair k % pairs, as CacheSetState::build lists them.
 struct IdOps {
   struct Pair {
     const std::byte* from;  // the source side's array (host to device: the host cache)
@@ -145,6 +145,7 @@ struct IdOps {
   std::vector<std::uint64_t> ids;  // checked: [source id, destination id] per row
   std::size_t rows = 0;
   std::uint64_t block_bytes = 0;
+  bool row_major = false;
 };
 
 struct Plan {
