@@ -92,6 +92,36 @@ struct Rig {
     return op;
   }
 
+  // A wait node's parameters: the one operation `op`.
+  CUDA_BATCH_MEM_OP_NODE_PARAMS wait_node(CUstreamBatchMemOpParams& op) const {
+    CUDA_BATCH_MEM_OP_NODE_PARAMS mp{};
+    mp.ctx = ctx;
+    mp.count = 1;
+    mp.paramArray = &op;
+    return mp;
+  }
+
+  // Chunk c's kernel node parameters; they point into `a`, which must outlive their use.
+  struct KernelArgs {
+    const unsigned char* staging = nullptr;
+    unsigned char* sink = nullptr;
+    unsigned count = 1;
+    void* ptrs[3] = {};
+  };
+  cudaKernelNodeParams kernel_node(std::size_t c, KernelArgs& a) const {
+    a.staging = reinterpret_cast<const unsigned char*>(dev + c * chunk);
+    a.sink = sink;
+    a.ptrs[0] = &a.staging;
+    a.ptrs[1] = &a.sink;
+    a.ptrs[2] = &a.count;
+    cudaKernelNodeParams kp{};
+    kp.func = reinterpret_cast<void*>(touch_kernel);
+    kp.gridDim = dim3(kGrid);
+    kp.blockDim = dim3(kThreads);
+    kp.kernelParams = a.ptrs;
+    return kp;
+  }
+
   Graph& graph(std::size_t n) {
     auto it = graphs.find(n);
     if (it != graphs.end()) return it->second;
@@ -105,10 +135,7 @@ struct Rig {
     std::vector<cudaGraphNode_t> ends(n);
     for (std::size_t c = 0; c < n; ++c) {
       g.ops[c] = wait_op(c, 1);
-      CUDA_BATCH_MEM_OP_NODE_PARAMS mp{};
-      mp.ctx = ctx;
-      mp.count = 1;
-      mp.paramArray = &g.ops[c];
+      const CUDA_BATCH_MEM_OP_NODE_PARAMS mp = wait_node(g.ops[c]);
       CUgraphNode dep = c >= 2 ? reinterpret_cast<CUgraphNode>(ends[c - 2]) : nullptr;
       drv(cuGraphAddBatchMemOpNode(&g.waits[c], reinterpret_cast<CUgraph>(graph), dep != nullptr ? &dep : nullptr,
                                    dep != nullptr ? 1 : 0, &mp),
@@ -117,14 +144,8 @@ struct Rig {
       check(cudaGraphAddMemcpyNode1D(&g.copies[c], graph, &w, 1, dev + c * chunk, host + c * chunk, chunk,
                                      cudaMemcpyHostToDevice),
             "cudaGraphAddMemcpyNode1D");
-      const unsigned char* staging = reinterpret_cast<const unsigned char*>(dev + c * chunk);
-      unsigned count = 1;
-      void* args[] = {&staging, &sink, &count};
-      cudaKernelNodeParams kp{};
-      kp.func = reinterpret_cast<void*>(touch_kernel);
-      kp.gridDim = dim3(kGrid);
-      kp.blockDim = dim3(kThreads);
-      kp.kernelParams = args;
+      KernelArgs args;
+      const cudaKernelNodeParams kp = kernel_node(c, args);
       check(cudaGraphAddKernelNode(&g.kernels[c], graph, &g.copies[c], 1, &kp), "cudaGraphAddKernelNode");
       check(cudaGraphAddEventRecordNode(&ends[c], graph, &g.kernels[c], 1, done[c]), "cudaGraphAddEventRecordNode");
     }
@@ -156,24 +177,15 @@ struct Rig {
     Graph& g = graph(n);
     for (std::size_t c = 0; c < n && (set_all || set_waits); ++c) {
       g.ops[c] = wait_op(c, value);
-      CUDA_BATCH_MEM_OP_NODE_PARAMS mp{};
-      mp.ctx = ctx;
-      mp.count = 1;
-      mp.paramArray = &g.ops[c];
+      const CUDA_BATCH_MEM_OP_NODE_PARAMS mp = wait_node(g.ops[c]);
       drv(cuGraphExecBatchMemOpNodeSetParams(reinterpret_cast<CUgraphExec>(g.exec), g.waits[c], &mp),
           "cuGraphExecBatchMemOpNodeSetParams");
       if (!set_all) continue;
       check(cudaGraphExecMemcpyNodeSetParams1D(g.exec, g.copies[c], dev + c * chunk, host + c * chunk, chunk,
                                                cudaMemcpyHostToDevice),
             "cudaGraphExecMemcpyNodeSetParams1D");
-      const unsigned char* staging = reinterpret_cast<const unsigned char*>(dev + c * chunk);
-      unsigned count = 1;
-      void* args[] = {&staging, &sink, &count};
-      cudaKernelNodeParams kp{};
-      kp.func = reinterpret_cast<void*>(touch_kernel);
-      kp.gridDim = dim3(kGrid);
-      kp.blockDim = dim3(kThreads);
-      kp.kernelParams = args;
+      KernelArgs args;
+      const cudaKernelNodeParams kp = kernel_node(c, args);
       check(cudaGraphExecKernelNodeSetParams(g.exec, g.kernels[c], &kp), "cudaGraphExecKernelNodeSetParams");
     }
     check(cudaGraphLaunch(g.exec, caller), "cudaGraphLaunch");
