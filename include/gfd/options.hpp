@@ -77,13 +77,14 @@ struct EngineOptions {
   /// (bench/history/2026-12-02-s7-vllm-worker.md).
   bool host_direct = true;
   /// A CacheSet's transfer of equal blocks that all go through staging (none direct, no 2D
-  /// runs, host caches pinned and not side by side) is planned from its ids: the submitter checks the ids and cuts
-  /// the chunks by arithmetic, and each gather thread makes its own piece's copies from the ids
-  /// (device to host the submitter makes them chunk by chunk, for the pack kernel), instead of
-  /// listing, planning and packing every block on the calling thread. The blocks of such a plan
-  /// are never coalesced, so ids that would make many blocks adjacent on both sides (a quarter of
-  /// the rows, where some pair is packed at its block size) keep the listed path. false: every
-  /// CacheSet transfer is listed and planned block by block, as before the eleventh session.
+  /// runs, host caches pinned and not side by side) is planned from its ids: the submitter
+  /// checks the ids and cuts the chunks by arithmetic, and each gather thread makes its own
+  /// piece's copies from the ids (device to host the submitter makes them chunk by chunk, for
+  /// the pack kernel), instead of listing, planning and packing every block on the calling
+  /// thread. The blocks of such a plan are never coalesced, so ids that would make many blocks
+  /// adjacent on both sides (a quarter of the rows, where some pair is packed at its block size)
+  /// keep the listed path. false: every CacheSet transfer is listed and planned block by block,
+  /// as before the eleventh session.
   bool plan_from_ids = true;
   /// Transfers of at most this many bytes are gathered by the submitting thread alone (waking
   /// the pool would cost more than the copy). Any transfer of one chunk (up to

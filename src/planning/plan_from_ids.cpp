@@ -1,7 +1,8 @@
 // Plans made from a CacheSet's ids (IdOps): chunks and pieces cut by arithmetic, ops made where
-// they are used. The submitter's work per transfer no longer grows with its blocks: on the H200
-// the list, the planner and the packer cost it 20-36 ns per block beside the gathering threads,
-// about 2/3 of the call for 4096 x 4 KB (bench/history/2026-12-02-s10-variants.md).
+// they are used, so that the submitter's work no longer grows with the blocks. In the tenth
+// session's traces of 4096 x 4 KB on the H200 the list, the planner and the packer cost the
+// calling thread 20-36 ns per block beside the gathering threads, most of the call
+// (bench/history/2026-12-02-s11-plan-from-ids.md has the call before and after).
 #include <algorithm>
 
 #include "planning/planner.hpp"
