@@ -130,11 +130,7 @@ class GatherBackend final : public BackendImpl {
     t->plan = ctx.plans.take();
     Plan& p = t->plan;
     p.reset(blocks);
-    p.id_ops.pairs.assign(ids.pairs.begin(), ids.pairs.end());
-    p.id_ops.ids.assign(ids.ids.begin(), ids.ids.end());
-    p.id_ops.rows = ids.rows;
-    p.id_ops.block_bytes = ids.block_bytes;
-    p.id_ops.row_major = ids.row_major;
+    p.id_ops = ids;  // into the recycled plan's vectors
     PlanConfig cfg = ctx.plan_config;
     cfg.direction = r.direction;
     plan_from_ids(p, cfg);

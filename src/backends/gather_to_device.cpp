@@ -317,7 +317,7 @@ void GatherToDevice::run_piece(Item& item, std::uint32_t piece) {
   std::byte* slot = p_.ring[item.slot].host;
   const auto t0 = Clock::now();
   // A plan made from ids: this piece's ops are made here, from the ids, by the thread that uses them.
-  if (p.from_ids && !p.ops_made && !c.contiguous_device) make_ops(p, pc.op_begin, pc.op_end, c.op_begin);
+  if (ops_to_make(p, c)) make_ops(p, pc.op_begin, pc.op_end, c.op_begin);
   // Each piece writes its own ops' scatter entries (which the chunk's DMA carries with the data):
   // spread over the threads instead of written by the submitter as it packs.
   if (!c.contiguous_device) stream_scatter_entries(p, c, pc.op_begin, pc.op_end, slot, Direction::kToDevice);

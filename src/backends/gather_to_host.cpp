@@ -143,7 +143,7 @@ void GatherToHost::enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vec
   }
   // A plan made from ids: the chunk's ops, which the pack kernel's entries and then the pieces
   // that place the bytes read, are made now.
-  if (t->plan.from_ids && !t->plan.ops_made && !c.contiguous_device) make_ops(t->plan, c.op_begin, c.op_end, c.op_begin);
+  if (ops_to_make(t->plan, c)) make_ops(t->plan, c.op_begin, c.op_end, c.op_begin);
   Item& it = p_.queue.append(Item::Kind::kChunk, this, t, k, slot, false);
   if (held != nullptr) {
     it.held.store(true, std::memory_order_relaxed);

@@ -316,6 +316,11 @@ void plan_from_ids(Plan& plan, const PlanConfig& config);
 void make_ops(const Plan& plan, std::uint32_t begin, std::uint32_t end, std::uint32_t chunk_begin);
 // Every op of a plan_from_ids plan, chunk by chunk (a small transfer, made whole on submission).
 void make_all_ops(Plan& plan);
+// Whether chunk `c`'s ops are still to be made (make_ops): a plan from ids, not made whole, and
+// not a one-block chunk (plan_from_ids made that one).
+inline bool ops_to_make(const Plan& plan, const PlannedChunk& c) {
+  return plan.from_ids && !plan.ops_made && !c.contiguous_device;
+}
 
 // Checks the config itself (slot too small for the pieces, ...); throws gfd::Error.
 void validate_plan_config(const PlanConfig& config);

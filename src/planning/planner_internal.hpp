@@ -1,4 +1,5 @@
-// Private to the planner: the pieces planner.cpp, plan_validate.cpp, plan_packer.cpp and plan_from_ids.cpp share.
+// Private to the planner: the pieces planner.cpp, plan_validate.cpp, plan_packer.cpp and
+// plan_from_ids.cpp share.
 #pragma once
 
 #include <cstddef>
