@@ -52,6 +52,7 @@ void Counters::fill(EngineStats& st) const {
   st.blocks = blocks.load();
   st.chunks = chunks.load();
   st.scattered_chunks = scattered.load();
+  st.placements = placements.load();
   st.host_direct_chunks = host_direct.load();
   st.direct_copies = direct.load();
   st.strided_copies = strided.load();
@@ -67,6 +68,7 @@ PlanConfig staged_config(const EngineOptions& o, int device) {
   PlanConfig c;
   c.device = device;
   c.slot_bytes = o.slot_bytes;
+  c.chunk_bytes_to_host = o.chunk_bytes_to_host;
   c.first_chunk_bytes = std::min(o.first_chunk_bytes, o.slot_bytes);
   c.piece_bytes = o.piece_bytes;
   c.direct_min_bytes = o.direct_min_bytes;

@@ -74,6 +74,7 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
   env_int("GFD_DEVICE", o.device);
   env_size("GFD_STAGING_BYTES", o.staging_bytes);
   env_size("GFD_SLOT_BYTES", o.slot_bytes);
+  env_size("GFD_CHUNK_BYTES_TO_HOST", o.chunk_bytes_to_host);
   env_size("GFD_FIRST_CHUNK_BYTES", o.first_chunk_bytes);
   env_size("GFD_PIECE_BYTES", o.piece_bytes);
   env_size("GFD_DIRECT_MIN_BYTES", o.direct_min_bytes);
@@ -101,6 +102,7 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
     }
   }
   env_bool("GFD_PREISSUE", o.preissue);
+  env_bool("GFD_BATCH_PLACEMENT", o.batch_placement);
   env_bool("GFD_TIME_DMAS", o.time_dmas);
   env_size("GFD_KERNEL_MAX_BYTES", o.kernel_max_bytes);
   env_int("GFD_PAGEABLE_CACHE_MS", o.pageable_cache_ms);
@@ -140,6 +142,10 @@ void EngineOptions::validate() const {
   if (slot_bytes / piece_bytes > 32768)
     bad_option("piece_bytes: " + str(piece_bytes) + " cuts a slot of " + str(slot_bytes) +
                " bytes into more than 32768 pieces");
+  if (chunk_bytes_to_host != 0 && (chunk_bytes_to_host < 4096 || chunk_bytes_to_host > slot_bytes ||
+                                   chunk_bytes_to_host % 16 != 0))
+    bad_option("chunk_bytes_to_host: " + str(chunk_bytes_to_host) + " must be 0 or a multiple of 16 from 4096 to " +
+               "slot_bytes " + str(slot_bytes));
   if (first_chunk_bytes < 4096) bad_option("first_chunk_bytes: " + str(first_chunk_bytes) + " is below 4096");
   if (spin_us < 0) bad_option("spin_us: " + str(spin_us) + " is negative");
   if (direct_split_percent < 0 || direct_split_percent > 100)

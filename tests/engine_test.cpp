@@ -7,6 +7,7 @@
 #include <chrono>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -636,6 +637,9 @@ TEST_P(EngineTest, AbsurdOptionsAreRejectedNamingTheOption) {
   add("pageable_cache_ms", [](EngineOptions& o) { o.pageable_cache_ms = 3600001; });
   add("direct_split_percent", [](EngineOptions& o) { o.direct_split_percent = 101; });
   add("direct_split_percent", [](EngineOptions& o) { o.direct_split_percent = -1; });
+  add("chunk_bytes_to_host", [](EngineOptions& o) { o.chunk_bytes_to_host = 2048; });
+  add("chunk_bytes_to_host", [](EngineOptions& o) { o.chunk_bytes_to_host = o.slot_bytes * 2; });
+  add("chunk_bytes_to_host", [](EngineOptions& o) { o.chunk_bytes_to_host = 65536 + 8; });
   for (const Case& c : cases) {
     SCOPED_TRACE(c.needle);
     try {
@@ -746,6 +750,62 @@ TEST_P(EngineTest, OneChunkTransfersLandWhoeverGathersThem) {
     for (auto& v : per) all.insert(all.end(), v.begin(), v.end());
     expect_landed(all, dst);
   }
+}
+
+// Batched placement (EngineOptions::batch_placement): a lane's scattered chunks are placed
+// several to a launch, whose kernel frees their slots in pinned memory. Transfers many times the
+// ring (slots reused while the lanes hold unplaced chunks), from several threads, with preissue
+// on and off, both ways round the option, and a device-to-host transfer in between (its own
+// chunks use events): every byte lands, and with the option fewer launches place the chunks.
+TEST_P(EngineTest, BatchedPlacementPlacesSeveralChunksPerLaunch) {
+  if (!gather()) GTEST_SKIP() << "a gather-backend option";
+  HostBuffer pool(dev(), 24 << 20, pinned_sources());
+  fill_random(pool.data(), pool.size(), 61);
+  for (const bool preissue : {true, false})
+    for (const bool batch : {true, false}) {
+      SCOPED_TRACE(std::string(preissue ? "preissue" : "no preissue") + (batch ? ", batched" : ", per chunk"));
+      EngineOptions o = options();
+      o.staging_bytes = 2 << 20;  // 32 slots of 64 KB: up to 8 unplaced chunks per lane
+      o.slot_bytes = 64 << 10;
+      o.first_chunk_bytes = 16 << 10;
+      o.preissue = preissue;
+      o.batch_placement = batch;
+      Engine engine = td_->make_engine(o);
+      DeviceBuffer dst(dev(), 1536 * 4096);  // 6 MB: three times the ring
+      const auto blocks = make_blocks(pool, dst, 1536, 4096, true, 62);
+      engine.copy_to_device(blocks, td_->cuda_stream()).wait();
+      expect_landed(blocks, dst);
+      // Swap-out in between, then several submitters at once.
+      HostBuffer back(dev(), 1536 * 4096, true);
+      std::vector<BlockCopy> out;
+      for (std::size_t i = 0; i < 1536; ++i) out.push_back({dst.data() + ((i * 7) % 1536) * 4096, back.data() + i * 4096, 4096});
+      engine.copy_to_host(out, td_->cuda_stream()).wait();
+      const std::vector<std::byte> placed = td_->read(dst.data(), dst.size());
+      for (std::size_t i = 0; i < 1536; ++i)
+        ASSERT_EQ(std::memcmp(back.data() + i * 4096, placed.data() + ((i * 7) % 1536) * 4096, 4096), 0)
+            << "swapped-out block " << i;
+      std::vector<std::thread> threads;
+      std::vector<std::vector<BlockCopy>> per(3);
+      std::deque<DeviceBuffer> dsts;
+      for (int t = 0; t < 3; ++t) dsts.emplace_back(dev(), 512 * 4096);
+      for (int t = 0; t < 3; ++t)
+        threads.emplace_back([&, t] {
+          for (int round = 0; round < 4; ++round) {
+            per[t] = make_blocks(pool, dsts[t], 512, 4096, true, 70 + t * 10 + round);
+            engine.copy_to_device(per[t], td_->cuda_stream()).wait();
+          }
+        });
+      for (auto& th : threads) th.join();
+      for (int t = 0; t < 3; ++t) expect_landed(per[t], dsts[t]);
+      const EngineStats st = engine.stats();
+      EXPECT_GE(st.scattered_chunks, 96u);
+      if (batch && dev().host_pointers_usable()) {
+        EXPECT_GT(st.placements, 0u);
+        EXPECT_LE(st.placements * 4, st.scattered_chunks) << "several chunks per launch";
+      } else {
+        EXPECT_EQ(st.placements, 0u);
+      }
+    }
 }
 
 // Without stream memory operations (or with preissue off) the thread that finishes a chunk

@@ -17,13 +17,16 @@ namespace {
 
 const std::vector<std::string>& gfd_variables() {
   static const std::vector<std::string> names = {
-      "GFD_DEVICE",           "GFD_STAGING_BYTES",       "GFD_SLOT_BYTES",
-      "GFD_FIRST_CHUNK_BYTES", "GFD_PIECE_BYTES",        "GFD_DIRECT_MIN_BYTES", "GFD_DIRECT_MIN_BYTES_TO_HOST", "GFD_DIRECT_SPLIT_MIN_BYTES", "GFD_DIRECT_SPLIT_PERCENT", "GFD_STRIDED_MIN_ROWS", "GFD_STRIDED_MIN_BYTES", "GFD_CPUS",
-      "GFD_INLINE_GATHER_BYTES", "GFD_GATHER_THREADS",   "GFD_COPY_STREAMS",
-      "GFD_NUMA_NODE",        "GFD_SPIN_US",             "GFD_CHECK_OVERLAPS",
-      "GFD_SUBMITTER_GATHERS", "GFD_STAGING_WRITES", "GFD_KERNEL_MAX_BYTES", "GFD_PREISSUE", "GFD_TIME_DMAS",
-      "GFD_USE_ALL_LOCAL_CPUS",
-      "GFD_BACKEND"};
+      "GFD_DEVICE",           "GFD_STAGING_BYTES",          "GFD_SLOT_BYTES",
+      "GFD_CHUNK_BYTES_TO_HOST", "GFD_FIRST_CHUNK_BYTES",   "GFD_PIECE_BYTES",
+      "GFD_DIRECT_MIN_BYTES", "GFD_DIRECT_MIN_BYTES_TO_HOST", "GFD_DIRECT_SPLIT_MIN_BYTES",
+      "GFD_DIRECT_SPLIT_PERCENT", "GFD_STRIDED_MIN_ROWS",   "GFD_STRIDED_MIN_BYTES",
+      "GFD_HOST_DIRECT",      "GFD_PLAN_FROM_IDS",          "GFD_CPUS",
+      "GFD_INLINE_GATHER_BYTES", "GFD_GATHER_THREADS",      "GFD_COPY_STREAMS",
+      "GFD_NUMA_NODE",        "GFD_SPIN_US",                "GFD_CHECK_OVERLAPS",
+      "GFD_SUBMITTER_GATHERS", "GFD_STAGING_WRITES",        "GFD_KERNEL_MAX_BYTES",
+      "GFD_PREISSUE",         "GFD_BATCH_PLACEMENT",        "GFD_TIME_DMAS",
+      "GFD_USE_ALL_LOCAL_CPUS", "GFD_PAGEABLE_CACHE_MS",    "GFD_BACKEND"};
   return names;
 }
 
@@ -81,6 +84,8 @@ gfd::EngineOptions custom_base() {
   o.submitter_gathers = true;
   o.staging_writes = gfd::StagingWrites::kPlain;
   o.preissue = false;
+  o.batch_placement = false;
+  o.chunk_bytes_to_host = std::size_t{1} << 20;
   o.time_dmas = true;
   o.use_all_local_cpus = true;
   o.kernel_max_bytes = std::size_t{24} << 10;
@@ -112,6 +117,8 @@ void expect_same(const gfd::EngineOptions& a, const gfd::EngineOptions& b) {
   EXPECT_EQ(a.submitter_gathers, b.submitter_gathers);
   EXPECT_EQ(a.staging_writes, b.staging_writes);
   EXPECT_EQ(a.preissue, b.preissue);
+  EXPECT_EQ(a.batch_placement, b.batch_placement);
+  EXPECT_EQ(a.chunk_bytes_to_host, b.chunk_bytes_to_host);
   EXPECT_EQ(a.time_dmas, b.time_dmas);
   EXPECT_EQ(a.use_all_local_cpus, b.use_all_local_cpus);
   EXPECT_EQ(a.kernel_max_bytes, b.kernel_max_bytes);
@@ -184,6 +191,8 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
       {"GFD_SUBMITTER_GATHERS", "off", [](auto& o) { o.submitter_gathers = false; }},
       {"GFD_STAGING_WRITES", "cldemote", [](auto& o) { o.staging_writes = gfd::StagingWrites::kCldemote; }},
       {"GFD_PREISSUE", "1", [](auto& o) { o.preissue = true; }},
+      {"GFD_BATCH_PLACEMENT", "on", [](auto& o) { o.batch_placement = true; }},
+      {"GFD_CHUNK_BYTES_TO_HOST", "512K", [](auto& o) { o.chunk_bytes_to_host = std::size_t{512} << 10; }},
       {"GFD_TIME_DMAS", "off", [](auto& o) { o.time_dmas = false; }},
       {"GFD_USE_ALL_LOCAL_CPUS", "0", [](auto& o) { o.use_all_local_cpus = false; }},
       {"GFD_KERNEL_MAX_BYTES", "256K", [](auto& o) { o.kernel_max_bytes = std::size_t{256} << 10; }},

@@ -90,18 +90,19 @@ PlanConfig small_config() {
   return cfg;
 }
 
-// Capacity of chunk k: min(slot, ramp + ramp / 16) with ramp = first << k (the ramp is the
-// chunk's data; its scatter entries may take up to a 16th more).
+// Capacity of chunk k: min(chunk, ramp + ramp / 16) with ramp = first << k (the ramp is the
+// chunk's data; its scatter entries may take up to a 16th more); `chunk` is the slot, or device
+// to host chunk_bytes_to_host where that is smaller.
 std::uint64_t chunk_cap(const PlanConfig& cfg, std::size_t k) {
-  const std::uint64_t first = cfg.first_chunk_bytes;
-  if (k >= 16 || (first << k) >= cfg.slot_bytes) return cfg.slot_bytes;
-  return std::min<std::uint64_t>(cfg.slot_bytes, (first << k) + (first << k) / 16);
+  const std::uint64_t first = cfg.first_chunk_bytes, cap = cfg.chunk_bytes();
+  if (k >= 16 || (first << k) >= cap) return cap;
+  return std::min<std::uint64_t>(cap, (first << k) + (first << k) / 16);
 }
 
-// Data capacity of chunk k: min(slot, first << k).
+// Data capacity of chunk k: min(chunk, first << k).
 std::uint64_t chunk_data_cap(const PlanConfig& cfg, std::size_t k) {
-  const std::uint64_t first = cfg.first_chunk_bytes;
-  return k >= 16 || (first << k) >= cfg.slot_bytes ? cfg.slot_bytes : first << k;
+  const std::uint64_t first = cfg.first_chunk_bytes, cap = cfg.chunk_bytes();
+  return k >= 16 || (first << k) >= cap ? cap : first << k;
 }
 
 // Structural invariants of every plan: chunks and pieces tile the op list in order, chunk
@@ -1231,6 +1232,51 @@ TEST(PlannerToHostTest, ScatteredDeviceSourcesAreNotContiguous) {
   ASSERT_FALSE(plan.chunks.empty());
   EXPECT_FALSE(plan.chunks[0].contiguous_device);
   EXPECT_TRUE(plan.all_pinned_host);
+}
+
+// chunk_bytes_to_host caps device-to-host chunks below the slot (one ring of large slots for
+// both directions), listed and planned from ids; host to device still fills whole slots.
+TEST(PlannerToHostTest, ChunkBytesToHostCapsOnlyDeviceToHostChunks) {
+  using gfd::detail::Direction;
+  using gfd::detail::IdOps;
+  for (const Direction dir : {Direction::kToDevice, Direction::kToHost}) {
+    SCOPED_TRACE(dir == Direction::kToDevice ? "to device" : "to host");
+    PlanConfig cfg = small_config();  // 64 KB slots, 16 KB first chunk
+    cfg.chunk_bytes_to_host = 32 * kKiB;
+    cfg.direction = dir;
+    const std::uint64_t cap = dir == Direction::kToHost ? 32 * kKiB : 64 * kKiB;
+    EXPECT_EQ(cfg.chunk_bytes(), cap);
+    // 400 scattered 1 KB blocks, listed.
+    std::vector<BlockCopy> blocks;
+    for (std::uint64_t i = 0; i < 400; ++i) {
+      const std::uintptr_t host = kPinnedBase + i * 2 * kKiB, dev = kDevBase + (399 - i) * 2 * kKiB;
+      blocks.push_back(dir == Direction::kToDevice ? block(host, dev, kKiB) : block(dev, host, kKiB));
+    }
+    const Plan listed = plan_of(blocks, cfg);
+    ASSERT_NO_FATAL_FAILURE(check_plan(blocks, listed, cfg));
+    std::uint64_t largest = 0;
+    for (const auto& c : listed.chunks) largest = std::max<std::uint64_t>(largest, c.dma_bytes());
+    EXPECT_LE(largest, cap);
+    EXPECT_GT(largest, cap / 2) << "the chunks grow to the cap";
+    // The same blocks planned from ids: one pair, ids 0..399 one way and 399..0 the other.
+    Plan plan;
+    plan.reset(400);
+    IdOps& ids = plan.id_ops;
+    ids.rows = 400;
+    ids.block_bytes = kKiB;
+    for (std::uint64_t i = 0; i < 400; ++i) {
+      ids.ids.push_back(dir == Direction::kToDevice ? i : 399 - i);
+      ids.ids.push_back(dir == Direction::kToDevice ? 399 - i : i);
+    }
+    const std::uintptr_t from = dir == Direction::kToDevice ? kPinnedBase : kDevBase;
+    const std::uintptr_t to = dir == Direction::kToDevice ? kDevBase : kPinnedBase;
+    ids.pairs.push_back({static_cast<const std::byte*>(src_at(from)), static_cast<std::byte*>(dst_at(to)), 2 * kKiB,
+                         2 * kKiB});
+    gfd::detail::plan_from_ids(plan, cfg);
+    gfd::detail::make_all_ops(plan);
+    ASSERT_NO_FATAL_FAILURE(check_plan(blocks, plan, cfg));
+    for (const auto& c : plan.chunks) EXPECT_LE(c.dma_bytes(), cap);
+  }
 }
 
 // Device to host, the last chunk is placed after the last DMA: chunks grow from the first

@@ -52,6 +52,8 @@ struct EngineStats {
   std::uint64_t blocks = 0;          ///< blocks submitted (before coalescing)
   std::uint64_t chunks = 0;          ///< staged chunks moved (one DMA each)
   std::uint64_t scattered_chunks = 0;///< chunks placed by the scatter kernel
+  std::uint64_t placements = 0;      ///< launches that placed several of those at once
+                                     ///< (EngineOptions::batch_placement)
   std::uint64_t host_direct_chunks = 0;  ///< of those, read in place from host memory (no gather)
   std::uint64_t direct_copies = 0;   ///< blocks sent straight from pinned memory
   std::uint64_t strided_copies = 0;  ///< 2D copies of constant-stride runs (their blocks are in direct_copies)

@@ -18,6 +18,11 @@ struct EngineOptions {
   /// Largest chunk moved by one DMA (one staging slot). Must divide into `staging_bytes` at
   /// least twice so that gathering and DMA can overlap.
   std::size_t slot_bytes = std::size_t{2} << 20;
+  /// Device to host: the largest chunk (0: slot_bytes). Device-to-host chunks are placed in
+  /// host memory by the gather threads only after their DMA, so smaller ones pipeline better
+  /// there, while host to device each chunk costs the call its driver calls: this lets the two
+  /// directions share one ring of large slots. At most slot_bytes, at least 4096.
+  std::size_t chunk_bytes_to_host = 0;
   /// Size of the first chunk of a transfer; later chunks double up to `slot_bytes`. A small
   /// first chunk gets the copy engine busy early (pipeline fill).
   std::size_t first_chunk_bytes = std::size_t{256} << 10;
@@ -138,6 +143,16 @@ struct EngineOptions {
   /// operation), so that no driver call sits between gathering and DMA. Where the GPU has no
   /// 64-bit stream memory operations the finishing thread issues the DMA itself.
   bool preissue = true;
+  /// Host to device, staged chunks with scattered destinations: each copy lane places its
+  /// chunks with one kernel launch for several chunks (up to 32, and at most a quarter of the
+  /// ring per lane: a lane's run of chunks, or the transfer's end), and that kernel marks the
+  /// chunks' slots free in pinned memory, instead of one scatter kernel and one slot event per
+  /// chunk. The call then makes two driver calls per chunk (the flag wait and the DMA) instead
+  /// of five, and the DMAs of a lane never queue behind a kernel that waits for SMs a model's
+  /// kernels hold. false: one scatter kernel (two thread blocks) and one event per chunk, as
+  /// before the twelfth session. Needs a GPU that reads pinned memory at its host address
+  /// (every 64-bit Linux system with unified addressing); elsewhere it is off.
+  bool batch_placement = true;
   /// Time each staged host-to-device chunk's DMA on the GPU (two timing events around it) for
   /// EngineStats::dma_seconds. Off by default: on the H200 a timing event costs the copy engine
   /// about 3 us per chunk (tests/micro/dma_cost), and without them 2048 x 4 KB moved 0-6 points
@@ -165,12 +180,12 @@ struct EngineOptions {
   Backend backend = Backend::kGather;
 
   /// `base` with every field overridden by its GFD_* environment variable where one is set:
-  /// GFD_DEVICE, GFD_STAGING_BYTES, GFD_SLOT_BYTES, GFD_FIRST_CHUNK_BYTES, GFD_PIECE_BYTES,
+  /// GFD_DEVICE, GFD_STAGING_BYTES, GFD_SLOT_BYTES, GFD_CHUNK_BYTES_TO_HOST, GFD_FIRST_CHUNK_BYTES, GFD_PIECE_BYTES,
   /// GFD_DIRECT_MIN_BYTES, GFD_DIRECT_MIN_BYTES_TO_HOST,
   /// GFD_STRIDED_MIN_ROWS, GFD_STRIDED_MIN_BYTES, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
   /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS, GFD_SUBMITTER_GATHERS,
   /// GFD_USE_ALL_LOCAL_CPUS, GFD_CPUS, GFD_STAGING_WRITES ("auto", "cldemote", "streaming" or "plain"),
-  /// GFD_PREISSUE, GFD_KERNEL_MAX_BYTES, GFD_PAGEABLE_CACHE_MS, GFD_BACKEND (a backend name such
+  /// GFD_PREISSUE, GFD_BATCH_PLACEMENT, GFD_TIME_DMAS, GFD_KERNEL_MAX_BYTES, GFD_PAGEABLE_CACHE_MS, GFD_BACKEND (a backend name such
   /// as "batch_async"). Sizes accept K, M and G suffixes.
   /// Throws gfd::Error naming the variable when a value does not parse.
   static EngineOptions from_env(EngineOptions base);
@@ -179,7 +194,8 @@ struct EngineOptions {
   /// Checks every field against its limits without opening a device (so a bad option is
   /// reported on a machine without a GPU too): copy_streams 1..16; slot_bytes >= 4096 and a
   /// multiple of 16; staging_bytes holding 2..65536 slots; at most 32768 pieces of piece_bytes
-  /// (>= 256) per slot; first_chunk_bytes >= 4096; gather_threads 0..the CPUs this process may
+  /// (>= 256) per slot; chunk_bytes_to_host 0 or 4096..slot_bytes, a multiple of 16;
+  /// first_chunk_bytes >= 4096; gather_threads 0..the CPUs this process may
   /// use; spin_us >= 0; numa_node >= -2 and, when >= 0, a node of this machine;
   /// pageable_cache_ms 0..3600000; device >= 0. Throws gfd::Error(kInvalidArgument) naming the
   /// field. Engines call it before they touch the device.

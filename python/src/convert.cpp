@@ -168,6 +168,7 @@ const OptionField kOptionFields[] = {
     GFD_OPTION(device),
     GFD_OPTION(staging_bytes),
     GFD_OPTION(slot_bytes),
+    GFD_OPTION(chunk_bytes_to_host),
     GFD_OPTION(first_chunk_bytes),
     GFD_OPTION(piece_bytes),
     GFD_OPTION(direct_min_bytes),
@@ -188,6 +189,7 @@ const OptionField kOptionFields[] = {
     GFD_OPTION(submitter_gathers),
     GFD_OPTION(staging_writes),
     GFD_OPTION(preissue),
+    GFD_OPTION(batch_placement),
     GFD_OPTION(time_dmas),
     GFD_OPTION(kernel_max_bytes),
     GFD_OPTION(pageable_cache_ms),
@@ -205,7 +207,8 @@ struct StatsField {
 #define GFD_STAT(f) StatsField{#f, [](const EngineStats& s) -> py::object { return to_py(s.f); }}
 const StatsField kStatsFields[] = {
     GFD_STAT(bytes),          GFD_STAT(transfers),       GFD_STAT(blocks),
-    GFD_STAT(chunks),         GFD_STAT(scattered_chunks), GFD_STAT(host_direct_chunks), GFD_STAT(direct_copies), GFD_STAT(strided_copies),
+    GFD_STAT(chunks),         GFD_STAT(scattered_chunks), GFD_STAT(placements),
+    GFD_STAT(host_direct_chunks), GFD_STAT(direct_copies), GFD_STAT(strided_copies),
     GFD_STAT(id_planned_transfers),
     GFD_STAT(gather_seconds), GFD_STAT(dma_seconds),     GFD_STAT(submit_wait_seconds),
     GFD_STAT(plan_seconds),   GFD_STAT(hugepages),       GFD_STAT(numa_node),

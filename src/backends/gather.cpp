@@ -16,8 +16,9 @@ StagingPipeline::StagingPipeline(const BackendSetup& setup)
       options(ctx->options),
       ring(*ctx->device, ctx->counters,
            RingConfig{options.staging_bytes / options.slot_bytes, options.slot_bytes, setup.numa_node,
-                      /*device_twin=*/true, /*flags=*/options.preissue, /*timing=*/options.time_dmas}),
-      lanes(*ctx, options.copy_streams),
+                      /*device_twin=*/true, /*flags=*/options.preissue, /*timing=*/options.time_dmas,
+                      /*placed_flags=*/options.batch_placement && ctx->device->host_pointers_usable()}),
+      lanes(*ctx, options.copy_streams, ring.size()),
       // Room for every slot's chunk plus the direct copies and finalizations between them.
       queue(ring.size() + 4096, ctx->tracer),
       store(resolve_staging_writes(options.staging_writes)),

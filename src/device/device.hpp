@@ -40,6 +40,22 @@ struct ScatterEntry {
   std::uint64_t bytes;
 };
 
+// One staged chunk placed by the placing kernel (Device::place): its `count` scatter entries
+// (device memory, or pinned host memory the GPU reads at its host address) from the staging
+// area `staging`; once every chunk of the launch is placed, `*flag = value` (pinned host memory)
+// says that the chunk's slot may be used again. `first`: the entries of the launch's earlier
+// chunks (filled in by place()).
+struct PlaceChunk {
+  const ScatterEntry* entries;
+  const void* staging;
+  std::uint64_t* flag;
+  std::uint64_t value;
+  std::uint32_t count;
+  std::uint32_t first;
+};
+// Chunks one launch of the placing kernel takes at most (they travel as its parameter).
+inline constexpr std::uint32_t kMaxPlaceChunks = 32;
+
 // One block copied by the zero-copy kernel: an SM kernel reads `bytes` from pinned host memory
 // `src` (through unified addressing) and writes them to device memory `dst`. The entries
 // themselves lie in pinned host memory and are read by the kernel the same way.
@@ -104,6 +120,13 @@ class Device {
   // Places `count` entries (device memory) from the device staging area `staging`.
   virtual void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                        StreamHandle s) = 0;
+  // Places `n` (1..kMaxPlaceChunks) staged chunks, `bytes` of data together (which sizes the
+  // grid), in one launch and then writes each chunk's flag; `counter` is 4 bytes of zeroed
+  // device memory no other stream uses at the same time (the launch's thread blocks count
+  // themselves out there, and the last leaves it zero again). The array is read during the call
+  // only.
+  virtual void place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t* counter,
+                     StreamHandle s) = 0;
   // The reverse, for device-to-host transfers: packs each entry's device bytes (at its `dst`
   // field, the device address) into `staging` at its offset.
   virtual void gather(const ScatterEntry* entries, std::uint32_t count, void* staging,

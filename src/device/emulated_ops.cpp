@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace gfd::detail {
@@ -29,6 +30,22 @@ void EmulatedDevice::scatter(const ScatterEntry* entries, std::uint32_t count, c
     for (std::uint32_t i = 0; i < count; ++i)
       std::memcpy(reinterpret_cast<void*>(entries[i].dst), base + entries[i].src_offset,
                   entries[i].bytes);
+  });
+}
+
+void EmulatedDevice::place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t, std::uint32_t*, StreamHandle s) {
+  // Like the kernel's parameter, the chunks are taken during the call; the entries are read when
+  // the "kernel" runs. Its fault-injection name is the scatter kernel's: it does that job.
+  std::vector<PlaceChunk> list(chunks, chunks + n);
+  std::uint32_t first = 0;
+  for (PlaceChunk& c : list) c.first = std::exchange(first, first + c.count);
+  enqueue_data(s, "scatter", [list = std::move(list)] {
+    for (const PlaceChunk& c : list) {
+      const auto* base = static_cast<const unsigned char*>(c.staging);
+      for (std::uint32_t i = 0; i < c.count; ++i)
+        std::memcpy(reinterpret_cast<void*>(c.entries[i].dst), base + c.entries[i].src_offset, c.entries[i].bytes);
+    }
+    for (const PlaceChunk& c : list) std::atomic_ref<std::uint64_t>(*c.flag).store(c.value, std::memory_order_release);
   });
 }
 

@@ -1,5 +1,7 @@
 #include "device/kernels.cuh"
 
+#include <algorithm>
+
 namespace gfd::detail {
 namespace {
 
@@ -16,6 +18,32 @@ constexpr int kMoveThreads = 1024;
 constexpr int kMoveBlocks = 2;
 constexpr int kMoveUnroll = 4;
 
+// One entry's bytes, copied by the 32 lanes of a warp.
+__device__ __forceinline__ void move_entry(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst,
+                                           std::uint64_t n, std::uint32_t lane) {
+  std::uint64_t done = 0;
+  if (((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) & 15) == 0) {
+    const std::uint64_t n16 = n / 16;
+    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    uint4* d4 = reinterpret_cast<uint4*>(dst);
+    for (std::uint64_t base = lane; base < n16; base += 32 * kMoveUnroll) {
+      uint4 v[kMoveUnroll];
+#pragma unroll
+      for (int k = 0; k < kMoveUnroll; ++k) {
+        const std::uint64_t i = base + k * 32;
+        if (i < n16) v[k] = s4[i];
+      }
+#pragma unroll
+      for (int k = 0; k < kMoveUnroll; ++k) {
+        const std::uint64_t i = base + k * 32;
+        if (i < n16) d4[i] = v[k];
+      }
+    }
+    done = n16 * 16;
+  }
+  for (std::uint64_t i = done + lane; i < n; i += 32) dst[i] = src[i];
+}
+
 template <bool kToStaging>
 __global__ void __launch_bounds__(kMoveThreads)
     move_kernel(const ScatterEntry* __restrict__ entries, std::uint32_t count, unsigned char* __restrict__ staging) {
@@ -24,30 +52,49 @@ __global__ void __launch_bounds__(kMoveThreads)
   for (std::uint32_t e = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; e < count; e += warps) {
     const ScatterEntry en = entries[e];
     unsigned char* device = reinterpret_cast<unsigned char*>(en.dst);
-    const unsigned char* src = kToStaging ? device : staging + en.src_offset;
-    unsigned char* dst = kToStaging ? staging + en.src_offset : device;
-    const std::uint64_t n = en.bytes;
-    std::uint64_t done = 0;
-    if (((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) & 15) == 0) {
-      const std::uint64_t n16 = n / 16;
-      const uint4* s4 = reinterpret_cast<const uint4*>(src);
-      uint4* d4 = reinterpret_cast<uint4*>(dst);
-      for (std::uint64_t base = lane; base < n16; base += 32 * kMoveUnroll) {
-        uint4 v[kMoveUnroll];
-#pragma unroll
-        for (int k = 0; k < kMoveUnroll; ++k) {
-          const std::uint64_t i = base + k * 32;
-          if (i < n16) v[k] = s4[i];
-        }
-#pragma unroll
-        for (int k = 0; k < kMoveUnroll; ++k) {
-          const std::uint64_t i = base + k * 32;
-          if (i < n16) d4[i] = v[k];
-        }
-      }
-      done = n16 * 16;
+    if (kToStaging) move_entry(device, staging + en.src_offset, en.bytes, lane);
+    else move_entry(staging + en.src_offset, device, en.bytes, lane);
+  }
+}
+
+// Placing several staged chunks of one copy lane in one launch (EngineOptions::batch_placement):
+// the chunks travel as the kernel's parameter, a warp per entry over all of them. Once every
+// thread block is done (the last one to count itself out on `counter` knows), each chunk's
+// flag in pinned host memory says that its slot may take the next chunk: the host learns it
+// from memory, with no event recorded or queried per chunk. The grid is sized by the bytes
+// (kPlaceBytesPerBlock each, kPlaceMaxBlocks at most): the launch comes once per run of chunks,
+// usually at a transfer's end, where its time adds to the transfer's, so it is wide and short.
+constexpr std::uint64_t kPlaceBytesPerBlock = 256 << 10;
+constexpr std::uint32_t kPlaceMaxBlocks = 32;
+
+struct PlaceParams {
+  std::uint32_t chunks;
+  std::uint32_t total;  // entries of every chunk
+  std::uint32_t* counter;
+  PlaceChunk c[kMaxPlaceChunks];
+};
+
+__global__ void __launch_bounds__(kMoveThreads) place_kernel(const __grid_constant__ PlaceParams p) {
+  const std::uint32_t lane = threadIdx.x & 31;
+  const std::uint32_t warps = gridDim.x * (blockDim.x / 32);
+  std::uint32_t k = 0;  // the chunk of entry e (e only grows)
+  for (std::uint32_t e = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; e < p.total; e += warps) {
+    while (k + 1 < p.chunks && e >= p.c[k + 1].first) ++k;
+    const ScatterEntry en = p.c[k].entries[e - p.c[k].first];
+    move_entry(static_cast<const unsigned char*>(p.c[k].staging) + en.src_offset,
+               reinterpret_cast<unsigned char*>(en.dst), en.bytes, lane);
+  }
+  // Every thread of the block has read its staged bytes (they are stored) before thread 0
+  // counts the block out; the last block out has seen every other block's count, so every
+  // staged byte of the launch has been read when it writes the flags.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(p.counter, 1u) == gridDim.x - 1) {
+      *p.counter = 0;  // the next launch on this lane runs after this one (stream order)
+      __threadfence_system();
+      for (std::uint32_t i = 0; i < p.chunks; ++i) *reinterpret_cast<volatile std::uint64_t*>(p.c[i].flag) = p.c[i].value;
     }
-    for (std::uint64_t i = done + lane; i < n; i += 32) dst[i] = src[i];
   }
 }
 
@@ -115,6 +162,25 @@ cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, con
   return cudaGetLastError();
 }
 
+cudaError_t launch_place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t* counter,
+                         cudaStream_t stream) {
+  if (n == 0 || n > kMaxPlaceChunks) return cudaErrorInvalidValue;
+  PlaceParams p;
+  p.chunks = n;
+  p.counter = counter;
+  std::uint32_t total = 0;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    chunks[i].first = total;
+    total += chunks[i].count;
+    p.c[i] = chunks[i];
+  }
+  p.total = total;
+  const std::uint64_t want = (bytes + kPlaceBytesPerBlock - 1) / kPlaceBytesPerBlock;
+  const auto grid = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(want, kMoveBlocks, kPlaceMaxBlocks));
+  place_kernel<<<grid, kMoveThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
                           cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
@@ -137,6 +203,7 @@ cudaError_t preload_kernels() {
   cudaFuncAttributes a{};
   cudaError_t e = cudaFuncGetAttributes(&a, move_kernel<false>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, move_kernel<true>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, place_kernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, delay_kernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, zero_copy_kernel);
   return e;

@@ -1,16 +1,30 @@
 #include "pipeline/copy_lanes.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 #include "engine_context.hpp"
 
 namespace gfd::detail {
 
-CopyLanes::CopyLanes(EngineContext& ctx, int h2d_lanes)
-    : ctx_(ctx), device_(*ctx.device), h2d_(static_cast<std::uint32_t>(h2d_lanes)) {
+namespace {
+constexpr std::size_t kCounterStride = 64 / sizeof(std::uint32_t);
+}
+
+CopyLanes::CopyLanes(EngineContext& ctx, int h2d_lanes, std::size_t ring_slots)
+    : ctx_(ctx),
+      device_(*ctx.device),
+      h2d_(static_cast<std::uint32_t>(h2d_lanes)),
+      place_limit_(static_cast<std::uint32_t>(
+          std::clamp<std::size_t>(ring_slots / (2 * h2d_), 1, kMaxPlaceChunks))) {
   try {
     for (std::uint32_t i = 0; i < h2d_ + 2 + kDirectLanes; ++i) lanes_.push_back(device_.create_stream());
+    const std::size_t bytes = h2d_ * kCounterStride * sizeof(std::uint32_t);
+    place_counters_ = static_cast<std::uint32_t*>(device_.alloc_device(bytes));
+    device_.memset_async(place_counters_, 0, bytes, lanes_[0]);
+    device_.stream_sync(lanes_[0]);
   } catch (...) {
+    if (place_counters_ != nullptr) device_.free_device(place_counters_);
     for (StreamHandle l : lanes_) device_.destroy_stream(l);
     throw;
   }
@@ -18,6 +32,7 @@ CopyLanes::CopyLanes(EngineContext& ctx, int h2d_lanes)
 
 CopyLanes::~CopyLanes() {
   for (StreamHandle l : lanes_) device_.destroy_stream(l);
+  device_.free_device(place_counters_);
 }
 
 void CopyLanes::begin(TransferState& t, StreamHandle stream) {
@@ -140,14 +155,15 @@ void CopyLanes::copy_runs(const Plan& p, const PlannedChunk& c, Slot& s, bool to
 
 void CopyLanes::enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s, bool wait,
                                   std::uint64_t flag_value) {
-  StreamHandle l = lane(t, next_h2d());
+  const std::uint32_t li = next_h2d();
+  StreamHandle l = lane(t, li);
   if (wait) device_.wait_value_geq(s.flag, flag_value, l);
   if (s.timing) device_.record_event(s.start, l);
-  move_to_device(t, index, s, l);
+  move_to_device(t, index, s, l, static_cast<int>(li));
   s.timed = s.timing;
 }
 
-void CopyLanes::move_to_device(TransferState& t, std::uint32_t index, Slot& s, StreamHandle l) {
+void CopyLanes::move_to_device(TransferState& t, std::uint32_t index, Slot& s, StreamHandle l, int lane_index) {
   const PlannedChunk& c = t.plan.chunks[index];
   if (c.contiguous_device) {
     device_.copy_h2d(t.plan.ops[c.op_begin].dst, s.host, c.data_bytes, l);
@@ -168,15 +184,55 @@ void CopyLanes::move_to_device(TransferState& t, std::uint32_t index, Slot& s, S
     } else {
       device_.copy_h2d(s.dev, s.host, c.dma_bytes(), l);  // the data and its entries
     }
-    device_.scatter(entries, c.op_end - c.op_begin, s.dev, l);
     Counters::add(ctx_.counters.scattered, 1);
+    if (lane_index >= 0 && s.placed != nullptr) {
+      // Placed later with the lane's next chunks (flush_placing): no kernel launch or event for
+      // this chunk now, and the lane's next DMAs do not wait behind a kernel for SMs. Its slot
+      // is free once the placing kernel writes `placed` (the event, where DMAs are timed, times
+      // the DMA alone).
+      if (t.placing.size() < h2d_) t.placing.resize(h2d_);
+      TransferState::Placing& w = t.placing[static_cast<std::size_t>(lane_index)];
+      w.chunks.push_back({entries, s.dev, s.placed, s.placed_value + 1, c.op_end - c.op_begin, 0});
+      w.bytes += c.data_bytes;
+      ++s.placed_value;
+      s.by_flag = true;
+      if (s.timing) device_.record_event(s.done, l);
+      trace_dma(t, index, l);
+      Counters::add(ctx_.counters.chunks, 1);
+      if (w.chunks.size() >= place_limit_) flush_placing(t, static_cast<std::uint32_t>(lane_index));
+      return;
+    }
+    device_.scatter(entries, c.op_end - c.op_begin, s.dev, l);
   }
   device_.record_event(s.done, l);
-  if (t.trace_start != nullptr) {  // made as the DMA is enqueued: chunks may be planned later
-    t.trace_dma.emplace_back(index, device_.create_event(true));
-    device_.record_event(t.trace_dma.back().second, l);
-  }
+  trace_dma(t, index, l);
   Counters::add(ctx_.counters.chunks, 1);
+}
+
+void CopyLanes::trace_dma(TransferState& t, std::uint32_t index, StreamHandle l) {
+  if (t.trace_start == nullptr) return;
+  // Made as the DMA is enqueued: chunks may be planned later.
+  t.trace_dma.emplace_back(index, device_.create_event(true));
+  device_.record_event(t.trace_dma.back().second, l);
+}
+
+void CopyLanes::flush_placing(TransferState& t, std::uint32_t lane_index) {
+  if (lane_index >= t.placing.size() || t.placing[lane_index].chunks.empty()) return;
+  TransferState::Placing& w = t.placing[lane_index];
+  try {
+    device_.place(w.chunks.data(), static_cast<std::uint32_t>(w.chunks.size()), w.bytes,
+                  place_counters_ + lane_index * kCounterStride, lanes_[lane_index]);
+  } catch (...) {
+    // Nothing will write their flags: free the slots now (the transfer has failed; a device
+    // that cannot launch a kernel runs nothing more), or the next submitter would wait forever.
+    for (const PlaceChunk& c : w.chunks) std::atomic_ref<std::uint64_t>(*c.flag).store(c.value, std::memory_order_release);
+    w.chunks.clear();
+    w.bytes = 0;
+    throw;
+  }
+  Counters::add(ctx_.counters.placements, 1);
+  w.chunks.clear();
+  w.bytes = 0;
 }
 
 void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, bool in_place) {
@@ -217,14 +273,18 @@ void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, 
     Counters::add(ctx_.counters.scattered, 1);
   }
   device_.record_event(s.done, l);
-  if (t.trace_start != nullptr) {
-    t.trace_dma.emplace_back(index, device_.create_event(true));
-    device_.record_event(t.trace_dma.back().second, l);
-  }
+  trace_dma(t, index, l);
   ctx_.tracer.record(t.id, TraceEvent::kChunkIssued, index, static_cast<std::uint32_t>(c.data_bytes));
 }
 
 void CopyLanes::finalize(TransferState& t) {
+  for (std::uint32_t li = 0; li < t.placing.size(); ++li) {
+    try {
+      flush_placing(t, li);
+    } catch (...) {
+      t.fail(std::current_exception());
+    }
+  }
   try {
     std::size_t home = 0;
     while (home < lanes_.size() && (t.lanes_started & (1u << home)) == 0) ++home;

@@ -26,7 +26,8 @@ class CopyLanes {
   // Direct copies (and 2D copies) per driver call at most.
   static constexpr std::size_t kGroup = 256;
 
-  CopyLanes(EngineContext& ctx, int h2d_lanes);
+  // `ring_slots`: the staging ring's slots, which bound the chunks a lane may leave unplaced.
+  CopyLanes(EngineContext& ctx, int h2d_lanes, std::size_t ring_slots);
   ~CopyLanes();
   CopyLanes(const CopyLanes&) = delete;
   CopyLanes& operator=(const CopyLanes&) = delete;
@@ -65,12 +66,18 @@ class CopyLanes {
   void submit_directs_on(TransferState& t, StreamHandle stream);
   // Chunk `index` from slot `s` to the device: with `wait`, behind a wait on the slot's flag
   // reaching `flag_value` (set by the thread that finishes gathering the chunk); scattered
-  // destinations go through the slot's device twin and the scatter kernel.
+  // destinations go through the slot's device twin and the scatter kernel, or, where the ring
+  // has placed flags (EngineOptions::batch_placement), wait on the lane for one placing launch
+  // with the lane's next chunks (flush_placing).
   void enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s, bool wait,
                          std::uint64_t flag_value);
   // The same on stream `l` as it stands (no lane, no wait, no timing event): the DMA (and the
-  // scatter kernel for scattered destinations), then `s.done`.
-  void move_to_device(TransferState& t, std::uint32_t index, Slot& s, StreamHandle l);
+  // scatter kernel for scattered destinations), then `s.done`. With `lane_index` (the lane `l`
+  // is) and a ring with placed flags, a scattered chunk's placing waits for flush_placing.
+  void move_to_device(TransferState& t, std::uint32_t index, Slot& s, StreamHandle l, int lane_index = -1);
+  // Places the chunks waiting on lane `lane_index` in one launch there; their slots are free
+  // once it has run. On failure their slots are freed at once and the error is thrown.
+  void flush_placing(TransferState& t, std::uint32_t lane_index);
   // Chunk `index` from the device into slot `s` (packed on the GPU first when its device blocks
   // are scattered); `s.done` follows the DMA. `in_place` (a host_direct chunk whose transfer is
   // known valid): the packed runs go straight to their host destinations instead.
@@ -78,8 +85,8 @@ class CopyLanes {
   // A host_direct chunk's DMAs: each run of its host side to or from its place in the slot's
   // device staging area.
   void copy_runs(const Plan& p, const PlannedChunk& c, Slot& s, bool to_host, StreamHandle l);
-  // Joins the lanes the transfer used into the first of them, records its done event there and
-  // marks it finalized (not on lane 0 regardless: a device-to-host transfer must not wait behind
+  // Places every chunk still waiting on a lane, joins the lanes the transfer used into the first
+  // of them, records its done event there and marks it finalized (not on lane 0 regardless: a device-to-host transfer must not wait behind
   // host-to-device DMAs). A device failure is recorded in the transfer.
   void finalize(TransferState& t);
   // Waits for every lane to run dry (shutdown).
@@ -87,11 +94,18 @@ class CopyLanes {
 
  private:
   StreamHandle lane(TransferState& t, std::uint32_t lane);
+  // Tracing only: a timing event after chunk `index`'s DMA on `l`.
+  void trace_dma(TransferState& t, std::uint32_t index, StreamHandle l);
 
   EngineContext& ctx_;
   Device& device_;
   std::uint32_t h2d_;
   std::vector<StreamHandle> lanes_;
+  // Batched placement: chunks a lane leaves unplaced at most. The lanes together then hold at
+  // most half the ring's slots unplaced, so a submitter waiting for a slot never waits for a
+  // placing launch that only it would enqueue.
+  std::uint32_t place_limit_;
+  std::uint32_t* place_counters_ = nullptr;  // device memory, one counter per lane (64 bytes apart)
   static constexpr std::uint32_t kDirectLanes = 2;
   // Next host-to-device lane, round robin: taken by the issuer and, with preissue, submitters.
   std::atomic<std::uint64_t> rr_{0};

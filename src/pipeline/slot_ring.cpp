@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "engine_context.hpp"
 #include "gfd/error.hpp"
@@ -24,9 +25,11 @@ SlotRing::SlotRing(Device& device, Counters& counters, const RingConfig& c)
   memory_.register_with(device);
   try {
     if (c.device_twin) dev_staging_ = static_cast<std::byte*>(device.alloc_device(ring));
-    if (c.flags) {
-      constexpr std::size_t kLine = 64;  // one flag per cache line: threads set them concurrently
-      const std::size_t bytes = (c.slots * kLine + 4095) / 4096 * 4096;
+    if (c.flags || c.placed_flags) {
+      // One flag per cache line: threads set them concurrently, and the GPU writes the placed
+      // flags over PCIe beside them. Per slot: its wait flag, then its placed flag.
+      constexpr std::size_t kLine = 64;
+      const std::size_t bytes = (c.slots * 2 * kLine + 4095) / 4096 * 4096;
       void* f = nullptr;
       if (posix_memalign(&f, 4096, bytes) != 0) throw Error(ErrorCode::kSystem, "out of memory for slot flags");
       std::memset(f, 0, bytes);
@@ -42,7 +45,9 @@ SlotRing::SlotRing(Device& device, Counters& counters, const RingConfig& c)
       Slot& s = slots_[i];
       s.host = memory_.data() + i * c.slot_bytes;
       s.dev = dev_staging_ != nullptr ? dev_staging_ + i * c.slot_bytes : nullptr;
-      s.flag = flags_ != nullptr ? flags_ + i * (64 / sizeof(std::uint64_t)) : nullptr;
+      constexpr std::size_t kWords = 64 / sizeof(std::uint64_t);
+      s.flag = c.flags ? flags_ + 2 * i * kWords : nullptr;
+      s.placed = c.placed_flags ? flags_ + (2 * i + 1) * kWords : nullptr;
       s.timing = c.timing;
       s.start = device.create_event(c.timing);
       s.done = device.create_event(c.timing);
@@ -78,12 +83,36 @@ void SlotRing::wait_free(Slot& s) {
   }
   if (st == Slot::kIssued) {
     try {
-      wait_event(device_, s.done);  // no slot is reused before its DMA has completed
+      // No slot is reused before its DMA (and its placing kernel) has completed.
+      if (s.by_flag) wait_placed(s);
+      else wait_event(device_, s.done);
       account(s);
     } catch (...) {
       // The DMA failed: its own transfer reports that. Nothing runs on the device after a
       // fault, so the slot is free.
       s.timed = false;
+    }
+  }
+}
+
+void SlotRing::wait_placed(Slot& s) {
+  const std::atomic_ref<std::uint64_t> placed(*s.placed);
+  auto freed = [&] { return placed.load(std::memory_order_acquire) >= s.placed_value; };
+  for (int i = 0; i < 1024; ++i) {
+    if (freed()) return;
+    cpu_relax();
+  }
+  // A fault would leave the flag unwritten for good, and every later driver call reports such
+  // a fault: look at the slot's (old) event now and then, which throws it.
+  const auto spin_until = Clock::now() + std::chrono::microseconds(500);
+  auto look = Clock::now() + std::chrono::milliseconds(1);
+  while (!freed()) {
+    const auto now = Clock::now();
+    if (now > spin_until) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    else std::this_thread::yield();
+    if (now > look) {
+      (void)device_.event_done(s.done);
+      look = now + std::chrono::milliseconds(1);
     }
   }
 }
@@ -101,6 +130,7 @@ std::uint32_t SlotRing::acquire() {
   const auto t0 = Clock::now();
   wait_free(s);
   Counters::add(counters_.submit_wait_ns, ns_since(t0));
+  s.by_flag = false;
   s.state.store(Slot::kGathering, std::memory_order_relaxed);
   ++next_;
   return idx;
@@ -122,7 +152,8 @@ void SlotRing::drain() noexcept {
   for (Slot& s : slots_) {
     if (s.state.load(std::memory_order_acquire) != Slot::kIssued) continue;
     try {
-      device_.event_sync(s.done);
+      if (s.by_flag) wait_placed(s);
+      else device_.event_sync(s.done);
     } catch (...) {
       // Reported to the transfer that enqueued the work.
     }

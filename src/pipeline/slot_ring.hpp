@@ -5,7 +5,10 @@
 //
 // A slot is kFree -> kGathering (taken by a submitter, filled by the gather threads) ->
 // kIssued (its DMA or kernel is enqueued; `done` is recorded after it) -> free again once `done`
-// has completed. No slot is reused before its event fires: acquire() waits for that.
+// has completed. No slot is reused before its event fires: acquire() waits for that. A chunk
+// placed by a batched placing launch (EngineOptions::batch_placement) has no event of its own:
+// the kernel writes `placed` in pinned memory once it has read the slot, and acquire() waits
+// for that value instead.
 #pragma once
 
 #include <atomic>
@@ -32,6 +35,12 @@ struct Slot {
   bool timed = false;                // start/done bracket a DMA not yet added to the stats
   std::uint64_t* flag = nullptr;     // registered host memory a pre-issued DMA waits on
   std::uint64_t flag_value = 0;      // value of the last chunk published in this slot
+  // Batched placement: registered host memory the placing kernel writes (nullptr: the ring has
+  // none), the value that frees the slot's current chunk, and whether that chunk is freed so
+  // (set before mark_issued) rather than by `done`.
+  std::uint64_t* placed = nullptr;
+  std::uint64_t placed_value = 0;
+  bool by_flag = false;
   std::atomic<int> state{kFree};
 
   // The slot's DMA or kernel is enqueued (or failed to be): waiters may look at `done`.
@@ -59,6 +68,7 @@ struct RingConfig {
   bool device_twin = false;  // allocate device staging of the same size
   bool flags = false;        // one flag per slot for pre-issued DMAs
   bool timing = false;       // timing events (EngineOptions::time_dmas), else events without timing
+  bool placed_flags = false; // one flag per slot for the batched placing kernel
 };
 
 class SlotRing {
@@ -85,6 +95,8 @@ class SlotRing {
 
  private:
   void wait_free(Slot& s);
+  // Waits until the placing kernel has freed `s`'s chunk (throws a device fault).
+  void wait_placed(Slot& s);
   void account(Slot& s);
   void release() noexcept;
 

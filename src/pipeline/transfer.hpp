@@ -52,6 +52,14 @@ struct TransferState {
   EventHandle done_event = nullptr;
   std::vector<EventHandle> lane_events;  // one per lane, used when the transfer finalizes
   std::uint32_t lanes_started = 0;       // bit per lane: waits on start_event issued
+  // Batched placement: per copy lane, the staged chunks whose DMAs are enqueued there and whose
+  // placing launch is not yet (CopyLanes::flush_placing; every lane's at the latest when the
+  // transfer finalizes).
+  struct Placing {
+    std::vector<PlaceChunk> chunks;
+    std::uint64_t bytes = 0;
+  };
+  std::vector<Placing> placing;
   // Tracing only: a timing event at submission and one after each chunk's DMA.
   EventHandle trace_start = nullptr;
   std::uint64_t trace_start_ns = 0;

@@ -38,7 +38,7 @@ void Packer::finish() {
 
 ChunkCaps chunk_caps(const PlanConfig& cfg, std::size_t k, std::uint64_t left) {
   ChunkCaps c;
-  c.cap = c.data_cap = cfg.slot_bytes;
+  c.cap = c.data_cap = cfg.chunk_bytes();
   // The first chunks grow from first_chunk_bytes of data; their scatter entries come on top (up
   // to one per 384 bytes of data), so that a transfer of exactly first_chunk_bytes is one chunk
   // and one DMA, not a full chunk and a sliver.
@@ -53,7 +53,7 @@ ChunkCaps chunk_caps(const PlanConfig& cfg, std::size_t k, std::uint64_t left) {
   // less is left to place once the last DMA is done.
   if (cfg.direction == Direction::kToHost) {
     c.cap = std::min<std::uint64_t>(
-        c.cap, std::max<std::uint64_t>(std::max<std::uint64_t>(cfg.first_chunk_bytes, cfg.slot_bytes / 2),
+        c.cap, std::max<std::uint64_t>(std::max<std::uint64_t>(cfg.first_chunk_bytes, cfg.chunk_bytes() / 2),
                                        align_up((left + 1) / 2, kAlign)));
     c.data_cap = std::min(c.data_cap, c.cap);
   }
@@ -145,7 +145,7 @@ PlanBounds plan_bounds(std::size_t blocks, std::uint64_t bytes, const PlanConfig
   // (and one more), aligned down to 16, reach its capacity, which is at least cmin. An op ends
   // where its block run ends (at most one per block) or where a piece closes; a piece closes
   // when full or with its chunk. Summing over the chunks bounds their number.
-  const std::uint64_t cmin = std::min<std::uint64_t>(cfg.first_chunk_bytes, cfg.slot_bytes);
+  const std::uint64_t cmin = std::min<std::uint64_t>(cfg.first_chunk_bytes, cfg.chunk_bytes());
   const std::uint64_t entry = sizeof(ScatterEntry);
   const std::uint64_t full_pieces = bytes / cfg.piece_bytes;
   PlanBounds b;
@@ -154,7 +154,7 @@ PlanBounds plan_bounds(std::size_t blocks, std::uint64_t bytes, const PlanConfig
   // piece size is a 32nd of its data capacity, or kMinPiece where that is larger, which leaves
   // fewer) and one partial; any other chunk has full piece_bytes pieces and one partial. Only
   // the 16 ramp chunks can be that small, unless half a slot is (the device-to-host taper).
-  const std::uint64_t small = cfg.slot_bytes / 2 < kPiecesPerChunk * cfg.piece_bytes
+  const std::uint64_t small = cfg.chunk_bytes() / 2 < kPiecesPerChunk * cfg.piece_bytes
                                   ? b.chunks
                                   : std::min<std::uint64_t>(b.chunks, 16);
   b.pieces = full_pieces + b.chunks + small * kPiecesPerChunk;

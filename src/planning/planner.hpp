@@ -39,7 +39,14 @@ struct PlanTrust {
 struct PlanConfig {
   Direction direction = Direction::kToDevice;
   int device = 0;                         // ordinal the device side must belong to
-  std::size_t slot_bytes = 2 << 20;       // capacity of one chunk (data + scatter entries)
+  std::size_t slot_bytes = 2 << 20;       // capacity of one slot (data + scatter entries)
+  std::size_t chunk_bytes_to_host = 0;    // device to host, a smaller chunk capacity (0: slot_bytes)
+  // Capacity of one chunk in this config's direction.
+  std::size_t chunk_bytes() const {
+    return direction == Direction::kToHost && chunk_bytes_to_host != 0 && chunk_bytes_to_host < slot_bytes
+               ? chunk_bytes_to_host
+               : slot_bytes;
+  }
   std::size_t first_chunk_bytes = 256 << 10;
   std::size_t piece_bytes = 32 << 10;
   std::size_t direct_min_bytes = 1 << 20; // host to device; 0 disables the direct path
