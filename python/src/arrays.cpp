@@ -197,6 +197,29 @@ void int_shape(IntArray& a, const std::vector<std::int64_t>& shape, const std::v
 
 }  // namespace
 
+bool is_torch_tensor(py::handle obj) {
+  // torch.Tensor, once torch is loaded (never imported here); kept for the process's life, as
+  // torch is never unloaded.
+  static PyObject* tensor_type = nullptr;
+  if (tensor_type == nullptr) {
+    static PyObject* const torch_name = PyUnicode_InternFromString("torch");
+    PyObject* torch = PyImport_GetModule(torch_name);
+    if (torch == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    tensor_type = PyObject_GetAttrString(torch, "Tensor");
+    Py_DECREF(torch);
+    if (tensor_type == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  const int r = PyObject_IsInstance(obj.ptr(), tensor_type);
+  if (r < 0) PyErr_Clear();
+  return r > 0;
+}
+
 IntArray int_array(py::handle obj, const std::string& name, bool allow_scalar) {
   IntArray a;
   if (py::isinstance<py::int_>(obj) && !py::isinstance<py::bool_>(obj)) {
@@ -235,6 +258,19 @@ IntArray int_array(py::handle obj, const std::string& name, bool allow_scalar) {
       return a;
     }
     PyErr_Clear();
+  }
+  // A torch CPU tensor (a block mapping, say) as its numpy view, read as a buffer: a DLPack
+  // export costs several microseconds of Python (torch's __dlpack__), the view about one. What
+  // torch will not view so (CUDA tensors, tensors that need grad) takes the DLPack path below,
+  // with its messages.
+  if (is_torch_tensor(obj)) {
+    static PyObject* const numpy_name = PyUnicode_InternFromString("numpy");
+    if (PyObject* view = PyObject_CallMethodNoArgs(obj.ptr(), numpy_name)) {
+      const py::object keep = py::reinterpret_steal<py::object>(view);
+      if (PyObject_CheckBuffer(view)) return int_array(keep, name, allow_scalar);
+    } else {
+      PyErr_Clear();
+    }
   }
   // DLPack (torch CPU tensors) and the array interface.
   if ((py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__")) ||

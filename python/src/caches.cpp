@@ -188,13 +188,8 @@ bool SetCache::key_of(py::handle t, std::uintptr_t& ptr, py::object& shape) {
   // interpreter is gone, at process exit.
   static PyObject* const data_ptr = PyUnicode_InternFromString("data_ptr");
   static PyObject* const shape_attr = PyUnicode_InternFromString("shape");
-  PyObject* f = PyObject_GetAttr(t.ptr(), data_ptr);
-  if (f == nullptr) {
-    PyErr_Clear();
-    return false;
-  }
-  PyObject* v = PyObject_CallNoArgs(f);
-  Py_DECREF(f);
+  // A method call without a bound method made first (this runs for every tensor of every call).
+  PyObject* v = PyObject_CallMethodNoArgs(t.ptr(), data_ptr);
   if (v == nullptr) {
     PyErr_Clear();
     return false;
@@ -215,18 +210,31 @@ bool SetCache::key_of(py::handle t, std::uintptr_t& ptr, py::object& shape) {
 }
 
 std::shared_ptr<PyCacheSet> SetCache::find(const py::sequence& a, const py::sequence& b, const std::string& fn) {
-  const std::size_t n = a.size() + b.size();
+  const std::size_t na = a.size(), n = na + b.size();
+  // The items without a new reference each where the lists are lists (swap_blocks makes them so).
+  auto item = [&](std::size_t i) -> py::object {
+    const py::sequence& s = i < na ? a : b;
+    const std::size_t j = i < na ? i : i - na;
+    if (PyList_Check(s.ptr())) return py::reinterpret_borrow<py::object>(PyList_GET_ITEM(s.ptr(), j));
+    return s[j];
+  };
   for (std::size_t k = entries_.size(); k-- > 0;) {
     Entry& e = entries_[k];
     if (e.refs.size() != n || e.fn != fn) continue;
     bool same = true;
+    // The very objects first (their weak references still lead to them): cheap, and a list of
+    // other tensors fails here without reading any tensor.
+    for (std::size_t i = 0; i < n && same; ++i) same = PyWeakref_GetObject(e.refs[i].ptr()) == item(i).ptr();
+    // Then each one's memory and shape, as registered.
     for (std::size_t i = 0; i < n && same; ++i) {
-      py::handle t = i < a.size() ? a[i] : b[i - a.size()];
-      // The very object (its weak reference still leads to it), with the same memory and shape.
-      same = PyWeakref_GetObject(e.refs[i].ptr()) == t.ptr();
       std::uintptr_t ptr = 0;
       py::object shape;
-      if (same) same = key_of(t, ptr, shape) && ptr == e.ptrs[i] && shape.equal(e.shapes[i]);
+      same = key_of(item(i), ptr, shape) && ptr == e.ptrs[i];
+      if (same) {
+        const int eq = PyObject_RichCompareBool(shape.ptr(), e.shapes[i].ptr(), Py_EQ);
+        if (eq < 0) PyErr_Clear();
+        same = eq == 1;
+      }
     }
     if (!same) continue;
     std::shared_ptr<PyCacheSet> set = e.set;

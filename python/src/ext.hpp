@@ -121,6 +121,8 @@ struct IntArray {
   }
 };
 
+// Whether `obj` is a torch.Tensor (false while torch is not loaded).
+bool is_torch_tensor(py::handle obj);
 // `obj` as a 1-D or 2-D integer array (`allow_scalar`: a single int, broadcast).
 IntArray int_array(py::handle obj, const std::string& name, bool allow_scalar);
 

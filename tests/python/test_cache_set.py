@@ -55,6 +55,30 @@ def test_register_and_copy_both_ways(engine):
         assert (h[dst] == d[src]).all()
 
 
+def test_torch_cpu_tensors_as_ids(engine):
+    # Read through their numpy views: int64 and int32, a transposed (strided) mapping, separate
+    # id tensors; bad ids still named by row; a float tensor refused naming the argument.
+    torch = pytest.importorskip("torch")
+    hs, ds, hv, dv = layers(engine, 3)
+    cs = engine.register_caches(hs, ds)
+    m = np.array([[3, 0], [20, 7], [9, 15]], np.int64)
+    for mapping in (torch.from_numpy(m), torch.from_numpy(m).to(torch.int32),
+                    torch.from_numpy(np.ascontiguousarray(m.T)).t()):
+        for d in dv:
+            d[:] = 0
+        engine.copy_blocks(cs, mapping).wait()
+        for h, d in zip(hv, dv):
+            assert (d[m[:, 1]] == h[m[:, 0]]).all()
+    src, dst = torch.tensor([5, 6]), torch.tensor([1, 2], dtype=torch.int32)
+    engine.copy_blocks(cs, src, dst).wait()
+    for h, d in zip(hv, dv):
+        assert (d[[1, 2]] == h[[5, 6]]).all()
+    expect_error(r"copy_blocks: block_mapping row 1 \(block 24 -> 1\): source block 24 is out of range",
+                 engine.copy_blocks, cs, torch.tensor([[0, 0], [24, 1]]), block=1)
+    with pytest.raises(gfd.Error, match="block_mapping"):
+        engine.copy_blocks(cs, torch.tensor([[0.0, 1.0]]))
+
+
 def test_copy_blocks_errors(engine):
     hs, ds, hv, dv = layers(engine, 2)
     cs = engine.register_caches(hs, ds)
