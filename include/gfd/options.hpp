@@ -21,7 +21,10 @@ struct EngineOptions {
   /// Device to host: the largest chunk (0: slot_bytes). Device-to-host chunks are placed in
   /// host memory by the gather threads only after their DMA, so smaller ones pipeline better
   /// there, while host to device each chunk costs the call its driver calls: this lets the two
-  /// directions share one ring of large slots. At most slot_bytes, at least 4096.
+  /// directions share one ring of large slots. At most slot_bytes, at least 4096. Measured on
+  /// an H200 (bench/history/2026-12-03-s12-batched-placement.md): 4 MiB slots with 2 MiB
+  /// device-to-host chunks still moved 4 KB swap-outs at 65-68% against 72-74% with 2 MiB
+  /// slots, so that loss comes from the ring's fewer slots, not the chunk size; 0 stays.
   std::size_t chunk_bytes_to_host = 0;
   /// Size of the first chunk of a transfer; later chunks double up to `slot_bytes`. A small
   /// first chunk gets the copy engine busy early (pipeline fill).
@@ -144,14 +147,19 @@ struct EngineOptions {
   /// 64-bit stream memory operations the finishing thread issues the DMA itself.
   bool preissue = true;
   /// Host to device, staged chunks with scattered destinations: each copy lane places its
-  /// chunks with one kernel launch for several chunks (up to 32, and at most a quarter of the
-  /// ring per lane: a lane's run of chunks, or the transfer's end), and that kernel marks the
-  /// chunks' slots free in pinned memory, instead of one scatter kernel and one slot event per
-  /// chunk. The call then makes two driver calls per chunk (the flag wait and the DMA) instead
-  /// of five, and the DMAs of a lane never queue behind a kernel that waits for SMs a model's
-  /// kernels hold. false: one scatter kernel (two thread blocks) and one event per chunk, as
-  /// before the twelfth session. Needs a GPU that reads pinned memory at its host address
-  /// (every 64-bit Linux system with unified addressing); elsewhere it is off.
+  /// chunks with one kernel launch for several of them (a run of up to 32, the lanes together
+  /// at most half the ring's slots, or what is left at the transfer's end), and that kernel
+  /// marks the chunks' slots free in pinned memory, instead of one scatter kernel and one slot
+  /// event per chunk. The call then makes two driver calls per chunk (the flag wait and the DMA)
+  /// instead of five, and the DMAs of a lane never queue behind a kernel that waits for SMs a
+  /// model's kernels hold. On an H200 (paged case, 64 caches x 64 ids, rotated A/B, three rounds;
+  /// bench/history/2026-12-03-s12-batched-placement.md) 4 KB swap-ins moved 67.5-69.9% of the
+  /// line rate with a 57-78 us call against 56.4-65.1% with 112-200 us, 16 KB ones 72.6-77.9%
+  /// against 70.8-71.5%; beside back-to-back bf16 matmuls 4 KB swap-ins kept 72-78% of their
+  /// idle rate against 44-46%, 16 KB ones 85-89% against 44-46%. false: one scatter kernel (two
+  /// thread blocks) and one event per chunk, as before the twelfth session. Needs a GPU that
+  /// reads pinned memory at its host address (every 64-bit Linux system with unified
+  /// addressing); elsewhere it is off.
   bool batch_placement = true;
   /// Time each staged host-to-device chunk's DMA on the GPU (two timing events around it) for
   /// EngineStats::dma_seconds. Off by default: on the H200 a timing event costs the copy engine
