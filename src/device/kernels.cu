@@ -6,11 +6,10 @@ namespace gfd::detail {
 namespace {
 
 // Placing a staged chunk (scatter) and packing device blocks into staging (gather) run on the
-// copy lanes beside the model's kernels. (Host to device, chunks are usually placed several at a
-// time by place_kernel below; move_kernel places one chunk where that is off.) They take as few
-// SMs as keep up with the link: two
+// copy lanes beside the model's kernels, so they take as few SMs as keep up with the link: two
 // thread blocks of 1024 threads per chunk, a warp per entry (KV blocks are 1-64 KB), each lane
-// keeping kMoveUnroll 16-byte loads in flight. An earlier kernel launched a thread block per
+// keeping kMoveUnroll 16-byte loads in flight. (Host to device, chunks are usually placed several
+// at a time by place_kernel below; move_kernel places one chunk where that is off.) An earlier kernel launched a thread block per
 // entry (512 for a 2 MB chunk of 4 KB blocks), which spread over every SM. On the H200 (paged
 // case, 64 tensors x 64 blocks, one run each, bench/history/2026-12-01-s6-runtime-call.md) one
 // block per chunk held 4 KB swap-outs to 58% of the line rate and swap-ins to 58%; two gave

@@ -86,8 +86,9 @@ class CopyLanes {
   // device staging area.
   void copy_runs(const Plan& p, const PlannedChunk& c, Slot& s, bool to_host, StreamHandle l);
   // Places every chunk still waiting on a lane, joins the lanes the transfer used into the first
-  // of them, records its done event there and marks it finalized (not on lane 0 regardless: a device-to-host transfer must not wait behind
-  // host-to-device DMAs). A device failure is recorded in the transfer.
+  // of them, records its done event there and marks it finalized (not on lane 0 regardless: a
+  // device-to-host transfer must not wait behind host-to-device DMAs). A device failure is
+  // recorded in the transfer.
   void finalize(TransferState& t);
   // Waits for every lane to run dry (shutdown).
   void drain() noexcept;
