@@ -103,6 +103,8 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
   }
   env_bool("GFD_PREISSUE", o.preissue);
   env_bool("GFD_BATCH_PLACEMENT", o.batch_placement);
+  env_int("GFD_PLACEMENT_CHUNKS", o.placement_chunks);
+  env_int("GFD_PLACEMENT_BLOCKS", o.placement_blocks);
   env_bool("GFD_TIME_DMAS", o.time_dmas);
   env_size("GFD_KERNEL_MAX_BYTES", o.kernel_max_bytes);
   env_int("GFD_PAGEABLE_CACHE_MS", o.pageable_cache_ms);
@@ -146,6 +148,10 @@ void EngineOptions::validate() const {
                                    chunk_bytes_to_host % 16 != 0))
     bad_option("chunk_bytes_to_host: " + str(chunk_bytes_to_host) + " must be 0 or a multiple of 16 from 4096 to " +
                "slot_bytes " + str(slot_bytes));
+  if (placement_chunks < 1 || placement_chunks > 32)
+    bad_option("placement_chunks: " + str(placement_chunks) + " is outside 1..32");
+  if (placement_blocks < 1 || placement_blocks > 32)
+    bad_option("placement_blocks: " + str(placement_blocks) + " is outside 1..32");
   if (first_chunk_bytes < 4096) bad_option("first_chunk_bytes: " + str(first_chunk_bytes) + " is below 4096");
   if (spin_us < 0) bad_option("spin_us: " + str(spin_us) + " is negative");
   if (direct_split_percent < 0 || direct_split_percent > 100)

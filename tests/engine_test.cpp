@@ -640,6 +640,9 @@ TEST_P(EngineTest, AbsurdOptionsAreRejectedNamingTheOption) {
   add("chunk_bytes_to_host", [](EngineOptions& o) { o.chunk_bytes_to_host = 2048; });
   add("chunk_bytes_to_host", [](EngineOptions& o) { o.chunk_bytes_to_host = o.slot_bytes * 2; });
   add("chunk_bytes_to_host", [](EngineOptions& o) { o.chunk_bytes_to_host = 65536 + 8; });
+  add("placement_chunks", [](EngineOptions& o) { o.placement_chunks = 0; });
+  add("placement_chunks", [](EngineOptions& o) { o.placement_chunks = 33; });
+  add("placement_blocks", [](EngineOptions& o) { o.placement_blocks = 0; });
   for (const Case& c : cases) {
     SCOPED_TRACE(c.needle);
     try {
@@ -770,6 +773,8 @@ TEST_P(EngineTest, BatchedPlacementPlacesSeveralChunksPerLaunch) {
       o.first_chunk_bytes = 16 << 10;
       o.preissue = preissue;
       o.batch_placement = batch;
+      o.placement_chunks = 8;
+      o.placement_blocks = preissue ? 32 : 1;
       Engine engine = td_->make_engine(o);
       DeviceBuffer dst(dev(), 1536 * 4096);  // 6 MB: three times the ring
       const auto blocks = make_blocks(pool, dst, 1536, 4096, true, 62);

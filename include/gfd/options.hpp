@@ -161,6 +161,16 @@ struct EngineOptions {
   /// reads pinned memory at its host address (every 64-bit Linux system with unified
   /// addressing); elsewhere it is off.
   bool batch_placement = true;
+  /// Batched placement: the chunks one placing launch of a lane takes at most (1..32; the lanes
+  /// together never leave more than half the ring's slots unplaced). Few keep the placing close
+  /// behind the DMAs, where it overlaps them; many make fewer launches, each waiting once for
+  /// SMs beside a model's kernels. See bench/history/2026-12-03-s12-batched-placement.md.
+  int placement_chunks = 2;
+  /// Batched placement: the thread blocks (1024 threads each) of one placing launch at most
+  /// (1..32), one per 256 KiB of the launch's data below that. Device caches spread over tens of
+  /// gigabytes make every placed block miss the GPU's TLB, and many blocks missing at once
+  /// placed far slower than few (bench/history/2026-12-03-s12-batched-placement.md).
+  int placement_blocks = 4;
   /// Time each staged host-to-device chunk's DMA on the GPU (two timing events around it) for
   /// EngineStats::dma_seconds. Off by default: on the H200 a timing event costs the copy engine
   /// about 3 us per chunk (tests/micro/dma_cost), and without them 2048 x 4 KB moved 0-6 points
@@ -193,7 +203,7 @@ struct EngineOptions {
   /// GFD_STRIDED_MIN_ROWS, GFD_STRIDED_MIN_BYTES, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
   /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS, GFD_SUBMITTER_GATHERS,
   /// GFD_USE_ALL_LOCAL_CPUS, GFD_CPUS, GFD_STAGING_WRITES ("auto", "cldemote", "streaming" or "plain"),
-  /// GFD_PREISSUE, GFD_BATCH_PLACEMENT, GFD_TIME_DMAS, GFD_KERNEL_MAX_BYTES, GFD_PAGEABLE_CACHE_MS, GFD_BACKEND (a backend name such
+  /// GFD_PREISSUE, GFD_BATCH_PLACEMENT, GFD_PLACEMENT_CHUNKS, GFD_PLACEMENT_BLOCKS, GFD_TIME_DMAS, GFD_KERNEL_MAX_BYTES, GFD_PAGEABLE_CACHE_MS, GFD_BACKEND (a backend name such
   /// as "batch_async"). Sizes accept K, M and G suffixes.
   /// Throws gfd::Error naming the variable when a value does not parse.
   static EngineOptions from_env(EngineOptions base);
@@ -203,6 +213,7 @@ struct EngineOptions {
   /// reported on a machine without a GPU too): copy_streams 1..16; slot_bytes >= 4096 and a
   /// multiple of 16; staging_bytes holding 2..65536 slots; at most 32768 pieces of piece_bytes
   /// (>= 256) per slot; chunk_bytes_to_host 0 or 4096..slot_bytes, a multiple of 16;
+  /// placement_chunks and placement_blocks 1..32;
   /// first_chunk_bytes >= 4096; gather_threads 0..the CPUs this process may
   /// use; spin_us >= 0; numa_node >= -2 and, when >= 0, a node of this machine;
   /// pageable_cache_ms 0..3600000; device >= 0. Throws gfd::Error(kInvalidArgument) naming the

@@ -190,6 +190,8 @@ const OptionField kOptionFields[] = {
     GFD_OPTION(staging_writes),
     GFD_OPTION(preissue),
     GFD_OPTION(batch_placement),
+    GFD_OPTION(placement_chunks),
+    GFD_OPTION(placement_blocks),
     GFD_OPTION(time_dmas),
     GFD_OPTION(kernel_max_bytes),
     GFD_OPTION(pageable_cache_ms),

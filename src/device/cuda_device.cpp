@@ -294,9 +294,9 @@ class CudaDevice final : public Device {
     GFD_CUDA_CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, count, attrs.data(), idx.data(), count,
                                         static_cast<cudaStream_t>(s)));
   }
-  void place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t* counter,
-             StreamHandle s) override {
-    GFD_CUDA_CHECK(launch_place(chunks, n, bytes, counter, static_cast<cudaStream_t>(s)));
+  void place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t max_blocks,
+             std::uint32_t* counter, StreamHandle s) override {
+    GFD_CUDA_CHECK(launch_place(chunks, n, bytes, max_blocks, counter, static_cast<cudaStream_t>(s)));
   }
   void gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
               StreamHandle s) override {

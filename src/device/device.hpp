@@ -121,12 +121,12 @@ class Device {
   virtual void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                        StreamHandle s) = 0;
   // Places `n` (1..kMaxPlaceChunks) staged chunks, `bytes` of data together (which sizes the
-  // grid), in one launch and then writes each chunk's flag; `counter` is 4 bytes of zeroed
+  // grid, at most `max_blocks` thread blocks), in one launch and then writes each chunk's flag; `counter` is 4 bytes of zeroed
   // device memory no other stream uses at the same time (the launch's thread blocks count
   // themselves out there, and the last leaves it zero again). The array is read during the call
   // only.
-  virtual void place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t* counter,
-                     StreamHandle s) = 0;
+  virtual void place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t max_blocks,
+                     std::uint32_t* counter, StreamHandle s) = 0;
   // The reverse, for device-to-host transfers: packs each entry's device bytes (at its `dst`
   // field, the device address) into `staging` at its offset.
   virtual void gather(const ScatterEntry* entries, std::uint32_t count, void* staging,

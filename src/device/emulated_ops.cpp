@@ -33,7 +33,8 @@ void EmulatedDevice::scatter(const ScatterEntry* entries, std::uint32_t count, c
   });
 }
 
-void EmulatedDevice::place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t, std::uint32_t*, StreamHandle s) {
+void EmulatedDevice::place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t, std::uint32_t, std::uint32_t*,
+                           StreamHandle s) {
   // Like the kernel's parameter, the chunks are taken during the call; the entries are read when
   // the "kernel" runs. Its fault-injection name is the scatter kernel's: it does that job.
   std::vector<PlaceChunk> list(chunks, chunks + n);

@@ -63,8 +63,7 @@ __global__ void __launch_bounds__(kMoveThreads)
 // thread block is done (the last one to count itself out on `counter` knows), each chunk's
 // flag in pinned host memory says that its slot may take the next chunk: the host learns it
 // from memory, with no event recorded or queried per chunk. The grid is sized by the bytes
-// (kPlaceBytesPerBlock each, kPlaceMaxBlocks at most): the launch comes once per run of chunks,
-// usually at a transfer's end, where its time adds to the transfer's, so it is wide and short.
+// (kPlaceBytesPerBlock each), at most the engine's placement_blocks (kPlaceMaxBlocks).
 constexpr std::uint64_t kPlaceBytesPerBlock = 256 << 10;
 constexpr std::uint32_t kPlaceMaxBlocks = 32;
 
@@ -163,9 +162,9 @@ cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, con
   return cudaGetLastError();
 }
 
-cudaError_t launch_place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t* counter,
-                         cudaStream_t stream) {
-  if (n == 0 || n > kMaxPlaceChunks) return cudaErrorInvalidValue;
+cudaError_t launch_place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t max_blocks,
+                         std::uint32_t* counter, cudaStream_t stream) {
+  if (n == 0 || n > kMaxPlaceChunks || max_blocks == 0) return cudaErrorInvalidValue;
   PlaceParams p;
   p.chunks = n;
   p.counter = counter;
@@ -177,7 +176,8 @@ cudaError_t launch_place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t byte
   }
   p.total = total;
   const std::uint64_t want = (bytes + kPlaceBytesPerBlock - 1) / kPlaceBytesPerBlock;
-  const auto grid = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(want, kMoveBlocks, kPlaceMaxBlocks));
+  const std::uint64_t most = std::min<std::uint64_t>(max_blocks, kPlaceMaxBlocks);
+  const auto grid = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(want, std::min<std::uint64_t>(kMoveBlocks, most), most));
   place_kernel<<<grid, kMoveThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -12,10 +12,11 @@ namespace gfd::detail {
 // Places each entry's bytes from `staging` to its destination.
 cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                            cudaStream_t stream);
-// Places `n` chunks (1..kMaxPlaceChunks, `bytes` of data together) in one launch, then writes
+// Places `n` chunks (1..kMaxPlaceChunks, `bytes` of data together) in one launch of at most
+// `max_blocks` thread blocks, then writes
 // each chunk's flag (Device::place). Fills in each chunk's `first`.
-cudaError_t launch_place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t* counter,
-                         cudaStream_t stream);
+cudaError_t launch_place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t max_blocks,
+                         std::uint32_t* counter, cudaStream_t stream);
 // Packs each entry's device bytes (entry.dst holds the device address) into `staging` at the
 // entry's offset: the device side of a device-to-host transfer with scattered sources.
 cudaError_t launch_gather(const ScatterEntry* entries, std::uint32_t count, void* staging,

@@ -15,8 +15,10 @@ CopyLanes::CopyLanes(EngineContext& ctx, int h2d_lanes, std::size_t ring_slots)
     : ctx_(ctx),
       device_(*ctx.device),
       h2d_(static_cast<std::uint32_t>(h2d_lanes)),
-      place_limit_(static_cast<std::uint32_t>(
-          std::clamp<std::size_t>(ring_slots / (2 * h2d_), 1, kMaxPlaceChunks))) {
+      place_limit_(static_cast<std::uint32_t>(std::clamp<std::size_t>(
+          std::min<std::size_t>(ring_slots / (2 * h2d_), static_cast<std::size_t>(ctx.options.placement_chunks)), 1,
+          kMaxPlaceChunks))),
+      place_blocks_(static_cast<std::uint32_t>(ctx.options.placement_blocks)) {
   try {
     for (std::uint32_t i = 0; i < h2d_ + 2 + kDirectLanes; ++i) lanes_.push_back(device_.create_stream());
     const std::size_t bytes = h2d_ * kCounterStride * sizeof(std::uint32_t);
@@ -220,7 +222,7 @@ void CopyLanes::flush_placing(TransferState& t, std::uint32_t lane_index) {
   if (lane_index >= t.placing.size() || t.placing[lane_index].chunks.empty()) return;
   TransferState::Placing& w = t.placing[lane_index];
   try {
-    device_.place(w.chunks.data(), static_cast<std::uint32_t>(w.chunks.size()), w.bytes,
+    device_.place(w.chunks.data(), static_cast<std::uint32_t>(w.chunks.size()), w.bytes, place_blocks_,
                   place_counters_ + lane_index * kCounterStride, lanes_[lane_index]);
   } catch (...) {
     // Nothing will write their flags: free the slots now (the transfer has failed; a device

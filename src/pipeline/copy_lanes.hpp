@@ -102,10 +102,11 @@ class CopyLanes {
   Device& device_;
   std::uint32_t h2d_;
   std::vector<StreamHandle> lanes_;
-  // Batched placement: chunks a lane leaves unplaced at most. The lanes together then hold at
-  // most half the ring's slots unplaced, so a submitter waiting for a slot never waits for a
-  // placing launch that only it would enqueue.
+  // Batched placement: chunks a lane leaves unplaced at most (placement_chunks, and the lanes
+  // together at most half the ring's slots), so that a submitter waiting for a slot never waits
+  // for a placing launch that only it would enqueue.
   std::uint32_t place_limit_;
+  std::uint32_t place_blocks_;  // thread blocks of one placing launch at most (placement_blocks)
   std::uint32_t* place_counters_ = nullptr;  // device memory, one counter per lane (64 bytes apart)
   static constexpr std::uint32_t kDirectLanes = 2;
   // Next host-to-device lane, round robin: taken by the issuer and, with preissue, submitters.
