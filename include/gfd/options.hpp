@@ -162,15 +162,17 @@ struct EngineOptions {
   /// addressing); elsewhere it is off.
   bool batch_placement = true;
   /// Batched placement: the chunks one placing launch of a lane takes at most (1..32; the lanes
-  /// together never leave more than half the ring's slots unplaced). Few keep the placing close
-  /// behind the DMAs, where it overlaps them; many make fewer launches, each waiting once for
-  /// SMs beside a model's kernels. See bench/history/2026-12-03-s12-batched-placement.md.
-  int placement_chunks = 2;
+  /// together never leave more than half the ring's slots unplaced, which with the default ring
+  /// and two lanes is 8 a lane). Few keep the placing close behind the DMAs; many make fewer
+  /// launches, each waiting once for SMs beside a model's kernels. On an H200 (one lease, two
+  /// rounds; bench/history/2026-12-03-s12-batched-placement.md) 2 chunks and 4 blocks moved no
+  /// faster idle than 8 and 32, with device caches of 4 GB or 40 GB, and beside back-to-back
+  /// matmuls kept 72% of the 4 KB swap-in rate against 88%.
+  int placement_chunks = 8;
   /// Batched placement: the thread blocks (1024 threads each) of one placing launch at most
-  /// (1..32), one per 256 KiB of the launch's data below that. Device caches spread over tens of
-  /// gigabytes make every placed block miss the GPU's TLB, and many blocks missing at once
-  /// placed far slower than few (bench/history/2026-12-03-s12-batched-placement.md).
-  int placement_blocks = 4;
+  /// (1..32), one per 256 KiB of the launch's data below that: the last launch of a transfer
+  /// adds its time to the transfer's, so it is wide and short by default.
+  int placement_blocks = 32;
   /// Time each staged host-to-device chunk's DMA on the GPU (two timing events around it) for
   /// EngineStats::dma_seconds. Off by default: on the H200 a timing event costs the copy engine
   /// about 3 us per chunk (tests/micro/dma_cost), and without them 2048 x 4 KB moved 0-6 points
