@@ -147,8 +147,9 @@ struct EngineOptions {
   /// 64-bit stream memory operations the finishing thread issues the DMA itself.
   bool preissue = true;
   /// Host to device, staged chunks with scattered destinations: each copy lane places its
-  /// chunks with one kernel launch for several of them (a run of up to 32, the lanes together
-  /// at most half the ring's slots, or what is left at the transfer's end), and that kernel
+  /// chunks with one kernel launch for several of them (a run of up to placement_chunks, the
+  /// lanes together at most half the ring's slots, or what is left at the transfer's end), and
+  /// that kernel
   /// marks the chunks' slots free in pinned memory, instead of one scatter kernel and one slot
   /// event per chunk. The call then makes two driver calls per chunk (the flag wait and the DMA)
   /// instead of five, and the DMAs of a lane never queue behind a kernel that waits for SMs a
