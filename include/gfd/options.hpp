@@ -149,9 +149,8 @@ struct EngineOptions {
   /// Host to device, staged chunks with scattered destinations: each copy lane places its
   /// chunks with one kernel launch for several of them (a run of up to placement_chunks, the
   /// lanes together at most half the ring's slots, or what is left at the transfer's end), and
-  /// that kernel
-  /// marks the chunks' slots free in pinned memory, instead of one scatter kernel and one slot
-  /// event per chunk. The call then makes two driver calls per chunk (the flag wait and the DMA)
+  /// that kernel marks the chunks' slots free in pinned memory, instead of one scatter kernel
+  /// and one slot event per chunk. The call then makes two driver calls per chunk (the flag wait and the DMA)
   /// instead of five, and the DMAs of a lane never queue behind a kernel that waits for SMs a
   /// model's kernels hold. On an H200 (paged case, 64 caches x 64 ids, rotated A/B, three rounds;
   /// bench/history/2026-12-03-s12-batched-placement.md) 4 KB swap-ins moved 67.5-69.9% of the
