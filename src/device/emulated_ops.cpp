@@ -23,14 +23,18 @@ void EmulatedDevice::memset_async(void* dst, int value, std::size_t bytes, Strea
   enqueue_data(s, "memset", [=] { std::memset(dst, value, bytes); });
 }
 
+namespace {
+// The scatter kernel's work: each entry's bytes from `staging` to its destination.
+void place_entries(const ScatterEntry* entries, std::uint32_t count, const void* staging) {
+  const auto* base = static_cast<const unsigned char*>(staging);
+  for (std::uint32_t i = 0; i < count; ++i)
+    std::memcpy(reinterpret_cast<void*>(entries[i].dst), base + entries[i].src_offset, entries[i].bytes);
+}
+}  // namespace
+
 void EmulatedDevice::scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                              StreamHandle s) {
-  enqueue_data(s, "scatter", [=] {
-    const auto* base = static_cast<const unsigned char*>(staging);
-    for (std::uint32_t i = 0; i < count; ++i)
-      std::memcpy(reinterpret_cast<void*>(entries[i].dst), base + entries[i].src_offset,
-                  entries[i].bytes);
-  });
+  enqueue_data(s, "scatter", [=] { place_entries(entries, count, staging); });
 }
 
 void EmulatedDevice::place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t, std::uint32_t, std::uint32_t*,
@@ -41,11 +45,7 @@ void EmulatedDevice::place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t, s
   std::uint32_t first = 0;
   for (PlaceChunk& c : list) c.first = std::exchange(first, first + c.count);
   enqueue_data(s, "scatter", [list = std::move(list)] {
-    for (const PlaceChunk& c : list) {
-      const auto* base = static_cast<const unsigned char*>(c.staging);
-      for (std::uint32_t i = 0; i < c.count; ++i)
-        std::memcpy(reinterpret_cast<void*>(c.entries[i].dst), base + c.entries[i].src_offset, c.entries[i].bytes);
-    }
+    for (const PlaceChunk& c : list) place_entries(c.entries, c.count, c.staging);
     for (const PlaceChunk& c : list) std::atomic_ref<std::uint64_t>(*c.flag).store(c.value, std::memory_order_release);
   });
 }
