@@ -51,7 +51,7 @@ void cublas_check(cublasStatus_t s, const char* call, const char* file, int line
 #define GFD_BENCH_CUBLAS(call) cublas_check((call), #call, __FILE__, __LINE__)
 
 const std::map<std::string, std::string> kFlags = {
-    {"layout", "=L          pool (the source-pool benchmark, default) or paged (this one)"},
+    {"layout", "=L          paged (this one, the default) or pool (the source-pool benchmark)"},
     {"layers", "=N          layers L: 2L caches (K and V) on each side (default 32; --quick 8)"},
     {"blocks", "=N[,N...]   blocks per transfer (default sweep 16,64,256,1024,4096 at 4K)"},
     {"block-sizes", "=S[,S...] bytes of one block of one cache (default sweep 2K..2M at N=64)"},

@@ -4,7 +4,8 @@
 # (gfd_benchmark --layout paged) and through Python swap_blocks, idle and under the decode load,
 # plus the one-pool headline. Logs and CSVs go to $OUT (packed as logs.tgz), a summary last.
 #   tools/gpu_paged.sh [test] [pytest] [paged] [python] [load] [pool] [repeat] [trace]
-#   [strided] [stridedtrace] [copy2d] [micro] [reliability] [vllm] [vllmsep]   (default: all but repeat, trace, strided, micro, reliability; test runs ctest and pytest, pytest only the latter)
+#   [strided] [stridedtrace] [copy2d] [micro] [reliability] [vllm] [vllmsep] [sweepcheck]
+#   (default: test paged python load pool; test runs ctest and pytest, pytest only the latter)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
@@ -49,6 +50,16 @@ run() {  # name, timeout, command...
 if has paged; then
   run paged_h2d 240 "$B" --layout paged --direction h2d --csv "$OUT/paged_h2d.csv"
   run paged_d2h 240 "$B" --layout paged --direction d2h --csv "$OUT/paged_d2h.csv"
+fi
+if has sweepcheck; then  # the default host-to-device sweep, every peer or gfd alone, placement batched or not
+  # (the twelfth session's call 5 ran gfd's staged sizes far slower in this sweep, after pytest)
+  for v in "all:" "gfd:--methods gfd" "all_nobatch:GFD_BATCH_PLACEMENT=0" "all_again:" ; do
+    name=${v%%:*}; rest=${v#*:}; envs=""; flags=""
+    case "$rest" in GFD_*) envs=$rest ;; *) flags=$rest ;; esac
+    TAIL=0 run "sweep_$name" 240 env $envs "$B" --layout paged --direction h2d $flags --csv "$OUT/sweep_$name.csv"
+    awk -F, '$11=="gfd"{printf "%s x%s %.1f%% (p90 %.1f%%, call %.0f us) | ", $9, $8, 100*$18, 100*$19, $20}' \
+      "$OUT/sweep_$name.csv" >> "$OUT/summary.txt"; echo >> "$OUT/summary.txt"
+  done
 fi
 if has repeat; then  # three runs of the runtime's sizes, for the spread between runs
   for r in 1 2 3; do
