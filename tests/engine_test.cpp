@@ -813,6 +813,58 @@ TEST_P(EngineTest, BatchedPlacementPlacesSeveralChunksPerLaunch) {
     }
 }
 
+// A swap-in larger than the ring, queued behind 50 ms of other work on the caller's stream: no
+// chunk can be placed (and no slot freed) before that work ends, so the call could only have
+// returned by leaving the later chunks' slots to the gather threads to wait for (slots_deferred)
+// instead of waiting itself. Every byte still lands, as does a swap-in of the same size right
+// behind it, on the list path and on a CacheSet's ids.
+TEST_P(EngineTest, SwapInLargerThanTheRingLeavesTheSlotWaitsToTheGatherThreads) {
+  if (!gather()) GTEST_SKIP() << "a gather-backend option";
+  if (!dev().host_pointers_usable()) GTEST_SKIP() << "no batched placement on this device (no placed flags)";
+  HostBuffer pool(dev(), 24 << 20, false);
+  fill_random(pool.data(), pool.size(), 63);
+  EngineOptions o = options();
+  o.staging_bytes = 1 << 20;  // 16 slots of 64 KB: the transfers below are six times the ring
+  o.slot_bytes = 64 << 10;
+  Engine engine = td_->make_engine(o);
+  DeviceBuffer dst(dev(), 1536 * 4096), dst2(dev(), 1536 * 4096);
+  const auto blocks = make_blocks(pool, dst, 1536, 4096, true, 64);
+  const auto blocks2 = make_blocks(pool, dst2, 1536, 4096, true, 65);
+  dev().delay_async(50000, td_->stream);
+  Transfer t1 = engine.copy_to_device(blocks, td_->cuda_stream());
+  Transfer t2 = engine.copy_to_device(blocks2, td_->cuda_stream());
+  const std::uint64_t deferred = engine.stats().slots_deferred;
+  EXPECT_GT(deferred, 0u) << "the calls waited for slots that only the delayed stream's work frees";
+  t1.wait();
+  t2.wait();
+  expect_landed(blocks, dst);
+  expect_landed(blocks2, dst2);
+  // The same through a CacheSet: 8 pairs of 192 blocks, every block of every pair in one transfer.
+  HostBuffer pinned(dev(), 8 * 384 * 4096, true);
+  std::memcpy(pinned.data(), pool.data(), pinned.size());
+  std::vector<CachePair> pairs;
+  std::deque<DeviceBuffer> caches;
+  for (std::size_t i = 0; i < 8; ++i) {
+    caches.emplace_back(dev(), 192 * 4096);
+    pairs.push_back({{pinned.data() + i * 384 * 4096, 384, 4096, 4096}, {caches.back().data(), 192, 4096, 4096}});
+  }
+  CacheSet set = engine.register_caches(pairs);
+  std::vector<std::int64_t> src(192), dst_ids(192);
+  for (std::size_t r = 0; r < 192; ++r) {
+    src[r] = static_cast<std::int64_t>((r * 37 + 5) % 384);
+    dst_ids[r] = static_cast<std::int64_t>((r * 11) % 192);
+  }
+  dev().delay_async(50000, td_->stream);
+  engine.copy_blocks(set, KvDirection::kSwapIn, src, dst_ids, td_->cuda_stream()).wait();
+  EXPECT_GT(engine.stats().slots_deferred, deferred);
+  for (std::size_t i = 0; i < 8; ++i) {
+    const std::vector<std::byte> got = td_->read(caches[i].data(), caches[i].size());
+    for (std::size_t r = 0; r < 192; ++r)
+      ASSERT_EQ(std::memcmp(got.data() + dst_ids[r] * 4096, pinned.data() + (i * 384 + src[r]) * 4096, 4096), 0)
+          << "pair " << i << ", row " << r;
+  }
+}
+
 // Without stream memory operations (or with preissue off) the thread that finishes a chunk
 // issues its DMA: the same transfers must land, alone and concurrently.
 TEST_P(EngineTest, IssuingFromTheGatherThreadsWorksToo) {

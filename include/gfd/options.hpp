@@ -161,6 +161,13 @@ struct EngineOptions {
   /// reads pinned memory at its host address (every 64-bit Linux system with unified
   /// addressing); elsewhere it is off.
   bool batch_placement = true;
+  /// Batched placement with preissue, a swap-in larger than the free slots of the ring: the
+  /// submitting call takes a slot whose last chunk is enqueued but not yet placed without waiting
+  /// for it, and the gather threads that fill the slot wait for its placed flag instead (no
+  /// driver call: the placing kernel writes it). So the call returns once every DMA is enqueued
+  /// whatever the transfer's size, instead of holding its caller until all but the last ring of
+  /// the transfer has moved. false: the call waits for each slot, as before the thirteenth session.
+  bool defer_slot_waits = true;
   /// Batched placement: the chunks one placing launch of a lane takes at most (1..32; the lanes
   /// together never leave more than half the ring's slots unplaced, which with the default ring
   /// and two lanes is 8 a lane). Few keep the placing close behind the DMAs; many make fewer
@@ -205,7 +212,7 @@ struct EngineOptions {
   /// GFD_STRIDED_MIN_ROWS, GFD_STRIDED_MIN_BYTES, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
   /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS, GFD_SUBMITTER_GATHERS,
   /// GFD_USE_ALL_LOCAL_CPUS, GFD_CPUS, GFD_STAGING_WRITES ("auto", "cldemote", "streaming" or "plain"),
-  /// GFD_PREISSUE, GFD_BATCH_PLACEMENT, GFD_PLACEMENT_CHUNKS, GFD_PLACEMENT_BLOCKS, GFD_TIME_DMAS, GFD_KERNEL_MAX_BYTES, GFD_PAGEABLE_CACHE_MS, GFD_BACKEND (a backend name such
+  /// GFD_PREISSUE, GFD_BATCH_PLACEMENT, GFD_DEFER_SLOT_WAITS, GFD_PLACEMENT_CHUNKS, GFD_PLACEMENT_BLOCKS, GFD_TIME_DMAS, GFD_KERNEL_MAX_BYTES, GFD_PAGEABLE_CACHE_MS, GFD_BACKEND (a backend name such
   /// as "batch_async"). Sizes accept K, M and G suffixes.
   /// Throws gfd::Error naming the variable when a value does not parse.
   static EngineOptions from_env(EngineOptions base);

@@ -275,8 +275,15 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
 Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, ItemHandler& handler) {
   const Plan& p = t->plan;
   const PlannedChunk& c = p.chunks[k];
-  const std::uint32_t slot = p_.ring.acquire();
+  // Only chunks the gather threads write into the slot may take it before it is free (the copy
+  // engine writes a host_direct chunk's sources into the slot's device side, unasked), and only
+  // where every DMA is enqueued in this call: the placing that frees the slot is then enqueued
+  // in it too (at the latest here, or at the transfer's end), before anything that waits for it.
+  const bool may_defer = p_.preissue && p_.options.defer_slot_waits && &handler == this && !c.host_direct;
+  std::uint64_t free_at = 0;
+  const std::uint32_t slot = p_.ring.acquire(may_defer ? &free_at : nullptr);
   Slot& s = p_.ring[slot];
+  if (free_at != 0) p_.lanes.flush_placing_of(*t, s.placed);
   Item& it = p_.queue.append(Item::Kind::kChunk, &handler, t, k, slot, c.host_direct);
   if (c.host_direct) {
     if (!c.contiguous_device) write_scatter_entries(p, c, s.host, Direction::kToDevice);
@@ -293,6 +300,7 @@ Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, ItemH
   const std::uint32_t pieces = c.piece_end - c.piece_begin;
   it.piece_begin = c.piece_begin;
   it.flag_value = ++s.flag_value;
+  it.slot_free_at.store(free_at, std::memory_order_relaxed);  // published with the pieces
   it.pieces_left.store(pieces, std::memory_order_relaxed);
   p_.queue.publish_for_pool(it, pieces, k == 0);
   p_.ctx->tracer.record(t->id, TraceEvent::kChunkPublished, k, pieces);
@@ -308,6 +316,52 @@ void GatherToDevice::enqueue_issued(TransferState& t, std::uint32_t index, std::
   // Nothing to gather, so no thread says when it is ready: its enqueue is the point to trace.
   if (c.host_direct)
     p_.ctx->tracer.record(t.id, TraceEvent::kChunkIssued, index, static_cast<std::uint32_t>(c.data_bytes));
+}
+
+ItemHandler::Claim GatherToDevice::claimable(Item& item, bool /*may_poll*/) {
+  if (item.slot_free_at.load(std::memory_order_acquire) == 0) return Claim::kYes;
+  if (slot_watcher_.exchange(true, std::memory_order_acq_rel)) return Claim::kNotNow;
+  // Checked again as the watcher: while slot_free_at is set no piece is claimed, so the item
+  // cannot have been issued and reused (nor `item.t` reset) under us.
+  const std::uint64_t value = item.slot_free_at.load(std::memory_order_acquire);
+  bool freed = value == 0;
+  if (!freed) {
+    const Slot& s = p_.ring[item.slot];
+    for (int i = 0; i < 256 && !freed; ++i) {
+      freed = SlotRing::placed_reached(s, value);
+      if (!freed) cpu_relax();
+    }
+    // A long wait (the placing kernel waits for SMs that a model holds): back off, and now and
+    // then ask the device about its slot's event, which throws a fault that would leave the
+    // flag unwritten for good (the transfer then reports it; its bytes move nowhere).
+    thread_local const Slot* watched = nullptr;
+    thread_local std::uint64_t watched_value = 0;
+    thread_local Clock::time_point since, look;
+    const auto now = Clock::now();
+    if (freed) {
+      watched = nullptr;
+    } else if (watched != &s || watched_value != value) {
+      watched = &s;
+      watched_value = value;
+      since = look = now;
+    } else {
+      if (now - since > std::chrono::microseconds(500)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      if (now - look > std::chrono::milliseconds(1)) {
+        look = now;
+        try {
+          (void)p_.ctx->device->event_done(s.done);
+        } catch (...) {
+          item.t->fail(std::current_exception());
+          freed = true;
+        }
+      }
+    }
+    if (freed) item.slot_free_at.store(0, std::memory_order_release);
+  }
+  slot_watcher_.store(false, std::memory_order_release);
+  if (!freed) return Claim::kBusy;
+  if (value != 0) p_.queue.wake();  // the threads that found nothing to do may have parked
+  return Claim::kYes;
 }
 
 void GatherToDevice::run_piece(Item& item, std::uint32_t piece) {

@@ -6,6 +6,7 @@
 // (submit_planning); its DMAs are enqueued once every block has been checked.
 #pragma once
 
+#include <atomic>
 #include <vector>
 
 #include "backends/gather.hpp"
@@ -24,6 +25,11 @@ class GatherToDevice final : public ItemHandler {
   // `bytes`: the blocks' sizes summed (total_bytes).
   TransferPtr submit_planning(const Request& r, std::uint64_t bytes);
 
+  // A chunk whose slot is still being placed from its last chunk: one thread at a time watches
+  // the slot's flag (kBusy), the others find nothing to do; the watcher wakes them once it is
+  // free. Any thread may watch, a submitter too (it asks the device about faults as
+  // SlotRing::acquire would have: the pool's threads may all have parked meanwhile).
+  Claim claimable(Item& item, bool may_poll) override;
   void run_piece(Item& item, std::uint32_t piece) override;
   void chunk_done(Item& item) override;
   void issue(Item& item) override;
@@ -37,6 +43,9 @@ class GatherToDevice final : public ItemHandler {
   void move_on_stream(TransferState& t, Slot& s, StreamHandle stream);
   // Takes the next slot for chunk `k`, writes its scatter entries and hands its pieces to the
   // pool, as an item of `handler` (this one: its DMA is enqueued or issued as a lane's).
+  // With preissue, a gathered chunk of this handler may take a slot whose last chunk is still
+  // to be placed (SlotRing::acquire's `free_at`): its pieces wait for the slot (claimable), so
+  // that a transfer larger than the ring does not hold its caller until slots come back.
   Item& publish_chunk(const TransferPtr& t, std::uint32_t k, ItemHandler& handler);
   Item& publish_chunk(const TransferPtr& t, std::uint32_t k) { return publish_chunk(t, k, *this); }
   void enqueue_issued(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait);
@@ -64,6 +73,7 @@ class GatherToDevice final : public ItemHandler {
 
   StagingPipeline& p_;
   OwnChunk own_chunk_{*this};
+  std::atomic<bool> slot_watcher_{false};  // a thread watches the head chunk's slot (claimable)
   std::vector<Item*> items_;  // submit_planning: each chunk's item (under the submission lock)
   // submit_planning: the chunks published before the whole list is checked hold at least this
   // much (the ramp's first three chunks by default: 1.75 MB). On the H200 the gather threads

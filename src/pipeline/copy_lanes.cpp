@@ -237,6 +237,15 @@ void CopyLanes::flush_placing(TransferState& t, std::uint32_t lane_index) {
   w.bytes = 0;
 }
 
+void CopyLanes::flush_placing_of(TransferState& t, const std::uint64_t* placed) {
+  for (std::uint32_t li = 0; li < t.placing.size(); ++li)
+    for (const PlaceChunk& c : t.placing[li].chunks)
+      if (c.flag == placed) {
+        flush_placing(t, li);
+        return;
+      }
+}
+
 void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, bool in_place) {
   const Plan& p = t.plan;
   const PlannedChunk& c = p.chunks[index];

@@ -78,6 +78,11 @@ class CopyLanes {
   // Places the chunks waiting on lane `lane_index` in one launch there; their slots are free
   // once it has run. On failure their slots are freed at once and the error is thrown.
   void flush_placing(TransferState& t, std::uint32_t lane_index);
+  // Launches the placing of the lane where a chunk that frees `placed` (a slot's flag) waits,
+  // if one does: a submitter that takes that slot without waiting (SlotRing::acquire's
+  // `free_at`) must see its placing enqueued before the DMA of the slot's next chunk, which
+  // could otherwise queue ahead of it on the same lane and wait for it for ever.
+  void flush_placing_of(TransferState& t, const std::uint64_t* placed);
   // Chunk `index` from the device into slot `s` (packed on the GPU first when its device blocks
   // are scattered); `s.done` follows the DMA. `in_place` (a host_direct chunk whose transfer is
   // known valid): the packed runs go straight to their host destinations instead.

@@ -124,12 +124,20 @@ void SlotRing::account(Slot& s) {
   counters_.dma_ms.fetch_add(device_.event_elapsed_ms(s.start, s.done));
 }
 
-std::uint32_t SlotRing::acquire() {
+std::uint32_t SlotRing::acquire(std::uint64_t* free_at) {
   const auto idx = static_cast<std::uint32_t>(next_ % slots_.size());
   Slot& s = slots_[idx];
-  const auto t0 = Clock::now();
-  wait_free(s);
-  Counters::add(counters_.submit_wait_ns, ns_since(t0));
+  if (free_at != nullptr) *free_at = 0;
+  // Not while its DMA's time is to be read from its events (account): that waits for them.
+  if (free_at != nullptr && s.by_flag && !s.timed && s.state.load(std::memory_order_acquire) == Slot::kIssued &&
+      !placed_reached(s, s.placed_value)) {
+    *free_at = s.placed_value;
+    Counters::add(counters_.slots_deferred, 1);
+  } else {
+    const auto t0 = Clock::now();
+    wait_free(s);
+    Counters::add(counters_.submit_wait_ns, ns_since(t0));
+  }
   s.by_flag = false;
   s.state.store(Slot::kGathering, std::memory_order_relaxed);
   ++next_;

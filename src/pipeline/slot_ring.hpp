@@ -86,7 +86,15 @@ class SlotRing {
 
   // Takes the next slot in ring order, waiting until it is free (caller holds the submission
   // lock, so slots are taken in order). The slot is kGathering on return.
-  std::uint32_t acquire();
+  // With `free_at`: a slot whose last chunk is enqueued and still to be placed by a placing
+  // kernel (by_flag) is taken without waiting, and *free_at is the `placed` value that frees it
+  // (0 where the slot was free or waited for): whoever writes into the slot waits for that
+  // value first (placed_reached), so the submitter does not.
+  std::uint32_t acquire(std::uint64_t* free_at = nullptr);
+  // Whether the placing kernel has freed `s` up to `value` (its placed flag has reached it).
+  static bool placed_reached(const Slot& s, std::uint64_t value) {
+    return std::atomic_ref<std::uint64_t>(*s.placed).load(std::memory_order_acquire) >= value;
+  }
   // Adds the DMA time of slots that finished but were not reused yet to the stats (caller holds
   // the submission lock).
   void account_finished();

@@ -56,6 +56,10 @@ struct Item {
   // submitter has found the whole list valid (or rejected it) and clears this. Kept here, not
   // read through `t`, which the issuer may reset while a late poller still looks at the item.
   std::atomic<bool> held{false};
+  // Host to device: the slot's placed-flag value this chunk's pieces wait for (the slot's last
+  // chunk still being placed when the submitter took it: SlotRing::acquire's `free_at`); 0 once
+  // the slot is free, or when it was free when taken.
+  std::atomic<std::uint64_t> slot_free_at{0};
   // Claim word: item sequence (32 bits) | next piece (16) | pieces (16).
   std::atomic<std::uint64_t> claim{0};
   std::atomic<std::uint32_t> pieces_left{0};
