@@ -5,7 +5,7 @@
 # plus the one-pool headline. Logs and CSVs go to $OUT (packed as logs.tgz), a summary last.
 #   tools/gpu_paged.sh [test] [pytest] [paged] [python] [load] [pool] [repeat] [trace]
 #   [strided] [stridedtrace] [copy2d] [micro] [reliability] [vllm] [vllmsep] [sweepcheck]
-#   (default: test paged python load pool; test runs ctest and pytest, pytest only the latter)
+#   [ctest] (default: test paged python load pool; test runs ctest and pytest, ctest and pytest each alone)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
@@ -27,7 +27,7 @@ grep -E "error" "$OUT/build.log" | head -10 >> "$OUT/summary.txt"
 export PYTHONPATH=$PWD/build-gpu/python PYTHONUNBUFFERED=1
 B=build-gpu/bench/gfd_benchmark
 
-if has test; then
+if has test || has ctest; then
   SECONDS=0
   (cd build-gpu && timeout 300 ctest -j6 --timeout 120 --output-on-failure) > "$OUT/ctest.log" 2>&1
   summary "ctest: rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log") (${SECONDS}s)"

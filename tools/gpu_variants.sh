@@ -3,7 +3,7 @@
 #   tools/gpu_variants.sh ROUNDS "NAME=ENV ENV" ... (ENV as GFD_X=v, comma-free; NAME only: defaults)
 # The paged benchmark reads the GFD_* variables since the ninth session (before, every variant ran
 # the defaults). Builds build-gpu first if needed; each run is gfd_benchmark --layout paged, gfd only,
-# $SIZES (default 4K,16K,32K), $DIRS (default both), 64 ids, plus $EXTRA (e.g. --under-load=decode:
+# $SIZES (default 4K,16K,32K), $DIRS (default both), $BLOCKS ids (default 64; C++ only), plus $EXTRA (e.g. --under-load=decode:
 # each line then also gives the rate kept and the load's slowdown). PY=1: the same through Python
 # (python -m gfd.bench --layout paged, swap_blocks on torch tensors) instead. Writes $OUT/variants.txt.
 set -uo pipefail
@@ -23,7 +23,7 @@ for r in $(seq "$rounds"); do
     else
       # C++ rows: dir size blocks method load p50 p90 ratio r_p90 submit kept slowdown verified
       line=$(env $envs build-gpu/bench/gfd_benchmark --layout paged --direction ${DIRS:-both} \
-        --block-sizes ${SIZES:-4K,16K,32K} --blocks 64 --methods gfd ${EXTRA:-} 2>&1 |
+        --block-sizes ${SIZES:-4K,16K,32K} --blocks ${BLOCKS:-64} --methods gfd ${EXTRA:-} 2>&1 |
         awk '$4=="gfd"{printf "%s %s %s %s %sus %s %s | ", $1, $2, $5, $8, $10, $11, $12}')
     fi
     echo "r$r $name: $line" | tee -a "$OUT/variants.txt"
