@@ -211,8 +211,8 @@ struct StatsField {
 const StatsField kStatsFields[] = {
     GFD_STAT(bytes),          GFD_STAT(transfers),       GFD_STAT(blocks),
     GFD_STAT(chunks),         GFD_STAT(scattered_chunks), GFD_STAT(placements),
-    GFD_STAT(host_direct_chunks), GFD_STAT(direct_copies), GFD_STAT(strided_copies),
-    GFD_STAT(id_planned_transfers), GFD_STAT(slots_deferred),
+    GFD_STAT(slots_deferred), GFD_STAT(host_direct_chunks), GFD_STAT(direct_copies),
+    GFD_STAT(strided_copies), GFD_STAT(id_planned_transfers),
     GFD_STAT(gather_seconds), GFD_STAT(dma_seconds),     GFD_STAT(submit_wait_seconds),
     GFD_STAT(plan_seconds),   GFD_STAT(hugepages),       GFD_STAT(numa_node),
     GFD_STAT(gather_threads), GFD_STAT(staging_bytes),   GFD_STAT(slot_bytes),
