@@ -39,9 +39,15 @@ struct EngineOptions {
   /// paged case (64 tensors x 64 blocks) 32 KB blocks moved 87-88% as slot-sized batches
   /// against 63-66% staged, 16 KB blocks 42% against 65% (bench/history/
   /// 2026-12-01-s6-runtime-call.md); with this default gfd's own 32 KB swap-ins then moved
-  /// 59.7-90.2% over five runs in two leases, 88% through Python (-s6b-final-code.md). 0
-  /// disables the direct path.
-  std::size_t direct_min_bytes = std::size_t{32} << 10;
+  /// 59.7-90.2% over five runs in two leases, 88% through Python (-s6b-final-code.md). That
+  /// bimodal rate is the driver's cost per copy on the calling thread (0.55-1 us), which also
+  /// holds the call: 4096 x 32 KB swap-ins blocked it 2.2-4.6 ms. Since swap-ins larger than the
+  /// ring no longer wait for slots in the call (defer_slot_waits), 32 KB blocks are staged: in
+  /// one lease (rotated A/B, five runs each; bench/history/2026-12-03-s13-deferred-slots.md) they
+  /// moved 68.0-72.2% staged with a 298-536 us call against 59.4-89.2% direct with 2.2-4.0 ms,
+  /// and in the final lease the direct path moved 50.8-60.0%. Set 32K for the direct path's
+  /// higher peak where the call's length does not matter. 0 disables the direct path.
+  std::size_t direct_min_bytes = std::size_t{64} << 10;
   /// The same for device to host (pinned host destinations). On the H200 32 KB blocks moved
   /// 85-91% staged against 79% as batches, 64 KB blocks 95% direct (the same notes). 0
   /// disables it.
