@@ -326,37 +326,21 @@ ItemHandler::Claim GatherToDevice::claimable(Item& item, bool /*may_poll*/) {
   const std::uint64_t value = item.slot_free_at.load(std::memory_order_acquire);
   bool freed = value == 0;
   if (!freed) {
+    // A long wait (the placing kernel waits for SMs that a model holds) backs off; a device
+    // fault is reported to the transfer (its bytes move nowhere) and frees the chunk's pieces.
+    thread_local std::optional<PlacedWait> wait;
     const Slot& s = p_.ring[item.slot];
-    for (int i = 0; i < 256 && !freed; ++i) {
-      freed = SlotRing::placed_reached(s, value);
-      if (!freed) cpu_relax();
+    if (!wait || !wait->waits_for(s, value)) wait.emplace(s, value);
+    try {
+      freed = wait->poll(*p_.ctx->device);
+    } catch (...) {
+      item.t->fail(std::current_exception());
+      freed = true;
     }
-    // A long wait (the placing kernel waits for SMs that a model holds): back off, and now and
-    // then ask the device about its slot's event, which throws a fault that would leave the
-    // flag unwritten for good (the transfer then reports it; its bytes move nowhere).
-    thread_local const Slot* watched = nullptr;
-    thread_local std::uint64_t watched_value = 0;
-    thread_local Clock::time_point since, look;
-    const auto now = Clock::now();
     if (freed) {
-      watched = nullptr;
-    } else if (watched != &s || watched_value != value) {
-      watched = &s;
-      watched_value = value;
-      since = look = now;
-    } else {
-      if (now - since > std::chrono::microseconds(500)) std::this_thread::sleep_for(std::chrono::microseconds(20));
-      if (now - look > std::chrono::milliseconds(1)) {
-        look = now;
-        try {
-          (void)p_.ctx->device->event_done(s.done);
-        } catch (...) {
-          item.t->fail(std::current_exception());
-          freed = true;
-        }
-      }
+      wait.reset();
+      item.slot_free_at.store(0, std::memory_order_release);
     }
-    if (freed) item.slot_free_at.store(0, std::memory_order_release);
   }
   slot_watcher_.store(false, std::memory_order_release);
   if (!freed) return Claim::kBusy;

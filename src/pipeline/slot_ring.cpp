@@ -95,26 +95,26 @@ void SlotRing::wait_free(Slot& s) {
   }
 }
 
-void SlotRing::wait_placed(Slot& s) {
-  const std::atomic_ref<std::uint64_t> placed(*s.placed);
-  auto freed = [&] { return placed.load(std::memory_order_acquire) >= s.placed_value; };
-  for (int i = 0; i < 1024; ++i) {
-    if (freed()) return;
+void SlotRing::wait_placed(const Slot& s) {
+  PlacedWait wait(s, s.placed_value);
+  while (!wait.poll(device_)) std::this_thread::yield();
+}
+
+PlacedWait::PlacedWait(const Slot& s, std::uint64_t value)
+    : s_(&s), value_(value), since_(Clock::now()), look_(since_) {}
+
+bool PlacedWait::poll(Device& device) {
+  for (int i = 0; i < 256; ++i) {
+    if (reached(*s_, value_)) return true;
     cpu_relax();
   }
-  // A fault would leave the flag unwritten for good, and every later driver call reports such
-  // a fault: look at the slot's (old) event now and then, which throws it.
-  const auto spin_until = Clock::now() + std::chrono::microseconds(500);
-  auto look = Clock::now() + std::chrono::milliseconds(1);
-  while (!freed()) {
-    const auto now = Clock::now();
-    if (now > spin_until) std::this_thread::sleep_for(std::chrono::microseconds(20));
-    else std::this_thread::yield();
-    if (now > look) {
-      (void)device_.event_done(s.done);
-      look = now + std::chrono::milliseconds(1);
-    }
+  const auto now = Clock::now();
+  if (now - since_ > std::chrono::microseconds(500)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  if (now - look_ > std::chrono::milliseconds(1)) {
+    look_ = now;
+    (void)device.event_done(s_->done);
   }
+  return reached(*s_, value_);
 }
 
 // Adds a completed chunk's copy-engine time to the stats, once.
@@ -130,7 +130,7 @@ std::uint32_t SlotRing::acquire(std::uint64_t* free_at) {
   if (free_at != nullptr) *free_at = 0;
   // Not while its DMA's time is to be read from its events (account): that waits for them.
   if (free_at != nullptr && s.by_flag && !s.timed && s.state.load(std::memory_order_acquire) == Slot::kIssued &&
-      !placed_reached(s, s.placed_value)) {
+      !PlacedWait::reached(s, s.placed_value)) {
     *free_at = s.placed_value;
     Counters::add(counters_.slots_deferred, 1);
   } else {

@@ -89,12 +89,8 @@ class SlotRing {
   // With `free_at`: a slot whose last chunk is enqueued and still to be placed by a placing
   // kernel (by_flag) is taken without waiting, and *free_at is the `placed` value that frees it
   // (0 where the slot was free or waited for): whoever writes into the slot waits for that
-  // value first (placed_reached), so the submitter does not.
+  // value first (PlacedWait), so the submitter does not.
   std::uint32_t acquire(std::uint64_t* free_at = nullptr);
-  // Whether the placing kernel has freed `s` up to `value` (its placed flag has reached it).
-  static bool placed_reached(const Slot& s, std::uint64_t value) {
-    return std::atomic_ref<std::uint64_t>(*s.placed).load(std::memory_order_acquire) >= value;
-  }
   // Adds the DMA time of slots that finished but were not reused yet to the stats (caller holds
   // the submission lock).
   void account_finished();
@@ -104,7 +100,7 @@ class SlotRing {
  private:
   void wait_free(Slot& s);
   // Waits until the placing kernel has freed `s`'s chunk (throws a device fault).
-  void wait_placed(Slot& s);
+  void wait_placed(const Slot& s);
   void account(Slot& s);
   void release() noexcept;
 
@@ -116,6 +112,28 @@ class SlotRing {
   std::uint64_t* flags_ = nullptr;
   std::vector<Slot> slots_;
   std::uint64_t next_ = 0;
+};
+
+// Waiting for the placing kernel to free a slot's chunk (its placed flag to reach `value`), a
+// look at a time, for a waiter that comes back between looks (SlotRing::acquire loops on it; a
+// gather thread returns to its queue): each look spins briefly, sleeps 20 us once the wait has
+// lasted 0.5 ms, and every 1 ms asks the device about the slot's (old) event, which throws a
+// device fault that would leave the flag unwritten for good.
+class PlacedWait {
+ public:
+  PlacedWait(const Slot& s, std::uint64_t value);
+  // True once the chunk is freed; throws a fault of `device` (the slot's ring's).
+  bool poll(Device& device);
+  bool waits_for(const Slot& s, std::uint64_t value) const { return s_ == &s && value_ == value; }
+  // One look, no waiting: whether `s`'s placed flag has reached `value`.
+  static bool reached(const Slot& s, std::uint64_t value) {
+    return std::atomic_ref<std::uint64_t>(*s.placed).load(std::memory_order_acquire) >= value;
+  }
+
+ private:
+  const Slot* s_;
+  std::uint64_t value_;
+  Clock::time_point since_, look_;
 };
 
 // Writes the scatter entries of chunk `c` into its slot after the data (where the chunk's
