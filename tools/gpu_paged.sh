@@ -5,7 +5,7 @@
 # plus the one-pool headline. Logs and CSVs go to $OUT (packed as logs.tgz), a summary last.
 #   tools/gpu_paged.sh [test] [pytest] [paged] [python] [load] [pool] [repeat] [trace]
 #   [strided] [stridedtrace] [copy2d] [micro] [reliability] [vllm] [vllmsep] [sweepcheck]
-#   [ctest] (default: test paged python load pool; test runs ctest and pytest, ctest and pytest each alone)
+#   [ctest] [loadsweep] (default: test paged python load pool; test runs ctest and pytest, ctest and pytest each alone)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
@@ -145,8 +145,13 @@ fi
 if has load; then
   run paged_load 300 "$B" --layout paged --direction h2d --block-sizes 4K,32K --blocks 64 --under-load=decode \
     --csv "$OUT/paged_load.csv"
-  run py_load 240 python3 -m gfd.bench --layout paged --direction h2d --block-sizes 4K,32K --under-load=decode \
+  run py_load 240 python3 -m gfd.bench --layout paged --direction ${LOAD_DIRS:-h2d} --block-sizes 4K,32K --under-load=decode \
     --csv "$OUT/py_load.csv"
+fi
+if has loadsweep; then  # the default paged sweep (every size and count, every peer) under the decode load
+  for dir in h2d d2h; do
+    TAIL=60 run "loadsweep_$dir" 290 "$B" --layout paged --direction $dir --under-load=decode --csv "$OUT/loadsweep_$dir.csv"
+  done
 fi
 if has pool; then
   TAIL=25 run pool_quick 120 "$B" --layout pool --quick --csv "$OUT/pool_quick.csv"

@@ -13,8 +13,13 @@ namespace gfd {
 struct EngineOptions {
   /// CUDA device ordinal the engine serves.
   int device = 0;
-  /// Pinned host staging ring size. The ring is cut into slots of `slot_bytes`.
-  std::size_t staging_bytes = std::size_t{64} << 20;
+  /// Pinned host staging ring size (and its device twin's). The ring is cut into slots of
+  /// `slot_bytes`. A device-to-host transfer larger than the ring's free slots holds its call
+  /// until slots come back. On an H200 (bench/history/2026-12-03-s14-final.md, three rotated
+  /// rounds) 128 MiB took the call of 4096 x 32 KB swap-outs (128 MB) from 1.51-1.55 ms to
+  /// 0.66-1.03 ms against 64 MiB, at the same rates both ways; 256 MiB moved swap-outs slower
+  /// (82.5-88.1% against 86.8-90.7%).
+  std::size_t staging_bytes = std::size_t{128} << 20;
   /// Largest chunk moved by one DMA (one staging slot). Must divide into `staging_bytes` at
   /// least twice so that gathering and DMA can overlap.
   std::size_t slot_bytes = std::size_t{2} << 20;
