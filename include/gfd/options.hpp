@@ -181,12 +181,13 @@ struct EngineOptions {
   /// the transfer has moved. false: the call waits for each slot, as before the thirteenth session.
   bool defer_slot_waits = true;
   /// Batched placement: the chunks one placing launch of a lane takes at most (1..32; the lanes
-  /// together never leave more than half the ring's slots unplaced, which with the default ring
-  /// and two lanes is 8 a lane). Few keep the placing close behind the DMAs; many make fewer
-  /// launches, each waiting once for SMs beside a model's kernels. On an H200 (one lease, two
-  /// rounds; bench/history/2026-12-03-s12-batched-placement.md) 2 chunks and 4 blocks moved no
-  /// faster idle than 8 and 32, with device caches of 4 GB or 40 GB, and beside back-to-back
-  /// matmuls kept 72% of the 4 KB swap-in rate against 88%.
+  /// together never leave more than half the ring's slots unplaced: 16 a lane with the default
+  /// 128 MiB ring of 2 MiB slots and two lanes, 8 with a 64 MiB ring). Few keep the placing
+  /// close behind the DMAs; many make fewer launches, each waiting once for SMs beside a
+  /// model's kernels. On an H200 (one lease, two rounds, a 64 MiB ring;
+  /// bench/history/2026-12-03-s12-batched-placement.md) 2 chunks and 4 blocks moved no faster
+  /// idle than 8 and 32, with device caches of 4 GB or 40 GB, and beside back-to-back matmuls
+  /// kept 72% of the 4 KB swap-in rate against 88%.
   int placement_chunks = 8;
   /// Batched placement: the thread blocks (1024 threads each) of one placing launch at most
   /// (1..32), one per 256 KiB of the launch's data below that: the last launch of a transfer
