@@ -148,9 +148,11 @@ if has load; then
   run py_load 240 python3 -m gfd.bench --layout paged --direction ${LOAD_DIRS:-h2d} --block-sizes 4K,32K --under-load=decode \
     --csv "$OUT/py_load.csv"
 fi
-if has loadsweep; then  # the default paged sweep (every size and count, every peer) under the decode load
+if has loadsweep; then  # every block size at 64 ids, every peer, idle and under the decode load, both ways
+  # (given no grid, --under-load measures only the default grid's 32K x 64 and 4K x 1024 under load)
   for dir in h2d d2h; do
-    TAIL=60 run "loadsweep_$dir" 290 "$B" --layout paged --direction $dir --under-load=decode --csv "$OUT/loadsweep_$dir.csv"
+    TAIL=60 run "loadsweep_$dir" 290 "$B" --layout paged --direction $dir --block-sizes ${LOAD_SIZES:-2K,4K,8K,16K,32K,64K,256K,2M} \
+      --blocks 64 --under-load=decode --csv "$OUT/loadsweep_$dir.csv"
   done
 fi
 if has pool; then
