@@ -105,7 +105,7 @@ if has micro; then  # what following constant-stride runs costs a random list (n
 fi
 if has reliability; then  # the long stress run, and compute-sanitizer on the cache-set and scatter paths
   SECONDS=0
-  GFD_STRESS_REQUESTS=100000 timeout 320 build-gpu/tests/gfd_stress_test --gtest_filter='*Cuda' > "$OUT/stress.log" 2>&1
+  GFD_STRESS_REQUESTS=100000 timeout 200 build-gpu/tests/gfd_stress_test --gtest_filter='*Cuda' > "$OUT/stress.log" 2>&1
   summary "== stress long: rc=$? (${SECONDS}s) $(grep -E '^stress' "$OUT/stress.log" | tr '\n' ' ')"
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for tool in ${CS_TOOLS:-memcheck racecheck}; do
