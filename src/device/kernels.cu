@@ -83,7 +83,7 @@ __device__ __forceinline__ void move_chunks(const Params& p, Move move) {
   std::uint32_t k = 0;  // the chunk of entry e (e only grows)
   for (std::uint32_t e = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; e < p.total; e += warps) {
     while (k + 1 < p.chunks && e >= p.c[k + 1].first) ++k;
-    const ScatterEntry en = p.c[k].entries[e - p.c[k].first];  // read once (it may be host memory)
+    const ScatterEntry en = p.c[k].entries[e - p.c[k].first];  // one read of the entry (it may lie in host memory)
     move(p.c[k], en, lane);
   }
 }
@@ -230,8 +230,8 @@ cudaError_t launch_pack(PackChunk* chunks, std::uint32_t n, std::uint64_t bytes,
   // Sized as the placing launch: a thread block per kPlaceBytesPerBlock, two at least.
   const std::uint64_t most = std::min<std::uint64_t>(max_blocks, kPlaceMaxBlocks);
   const std::uint64_t want = (bytes + kPlaceBytesPerBlock - 1) / kPlaceBytesPerBlock;
-  const auto grid = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(want, std::min<std::uint64_t>(kMoveBlocks, most), most));
-  pack_kernel<<<grid, kMoveThreads, 0, stream>>>(p);
+  pack_kernel<<<static_cast<std::uint32_t>(std::clamp<std::uint64_t>(want, std::min<std::uint64_t>(kMoveBlocks, most), most)),
+                kMoveThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
