@@ -182,11 +182,11 @@ struct EngineOptions {
   bool defer_slot_waits = true;
   /// Device to host, staged chunks with scattered sources: the pack lane packs several chunks
   /// (up to `placement_chunks`, at most half the ring's slots; thread blocks as
-  /// `placement_blocks`) with one kernel launch, and the device-to-host lane waits for that
-  /// launch once, instead of one packing launch and one wait per chunk. Beside a model's
-  /// kernels each launch waits for SMs, and with one launch per chunk swap-outs kept 35-43% of
-  /// their rate on an H200 (bench/history/2026-12-03-s14-final.md). Off by default until it is
-  /// measured on a GPU: it has run on the emulated device only.
+  /// `placement_blocks`) with one kernel launch, and the
+  /// device-to-host lane waits for that launch once, instead of one packing launch and one wait
+  /// per chunk. Beside a model's kernels each launch waits for SMs, and with one launch per
+  /// chunk swap-outs kept 35-43% of their rate on an H200 (bench/history/2026-12-03-s14-final.md).
+  /// Off by default until it is measured on a GPU: it has run on the emulated device only.
   bool batch_packing = false;
   /// Batched placement: the chunks one placing launch of a lane takes at most (1..32; the lanes
   /// together never leave more than half the ring's slots unplaced: 16 a lane with the default
