@@ -50,9 +50,10 @@ struct EngineOptions {
   /// ring no longer wait for slots in the call (defer_slot_waits), 32 KB blocks are staged: in
   /// one lease (rotated A/B, five runs each; bench/history/2026-12-03-s13-deferred-slots.md) they
   /// moved 68.0-72.2% staged with a 298-536 us call against 59.4-89.2% direct with 2.2-4.0 ms,
-  /// and in another lease the direct path moved 50.8-60.0%. Through Python one run of the staged
-  /// default moved 0.69 of the line rate against 0.88 for the batch_async backend. Set 32K for the
-  /// direct path's higher peak where the call's length does not matter. 0 disables the direct path.
+  /// and in another lease the direct path moved 50.8-60.0%. Through Python the staged default
+  /// moved 0.63-0.74 of the line rate in five runs of the fourteenth session, the batch_async
+  /// backend 0.54-0.88, and the direct path 0.52 / 0.89 (-s14-final.md). Set 32K for the direct
+  /// path's higher peak where the call's length does not matter. 0 disables the direct path.
   std::size_t direct_min_bytes = std::size_t{64} << 10;
   /// The same for device to host (pinned host destinations). On the H200 32 KB blocks moved
   /// 85-91% staged against 79% as batches, 64 KB blocks 95% direct (the same notes). 0
