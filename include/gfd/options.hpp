@@ -51,7 +51,7 @@ struct EngineOptions {
   /// one lease (rotated A/B, five runs each; bench/history/2026-12-03-s13-deferred-slots.md) they
   /// moved 68.0-72.2% staged with a 298-536 us call against 59.4-89.2% direct with 2.2-4.0 ms,
   /// and in another lease the direct path moved 50.8-60.0%. Through Python the staged default
-  /// moved 0.63-0.74 of the line rate in five runs of the fourteenth session, the batch_async
+  /// moved 0.63-0.74 of the line rate in six runs of the fourteenth session, the batch_async
   /// backend 0.54-0.88, and the direct path 0.52 / 0.89 (-s14-final.md). Set 32K for the direct
   /// path's higher peak where the call's length does not matter. 0 disables the direct path.
   std::size_t direct_min_bytes = std::size_t{64} << 10;
