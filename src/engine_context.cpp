@@ -53,6 +53,7 @@ void Counters::fill(EngineStats& st) const {
   st.chunks = chunks.load();
   st.scattered_chunks = scattered.load();
   st.placements = placements.load();
+  st.packings = packings.load();
   st.slots_deferred = slots_deferred.load();
   st.host_direct_chunks = host_direct.load();
   st.direct_copies = direct.load();

@@ -104,6 +104,7 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
   env_bool("GFD_PREISSUE", o.preissue);
   env_bool("GFD_BATCH_PLACEMENT", o.batch_placement);
   env_bool("GFD_DEFER_SLOT_WAITS", o.defer_slot_waits);
+  env_bool("GFD_BATCH_PACKING", o.batch_packing);
   env_int("GFD_PLACEMENT_CHUNKS", o.placement_chunks);
   env_int("GFD_PLACEMENT_BLOCKS", o.placement_blocks);
   env_bool("GFD_TIME_DMAS", o.time_dmas);

@@ -26,7 +26,7 @@ class EngineTest : public ::testing::TestWithParam<std::tuple<DeviceKind, Backen
   bool gather() const { return backend() == Backend::kGather; }
   // The zero-copy kernel reads sources with SM loads, which needs pinned memory.
   bool pinned_sources() const { return backend() == Backend::kZeroCopyKernel; }
-  void copy_to_host_found_bad_late(std::size_t staging);
+  void copy_to_host_found_bad_late(std::size_t staging, bool batch_packing);
   void copy_to_device_found_bad_late(std::size_t staging);
   EngineOptions options() const {
     EngineOptions o = small_options();
@@ -452,14 +452,16 @@ void expect_rejected(F&& submit, std::size_t block, const std::string& needle, b
 TEST_P(EngineTest, FoundBadLateRejectsWholeAndCopiesNothing) {
   for (std::size_t staging : {std::size_t{32} << 20, std::size_t{1} << 20, std::size_t{512} << 10}) {
     SCOPED_TRACE("staging " + std::to_string(staging));
-    copy_to_host_found_bad_late(staging);
+    for (const bool batch_packing : {false, true}) copy_to_host_found_bad_late(staging, batch_packing);
     copy_to_device_found_bad_late(staging);
   }
 }
 
-void EngineTest::copy_to_host_found_bad_late(std::size_t staging) {
+void EngineTest::copy_to_host_found_bad_late(std::size_t staging, bool batch_packing) {
+  SCOPED_TRACE(batch_packing ? "batched packing" : "a packing launch per chunk");
   EngineOptions o = options();
   o.staging_bytes = staging;
+  o.batch_packing = batch_packing;  // the first chunks wait to be packed while the list is checked
   Engine engine = td_->make_engine(o);
   constexpr std::size_t kBlocks = 1024;
   DeviceBuffer src(dev(), kBlocks * 4096), dst_dev(dev(), 4096);
@@ -862,6 +864,87 @@ TEST_P(EngineTest, SwapInLargerThanTheRingLeavesTheSlotWaitsToTheGatherThreads) 
     for (std::size_t r = 0; r < 192; ++r)
       ASSERT_EQ(std::memcmp(got.data() + dst_ids[r] * 4096, pinned.data() + (i * 384 + src[r]) * 4096, 4096), 0)
           << "pair " << i << ", row " << r;
+  }
+}
+
+// Batched packing (EngineOptions::batch_packing): a swap-out's chunks of scattered device blocks
+// are packed several to a launch. Transfers three times the ring (the submitter sends its
+// pending chunks out before it waits for a slot), from several threads at once, on a block list
+// and on a CacheSet's ids, both ways round the option: every byte lands in its host block, and
+// with the option fewer launches pack the chunks.
+TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
+  if (!gather()) GTEST_SKIP() << "a gather-backend option";
+  constexpr std::size_t kBlocks = 1536;
+  DeviceBuffer src(dev(), kBlocks * 4096);
+  HostBuffer init(dev(), src.size(), true);
+  fill_random(init.data(), init.size(), 66);
+  dev().copy_h2d(src.data(), init.data(), src.size(), td_->stream);
+  dev().stream_sync(td_->stream);
+  // Blocks that differ from the device block they were copied from.
+  auto differ = [&](const std::vector<BlockCopy>& v) {
+    std::size_t bad = 0;
+    for (const BlockCopy& b : v)
+      bad += std::memcmp(b.dst, init.data() + (static_cast<const std::byte*>(b.src) - src.data()), b.bytes) != 0;
+    return bad;
+  };
+  for (const bool batch : {true, false}) {
+    SCOPED_TRACE(batch ? "batched" : "a launch per chunk");
+    EngineOptions o = options();
+    o.staging_bytes = 2 << 20;  // 32 slots of 64 KB: a launch takes up to 8 chunks
+    o.slot_bytes = 64 << 10;
+    o.first_chunk_bytes = 16 << 10;
+    o.placement_chunks = 8;
+    o.batch_packing = batch;
+    Engine engine = td_->make_engine(o);
+    // 6 MB of scattered device blocks to scattered host blocks: three times the ring.
+    HostBuffer out(dev(), 2 * src.size(), pinned_sources());
+    std::vector<BlockCopy> blocks;
+    for (std::size_t i = 0; i < kBlocks; ++i)
+      blocks.push_back({src.data() + ((i * 7) % kBlocks) * 4096, out.data() + ((i * 613) % kBlocks) * 8192, 4096});
+    engine.copy_to_host(blocks, td_->cuda_stream()).wait();
+    EXPECT_EQ(differ(blocks), 0u) << "blocks of the one large swap-out";
+    // Three submitters at once, each into a host buffer of its own.
+    std::deque<HostBuffer> outs;
+    for (int t = 0; t < 3; ++t) outs.emplace_back(dev(), 512 * 4096, pinned_sources());
+    std::vector<std::vector<BlockCopy>> per(3);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t)
+      threads.emplace_back([&, t] {
+        for (int round = 0; round < 4; ++round) {
+          per[t].clear();
+          for (std::size_t i = 0; i < 512; ++i)
+            per[t].push_back({src.data() + ((i * 11 + t * 97 + round * 31) % kBlocks) * 4096,
+                              outs[t].data() + ((i * 5) % 512) * 4096, 4096});
+          engine.copy_to_host(per[t], td_->cuda_stream()).wait();
+        }
+      });
+    for (auto& th : threads) th.join();
+    for (int t = 0; t < 3; ++t) EXPECT_EQ(differ(per[t]), 0u) << "submitter " << t;
+    // A CacheSet of 8 pairs (device caches of 192 blocks out of `src`), every id of every pair in
+    // one swap-out planned from the ids.
+    HostBuffer host(dev(), 8 * 384 * 4096, true);
+    std::vector<CachePair> pairs;
+    for (std::size_t i = 0; i < 8; ++i)
+      pairs.push_back({{host.data() + i * 384 * 4096, 384, 4096, 4096}, {src.data() + i * 192 * 4096, 192, 4096, 4096}});
+    CacheSet set = engine.register_caches(pairs);
+    std::vector<std::int64_t> dev_ids(192), host_ids(192);
+    for (std::size_t r = 0; r < 192; ++r) {
+      dev_ids[r] = static_cast<std::int64_t>((r * 11) % 192);
+      host_ids[r] = static_cast<std::int64_t>((r * 37 + 5) % 384);
+    }
+    engine.copy_blocks(set, KvDirection::kSwapOut, dev_ids, host_ids, td_->cuda_stream()).wait();
+    for (std::size_t i = 0; i < 8; ++i)
+      for (std::size_t r = 0; r < 192; ++r)
+        ASSERT_EQ(std::memcmp(host.data() + (i * 384 + host_ids[r]) * 4096, init.data() + (i * 192 + dev_ids[r]) * 4096, 4096), 0)
+            << "pair " << i << ", row " << r;
+    const EngineStats st = engine.stats();
+    EXPECT_GE(st.scattered_chunks, 96u);
+    if (batch) {
+      EXPECT_GT(st.packings, 0u);
+      EXPECT_LE(st.packings * 3, st.scattered_chunks) << "several chunks per launch";
+    } else {
+      EXPECT_EQ(st.packings, 0u);
+    }
   }
 }
 

@@ -25,7 +25,8 @@ const std::vector<std::string>& gfd_variables() {
       "GFD_INLINE_GATHER_BYTES", "GFD_GATHER_THREADS",      "GFD_COPY_STREAMS",
       "GFD_NUMA_NODE",        "GFD_SPIN_US",                "GFD_CHECK_OVERLAPS",
       "GFD_SUBMITTER_GATHERS", "GFD_STAGING_WRITES",        "GFD_KERNEL_MAX_BYTES",
-      "GFD_PREISSUE",         "GFD_BATCH_PLACEMENT",        "GFD_DEFER_SLOT_WAITS",       "GFD_PLACEMENT_CHUNKS",
+      "GFD_PREISSUE",         "GFD_BATCH_PLACEMENT",        "GFD_DEFER_SLOT_WAITS",       "GFD_BATCH_PACKING",
+      "GFD_PLACEMENT_CHUNKS",
       "GFD_PLACEMENT_BLOCKS", "GFD_TIME_DMAS",
       "GFD_USE_ALL_LOCAL_CPUS", "GFD_PAGEABLE_CACHE_MS",    "GFD_BACKEND"};
   return names;
@@ -87,6 +88,7 @@ gfd::EngineOptions custom_base() {
   o.preissue = false;
   o.batch_placement = false;
   o.defer_slot_waits = false;
+  o.batch_packing = true;
   o.placement_chunks = 7;
   o.placement_blocks = 9;
   o.chunk_bytes_to_host = std::size_t{1} << 20;
@@ -123,6 +125,7 @@ void expect_same(const gfd::EngineOptions& a, const gfd::EngineOptions& b) {
   EXPECT_EQ(a.preissue, b.preissue);
   EXPECT_EQ(a.batch_placement, b.batch_placement);
   EXPECT_EQ(a.defer_slot_waits, b.defer_slot_waits);
+  EXPECT_EQ(a.batch_packing, b.batch_packing);
   EXPECT_EQ(a.placement_chunks, b.placement_chunks);
   EXPECT_EQ(a.placement_blocks, b.placement_blocks);
   EXPECT_EQ(a.chunk_bytes_to_host, b.chunk_bytes_to_host);
@@ -200,6 +203,7 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
       {"GFD_PREISSUE", "1", [](auto& o) { o.preissue = true; }},
       {"GFD_BATCH_PLACEMENT", "on", [](auto& o) { o.batch_placement = true; }},
       {"GFD_DEFER_SLOT_WAITS", "off", [](auto& o) { o.defer_slot_waits = false; }},
+      {"GFD_BATCH_PACKING", "on", [](auto& o) { o.batch_packing = true; }},
       {"GFD_PLACEMENT_CHUNKS", "8", [](auto& o) { o.placement_chunks = 8; }},
       {"GFD_PLACEMENT_BLOCKS", "32", [](auto& o) { o.placement_blocks = 32; }},
       {"GFD_CHUNK_BYTES_TO_HOST", "512K", [](auto& o) { o.chunk_bytes_to_host = std::size_t{512} << 10; }},

@@ -34,12 +34,15 @@ class StressTest : public DeviceParamTest {};
 
 // `staging_bytes`: the ring. 1 MB: the larger requests span it several times. 32 MB: no request
 // can wrap around it, so device-to-host requests are planned while their first DMAs run.
-void stress(detail::Device& dev, TestDevice& td, std::size_t staging_bytes, const char* label) {
+// `batch_packing`: EngineOptions::batch_packing (swap-out chunks packed several to a launch).
+void stress(detail::Device& dev, TestDevice& td, std::size_t staging_bytes, const char* label,
+            bool batch_packing = false) {
   const long requests = env_long("GFD_STRESS_REQUESTS", 400);
   const int threads = static_cast<int>(env_long("GFD_STRESS_THREADS", 8));
   EngineOptions o = small_options();
   o.staging_bytes = staging_bytes;
   o.kernel_max_bytes = 64 << 10;  // the smallest pinned requests take the kernel path
+  o.batch_packing = batch_packing;
   Engine engine = td.make_engine(o);
 
   // Sources: a pinned and a pageable pool; each thread owns a disjoint destination region.
@@ -152,6 +155,10 @@ TEST_P(StressTest, RandomTransfersFromManyThreadsLandExactly) {
 
 TEST_P(StressTest, RandomTransfersThroughALargeRingLandExactly) {
   stress(*td_->device, *td_, 32 << 20, "32 MB ring");
+}
+
+TEST_P(StressTest, RandomTransfersWithBatchedPackingLandExactly) {
+  stress(*td_->device, *td_, 1 << 20, "1 MB ring, batched packing", true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, StressTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),

@@ -105,7 +105,7 @@ if has micro; then  # what following constant-stride runs costs a random list (n
 fi
 if has reliability; then  # the long stress run, and compute-sanitizer on the cache-set and scatter paths
   SECONDS=0
-  GFD_STRESS_REQUESTS=100000 timeout 200 build-gpu/tests/gfd_stress_test --gtest_filter='*Cuda' > "$OUT/stress.log" 2>&1
+  GFD_STRESS_REQUESTS=100000 timeout 320 build-gpu/tests/gfd_stress_test --gtest_filter='*Cuda' > "$OUT/stress.log" 2>&1
   summary "== stress long: rc=$? (${SECONDS}s) $(grep -E '^stress' "$OUT/stress.log" | tr '\n' ' ')"
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for tool in ${CS_TOOLS:-memcheck racecheck}; do
@@ -117,7 +117,7 @@ if has reliability; then  # the long stress run, and compute-sanitizer on the ca
     # smaller than the transfers.
     SECONDS=0
     timeout 120 "$CS" --tool $tool --error-exitcode 3 build-gpu/tests/gfd_engine_test \
-      --gtest_filter='*BatchedPlacement*/Cuda_gather:*ScatteredDestinations*/Cuda_gather:*TotalFarLarger*/Cuda_gather:*SwapInLargerThanTheRing*/Cuda_gather' \
+      --gtest_filter='*BatchedPlacement*/Cuda_gather:*ScatteredDestinations*/Cuda_gather:*TotalFarLarger*/Cuda_gather:*SwapInLargerThanTheRing*/Cuda_gather:*BatchedPacking*/Cuda_gather' \
       > "$OUT/cs_engine_$tool.log" 2>&1
     summary "== compute-sanitizer $tool (engine: placing, CUDA): rc=$? (${SECONDS}s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$OUT/cs_engine_$tool.log" | tr '\n' ' ')"
   done

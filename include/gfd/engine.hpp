@@ -54,6 +54,8 @@ struct EngineStats {
   std::uint64_t scattered_chunks = 0;///< chunks placed by the scatter kernel
   std::uint64_t placements = 0;      ///< launches that placed several of those at once
                                      ///< (EngineOptions::batch_placement)
+  std::uint64_t packings = 0;        ///< launches that packed several device-to-host chunks at
+                                     ///< once (EngineOptions::batch_packing)
   std::uint64_t slots_deferred = 0;  ///< host-to-device chunks given a slot whose last chunk was
                                      ///< still being placed: their gather threads waited for it,
                                      ///< not the submitting call (batch_placement, preissue)

@@ -181,6 +181,14 @@ struct EngineOptions {
   /// whatever the transfer's size, instead of holding its caller until all but the last ring of
   /// the transfer has moved. false: the call waits for each slot, as before the thirteenth session.
   bool defer_slot_waits = true;
+  /// Device to host, staged chunks with scattered sources: the pack lane packs several chunks
+  /// (up to `placement_chunks`, at most half the ring's slots; thread blocks as
+  /// `placement_blocks`) with one kernel launch, and the device-to-host lane waits for that
+  /// launch once, instead of one packing launch and one wait per chunk. Beside a model's
+  /// kernels each launch waits for SMs, and with one launch per chunk swap-outs kept 35-43% of
+  /// their rate on an H200 (bench/history/2026-12-03-s14-final.md). Off by default until it is
+  /// measured on a GPU: it has run on the emulated device only.
+  bool batch_packing = false;
   /// Batched placement: the chunks one placing launch of a lane takes at most (1..32; the lanes
   /// together never leave more than half the ring's slots unplaced: 16 a lane with the default
   /// 128 MiB ring of 2 MiB slots and two lanes, 8 with a 64 MiB ring). Few keep the placing
@@ -226,7 +234,7 @@ struct EngineOptions {
   /// GFD_STRIDED_MIN_ROWS, GFD_STRIDED_MIN_BYTES, GFD_INLINE_GATHER_BYTES, GFD_GATHER_THREADS, GFD_COPY_STREAMS,
   /// GFD_NUMA_NODE, GFD_SPIN_US, GFD_CHECK_OVERLAPS, GFD_SUBMITTER_GATHERS,
   /// GFD_USE_ALL_LOCAL_CPUS, GFD_CPUS, GFD_STAGING_WRITES ("auto", "cldemote", "streaming" or "plain"),
-  /// GFD_PREISSUE, GFD_BATCH_PLACEMENT, GFD_DEFER_SLOT_WAITS, GFD_PLACEMENT_CHUNKS, GFD_PLACEMENT_BLOCKS, GFD_TIME_DMAS, GFD_KERNEL_MAX_BYTES, GFD_PAGEABLE_CACHE_MS, GFD_BACKEND (a backend name such
+  /// GFD_PREISSUE, GFD_BATCH_PLACEMENT, GFD_DEFER_SLOT_WAITS, GFD_BATCH_PACKING, GFD_PLACEMENT_CHUNKS, GFD_PLACEMENT_BLOCKS, GFD_TIME_DMAS, GFD_KERNEL_MAX_BYTES, GFD_PAGEABLE_CACHE_MS, GFD_BACKEND (a backend name such
   /// as "batch_async"). Sizes accept K, M and G suffixes.
   /// Throws gfd::Error naming the variable when a value does not parse.
   static EngineOptions from_env(EngineOptions base);

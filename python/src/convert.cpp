@@ -191,6 +191,7 @@ const OptionField kOptionFields[] = {
     GFD_OPTION(preissue),
     GFD_OPTION(batch_placement),
     GFD_OPTION(defer_slot_waits),
+    GFD_OPTION(batch_packing),
     GFD_OPTION(placement_chunks),
     GFD_OPTION(placement_blocks),
     GFD_OPTION(time_dmas),
@@ -210,7 +211,7 @@ struct StatsField {
 #define GFD_STAT(f) StatsField{#f, [](const EngineStats& s) -> py::object { return to_py(s.f); }}
 const StatsField kStatsFields[] = {
     GFD_STAT(bytes),          GFD_STAT(transfers),       GFD_STAT(blocks),
-    GFD_STAT(chunks),         GFD_STAT(scattered_chunks), GFD_STAT(placements),
+    GFD_STAT(chunks),         GFD_STAT(scattered_chunks), GFD_STAT(placements), GFD_STAT(packings),
     GFD_STAT(slots_deferred), GFD_STAT(host_direct_chunks), GFD_STAT(direct_copies),
     GFD_STAT(strided_copies), GFD_STAT(id_planned_transfers),
     GFD_STAT(gather_seconds), GFD_STAT(dma_seconds),     GFD_STAT(submit_wait_seconds),

@@ -10,6 +10,15 @@
 
 namespace gfd::detail {
 
+GatherToHost::GatherToHost(StagingPipeline& pipe) : p_(pipe) {
+  // A packing launch never takes more than half the ring, so the slot a submitter waits for is
+  // never one of a launch still to be made.
+  const std::size_t limit = std::min<std::size_t>(
+      {static_cast<std::size_t>(std::max(p_.options.placement_chunks, 1)), p_.ring.size() / 2, kMaxPlaceChunks});
+  pack_limit_ = static_cast<std::uint32_t>(std::max<std::size_t>(limit, 1));
+  pending_.reserve(pack_limit_);
+}
+
 TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::optional<std::uint64_t> bytes) {
   EngineContext& ctx = *p_.ctx;
   const bool plan_here = !planned;
@@ -76,6 +85,7 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::opt
             timed([&] { builder->advance(builder->packed() + kStretch); });
             enqueue_planned(early_chunks);
           }
+          flush_packs(t);  // the copy engine works while the list is checked
           timed([&] { builder->check(); });
         } catch (const Error&) {
           rejected = std::current_exception();
@@ -91,6 +101,7 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::opt
           while (builder->packed() < builder->size() && p.chunks.size() < next) pack_more();
         }
         enqueue_planned(p_.ring.size());
+        flush_packs(t);
         release_held(TransferState::kValid);
         if (builder) {
           while (builder->packed() < builder->size()) {
@@ -100,10 +111,19 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::opt
           timed([&] { builder->finish(); });
         }
         enqueue_planned(p.chunks.size());
+        flush_packs(t);
         p_.lanes.enqueue_directs(*t);
       }
     } catch (...) {
       t->fail(std::current_exception());  // a device error: the pieces place nothing
+    }
+    // Chunks still pending after a rejection or a device error: enqueued (a rejected transfer's
+    // first chunks read valid device blocks) and published, so that their pieces run and free
+    // their slots.
+    try {
+      flush_packs(t);
+    } catch (...) {
+      t->fail(std::current_exception());
     }
     // Rejected: the chunks enqueued so far are dropped as their DMAs complete. (After a device
     // error the verdict is kValid, and the failed transfer's pieces place nothing either.)
@@ -125,6 +145,12 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::opt
 
 void GatherToHost::enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vector<Item*>* held, bool valid) {
   const PlannedChunk& c = t->plan.chunks[k];
+  // Batched packing: a chunk whose device blocks are scattered waits in pending_ for one packing
+  // launch with the next ones; pending chunks go out before any other chunk (the lane's order).
+  // The submitter may wait for a slot with chunks pending: the slot it waits for was taken at
+  // least half the ring earlier (pack_limit_), by a chunk whose DMA is enqueued.
+  const bool grouped = p_.options.batch_packing && !c.contiguous_device && !(c.host_direct && valid);
+  if (!grouped) flush_packs(t);
   const std::uint32_t slot = p_.ring.acquire();
   if (c.host_direct && valid) {
     // The copy engine writes the host destinations itself: no piece to place, and the slot is
@@ -156,6 +182,17 @@ void GatherToHost::enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vec
   // The slot stays taken (kGathering) until its bytes are placed, not just until the DMA has
   // filled it: the last piece frees it (chunk_done).
   t->host_left.fetch_add(1, std::memory_order_relaxed);
+  if (grouped) {
+    // Published now (the queue takes items in order), claimable once flush_packs has enqueued
+    // its DMA and `done`.
+    it.awaiting_dma.store(true, std::memory_order_relaxed);
+    pending_.push_back(PendingPack{&it, k, slot});
+    p_.queue.publish_for_pool(it, pieces, k == 0);
+    p_.ctx->tracer.record(t->id, TraceEvent::kChunkPublished, k, pieces);
+    // The transfer's first chunk alone, so that the copy engine starts at once.
+    if (k == 0 || pending_.size() >= pack_limit_) flush_packs(t);
+    return;
+  }
   try {
     p_.lanes.enqueue_to_host(*t, k, p_.ring[slot]);
   } catch (...) {
@@ -168,6 +205,33 @@ void GatherToHost::enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vec
   }
   p_.queue.publish_for_pool(it, pieces, k == 0);
   p_.ctx->tracer.record(t->id, TraceEvent::kChunkPublished, k, pieces);
+}
+
+void GatherToHost::flush_packs(const TransferPtr& t) {
+  if (pending_.empty()) return;
+  std::uint32_t index[kMaxPlaceChunks];
+  Slot* slots[kMaxPlaceChunks];
+  const auto n = static_cast<std::uint32_t>(pending_.size());
+  for (std::uint32_t i = 0; i < n; ++i) {
+    index[i] = pending_[i].chunk;
+    slots[i] = &p_.ring[pending_[i].slot];
+  }
+  std::exception_ptr failed;
+  try {
+    p_.lanes.enqueue_packed_to_host(*t, index, slots, n);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  for (const PendingPack& pp : pending_) {
+    // Failed: nothing will arrive in the slot; the pieces run (placing nothing) and free it.
+    if (failed) pp.item->dma_ready.store(true, std::memory_order_release);
+    pp.item->awaiting_dma.store(false, std::memory_order_release);
+  }
+  pending_.clear();
+  if (failed) {
+    p_.queue.wake();
+    std::rethrow_exception(failed);
+  }
 }
 
 ItemHandler::Claim GatherToHost::claimable(Item& item, bool may_poll) {
@@ -185,11 +249,13 @@ ItemHandler::Claim GatherToHost::claimable(Item& item, bool may_poll) {
 bool GatherToHost::poll_head_dma(Item& item) {
   if (item.dma_ready.load(std::memory_order_acquire)) return true;
   // The transfer is still being planned: its bytes may be placed only once it is found valid.
-  if (item.held.load(std::memory_order_acquire)) return false;
+  // Or its DMA waits for a packing launch with the next chunks: its `done` is not recorded yet.
+  if (item.held.load(std::memory_order_acquire) || item.awaiting_dma.load(std::memory_order_acquire)) return false;
   if (dma_poller_.exchange(true, std::memory_order_acq_rel)) return false;
   // Only a poller sets dma_ready: checked again while holding the poller's flag, the chunk
   // cannot have been placed and issued (and `item.t` reset) under us.
-  if (item.dma_ready.load(std::memory_order_acquire) || item.held.load(std::memory_order_acquire)) {
+  if (item.dma_ready.load(std::memory_order_acquire) || item.held.load(std::memory_order_acquire) ||
+      item.awaiting_dma.load(std::memory_order_acquire)) {
     dma_poller_.store(false, std::memory_order_release);
     return item.dma_ready.load(std::memory_order_acquire);
   }

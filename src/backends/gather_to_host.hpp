@@ -20,7 +20,7 @@ namespace gfd::detail {
 
 class GatherToHost final : public ItemHandler {
  public:
-  explicit GatherToHost(StagingPipeline& pipe) : p_(pipe) {}
+  explicit GatherToHost(StagingPipeline& pipe);
   // Enqueues request `r`: `planned`, a transfer planned whole already, or (nullptr) a new one
   // planned here while its first chunks move. Throws gfd::Error for a bad block (nothing
   // reaches host memory).
@@ -38,8 +38,21 @@ class GatherToHost final : public ItemHandler {
   // `valid`: the transfer is known valid, so a host_direct chunk may write host memory in place.
   void enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vector<Item*>* held, bool valid);
   bool poll_head_dma(Item& item);
+  // Batched packing (EngineOptions::batch_packing): enqueues the chunks left in pending_ with one
+  // packing launch, then lets the gather threads poll their `done` events (Item::awaiting_dma).
+  // Caller holds the submission lock. On a device error every pending item is made ready (its
+  // pieces place nothing) and the error is thrown.
+  void flush_packs(const TransferPtr& t);
 
+  // A chunk published whose packing and DMA wait for flush_packs.
+  struct PendingPack {
+    Item* item;
+    std::uint32_t chunk;
+    std::uint32_t slot;
+  };
   StagingPipeline& p_;
+  std::vector<PendingPack> pending_;  // under the submission lock; empty between submissions
+  std::uint32_t pack_limit_ = 1;      // chunks one packing launch takes at most
   std::atomic<bool> dma_poller_{false};  // a thread is polling the head item's DMA
 };
 

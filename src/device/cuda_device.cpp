@@ -302,6 +302,10 @@ class CudaDevice final : public Device {
               StreamHandle s) override {
     GFD_CUDA_CHECK(launch_gather(entries, count, staging, static_cast<cudaStream_t>(s)));
   }
+  void pack(PackChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t max_blocks,
+            StreamHandle s) override {
+    GFD_CUDA_CHECK(launch_pack(chunks, n, bytes, max_blocks, static_cast<cudaStream_t>(s)));
+  }
   void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) override {
     GFD_CUDA_CHECK(launch_zero_copy(entries, count, static_cast<cudaStream_t>(s)));
   }

@@ -56,6 +56,16 @@ struct PlaceChunk {
 // Chunks one launch of the placing kernel takes at most (they travel as its parameter).
 inline constexpr std::uint32_t kMaxPlaceChunks = 32;
 
+// One device-to-host chunk packed by the packing kernel (Device::pack): the device bytes of its
+// `count` entries (as for gather()) into the device staging area `staging`. `first`: the entries
+// of the launch's earlier chunks (filled in by pack()).
+struct PackChunk {
+  const ScatterEntry* entries;
+  void* staging;
+  std::uint32_t count;
+  std::uint32_t first;
+};
+
 // One block copied by the zero-copy kernel: an SM kernel reads `bytes` from pinned host memory
 // `src` (through unified addressing) and writes them to device memory `dst`. The entries
 // themselves lie in pinned host memory and are read by the kernel the same way.
@@ -131,6 +141,11 @@ class Device {
   // field, the device address) into `staging` at its offset.
   virtual void gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
                       StreamHandle s) = 0;
+  // Packs `n` (1..kMaxPlaceChunks) device-to-host chunks, `bytes` of data together (which sizes
+  // the grid as for place(), at most `max_blocks` thread blocks), in one launch. The array is
+  // read during the call only.
+  virtual void pack(PackChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t max_blocks,
+                    StreamHandle s) = 0;
   // Copies `count` blocks with one cudaMemcpyBatchAsync (sources read in stream order), host to
   // device or, with `to_host`, device to host. The arrays are read during the call only.
   virtual void copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,

@@ -64,6 +64,8 @@ class EmulatedDevice final : public Device {
              std::uint32_t* counter, StreamHandle s) override;
   void gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
               StreamHandle s) override;
+  void pack(PackChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t max_blocks,
+            StreamHandle s) override;
   void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) override;
   bool host_pointers_usable() const override { return true; }
   bool supports_wait_value() const override { return true; }

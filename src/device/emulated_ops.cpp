@@ -30,6 +30,12 @@ void place_entries(const ScatterEntry* entries, std::uint32_t count, const void*
   for (std::uint32_t i = 0; i < count; ++i)
     std::memcpy(reinterpret_cast<void*>(entries[i].dst), base + entries[i].src_offset, entries[i].bytes);
 }
+// The packing kernel's work: each entry's device bytes into `staging` at its offset.
+void pack_entries(const ScatterEntry* entries, std::uint32_t count, void* staging) {
+  auto* base = static_cast<unsigned char*>(staging);
+  for (std::uint32_t i = 0; i < count; ++i)
+    std::memcpy(base + entries[i].src_offset, reinterpret_cast<const void*>(entries[i].dst), entries[i].bytes);
+}
 }  // namespace
 
 void EmulatedDevice::scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
@@ -52,11 +58,17 @@ void EmulatedDevice::place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t, s
 
 void EmulatedDevice::gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
                             StreamHandle s) {
-  enqueue_data(s, "gather", [=] {
-    auto* base = static_cast<unsigned char*>(staging);
-    for (std::uint32_t i = 0; i < count; ++i)
-      std::memcpy(base + entries[i].src_offset, reinterpret_cast<const void*>(entries[i].dst),
-                  entries[i].bytes);
+  enqueue_data(s, "gather", [=] { pack_entries(entries, count, staging); });
+}
+
+void EmulatedDevice::pack(PackChunk* chunks, std::uint32_t n, std::uint64_t, std::uint32_t, StreamHandle s) {
+  // As place(): the chunks are taken during the call, their entries read when the "kernel"
+  // runs. Its fault-injection name is the packing kernel's (gather): it does that job.
+  std::vector<PackChunk> list(chunks, chunks + n);
+  std::uint32_t first = 0;
+  for (PackChunk& c : list) c.first = std::exchange(first, first + c.count);
+  enqueue_data(s, "gather", [list = std::move(list)] {
+    for (const PackChunk& c : list) pack_entries(c.entries, c.count, c.staging);
   });
 }
 

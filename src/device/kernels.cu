@@ -74,16 +74,25 @@ struct PlaceParams {
   PlaceChunk c[kMaxPlaceChunks];
 };
 
-__global__ void __launch_bounds__(kMoveThreads) place_kernel(const __grid_constant__ PlaceParams p) {
+// Every entry of a launch's chunks (`p.c[0..p.chunks)`, `p.total` entries together), a warp per
+// entry: `move(chunk, entry, lane)` moves one entry's bytes (the placing and packing launches).
+template <class Params, class Move>
+__device__ __forceinline__ void move_chunks(const Params& p, Move move) {
   const std::uint32_t lane = threadIdx.x & 31;
   const std::uint32_t warps = gridDim.x * (blockDim.x / 32);
   std::uint32_t k = 0;  // the chunk of entry e (e only grows)
   for (std::uint32_t e = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; e < p.total; e += warps) {
     while (k + 1 < p.chunks && e >= p.c[k + 1].first) ++k;
-    const ScatterEntry en = p.c[k].entries[e - p.c[k].first];
-    move_entry(static_cast<const unsigned char*>(p.c[k].staging) + en.src_offset,
-               reinterpret_cast<unsigned char*>(en.dst), en.bytes, lane);
+    const ScatterEntry en = p.c[k].entries[e - p.c[k].first];  // read once (it may be host memory)
+    move(p.c[k], en, lane);
   }
+}
+
+__global__ void __launch_bounds__(kMoveThreads) place_kernel(const __grid_constant__ PlaceParams p) {
+  move_chunks(p, [](const PlaceChunk& c, const ScatterEntry& en, std::uint32_t lane) {
+    move_entry(static_cast<const unsigned char*>(c.staging) + en.src_offset, reinterpret_cast<unsigned char*>(en.dst),
+               en.bytes, lane);
+  });
   // Every thread of the block has read its staged bytes (they are stored) before thread 0
   // counts the block out; the last block out has seen every other block's count, so every
   // staged byte of the launch has been read when it writes the flags.
@@ -96,6 +105,23 @@ __global__ void __launch_bounds__(kMoveThreads) place_kernel(const __grid_consta
       for (std::uint32_t i = 0; i < p.chunks; ++i) *reinterpret_cast<volatile std::uint64_t*>(p.c[i].flag) = p.c[i].value;
     }
   }
+}
+
+// Packing several device-to-host chunks of the pack lane in one launch (EngineOptions::
+// batch_packing): the chunks travel as the kernel's parameter, a warp per entry over all of
+// them, so that beside a model's kernels the lane waits for SMs once per launch instead of once
+// per chunk. The device-to-host lane waits for the whole launch (an event) before its DMAs.
+struct PackParams {
+  std::uint32_t chunks;
+  std::uint32_t total;  // entries of every chunk
+  PackChunk c[kMaxPlaceChunks];
+};
+
+__global__ void __launch_bounds__(kMoveThreads) pack_kernel(const __grid_constant__ PackParams p) {
+  move_chunks(p, [](const PackChunk& c, const ScatterEntry& en, std::uint32_t lane) {
+    move_entry(reinterpret_cast<const unsigned char*>(en.dst), static_cast<unsigned char*>(c.staging) + en.src_offset,
+               en.bytes, lane);
+  });
 }
 
 // Zero-copy gather, as serving runtimes do it today: the SMs read pinned host memory over PCIe
@@ -189,6 +215,26 @@ cudaError_t launch_gather(const ScatterEntry* entries, std::uint32_t count, void
   return cudaGetLastError();
 }
 
+cudaError_t launch_pack(PackChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t max_blocks,
+                        cudaStream_t stream) {
+  if (n == 0 || n > kMaxPlaceChunks || max_blocks == 0) return cudaErrorInvalidValue;
+  PackParams p;
+  p.chunks = n;
+  p.total = 0;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    chunks[i].first = p.total;
+    p.total += chunks[i].count;
+    p.c[i] = chunks[i];
+  }
+  if (p.total == 0) return cudaSuccess;
+  // Sized as the placing launch: a thread block per kPlaceBytesPerBlock, two at least.
+  const std::uint64_t most = std::min<std::uint64_t>(max_blocks, kPlaceMaxBlocks);
+  const std::uint64_t want = (bytes + kPlaceBytesPerBlock - 1) / kPlaceBytesPerBlock;
+  const auto grid = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(want, std::min<std::uint64_t>(kMoveBlocks, most), most));
+  pack_kernel<<<grid, kMoveThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   // One block per entry; the grid's limit (2^31 - 1) is above any transfer's count.
@@ -205,6 +251,7 @@ cudaError_t preload_kernels() {
   cudaError_t e = cudaFuncGetAttributes(&a, move_kernel<false>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, move_kernel<true>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, place_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, pack_kernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, delay_kernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, zero_copy_kernel);
   return e;

@@ -288,6 +288,46 @@ void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, 
   ctx_.tracer.record(t.id, TraceEvent::kChunkIssued, index, static_cast<std::uint32_t>(c.data_bytes));
 }
 
+void CopyLanes::enqueue_packed_to_host(TransferState& t, const std::uint32_t* index, Slot* const* slot,
+                                       std::uint32_t n) {
+  const Plan& p = t.plan;
+  StreamHandle pk = lane(t, pack());
+  StreamHandle l = lane(t, d2h());
+  thread_local std::vector<PackChunk> packs;
+  packs.resize(n);
+  std::uint64_t bytes = 0;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const PlannedChunk& c = p.chunks[index[i]];
+    Slot& s = *slot[i];
+    s.timed = false;  // as enqueue_to_host: no timing event
+    // The entries as enqueue_to_host writes them, read by the kernel over PCIe (or copied first).
+    stream_scatter_entries(p, c, c.op_begin, c.op_end, s.host, Direction::kToHost);
+    const auto* entries = reinterpret_cast<const ScatterEntry*>(s.host + c.scatter_offset);
+    if (!device_.host_pointers_usable()) {
+      const std::size_t entry_bytes = (c.op_end - c.op_begin) * sizeof(ScatterEntry);
+      device_.copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, entry_bytes, pk);
+      entries = reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset);
+    }
+    packs[i] = PackChunk{entries, s.dev, c.op_end - c.op_begin, 0};
+    bytes += c.data_bytes;
+  }
+  device_.pack(packs.data(), n, bytes, place_blocks_, pk);
+  // One wait for the launch (the last slot's start event, unused for timing here).
+  Slot& last = *slot[n - 1];
+  device_.record_event(last.start, pk);
+  device_.stream_wait_event(l, last.start);
+  Counters::add(ctx_.counters.packings, 1);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const PlannedChunk& c = p.chunks[index[i]];
+    Slot& s = *slot[i];
+    device_.copy_d2h(s.host, s.dev, c.data_bytes, l);
+    device_.record_event(s.done, l);
+    Counters::add(ctx_.counters.scattered, 1);
+    trace_dma(t, index[i], l);
+    ctx_.tracer.record(t.id, TraceEvent::kChunkIssued, index[i], static_cast<std::uint32_t>(c.data_bytes));
+  }
+}
+
 void CopyLanes::finalize(TransferState& t) {
   for (std::uint32_t li = 0; li < t.placing.size(); ++li) {
     try {

@@ -87,6 +87,11 @@ class CopyLanes {
   // are scattered); `s.done` follows the DMA. `in_place` (a host_direct chunk whose transfer is
   // known valid): the packed runs go straight to their host destinations instead.
   void enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, bool in_place = false);
+  // Chunks `index[0..n)` (1..kMaxPlaceChunks, each with scattered device blocks) from the device
+  // into slots `slot[0..n)` with one packing launch for all of them (EngineOptions::
+  // batch_packing): the device-to-host lane waits for that launch once, then each chunk's DMA is
+  // followed by its slot's `done`.
+  void enqueue_packed_to_host(TransferState& t, const std::uint32_t* index, Slot* const* slot, std::uint32_t n);
   // A host_direct chunk's DMAs: each run of its host side to or from its place in the slot's
   // device staging area.
   void copy_runs(const Plan& p, const PlannedChunk& c, Slot& s, bool to_host, StreamHandle l);

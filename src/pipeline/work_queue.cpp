@@ -40,6 +40,7 @@ Item& WorkQueue::append(Item::Kind kind, ItemHandler* handler, const TransferPtr
   it.flag_value = 0;
   it.dma_ready.store(true, std::memory_order_relaxed);
   it.held.store(false, std::memory_order_relaxed);
+  it.awaiting_dma.store(false, std::memory_order_relaxed);
   it.slot_free_at.store(0, std::memory_order_relaxed);
   it.ready.store(ready, std::memory_order_relaxed);
   return it;

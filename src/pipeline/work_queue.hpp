@@ -56,6 +56,10 @@ struct Item {
   // submitter has found the whole list valid (or rejected it) and clears this. Kept here, not
   // read through `t`, which the issuer may reset while a late poller still looks at the item.
   std::atomic<bool> held{false};
+  // Device to host with batched packing: published before its DMA is enqueued (it waits for a
+  // packing launch with the next chunks), so its slot's `done` is not recorded yet and must not
+  // be polled.
+  std::atomic<bool> awaiting_dma{false};
   // Host to device: the slot's placed-flag value this chunk's pieces wait for (the slot's last
   // chunk still being placed when the submitter took it: SlotRing::acquire's `free_at`); 0 once
   // the slot is free, or when it was free when taken.
