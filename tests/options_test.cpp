@@ -88,7 +88,7 @@ gfd::EngineOptions custom_base() {
   o.preissue = false;
   o.batch_placement = false;
   o.defer_slot_waits = false;
-  o.batch_packing = true;
+  o.batch_packing = false;
   o.placement_chunks = 7;
   o.placement_blocks = 9;
   o.chunk_bytes_to_host = std::size_t{1} << 20;

@@ -34,9 +34,10 @@ class StressTest : public DeviceParamTest {};
 
 // `staging_bytes`: the ring. 1 MB: the larger requests span it several times. 32 MB: no request
 // can wrap around it, so device-to-host requests are planned while their first DMAs run.
-// `batch_packing`: EngineOptions::batch_packing (swap-out chunks packed several to a launch).
+// `batch_packing`: EngineOptions::batch_packing (swap-out chunks packed several to a launch, the
+// default; false: a packing launch per chunk).
 void stress(detail::Device& dev, TestDevice& td, std::size_t staging_bytes, const char* label,
-            bool batch_packing = false) {
+            bool batch_packing = true) {
   const long requests = env_long("GFD_STRESS_REQUESTS", 400);
   const int threads = static_cast<int>(env_long("GFD_STRESS_THREADS", 8));
   EngineOptions o = small_options();
@@ -157,8 +158,8 @@ TEST_P(StressTest, RandomTransfersThroughALargeRingLandExactly) {
   stress(*td_->device, *td_, 32 << 20, "32 MB ring");
 }
 
-TEST_P(StressTest, RandomTransfersWithBatchedPackingLandExactly) {
-  stress(*td_->device, *td_, 1 << 20, "1 MB ring, batched packing", true);
+TEST_P(StressTest, RandomTransfersWithAPackingLaunchPerChunkLandExactly) {
+  stress(*td_->device, *td_, 1 << 20, "1 MB ring, a packing launch per chunk", false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, StressTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),

@@ -185,10 +185,12 @@ struct EngineOptions {
   /// (up to `placement_chunks`, at most half the ring's slots; thread blocks as
   /// `placement_blocks`) with one kernel launch, and the device-to-host lane waits for that
   /// launch once, instead of one packing launch and one wait per chunk. Beside a model's
-  /// kernels each launch waits for SMs, and with one launch per chunk swap-outs kept 35-43% of
-  /// their rate on an H200 (bench/history/2026-12-03-s14-final.md). Off by default until it is
-  /// measured on a GPU: it has run on the emulated device only.
-  bool batch_packing = false;
+  /// kernels each launch waits for SMs: on an H200 beside back-to-back matmuls, 4096-block
+  /// swap-outs of 4/16/32 KB kept 74-79 / 93-95 / 92.5-93.5% of their idle rate with it
+  /// against 42-45 / 36.5-37 / 37.5-38% with a launch per chunk, at the same idle rate and with
+  /// a call 35-46% shorter (three rotated runs, fifteenth session, bench/RESULTS.md). false: one
+  /// packing launch and one wait per chunk, as before the fifteenth session.
+  bool batch_packing = true;
   /// Batched placement: the chunks one placing launch of a lane takes at most (1..32; the lanes
   /// together never leave more than half the ring's slots unplaced: 16 a lane with the default
   /// 128 MiB ring of 2 MiB slots and two lanes, 8 with a 64 MiB ring). Few keep the placing
