@@ -46,6 +46,10 @@ run() {  # name, timeout, command...
   summary "== $name: rc=$? (${SECONDS}s) $(env | grep -E '^GFD_' | tr '\n' ' ')"
   tail -n "${TAIL:-40}" "$OUT/$name.log" >> "$OUT/summary.txt"
   cp "$OUT/summary.txt" "$FINAL/summary.partial.txt"
+  # Each step's CSV as well, so that a call cut by its time limit keeps the steps it finished
+  # (logs.tgz is packed only at the end; the fifteenth session's call 4 lost its vLLM CSVs so).
+  [ -f "$OUT/$name.csv" ] && mkdir -p "$FINAL/partial" && cp "$OUT/$name.csv" "$FINAL/partial/"
+  return 0
 }
 if has paged; then
   run paged_h2d 240 "$B" --layout paged --direction h2d --csv "$OUT/paged_h2d.csv"
