@@ -948,6 +948,54 @@ TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
   }
 }
 
+// A serving runtime's other threads free device memory while transfers run (torch's caching
+// allocator calls cudaFree on empty_cache and after an out-of-memory), and cudaFree waits for the
+// whole device. The engine's lanes wait on flags its gather threads write (pre-issued DMAs, slot
+// waits left to the gather threads, batched placing and packing), so those threads must get
+// there without waiting on that synchronisation: transfers several times the ring, both ways,
+// scattered on the device side, from a pinned pool, while another thread allocates and frees
+// device memory without pause. Every transfer must land and the freeing thread must get through.
+TEST_P(EngineTest, DeviceMemoryFreedOnAnotherThreadDuringTransfersDoesNotStallThem) {
+  if (!gather()) GTEST_SKIP() << "a gather-backend option";
+  EngineOptions o = options();
+  o.staging_bytes = 1 << 20;  // 16 slots of 64 KB: each transfer below is six times the ring
+  o.slot_bytes = 64 << 10;
+  Engine engine = td_->make_engine(o);
+  HostBuffer pool(dev(), 24 << 20, true);
+  fill_random(pool.data(), pool.size(), 67);
+  DeviceBuffer dst(dev(), 1536 * 4096);
+  HostBuffer back(dev(), dst.size(), true);
+  std::atomic<bool> stop{false};
+  std::atomic<long> frees{0};
+  std::thread freer([&] {
+    dev().make_current();
+    while (!stop.load(std::memory_order_relaxed)) {
+      void* p = dev().alloc_device(1 << 20);
+      dev().free_device(p);  // cudaFree: waits for the whole device
+      frees.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  for (std::uint64_t round = 0; round < 6; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const auto blocks = make_blocks(pool, dst, 1536, 4096, true, 70 + round);
+    engine.copy_to_device(blocks, td_->cuda_stream()).wait();
+    expect_landed(blocks, dst);
+    // And back, from scattered device blocks to scattered host blocks.
+    std::vector<BlockCopy> out;
+    for (std::size_t i = 0; i < 1536; ++i)
+      out.push_back({dst.data() + ((i * 7 + round) % 1536) * 4096, back.data() + ((i * 613) % 1536) * 4096, 4096});
+    engine.copy_to_host(out, td_->cuda_stream()).wait();
+    const std::vector<std::byte> dev_bytes = td_->read(dst.data(), dst.size());
+    std::size_t bad = 0;
+    for (const BlockCopy& b : out)
+      bad += std::memcmp(b.dst, dev_bytes.data() + (static_cast<const std::byte*>(b.src) - dst.data()), 4096) != 0;
+    EXPECT_EQ(bad, 0u) << "host blocks that differ from their device block";
+  }
+  stop.store(true);
+  freer.join();
+  EXPECT_GT(frees.load(), 0) << "the freeing thread got through while transfers ran";
+}
+
 // Without stream memory operations (or with preissue off) the thread that finishes a chunk
 // issues its DMA: the same transfers must land, alone and concurrently.
 TEST_P(EngineTest, IssuingFromTheGatherThreadsWorksToo) {
