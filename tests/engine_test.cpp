@@ -957,6 +957,15 @@ TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
 // device memory without pause. Every transfer must land and the freeing thread must get through.
 TEST_P(EngineTest, DeviceMemoryFreedOnAnotherThreadDuringTransfersDoesNotStallThem) {
   if (!gather()) GTEST_SKIP() << "a gather-backend option";
+  if (kind() == DeviceKind::kEmulated) {
+    // The emulated device frees as the driver does: no other call starts until the device has
+    // drained (EmulatedDeviceOptions::free_waits_for_device).
+    detail::EmulatedDeviceOptions emu;
+    emu.copy_delay = std::chrono::microseconds(100);
+    emu.free_waits_for_device = true;
+    td_ = open_test_device(kind(), 0, emu);
+    ASSERT_NE(td_, nullptr);
+  }
   EngineOptions o = options();
   o.staging_bytes = 1 << 20;  // 16 slots of 64 KB: each transfer below is six times the ring
   o.slot_bytes = 64 << 10;
