@@ -186,6 +186,18 @@ void EmulatedDevice::stream_sync(StreamHandle h) {
   check_sticky();
 }
 
+void EmulatedDevice::write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) {
+  enqueue(s, [this, addr, value] {
+    {
+      // As on a GPU, nothing runs once a fault is in force: the flag stays unwritten, and
+      // whoever waits for it learns of the fault by asking about an event.
+      std::lock_guard lk(impl_->fault_m);
+      if (!impl_->fault.empty()) return;
+    }
+    signal_value(addr, value);
+  });
+}
+
 namespace {
 // As with CUDA, an event may be destroyed while a stream still has a record of it or a wait on
 // it queued: the handle owns one reference and every queued operation another.

@@ -79,6 +79,7 @@ class EmulatedDevice final : public Device {
   bool supports_wait_value() const override { return true; }
   void wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) override;
   void signal_value(std::uint64_t* addr, std::uint64_t value) override;
+  void write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) override;
   void delay_async(std::uint32_t microseconds, StreamHandle s) override;
 
   // Leaves the sticky error state of an injected fault (a fresh context, as it were).
