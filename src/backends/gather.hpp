@@ -35,9 +35,6 @@ struct StagingPipeline {
   // DMAs are enqueued at submission behind slot flags (stream memory operations), so that no
   // driver call sits between the end of a chunk's gathering and its DMA.
   bool preissue;
-  // Device to host with preissue: each chunk's DMA writes a flag in the slot after it, which
-  // the gather threads read instead of asking the device about `done` (see FaultWatch).
-  bool dma_flags;
   // Asks the device about faults for the gather threads (before the pool: it outlives them).
   FaultWatch watch;
   // Declared last: its threads stop before the stages they work on go away.
