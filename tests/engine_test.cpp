@@ -33,6 +33,14 @@ class EngineTest : public ::testing::TestWithParam<std::tuple<DeviceKind, Backen
     o.backend = backend();
     return o;
   }
+  // options() with a ring of 16 slots of 64 KB, which the large transfers of a test span several
+  // times.
+  EngineOptions sixteen_slot_options() const {
+    EngineOptions o = options();
+    o.staging_bytes = 1 << 20;
+    o.slot_bytes = 64 << 10;
+    return o;
+  }
 
   void SetUp() override {
     if (kind() == DeviceKind::kCuda) {
@@ -825,10 +833,7 @@ TEST_P(EngineTest, SwapInLargerThanTheRingLeavesTheSlotWaitsToTheGatherThreads) 
   if (!dev().host_pointers_usable()) GTEST_SKIP() << "no batched placement on this device (no placed flags)";
   HostBuffer pool(dev(), 24 << 20, false);
   fill_random(pool.data(), pool.size(), 63);
-  EngineOptions o = options();
-  o.staging_bytes = 1 << 20;  // 16 slots of 64 KB: the transfers below are six times the ring
-  o.slot_bytes = 64 << 10;
-  Engine engine = td_->make_engine(o);
+  Engine engine = td_->make_engine(sixteen_slot_options());  // the transfers below are six times the ring
   DeviceBuffer dst(dev(), 1536 * 4096), dst2(dev(), 1536 * 4096);
   const auto blocks = make_blocks(pool, dst, 1536, 4096, true, 64);
   const auto blocks2 = make_blocks(pool, dst2, 1536, 4096, true, 65);
@@ -970,10 +975,7 @@ TEST_P(EngineTest, DeviceMemoryFreedOnAnotherThreadDuringTransfersDoesNotStallTh
     td_ = open_test_device(kind(), 0, emu);
     ASSERT_NE(td_, nullptr);
   }
-  EngineOptions o = options();
-  o.staging_bytes = 1 << 20;  // 16 slots of 64 KB: each transfer below is six times the ring
-  o.slot_bytes = 64 << 10;
-  Engine engine = td_->make_engine(o);
+  Engine engine = td_->make_engine(sixteen_slot_options());  // each transfer below is six times the ring
   HostBuffer pool(dev(), 24 << 20, true);
   fill_random(pool.data(), pool.size(), 67);
   DeviceBuffer dst(dev(), 1536 * 4096);

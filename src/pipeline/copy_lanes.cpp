@@ -262,15 +262,8 @@ void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, 
     // copied to the device first. The packing runs on a lane of its own, so that it overlaps the
     // previous chunk's DMA; the device-to-host lane waits for it (the slot's start event, unused
     // for timing here).
-    stream_scatter_entries(p, c, c.op_begin, c.op_end, s.host, Direction::kToHost);
     StreamHandle pk = lane(t, pack());
-    const auto* entries = reinterpret_cast<const ScatterEntry*>(s.host + c.scatter_offset);
-    if (!device_.host_pointers_usable()) {
-      const std::size_t entry_bytes = (c.op_end - c.op_begin) * sizeof(ScatterEntry);
-      device_.copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, entry_bytes, pk);
-      entries = reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset);
-    }
-    device_.gather(entries, c.op_end - c.op_begin, s.dev, pk);
+    device_.gather(pack_entries(p, c, s, pk), c.op_end - c.op_begin, s.dev, pk);
     device_.record_event(s.start, pk);
     device_.stream_wait_event(l, s.start);
     if (in_place) {
@@ -294,6 +287,14 @@ void CopyLanes::signal_dma_done(Slot& s, StreamHandle l) {
   device_.write_value(s.dma_flag, ++s.dma_value, l);
 }
 
+const ScatterEntry* CopyLanes::pack_entries(const Plan& p, const PlannedChunk& c, Slot& s, StreamHandle pk) {
+  stream_scatter_entries(p, c, c.op_begin, c.op_end, s.host, Direction::kToHost);
+  if (device_.host_pointers_usable()) return reinterpret_cast<const ScatterEntry*>(s.host + c.scatter_offset);
+  const std::size_t entry_bytes = (c.op_end - c.op_begin) * sizeof(ScatterEntry);
+  device_.copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, entry_bytes, pk);
+  return reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset);
+}
+
 void CopyLanes::enqueue_packed_to_host(TransferState& t, const std::uint32_t* index, Slot* const* slot,
                                        std::uint32_t n) {
   const Plan& p = t.plan;
@@ -306,15 +307,7 @@ void CopyLanes::enqueue_packed_to_host(TransferState& t, const std::uint32_t* in
     const PlannedChunk& c = p.chunks[index[i]];
     Slot& s = *slot[i];
     s.timed = false;  // as enqueue_to_host: no timing event
-    // The entries as enqueue_to_host writes them, read by the kernel over PCIe (or copied first).
-    stream_scatter_entries(p, c, c.op_begin, c.op_end, s.host, Direction::kToHost);
-    const auto* entries = reinterpret_cast<const ScatterEntry*>(s.host + c.scatter_offset);
-    if (!device_.host_pointers_usable()) {
-      const std::size_t entry_bytes = (c.op_end - c.op_begin) * sizeof(ScatterEntry);
-      device_.copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, entry_bytes, pk);
-      entries = reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset);
-    }
-    packs[i] = PackChunk{entries, s.dev, c.op_end - c.op_begin, 0};
+    packs[i] = PackChunk{pack_entries(p, c, s, pk), s.dev, c.op_end - c.op_begin, 0};
     bytes += c.data_bytes;
   }
   device_.pack(packs.data(), n, bytes, place_blocks_, pk);

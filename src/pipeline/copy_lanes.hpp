@@ -107,6 +107,10 @@ class CopyLanes {
   void drain() noexcept;
 
  private:
+  // Device to host: writes chunk `c`'s pack entries (its device sources) into slot `s` and
+  // returns where the packing kernel reads them: the pinned slot over PCIe, or a copy in the
+  // slot's device twin (enqueued on pack lane `pk`) where the GPU cannot read host memory.
+  const ScatterEntry* pack_entries(const Plan& p, const PlannedChunk& c, Slot& s, StreamHandle pk);
   StreamHandle lane(TransferState& t, std::uint32_t lane);
   // Tracing only: a timing event after chunk `index`'s DMA on `l`.
   void trace_dma(TransferState& t, std::uint32_t index, StreamHandle l);
