@@ -17,12 +17,16 @@ StagingPipeline::StagingPipeline(const BackendSetup& setup)
       ring(*ctx->device, ctx->counters,
            RingConfig{options.staging_bytes / options.slot_bytes, options.slot_bytes, setup.numa_node,
                       /*device_twin=*/true, /*flags=*/options.preissue, /*timing=*/options.time_dmas,
-                      /*placed_flags=*/options.batch_placement && ctx->device->host_pointers_usable()}),
+                      /*placed_flags=*/options.batch_placement && ctx->device->host_pointers_usable(),
+                      // Device to host with preissue: each chunk's DMA writes a flag in its slot,
+                      // which the gather threads read instead of asking about `done` (FaultWatch).
+                      /*dma_flags=*/options.preissue && ctx->device->supports_wait_value()}),
       lanes(*ctx, options.copy_streams, ring.size()),
       // Room for every slot's chunk plus the direct copies and finalizations between them.
       queue(ring.size() + 4096, ctx->tracer),
       store(resolve_staging_writes(options.staging_writes)),
-      preissue(options.preissue) {
+      preissue(options.preissue),
+      watch(*ctx->device) {
   Device* device = ctx->device.get();
   pool = std::make_unique<GatherPool>(
       options.gather_threads, setup.cpus, options.spin_us, [this] { return queue.run_next_piece(); },

@@ -35,6 +35,8 @@ struct StagingPipeline {
   // DMAs are enqueued at submission behind slot flags (stream memory operations), so that no
   // driver call sits between the end of a chunk's gathering and its DMA.
   bool preissue;
+  // Asks the device about faults for the gather threads (before the pool: it outlives them).
+  FaultWatch watch;
   // Declared last: its threads stop before the stages they work on go away.
   std::unique_ptr<GatherPool> pool;
 };

@@ -330,7 +330,7 @@ ItemHandler::Claim GatherToDevice::claimable(Item& item, bool /*may_poll*/) {
     // fault is reported to the transfer (its bytes move nowhere) and frees the chunk's pieces.
     thread_local std::optional<PlacedWait> wait;
     const Slot& s = p_.ring[item.slot];
-    if (!wait || !wait->waits_for(s, value)) wait.emplace(s, value);
+    if (!wait || !wait->waits_for(s, value)) wait.emplace(s, value, &p_.watch);
     try {
       freed = wait->poll(*p_.ctx->device);
     } catch (...) {

@@ -261,7 +261,14 @@ bool GatherToHost::poll_head_dma(Item& item) {
   }
   bool ready = false;
   try {
-    ready = p_.ctx->device->event_done(p_.ring[item.slot].done);
+    const Slot& s = p_.ring[item.slot];
+    if (s.dma_flag != nullptr) {
+      // The lane writes the slot's DMA flag after the DMA: no driver call here (see FaultWatch).
+      ready = std::atomic_ref<std::uint64_t>(*s.dma_flag).load(std::memory_order_acquire) >= s.dma_value;
+      if (!ready) check_fault(item, s);
+    } else {
+      ready = p_.ctx->device->event_done(s.done);
+    }
   } catch (...) {
     item.t->fail(std::current_exception());
     ready = true;
@@ -270,6 +277,26 @@ bool GatherToHost::poll_head_dma(Item& item) {
   dma_poller_.store(false, std::memory_order_release);
   if (ready) p_.queue.wake();
   return ready;
+}
+
+void GatherToHost::check_fault(const Item& item, const Slot& s) {
+  const auto now = Clock::now();
+  if (waiting_for_ != &item || waiting_value_ != s.dma_value) {
+    waiting_for_ = &item;
+    waiting_value_ = s.dma_value;
+    look_ = now;
+    asked_ = 0;
+    return;
+  }
+  if (asked_ != 0) {
+    std::exception_ptr fault;
+    if (!p_.watch.answered(asked_, fault)) return;
+    asked_ = 0;
+    if (fault) std::rethrow_exception(fault);
+  }
+  if (now - look_ < std::chrono::milliseconds(1)) return;
+  look_ = now;
+  asked_ = p_.watch.ask(s.done);
 }
 
 void GatherToHost::run_piece(Item& item, std::uint32_t piece) {

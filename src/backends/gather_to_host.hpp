@@ -38,6 +38,9 @@ class GatherToHost final : public ItemHandler {
   // `valid`: the transfer is known valid, so a host_direct chunk may write host memory in place.
   void enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vector<Item*>* held, bool valid);
   bool poll_head_dma(Item& item);
+  // The head item's DMA flag is not written yet: every 1 ms of that wait, asks the FaultWatch
+  // about the slot's event, and throws the device fault it found (poller only).
+  void check_fault(const Item& item, const Slot& s);
   // Batched packing (EngineOptions::batch_packing): enqueues the chunks left in pending_ with one
   // packing launch, then lets the gather threads poll their `done` events (Item::awaiting_dma).
   // Caller holds the submission lock. On a device error every pending item is made ready (its
@@ -54,6 +57,12 @@ class GatherToHost final : public ItemHandler {
   std::vector<PendingPack> pending_;  // under the submission lock; empty between submissions
   std::uint32_t pack_limit_ = 1;      // chunks one packing launch takes at most
   std::atomic<bool> dma_poller_{false};  // a thread is polling the head item's DMA
+  // check_fault's wait (the poller's): the item and flag value waited for, the last look, and
+  // the watch's request to be answered (0: none).
+  const Item* waiting_for_ = nullptr;
+  std::uint64_t waiting_value_ = 0;
+  Clock::time_point look_{};
+  std::uint64_t asked_ = 0;
 };
 
 }  // namespace gfd::detail

@@ -21,9 +21,11 @@ namespace {
 struct DriverApi {
   using PointerGetAttributes = CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
   using WaitValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  using WriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
   using DeviceGetAttribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
   PointerGetAttributes pointer_get_attributes = nullptr;
   WaitValue64 wait_value64 = nullptr;
+  WriteValue64 write_value64 = nullptr;
   DeviceGetAttribute device_get_attribute = nullptr;
 };
 
@@ -43,6 +45,7 @@ const DriverApi& driver() {
   std::call_once(once, [] {
     load("cuPointerGetAttributes", api.pointer_get_attributes);
     load("cuStreamWaitValue64", api.wait_value64);
+    load("cuStreamWriteValue64", api.write_value64);
     load("cuDeviceGetAttribute", api.device_get_attribute);
   });
   return api;
@@ -320,6 +323,12 @@ class CudaDevice final : public Device {
   }
   void signal_value(std::uint64_t* addr, std::uint64_t value) override {
     std::atomic_ref<std::uint64_t>(*addr).store(value, std::memory_order_release);
+  }
+  void write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) override {
+    const CUresult r = driver().write_value64(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), value,
+                                              CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (r != CUDA_SUCCESS)
+      throw_cuda_error(static_cast<cudaError_t>(r), "cuStreamWriteValue64(lane, slot flag)", GFD_SOURCE_FILE_, __LINE__);
   }
   void delay_async(std::uint32_t microseconds, StreamHandle s) override {
     GFD_CUDA_CHECK(launch_delay(microseconds, static_cast<cudaStream_t>(s)));

@@ -179,6 +179,9 @@ class Device {
   // Sets *addr = value from the host (a release store; the emulated device also wakes its
   // streams).
   virtual void signal_value(std::uint64_t* addr, std::uint64_t value) = 0;
+  // Enqueues a write of `value` to registered host memory `addr` on stream `s` (a stream memory
+  // operation: what follows the work before it, as a record does). Needs supports_wait_value().
+  virtual void write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) = 0;
   // Test support: holds the stream for `microseconds` (a spin kernel on a GPU).
   virtual void delay_async(std::uint32_t microseconds, StreamHandle s) = 0;
 };

@@ -65,7 +65,26 @@ struct EmulatedDevice::Impl {
   // fault is reported only once none is left, as on a GPU nothing runs once the error is seen
   // (a slot freed after its failed DMA must not still be read by it).
   int running = 0;
+  // EmulatedDeviceOptions::free_waits_for_device: the driver's lock.
+  std::shared_mutex driver;
 };
+
+EmulatedDevice::ApiLock EmulatedDevice::api_call() const {
+  if (!options_.free_waits_for_device) return {};
+  return {std::shared_lock(impl_->driver)};
+}
+
+void EmulatedDevice::api_gate() const { (void)api_call(); }
+
+std::unique_lock<std::shared_mutex> EmulatedDevice::driver_lock() { return std::unique_lock(impl_->driver); }
+
+void EmulatedDevice::drain_all_streams() {
+  std::lock_guard lk(impl_->m);
+  for (EmuStream* s : impl_->streams) {
+    std::unique_lock slk(s->m);
+    s->cv.wait(slk, [&] { return s->executed >= s->enqueued; });
+  }
+}
 
 void EmulatedDevice::clear_fault() {
   std::lock_guard lk(impl_->fault_m);
@@ -122,6 +141,7 @@ EmulatedDevice::~EmulatedDevice() {
 }
 
 StreamHandle EmulatedDevice::create_stream() {
+  const auto api = api_call();
   auto* s = new EmuStream;
   s->thread = std::thread([s] { s->run(); });
   std::lock_guard lk(impl_->m);
@@ -130,6 +150,7 @@ StreamHandle EmulatedDevice::create_stream() {
 }
 
 void EmulatedDevice::destroy_stream(StreamHandle h) noexcept {
+  api_gate();
   auto* s = static_cast<EmuStream*>(h);
   {
     std::lock_guard lk(impl_->m);
@@ -145,6 +166,7 @@ void EmulatedDevice::destroy_stream(StreamHandle h) noexcept {
 }
 
 void EmulatedDevice::enqueue(StreamHandle h, std::function<void()> op) {
+  const auto api = api_call();
   check_sticky();
   EmuStream* s = stream_of(h);
   std::lock_guard lk(s->m);
@@ -154,6 +176,7 @@ void EmulatedDevice::enqueue(StreamHandle h, std::function<void()> op) {
 }
 
 void EmulatedDevice::stream_sync(StreamHandle h) {
+  api_gate();
   EmuStream* s = stream_of(h);
   {
     std::unique_lock lk(s->m);
@@ -161,6 +184,18 @@ void EmulatedDevice::stream_sync(StreamHandle h) {
     s->cv.wait(lk, [&] { return s->executed >= target; });
   }
   check_sticky();
+}
+
+void EmulatedDevice::write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) {
+  enqueue(s, [this, addr, value] {
+    {
+      // As on a GPU, nothing runs once a fault is in force: the flag stays unwritten, and
+      // whoever waits for it learns of the fault by asking about an event.
+      std::lock_guard lk(impl_->fault_m);
+      if (!impl_->fault.empty()) return;
+    }
+    signal_value(addr, value);
+  });
 }
 
 namespace {
@@ -172,8 +207,14 @@ struct EmuEventHandle {
 std::shared_ptr<EmuEvent> event_of(EventHandle h) { return static_cast<EmuEventHandle*>(h)->e; }
 }  // namespace
 
-EventHandle EmulatedDevice::create_event(bool) { return new EmuEventHandle; }
-void EmulatedDevice::destroy_event(EventHandle e) noexcept { delete static_cast<EmuEventHandle*>(e); }
+EventHandle EmulatedDevice::create_event(bool) {
+  const auto api = api_call();
+  return new EmuEventHandle;
+}
+void EmulatedDevice::destroy_event(EventHandle e) noexcept {
+  const auto api = api_call();
+  delete static_cast<EmuEventHandle*>(e);
+}
 
 void EmulatedDevice::record_event(EventHandle h, StreamHandle s) {
   check_sticky();
@@ -216,6 +257,7 @@ void EmulatedDevice::stream_wait_event(StreamHandle s, EventHandle h) {
 }
 
 bool EmulatedDevice::event_done(EventHandle h) {
+  const auto api = api_call();
   auto e = event_of(h);
   bool done;
   {
@@ -227,6 +269,7 @@ bool EmulatedDevice::event_done(EventHandle h) {
 }
 
 void EmulatedDevice::event_sync(EventHandle h) {
+  api_gate();
   auto e = event_of(h);
   {
     std::unique_lock lk(e->m);
@@ -237,6 +280,7 @@ void EmulatedDevice::event_sync(EventHandle h) {
 }
 
 float EmulatedDevice::event_elapsed_ms(EventHandle a, EventHandle b) {
+  const auto api = api_call();
   auto x = event_of(a);
   auto y = event_of(b);
   Clock::time_point ta, tb;

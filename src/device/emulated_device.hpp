@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
 
 #include "device/device.hpp"
@@ -20,6 +22,12 @@ struct EmulatedDeviceOptions {
   // CUDA: nothing is copied and the device is left in a sticky error state in which every later
   // call and every event query throws gfd::Error(kCuda), until clear_fault().
   std::function<bool(const char* op)> fault;
+  // Models what the CUDA driver was seen to do when one thread frees device memory (cuMemFree):
+  // it takes a lock that every other driver call waits for, and holds it until the whole device
+  // has drained. With this set, free_device() waits for every stream to run dry while no other
+  // call of this device (an enqueue, an event query, ...) may start; a stream that waits for a
+  // host flag whose writer first needs such a call then deadlocks, as it would on a GPU.
+  bool free_waits_for_device = false;
 };
 
 class EmulatedDevice final : public Device {
@@ -71,6 +79,7 @@ class EmulatedDevice final : public Device {
   bool supports_wait_value() const override { return true; }
   void wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) override;
   void signal_value(std::uint64_t* addr, std::uint64_t value) override;
+  void write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) override;
   void delay_async(std::uint32_t microseconds, StreamHandle s) override;
 
   // Leaves the sticky error state of an injected fault (a fresh context, as it were).
@@ -82,6 +91,17 @@ class EmulatedDevice final : public Device {
 
  private:
   void enqueue(StreamHandle s, std::function<void()> op);
+  // The driver lock of EmulatedDeviceOptions::free_waits_for_device: every call holds it shared
+  // (or passes it, for calls that then block), free_device() exclusively.
+  struct ApiLock {
+    std::shared_lock<std::shared_mutex> lk;  // not owning where the option is off
+  };
+  ApiLock api_call() const;
+  void api_gate() const;
+  // free_device() with free_waits_for_device: the lock held exclusively, then every stream run
+  // dry.
+  std::unique_lock<std::shared_mutex> driver_lock();
+  void drain_all_streams();
   // A data operation: runs `body` unless a fault is in force or injected now.
   void enqueue_data(StreamHandle s, const char* what, std::function<void()> body);
   void check_sticky() const;

@@ -34,6 +34,7 @@ std::map<std::uintptr_t, Allocation>& registry() {
 }  // namespace
 
 PointerInfo EmulatedDevice::query_pointer(const void* p) {
+  const auto api = api_call();
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   std::shared_lock lk(registry_mutex());
   auto& r = registry();
@@ -62,6 +63,7 @@ std::size_t device_reservation(std::size_t bytes) {
 }  // namespace
 
 void* EmulatedDevice::alloc_device(std::size_t bytes) {
+  const auto api = api_call();
   // Reserve one granule more than needed and trim to an aligned range (untouched pages cost
   // nothing).
   const std::size_t size = device_reservation(bytes);
@@ -82,6 +84,12 @@ void* EmulatedDevice::alloc_device(std::size_t bytes) {
 
 void EmulatedDevice::free_device(void* p) noexcept {
   if (p == nullptr) return;
+  // As cuMemFree was seen to: no other call of the device starts until every stream has run dry.
+  std::unique_lock<std::shared_mutex> api;
+  if (options_.free_waits_for_device) {
+    api = driver_lock();
+    drain_all_streams();
+  }
   std::size_t bytes = 0;
   {
     std::unique_lock lk(registry_mutex());
@@ -94,6 +102,7 @@ void EmulatedDevice::free_device(void* p) noexcept {
 }
 
 void EmulatedDevice::register_host(void* p, std::size_t bytes) {
+  const auto api = api_call();
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   std::unique_lock lk(registry_mutex());
   auto& r = registry();
@@ -104,6 +113,7 @@ void EmulatedDevice::register_host(void* p, std::size_t bytes) {
 }
 
 void EmulatedDevice::unregister_host(void* p) noexcept {
+  const auto api = api_call();
   std::unique_lock lk(registry_mutex());
   registry().erase(reinterpret_cast<std::uintptr_t>(p));
 }

@@ -277,8 +277,14 @@ void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, 
     Counters::add(ctx_.counters.scattered, 1);
   }
   device_.record_event(s.done, l);
+  signal_dma_done(s, l);
   trace_dma(t, index, l);
   ctx_.tracer.record(t.id, TraceEvent::kChunkIssued, index, static_cast<std::uint32_t>(c.data_bytes));
+}
+
+void CopyLanes::signal_dma_done(Slot& s, StreamHandle l) {
+  if (s.dma_flag == nullptr) return;
+  device_.write_value(s.dma_flag, ++s.dma_value, l);
 }
 
 const ScatterEntry* CopyLanes::pack_entries(const Plan& p, const PlannedChunk& c, Slot& s, StreamHandle pk) {
@@ -315,6 +321,7 @@ void CopyLanes::enqueue_packed_to_host(TransferState& t, const std::uint32_t* in
     Slot& s = *slot[i];
     device_.copy_d2h(s.host, s.dev, c.data_bytes, l);
     device_.record_event(s.done, l);
+    signal_dma_done(s, l);
     Counters::add(ctx_.counters.scattered, 1);
     trace_dma(t, index[i], l);
     ctx_.tracer.record(t.id, TraceEvent::kChunkIssued, index[i], static_cast<std::uint32_t>(c.data_bytes));

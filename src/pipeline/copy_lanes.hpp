@@ -91,6 +91,9 @@ class CopyLanes {
   // into slots `slot[0..n)` with one packing launch for all of them (EngineOptions::
   // batch_packing): the device-to-host lane waits for that launch once, then each chunk's DMA is
   // followed by its slot's `done`.
+  // Device to host: the slot's DMA flag (Slot::dma_flag, where the ring has them) written on
+  // lane `l` after what is enqueued there, to the slot's next value.
+  void signal_dma_done(Slot& s, StreamHandle l);
   void enqueue_packed_to_host(TransferState& t, const std::uint32_t* index, Slot* const* slot, std::uint32_t n);
   // A host_direct chunk's DMAs: each run of its host side to or from its place in the slot's
   // device staging area.

@@ -25,11 +25,12 @@ SlotRing::SlotRing(Device& device, Counters& counters, const RingConfig& c)
   memory_.register_with(device);
   try {
     if (c.device_twin) dev_staging_ = static_cast<std::byte*>(device.alloc_device(ring));
-    if (c.flags || c.placed_flags) {
+    if (c.flags || c.placed_flags || c.dma_flags) {
       // One flag per cache line: threads set them concurrently, and the GPU writes the placed
-      // flags over PCIe beside them. Per slot: its wait flag, then its placed flag.
+      // and DMA flags over PCIe beside them. Per slot: its wait flag, its placed flag, its DMA
+      // flag.
       constexpr std::size_t kLine = 64;
-      const std::size_t bytes = (c.slots * 2 * kLine + 4095) / 4096 * 4096;
+      const std::size_t bytes = (c.slots * 3 * kLine + 4095) / 4096 * 4096;
       void* f = nullptr;
       if (posix_memalign(&f, 4096, bytes) != 0) throw Error(ErrorCode::kSystem, "out of memory for slot flags");
       std::memset(f, 0, bytes);
@@ -46,8 +47,9 @@ SlotRing::SlotRing(Device& device, Counters& counters, const RingConfig& c)
       s.host = memory_.data() + i * c.slot_bytes;
       s.dev = dev_staging_ != nullptr ? dev_staging_ + i * c.slot_bytes : nullptr;
       constexpr std::size_t kWords = 64 / sizeof(std::uint64_t);
-      s.flag = c.flags ? flags_ + 2 * i * kWords : nullptr;
-      s.placed = c.placed_flags ? flags_ + (2 * i + 1) * kWords : nullptr;
+      s.flag = c.flags ? flags_ + 3 * i * kWords : nullptr;
+      s.placed = c.placed_flags ? flags_ + (3 * i + 1) * kWords : nullptr;
+      s.dma_flag = c.dma_flags ? flags_ + (3 * i + 2) * kWords : nullptr;
       s.timing = c.timing;
       s.start = device.create_event(c.timing);
       s.done = device.create_event(c.timing);
@@ -100,8 +102,8 @@ void SlotRing::wait_placed(const Slot& s) {
   while (!wait.poll(device_)) std::this_thread::yield();
 }
 
-PlacedWait::PlacedWait(const Slot& s, std::uint64_t value)
-    : s_(&s), value_(value), since_(Clock::now()), look_(since_) {}
+PlacedWait::PlacedWait(const Slot& s, std::uint64_t value, FaultWatch* watch)
+    : s_(&s), value_(value), watch_(watch), since_(Clock::now()), look_(since_) {}
 
 bool PlacedWait::poll(Device& device) {
   for (int i = 0; i < 256; ++i) {
@@ -112,9 +114,68 @@ bool PlacedWait::poll(Device& device) {
   if (now - since_ > std::chrono::microseconds(500)) std::this_thread::sleep_for(std::chrono::microseconds(20));
   if (now - look_ > std::chrono::milliseconds(1)) {
     look_ = now;
-    (void)device.event_done(s_->done);
+    if (watch_ == nullptr) {
+      (void)device.event_done(s_->done);
+    } else {
+      std::exception_ptr fault;
+      if (asked_ != 0 && watch_->answered(asked_, fault)) {
+        if (fault) std::rethrow_exception(fault);
+        asked_ = 0;
+      }
+      if (asked_ == 0) asked_ = watch_->ask(s_->done);
+    }
   }
   return reached(*s_, value_);
+}
+
+FaultWatch::FaultWatch(Device& device) : device_(device), thread_([this] { run(); }) {}
+
+FaultWatch::~FaultWatch() {
+  {
+    std::lock_guard lk(m_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::uint64_t FaultWatch::ask(EventHandle e) {
+  std::uint64_t n;
+  {
+    std::lock_guard lk(m_);
+    event_ = e;
+    n = ++asked_;
+  }
+  cv_.notify_all();
+  return n;
+}
+
+bool FaultWatch::answered(std::uint64_t n, std::exception_ptr& fault) const {
+  std::lock_guard lk(m_);
+  if (answered_ < n) return false;
+  fault = fault_;
+  return true;
+}
+
+void FaultWatch::run() {
+  device_.make_current();
+  std::unique_lock lk(m_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || asked_ > answered_; });
+    if (stop_) return;
+    const std::uint64_t n = asked_;
+    EventHandle e = event_;
+    lk.unlock();
+    std::exception_ptr fault;
+    try {
+      (void)device_.event_done(e);  // may block behind another thread's cudaFree: nobody waits for it
+    } catch (...) {
+      fault = std::current_exception();
+    }
+    lk.lock();
+    answered_ = n;
+    fault_ = fault;
+  }
 }
 
 // Adds a completed chunk's copy-engine time to the stats, once.

@@ -12,9 +12,13 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "device/device.hpp"
@@ -41,6 +45,11 @@ struct Slot {
   std::uint64_t* placed = nullptr;
   std::uint64_t placed_value = 0;
   bool by_flag = false;
+  // Device to host with flags (RingConfig::dma_flags): registered host memory the lane writes
+  // after the slot's DMA (Device::write_value), and the value it writes for the slot's current
+  // chunk (set by the submitter before the chunk's item may be polled).
+  std::uint64_t* dma_flag = nullptr;
+  std::uint64_t dma_value = 0;
   std::atomic<int> state{kFree};
 
   // The slot's DMA or kernel is enqueued (or failed to be): waiters may look at `done`.
@@ -69,6 +78,7 @@ struct RingConfig {
   bool flags = false;        // one flag per slot for pre-issued DMAs
   bool timing = false;       // timing events (EngineOptions::time_dmas), else events without timing
   bool placed_flags = false; // one flag per slot for the batched placing kernel
+  bool dma_flags = false;    // one flag per slot that its device-to-host DMA writes
 };
 
 class SlotRing {
@@ -114,14 +124,45 @@ class SlotRing {
   std::uint64_t next_ = 0;
 };
 
+// Asks the device whether it has failed, for the threads that must make no driver call: the
+// gather threads write the flags that pre-issued DMAs wait for, and a driver call may block for
+// as long as another thread's cudaFree waits for the whole device to drain, which waits for
+// those DMAs: a deadlock (the emulated device's free_waits_for_device models that driver
+// lock). A thread of its own makes the queries; when it is the one blocked, nobody waits on it.
+class FaultWatch {
+ public:
+  explicit FaultWatch(Device& device);
+  ~FaultWatch();
+  FaultWatch(const FaultWatch&) = delete;
+  FaultWatch& operator=(const FaultWatch&) = delete;
+  // Asks for a query of event `e` (of a slot, alive as long as the ring; the latest request
+  // wins); returns the request's number.
+  std::uint64_t ask(EventHandle e);
+  // True once a query made for request `n` (or a later one) has been answered; `fault` is then
+  // the device fault that query threw, or null.
+  bool answered(std::uint64_t n, std::exception_ptr& fault) const;
+
+ private:
+  void run();
+  Device& device_;
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  EventHandle event_ = nullptr;
+  std::uint64_t asked_ = 0, answered_ = 0;
+  std::exception_ptr fault_;  // what the latest query threw
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 // Waiting for the placing kernel to free a slot's chunk (its placed flag to reach `value`), a
 // look at a time, for a waiter that comes back between looks (SlotRing::acquire loops on it; a
 // gather thread returns to its queue): each look spins briefly, sleeps 20 us once the wait has
-// lasted 0.5 ms, and every 1 ms asks the device about the slot's (old) event, which throws a
-// device fault that would leave the flag unwritten for good.
+// lasted 0.5 ms, and every 1 ms asks about the slot's (old) event, which throws a device fault
+// that would leave the flag unwritten for good. With `watch` (a gather thread's wait) the
+// FaultWatch asks the device; without, the waiter itself.
 class PlacedWait {
  public:
-  PlacedWait(const Slot& s, std::uint64_t value);
+  PlacedWait(const Slot& s, std::uint64_t value, FaultWatch* watch = nullptr);
   // True once the chunk is freed; throws a fault of `device` (the slot's ring's).
   bool poll(Device& device);
   bool waits_for(const Slot& s, std::uint64_t value) const { return s_ == &s && value_ == value; }
@@ -133,6 +174,8 @@ class PlacedWait {
  private:
   const Slot* s_;
   std::uint64_t value_;
+  FaultWatch* watch_;
+  std::uint64_t asked_ = 0;  // the watch's request this wait waits to be answered (0: none)
   Clock::time_point since_, look_;
 };
 
