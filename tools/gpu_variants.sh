@@ -5,7 +5,9 @@
 # the defaults). Builds build-gpu first if needed; each run is gfd_benchmark --layout paged, gfd only,
 # $SIZES (default 4K,16K,32K), $DIRS (default both), $BLOCKS ids (default 64; C++ only), plus $EXTRA (e.g. --under-load=decode:
 # each line then also gives the rate kept and the load's slowdown). PY=1: the same through Python
-# (python -m gfd.bench --layout paged, swap_blocks on torch tensors) instead. Writes $OUT/variants.txt.
+# (python -m gfd.bench --layout paged, swap_blocks on torch tensors) instead. BIN=path among a
+# variant's settings runs that gfd_benchmark (another build, e.g. build-old/bench/gfd_benchmark from
+# tools/gpu_compare.sh's OLD_SRC) instead of build-gpu's. Writes $OUT/variants.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
@@ -16,13 +18,15 @@ export PYTHONPATH=$PWD/build-gpu/python
 for r in $(seq "$rounds"); do
   for v in "$@"; do
     name=${v%%=*}; envs=${v#*=}; [ "$envs" = "$v" ] && envs=""
+    bin=build-gpu/bench/gfd_benchmark
+    for e in $envs; do case $e in BIN=*) bin=${e#BIN=} ;; esac; done
     if [ "${PY:-0}" = 1 ]; then
       # Python rows: block blocks dir method P50 ratio P90 call verified [load GB/s kept ratio mm-x]
       line=$(env $envs python3 -m gfd.bench --layout paged --direction ${DIRS:-both} --block-sizes ${SIZES:-4K,16K,32K} \
         --methods gfd ${EXTRA:-} 2>&1 | awk '$4=="gfd"{printf "%s %s %s %sus %s %s | ", $1, $3, $6, $8, $11, $13}')
     else
       # C++ rows: dir size blocks method load p50 p90 ratio r_p90 submit kept slowdown verified
-      line=$(env $envs build-gpu/bench/gfd_benchmark --layout paged --direction ${DIRS:-both} \
+      line=$(env $envs "$bin" --layout paged --direction ${DIRS:-both} \
         --block-sizes ${SIZES:-4K,16K,32K} --blocks ${BLOCKS:-64} --methods gfd ${EXTRA:-} 2>&1 |
         awk '$4=="gfd"{printf "%s %s %s %s %sus %s %s | ", $1, $2, $5, $8, $10, $11, $12}')
     fi
