@@ -16,7 +16,7 @@ has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 # The summary goes to $FINAL as it grows, so that a call cut by its time limit still returns it.
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; cp "$OUT/summary.txt" "$FINAL/summary.partial.txt"; }
 { nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
-  nproc; lscpu | grep -E "Model name|L3|NUMA"; git log --oneline -1; } > "$OUT/machine.txt" 2>&1
+  nproc; lscpu | grep -E "Model name|L3|NUMA"; echo "sources: $(tools/source_id.sh) (tools/source_id.sh)"; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
 SECONDS=0
@@ -46,9 +46,11 @@ run() {  # name, timeout, command...
   summary "== $name: rc=$? (${SECONDS}s) $(env | grep -E '^GFD_' | tr '\n' ' ')"
   tail -n "${TAIL:-40}" "$OUT/$name.log" >> "$OUT/summary.txt"
   cp "$OUT/summary.txt" "$FINAL/summary.partial.txt"
-  # Each step's CSV as well, so that a call cut by its time limit keeps the steps it finished
+  # The CSVs so far as well, so that a call cut by its time limit keeps the steps it finished
   # (logs.tgz is packed only at the end; the fifteenth session's call 4 lost its vLLM CSVs so).
-  [ -f "$OUT/$name.csv" ] && mkdir -p "$FINAL/partial" && cp "$OUT/$name.csv" "$FINAL/partial/"
+  # One archive, not a file per step: the device tool brings back at most 8 files from $OUT (the
+  # sixteenth session's call 2 lost every file of this script to that limit).
+  [ -f "$OUT/$name.csv" ] && (cd "$OUT" && tar -czf "$FINAL/partial_csv.tgz" ./*.csv)
   return 0
 }
 if has paged; then
