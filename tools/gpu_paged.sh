@@ -6,11 +6,14 @@
 #   tools/gpu_paged.sh [test] [pytest] [paged] [python] [load] [pool] [repeat] [trace]
 #   [strided] [stridedtrace] [copy2d] [micro] [reliability] [vllm] [vllmsep] [sweepcheck]
 #   [ctest] [loadsweep] (default: test paged python load pool; test runs ctest and pytest, ctest and pytest each alone)
+# $OUT receives four files: summary.partial.txt and partial_csv.tgz as the steps end, logs.tgz and
+# summary.txt at the end (the device tool brings back at most 8 files per call: leave room).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu_out}
 OUT=$(mktemp -d /tmp/gfd_gpu.XXXXXX)
 mkdir -p "$FINAL"
+FINAL=$(cd "$FINAL" && pwd)  # absolute: run() packs the CSVs from inside $OUT
 STEPS=${*:-test paged python load pool}
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 # The summary goes to $FINAL as it grows, so that a call cut by its time limit still returns it.
