@@ -6,6 +6,10 @@
 #   tools/gpu_paged.sh [test] [pytest] [paged] [python] [load] [pool] [repeat] [trace]
 #   [strided] [stridedtrace] [copy2d] [micro] [reliability] [vllm] [vllmsep] [sweepcheck]
 #   [ctest] [loadsweep] (default: test paged python load pool; test runs ctest and pytest, ctest and pytest each alone)
+# A final set in two calls (about 450 s each on the H200, sixteenth session's step times):
+#   VLLM_PYTEST=0 VLLM_HOST_LAYOUT=block tools/gpu_paged.sh test paged repeat pool vllm
+#   PY_RUNS=3 LOAD_DIRS=both tools/gpu_paged.sh python load loadsweep reliability
+# (tools/py_call_cost.py beside the first, with PYTHONPATH=build-gpu/python.)
 # $OUT receives four files: summary.partial.txt and partial_csv.tgz as the steps end, logs.tgz and
 # summary.txt at the end (the device tool brings back at most 8 files per call: leave room).
 set -uo pipefail
@@ -148,8 +152,11 @@ if has vllmsep; then  # the same with one GPU allocation per layer (vLLM before 
     --gpu-alloc separate --host-memory "${VLLM_HOST_MEMORY:-pool}" --host-layout "${VLLM_HOST_LAYOUT:-tensor,block}" \
     --csv "$OUT/vllm_bench_separate.csv"
 fi
-if has python; then
-  run py_paged 240 python3 -m gfd.bench --layout paged --direction both --csv "$OUT/py_paged.csv"
+if has python; then  # PY_RUNS runs (default 1): py_paged, py_paged_2, ...
+  for r in $(seq "${PY_RUNS:-1}"); do
+    name=py_paged; [ "$r" -gt 1 ] && name=py_paged_$r
+    run "$name" 240 python3 -m gfd.bench --layout paged --direction both --csv "$OUT/$name.csv"
+  done
 fi
 if has load; then
   run paged_load 300 "$B" --layout paged --direction h2d --block-sizes 4K,32K --blocks 64 --under-load=decode \
