@@ -1011,6 +1011,66 @@ TEST_P(EngineTest, DeviceMemoryFreedOnAnotherThreadDuringTransfersDoesNotStallTh
   EXPECT_GT(frees.load(), 0) << "the freeing thread got through while transfers ran";
 }
 
+// The same with swap-ins and swap-outs at once, from two threads, so that the gather threads'
+// queue holds swap-out chunks (whose DMAs a gather thread must see done before their bytes are
+// placed) ahead of swap-in chunks whose pre-issued DMAs wait for flags the gather threads owe:
+// the device-to-host poll must make no driver call either (docs/ARCHITECTURE.md, "No driver call
+// where a flag is owed").
+TEST_P(EngineTest, DeviceMemoryFreedWhileSwapsRunBothWaysAtOnceDoesNotStallThem) {
+  if (!gather()) GTEST_SKIP() << "a gather-backend option";
+  if (kind() == DeviceKind::kEmulated) {
+    detail::EmulatedDeviceOptions emu;
+    emu.copy_delay = std::chrono::microseconds(100);
+    emu.free_waits_for_device = true;
+    td_ = open_test_device(kind(), 0, emu);
+    ASSERT_NE(td_, nullptr);
+  }
+  Engine engine = td_->make_engine(sixteen_slot_options());  // each transfer below is six times the ring
+  HostBuffer pool(dev(), 24 << 20, true);
+  fill_random(pool.data(), pool.size(), 71);
+  DeviceBuffer in(dev(), 1536 * 4096), out_src(dev(), 1536 * 4096);
+  HostBuffer back(dev(), out_src.size(), true);
+  // The swap-outs' device blocks: filled before anything is freed.
+  const auto seed = make_blocks(pool, out_src, 1536, 4096, false, 72);
+  engine.copy_to_device(seed, td_->cuda_stream()).wait();
+  const std::vector<std::byte> out_bytes = td_->read(out_src.data(), out_src.size());
+  std::atomic<bool> stop{false};
+  std::atomic<long> frees{0};
+  std::thread freer([&] {
+    dev().make_current();
+    while (!stop.load(std::memory_order_relaxed)) {
+      void* p = dev().alloc_device(1 << 20);
+      dev().free_device(p);  // cudaFree: waits for the whole device
+      frees.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  std::size_t bad_out = 0;
+  std::thread swapper([&] {
+    dev().make_current();
+    const detail::StreamHandle s = dev().create_stream();  // a stream of its own: both ways at once
+    for (std::uint64_t round = 0; round < 6; ++round) {
+      std::vector<BlockCopy> out;
+      for (std::size_t i = 0; i < 1536; ++i)
+        out.push_back({out_src.data() + ((i * 7 + round) % 1536) * 4096, back.data() + ((i * 613) % 1536) * 4096, 4096});
+      engine.copy_to_host(out, static_cast<cudaStream_t>(s)).wait();
+      for (const BlockCopy& b : out)
+        bad_out += std::memcmp(b.dst, out_bytes.data() + (static_cast<const std::byte*>(b.src) - out_src.data()), 4096) != 0;
+    }
+    dev().destroy_stream(s);
+  });
+  for (std::uint64_t round = 0; round < 6; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const auto blocks = make_blocks(pool, in, 1536, 4096, true, 80 + round);
+    engine.copy_to_device(blocks, td_->cuda_stream()).wait();
+    expect_landed(blocks, in);
+  }
+  swapper.join();
+  stop.store(true);
+  freer.join();
+  EXPECT_EQ(bad_out, 0u) << "swapped-out host blocks that differ from their device block";
+  EXPECT_GT(frees.load(), 0) << "the freeing thread got through while transfers ran";
+}
+
 // Without stream memory operations (or with preissue off) the thread that finishes a chunk
 // issues its DMA: the same transfers must land, alone and concurrently.
 TEST_P(EngineTest, IssuingFromTheGatherThreadsWorksToo) {
