@@ -54,6 +54,39 @@ class EngineTest : public ::testing::TestWithParam<std::tuple<DeviceKind, Backen
     ASSERT_NE(td_, nullptr);
   }
   detail::Device& dev() { return *td_->device; }
+  // The driver-lock tests: on the emulated device, frees that wait as the driver's do (no other
+  // call starts until every stream has drained: EmulatedDeviceOptions::free_waits_for_device).
+  void open_lock_modelled_device() {
+    if (kind() != DeviceKind::kEmulated) return;
+    detail::EmulatedDeviceOptions emu;
+    emu.copy_delay = std::chrono::microseconds(100);
+    emu.free_waits_for_device = true;
+    td_ = open_test_device(kind(), 0, emu);
+  }
+  // Allocates and frees device memory without pause on a thread of its own (cudaFree waits for
+  // the whole device) until stop(), which returns how many frees got through.
+  class Freer {
+   public:
+    explicit Freer(detail::Device& d) : thread_([this, &d] {
+      d.make_current();
+      while (!stop_.load(std::memory_order_relaxed)) {
+        void* p = d.alloc_device(1 << 20);
+        d.free_device(p);
+        frees_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }) {}
+    ~Freer() { stop(); }
+    long stop() {
+      stop_.store(true);
+      if (thread_.joinable()) thread_.join();
+      return frees_.load();
+    }
+
+   private:
+    std::atomic<bool> stop_{false};
+    std::atomic<long> frees_{0};
+    std::thread thread_;
+  };
 
   // n blocks of `size` bytes at random places of a pool 4x larger; destinations either
   // consecutive or a random permutation of block-sized pages of `dst`.
@@ -966,30 +999,14 @@ TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
 // get through.
 TEST_P(EngineTest, DeviceMemoryFreedOnAnotherThreadDuringTransfersDoesNotStallThem) {
   if (!gather()) GTEST_SKIP() << "a gather-backend option";
-  if (kind() == DeviceKind::kEmulated) {
-    // The emulated device frees as the driver does: no other call starts until the device has
-    // drained (EmulatedDeviceOptions::free_waits_for_device).
-    detail::EmulatedDeviceOptions emu;
-    emu.copy_delay = std::chrono::microseconds(100);
-    emu.free_waits_for_device = true;
-    td_ = open_test_device(kind(), 0, emu);
-    ASSERT_NE(td_, nullptr);
-  }
+  open_lock_modelled_device();
+  ASSERT_NE(td_, nullptr);
   Engine engine = td_->make_engine(sixteen_slot_options());  // each transfer below is six times the ring
   HostBuffer pool(dev(), 24 << 20, true);
   fill_random(pool.data(), pool.size(), 67);
   DeviceBuffer dst(dev(), 1536 * 4096);
   HostBuffer back(dev(), dst.size(), true);
-  std::atomic<bool> stop{false};
-  std::atomic<long> frees{0};
-  std::thread freer([&] {
-    dev().make_current();
-    while (!stop.load(std::memory_order_relaxed)) {
-      void* p = dev().alloc_device(1 << 20);
-      dev().free_device(p);  // cudaFree: waits for the whole device
-      frees.fetch_add(1, std::memory_order_relaxed);
-    }
-  });
+  Freer freer(dev());
   for (std::uint64_t round = 0; round < 6; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     const auto blocks = make_blocks(pool, dst, 1536, 4096, true, 70 + round);
@@ -1006,9 +1023,7 @@ TEST_P(EngineTest, DeviceMemoryFreedOnAnotherThreadDuringTransfersDoesNotStallTh
       bad += std::memcmp(b.dst, dev_bytes.data() + (static_cast<const std::byte*>(b.src) - dst.data()), 4096) != 0;
     EXPECT_EQ(bad, 0u) << "host blocks that differ from their device block";
   }
-  stop.store(true);
-  freer.join();
-  EXPECT_GT(frees.load(), 0) << "the freeing thread got through while transfers ran";
+  EXPECT_GT(freer.stop(), 0) << "the freeing thread got through while transfers ran";
 }
 
 // The same with swap-ins and swap-outs at once, from two threads, so that the gather threads'
@@ -1018,13 +1033,8 @@ TEST_P(EngineTest, DeviceMemoryFreedOnAnotherThreadDuringTransfersDoesNotStallTh
 // where a flag is owed").
 TEST_P(EngineTest, DeviceMemoryFreedWhileSwapsRunBothWaysAtOnceDoesNotStallThem) {
   if (!gather()) GTEST_SKIP() << "a gather-backend option";
-  if (kind() == DeviceKind::kEmulated) {
-    detail::EmulatedDeviceOptions emu;
-    emu.copy_delay = std::chrono::microseconds(100);
-    emu.free_waits_for_device = true;
-    td_ = open_test_device(kind(), 0, emu);
-    ASSERT_NE(td_, nullptr);
-  }
+  open_lock_modelled_device();
+  ASSERT_NE(td_, nullptr);
   Engine engine = td_->make_engine(sixteen_slot_options());  // each transfer below is six times the ring
   HostBuffer pool(dev(), 24 << 20, true);
   fill_random(pool.data(), pool.size(), 71);
@@ -1034,16 +1044,7 @@ TEST_P(EngineTest, DeviceMemoryFreedWhileSwapsRunBothWaysAtOnceDoesNotStallThem)
   const auto seed = make_blocks(pool, out_src, 1536, 4096, false, 72);
   engine.copy_to_device(seed, td_->cuda_stream()).wait();
   const std::vector<std::byte> out_bytes = td_->read(out_src.data(), out_src.size());
-  std::atomic<bool> stop{false};
-  std::atomic<long> frees{0};
-  std::thread freer([&] {
-    dev().make_current();
-    while (!stop.load(std::memory_order_relaxed)) {
-      void* p = dev().alloc_device(1 << 20);
-      dev().free_device(p);  // cudaFree: waits for the whole device
-      frees.fetch_add(1, std::memory_order_relaxed);
-    }
-  });
+  Freer freer(dev());
   std::size_t bad_out = 0;
   std::thread swapper([&] {
     dev().make_current();
@@ -1065,10 +1066,8 @@ TEST_P(EngineTest, DeviceMemoryFreedWhileSwapsRunBothWaysAtOnceDoesNotStallThem)
     expect_landed(blocks, in);
   }
   swapper.join();
-  stop.store(true);
-  freer.join();
   EXPECT_EQ(bad_out, 0u) << "swapped-out host blocks that differ from their device block";
-  EXPECT_GT(frees.load(), 0) << "the freeing thread got through while transfers ran";
+  EXPECT_GT(freer.stop(), 0) << "the freeing thread got through while transfers ran";
 }
 
 // Without stream memory operations (or with preissue off) the thread that finishes a chunk
