@@ -1046,16 +1046,20 @@ TEST_P(EngineTest, DeviceMemoryFreedWhileSwapsRunBothWaysAtOnceDoesNotStallThem)
   const std::vector<std::byte> out_bytes = td_->read(out_src.data(), out_src.size());
   Freer freer(dev());
   std::size_t bad_out = 0;
-  std::thread swapper([&] {
+  std::jthread swapper([&] {  // joined on any way out of the test
     dev().make_current();
     const detail::StreamHandle s = dev().create_stream();  // a stream of its own: both ways at once
-    for (std::uint64_t round = 0; round < 6; ++round) {
-      std::vector<BlockCopy> out;
-      for (std::size_t i = 0; i < 1536; ++i)
-        out.push_back({out_src.data() + ((i * 7 + round) % 1536) * 4096, back.data() + ((i * 613) % 1536) * 4096, 4096});
-      engine.copy_to_host(out, static_cast<cudaStream_t>(s)).wait();
-      for (const BlockCopy& b : out)
-        bad_out += std::memcmp(b.dst, out_bytes.data() + (static_cast<const std::byte*>(b.src) - out_src.data()), 4096) != 0;
+    try {
+      for (std::uint64_t round = 0; round < 6; ++round) {
+        std::vector<BlockCopy> out;
+        for (std::size_t i = 0; i < 1536; ++i)
+          out.push_back({out_src.data() + ((i * 7 + round) % 1536) * 4096, back.data() + ((i * 613) % 1536) * 4096, 4096});
+        engine.copy_to_host(out, static_cast<cudaStream_t>(s)).wait();
+        for (const BlockCopy& b : out)
+          bad_out += std::memcmp(b.dst, out_bytes.data() + (static_cast<const std::byte*>(b.src) - out_src.data()), 4096) != 0;
+      }
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "swap-out failed: " << e.what();
     }
     dev().destroy_stream(s);
   });
