@@ -285,18 +285,10 @@ void GatherToHost::check_fault(const Item& item, const Slot& s) {
     waiting_for_ = &item;
     waiting_value_ = s.dma_value;
     look_ = now;
-    asked_ = 0;
+    fault_look_ = FaultLook{};
     return;
   }
-  if (asked_ != 0) {
-    std::exception_ptr fault;
-    if (!p_.watch.answered(asked_, fault)) return;
-    asked_ = 0;
-    if (fault) std::rethrow_exception(fault);
-  }
-  if (now - look_ < std::chrono::milliseconds(1)) return;
-  look_ = now;
-  asked_ = p_.watch.ask(s.done);
+  if (fault_look_.step(p_.watch, s.done, now - look_ >= std::chrono::milliseconds(1))) look_ = now;
 }
 
 void GatherToHost::run_piece(Item& item, std::uint32_t piece) {

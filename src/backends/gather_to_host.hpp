@@ -58,11 +58,11 @@ class GatherToHost final : public ItemHandler {
   std::uint32_t pack_limit_ = 1;      // chunks one packing launch takes at most
   std::atomic<bool> dma_poller_{false};  // a thread is polling the head item's DMA
   // check_fault's wait (the poller's): the item and flag value waited for, the last look, and
-  // the watch's request to be answered (0: none).
+  // its requests to the FaultWatch.
   const Item* waiting_for_ = nullptr;
   std::uint64_t waiting_value_ = 0;
   Clock::time_point look_{};
-  std::uint64_t asked_ = 0;
+  FaultLook fault_look_;
 };
 
 }  // namespace gfd::detail

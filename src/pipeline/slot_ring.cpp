@@ -117,15 +117,22 @@ bool PlacedWait::poll(Device& device) {
     if (watch_ == nullptr) {
       (void)device.event_done(s_->done);
     } else {
-      std::exception_ptr fault;
-      if (asked_ != 0 && watch_->answered(asked_, fault)) {
-        if (fault) std::rethrow_exception(fault);
-        asked_ = 0;
-      }
-      if (asked_ == 0) asked_ = watch_->ask(s_->done);
+      (void)fault_look_.step(*watch_, s_->done, true);
     }
   }
   return reached(*s_, value_);
+}
+
+bool FaultLook::step(FaultWatch& watch, EventHandle e, bool due) {
+  if (asked_ != 0) {
+    std::exception_ptr fault;
+    if (!watch.answered(asked_, fault)) return false;
+    asked_ = 0;
+    if (fault) std::rethrow_exception(fault);
+  }
+  if (!due) return false;
+  asked_ = watch.ask(e);
+  return true;
 }
 
 FaultWatch::FaultWatch(Device& device) : device_(device), thread_([this] { run(); }) {}

@@ -154,6 +154,17 @@ class FaultWatch {
   std::thread thread_;
 };
 
+// One waiter's requests to a FaultWatch, one at a time (PlacedWait's, the device-to-host
+// poller's): rethrows the fault that an answered request found and, where no request is pending
+// and `due`, asks about event `e`. True when it asked.
+class FaultLook {
+ public:
+  bool step(FaultWatch& watch, EventHandle e, bool due);
+
+ private:
+  std::uint64_t asked_ = 0;  // the request waited for (0: none)
+};
+
 // Waiting for the placing kernel to free a slot's chunk (its placed flag to reach `value`), a
 // look at a time, for a waiter that comes back between looks (SlotRing::acquire loops on it; a
 // gather thread returns to its queue): each look spins briefly, sleeps 20 us once the wait has
@@ -175,7 +186,7 @@ class PlacedWait {
   const Slot* s_;
   std::uint64_t value_;
   FaultWatch* watch_;
-  std::uint64_t asked_ = 0;  // the watch's request this wait waits to be answered (0: none)
+  FaultLook fault_look_;  // with `watch_`
   Clock::time_point since_, look_;
 };
 
