@@ -21,7 +21,7 @@ StagingPipeline::StagingPipeline(const BackendSetup& setup)
                       // Device to host with preissue: each chunk's DMA writes a flag in its slot,
                       // which the gather threads read instead of asking about `done` (FaultWatch).
                       /*dma_flags=*/options.preissue && ctx->device->supports_wait_value()}),
-      lanes(*ctx, options.copy_streams, ring.size()),
+      lanes(*ctx, options.copy_streams, ring.size(), ring.has_dma_flags()),
       // Room for every slot's chunk plus the direct copies and finalizations between them.
       queue(ring.size() + 4096, ctx->tracer),
       store(resolve_staging_writes(options.staging_writes)),

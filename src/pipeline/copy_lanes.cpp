@@ -11,7 +11,7 @@ namespace {
 constexpr std::size_t kCounterStride = 64 / sizeof(std::uint32_t);
 }
 
-CopyLanes::CopyLanes(EngineContext& ctx, int h2d_lanes, std::size_t ring_slots)
+CopyLanes::CopyLanes(EngineContext& ctx, int h2d_lanes, std::size_t ring_slots, bool dma_flags)
     : ctx_(ctx),
       device_(*ctx.device),
       h2d_(static_cast<std::uint32_t>(h2d_lanes)),
@@ -21,6 +21,7 @@ CopyLanes::CopyLanes(EngineContext& ctx, int h2d_lanes, std::size_t ring_slots)
       place_blocks_(static_cast<std::uint32_t>(ctx.options.placement_blocks)) {
   try {
     for (std::uint32_t i = 0; i < h2d_ + 2 + kDirectLanes; ++i) lanes_.push_back(device_.create_stream());
+    if (dma_flags) flags_ = device_.create_stream();
     const std::size_t bytes = h2d_ * kCounterStride * sizeof(std::uint32_t);
     place_counters_ = static_cast<std::uint32_t*>(device_.alloc_device(bytes));
     device_.memset_async(place_counters_, 0, bytes, lanes_[0]);
@@ -28,12 +29,14 @@ CopyLanes::CopyLanes(EngineContext& ctx, int h2d_lanes, std::size_t ring_slots)
   } catch (...) {
     if (place_counters_ != nullptr) device_.free_device(place_counters_);
     for (StreamHandle l : lanes_) device_.destroy_stream(l);
+    if (flags_ != nullptr) device_.destroy_stream(flags_);
     throw;
   }
 }
 
 CopyLanes::~CopyLanes() {
   for (StreamHandle l : lanes_) device_.destroy_stream(l);
+  if (flags_ != nullptr) device_.destroy_stream(flags_);
   device_.free_device(place_counters_);
 }
 
@@ -277,14 +280,16 @@ void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, 
     Counters::add(ctx_.counters.scattered, 1);
   }
   device_.record_event(s.done, l);
-  signal_dma_done(s, l);
+  // An in-place chunk is not polled (nothing is left to place; `done` frees its slot): no flag.
+  if (!in_place) signal_dma_done(s);
   trace_dma(t, index, l);
   ctx_.tracer.record(t.id, TraceEvent::kChunkIssued, index, static_cast<std::uint32_t>(c.data_bytes));
 }
 
-void CopyLanes::signal_dma_done(Slot& s, StreamHandle l) {
+void CopyLanes::signal_dma_done(Slot& s) {
   if (s.dma_flag == nullptr) return;
-  device_.write_value(s.dma_flag, ++s.dma_value, l);
+  device_.stream_wait_event(flags_, s.done);
+  device_.write_value(s.dma_flag, ++s.dma_value, flags_);
 }
 
 const ScatterEntry* CopyLanes::pack_entries(const Plan& p, const PlannedChunk& c, Slot& s, StreamHandle pk) {
@@ -321,7 +326,7 @@ void CopyLanes::enqueue_packed_to_host(TransferState& t, const std::uint32_t* in
     Slot& s = *slot[i];
     device_.copy_d2h(s.host, s.dev, c.data_bytes, l);
     device_.record_event(s.done, l);
-    signal_dma_done(s, l);
+    signal_dma_done(s);
     Counters::add(ctx_.counters.scattered, 1);
     trace_dma(t, index[i], l);
     ctx_.tracer.record(t.id, TraceEvent::kChunkIssued, index[i], static_cast<std::uint32_t>(c.data_bytes));
@@ -358,6 +363,13 @@ void CopyLanes::drain() noexcept {
       device_.stream_sync(l);
     } catch (...) {
       // A failed lane was reported to the transfers it carried; nothing more to do here.
+    }
+  }
+  if (flags_ != nullptr) {
+    try {
+      device_.stream_sync(flags_);
+    } catch (...) {
+      // As a lane's: the flag's waiters see the fault through `done`.
     }
   }
 }

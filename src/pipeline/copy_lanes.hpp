@@ -27,7 +27,9 @@ class CopyLanes {
   static constexpr std::size_t kGroup = 256;
 
   // `ring_slots`: the staging ring's slots, which bound the chunks a lane may leave unplaced.
-  CopyLanes(EngineContext& ctx, int h2d_lanes, std::size_t ring_slots);
+  // `dma_flags`: the ring's slots have DMA flags (RingConfig::dma_flags), written on a stream of
+  // their own (see signal_dma_done).
+  CopyLanes(EngineContext& ctx, int h2d_lanes, std::size_t ring_slots, bool dma_flags);
   ~CopyLanes();
   CopyLanes(const CopyLanes&) = delete;
   CopyLanes& operator=(const CopyLanes&) = delete;
@@ -91,9 +93,12 @@ class CopyLanes {
   // into slots `slot[0..n)` with one packing launch for all of them (EngineOptions::
   // batch_packing): the device-to-host lane waits for that launch once, then each chunk's DMA is
   // followed by its slot's `done`.
-  // Device to host: the slot's DMA flag (Slot::dma_flag, where the ring has them) written on
-  // lane `l` after what is enqueued there, to the slot's next value.
-  void signal_dma_done(Slot& s, StreamHandle l);
+  // Device to host: the slot's DMA flag (Slot::dma_flag, where the ring has them) set to the
+  // slot's next value once `s.done` (just recorded) has fired: written on the flag stream, not on
+  // the device-to-host lane, which then carries a DMA and an event per chunk and nothing else.
+  // A stream write on the lane itself cost 16-32 KB swap-outs 4-5 points of the line rate on the
+  // H200 (bench/history/2026-12-03-s17-flag-stream.md).
+  void signal_dma_done(Slot& s);
   void enqueue_packed_to_host(TransferState& t, const std::uint32_t* index, Slot* const* slot, std::uint32_t n);
   // A host_direct chunk's DMAs: each run of its host side to or from its place in the slot's
   // device staging area.
@@ -119,6 +124,7 @@ class CopyLanes {
   Device& device_;
   std::uint32_t h2d_;
   std::vector<StreamHandle> lanes_;
+  StreamHandle flags_ = nullptr;  // where the DMA flags are written (with dma_flags)
   // Batched placement: chunks a lane leaves unplaced at most (placement_chunks, and the lanes
   // together at most half the ring's slots), so that a submitter waiting for a slot never waits
   // for a placing launch that only it would enqueue.

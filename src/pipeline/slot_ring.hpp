@@ -45,9 +45,9 @@ struct Slot {
   std::uint64_t* placed = nullptr;
   std::uint64_t placed_value = 0;
   bool by_flag = false;
-  // Device to host with flags (RingConfig::dma_flags): registered host memory the lane writes
-  // after the slot's DMA (Device::write_value), and the value it writes for the slot's current
-  // chunk (set by the submitter before the chunk's item may be polled).
+  // Device to host with flags (RingConfig::dma_flags): registered host memory written once the
+  // slot's DMA is done (Device::write_value on CopyLanes' flag stream), and the value written for
+  // the slot's current chunk (set by the submitter before the chunk's item may be polled).
   std::uint64_t* dma_flag = nullptr;
   std::uint64_t dma_value = 0;
   std::atomic<int> state{kFree};
@@ -91,6 +91,7 @@ class SlotRing {
   std::size_t size() const { return slots_.size(); }
   std::size_t slot_bytes() const { return slot_bytes_; }
   std::size_t bytes() const { return slots_.size() * slot_bytes_; }
+  bool has_dma_flags() const { return !slots_.empty() && slots_[0].dma_flag != nullptr; }
   HugepageKind hugepages() const { return memory_.hugepages(); }
   Slot& operator[](std::size_t i) { return slots_[i]; }
 
