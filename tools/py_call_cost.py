@@ -3,7 +3,7 @@ layers x K, V), 4 KB blocks, 64 ids per call (4096 blocks), torch tensors on the
 median host time of: swap_blocks (set found by its tensors), the same through the compiled core
 with the stream given (no Python wrapper), copy_blocks on a registered set (no lookup) with the
 mapping as a torch tensor and as a numpy array, the lookup's per-tensor reads alone (data_ptr and
-shape), and torch's current stream. Run on a GPU machine with torch: python tools/py_call_cost.py"""
+nbytes, and shape, which it read before), and torch's current stream. Run on a GPU machine with torch: python tools/py_call_cost.py"""
 import statistics
 import time
 
@@ -44,6 +44,7 @@ def main():
             ("copy_blocks on a registered set, numpy mapping", lambda: e.copy_blocks(cs, mn)),
             ("data_ptr() of 128 tensors", lambda: [t.data_ptr() for t in host + dev]),
             ("shape of 128 tensors", lambda: [t.shape for t in host + dev]),
+            ("nbytes of 128 tensors", lambda: [t.nbytes for t in host + dev]),
             ("torch.cuda.current_stream()", lambda: torch.cuda.current_stream().cuda_stream),
         ]
         for name, f in rows:

@@ -348,7 +348,7 @@ class Engine:
 
         Ordered on ``stream`` (default: torch's current stream). The lists are described to the
         engine once, as a :class:`CacheSet` found again by the tensors' identity, data pointer
-        and shape at the next call with the same lists (torch tensors; other tensors are
+        and size in bytes at the next call with the same lists (torch tensors; other tensors are
         described at every call), so a call costs the ids' check and the submission, not the
         tensors. Errors name the argument; a bad block raises :class:`gfd.Error` whose
         ``.block`` is the mapping row.

@@ -183,30 +183,31 @@ std::unique_ptr<PyTransfer> copy_on_set(EngineHolder& h, const PyCacheSet& set, 
 
 // ---------------------------------------------------------------------------------------------
 
-bool SetCache::key_of(py::handle t, std::uintptr_t& ptr, py::object& shape) {
+bool SetCache::key_of(py::handle t, std::uintptr_t& ptr, std::uint64_t& bytes) {
   // Interned once and never released: a static py::str would be released after the
   // interpreter is gone, at process exit.
   static PyObject* const data_ptr = PyUnicode_InternFromString("data_ptr");
-  static PyObject* const shape_attr = PyUnicode_InternFromString("shape");
-  // A method call without a bound method made first (this runs for every tensor of every call).
-  PyObject* v = PyObject_CallMethodNoArgs(t.ptr(), data_ptr);
-  if (v == nullptr) {
-    PyErr_Clear();
-    return false;
-  }
-  ptr = PyLong_AsUnsignedLongLong(v);
-  Py_DECREF(v);
-  if (PyErr_Occurred()) {
-    PyErr_Clear();
-    return false;
-  }
-  PyObject* s = PyObject_GetAttr(t.ptr(), shape_attr);
-  if (s == nullptr) {
-    PyErr_Clear();
-    return false;
-  }
-  shape = py::reinterpret_steal<py::object>(s);
-  return true;
+  static PyObject* const nbytes = PyUnicode_InternFromString("nbytes");
+  // Two ints read: data_ptr() (a method call without a bound method made first) and nbytes (a
+  // property). This runs for every tensor of every call; `shape`, read here before, made a
+  // torch.Size and compared it, twice the cost of both (tools/py_call_cost.py).
+  auto read = [&](PyObject* v, std::uint64_t& out) {
+    if (v == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    out = PyLong_AsUnsignedLongLong(v);
+    Py_DECREF(v);
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    return true;
+  };
+  std::uint64_t p = 0;
+  if (!read(PyObject_CallMethodNoArgs(t.ptr(), data_ptr), p)) return false;
+  ptr = static_cast<std::uintptr_t>(p);
+  return read(PyObject_GetAttr(t.ptr(), nbytes), bytes);
 }
 
 std::shared_ptr<PyCacheSet> SetCache::find(const py::sequence& a, const py::sequence& b, const std::string& fn) {
@@ -225,16 +226,11 @@ std::shared_ptr<PyCacheSet> SetCache::find(const py::sequence& a, const py::sequ
     // The very objects first (their weak references still lead to them): cheap, and a list of
     // other tensors fails here without reading any tensor.
     for (std::size_t i = 0; i < n && same; ++i) same = PyWeakref_GetObject(e.refs[i].ptr()) == item(i).ptr();
-    // Then each one's memory and shape, as registered.
+    // Then each one's memory, as registered: where it starts and how many bytes it spans.
     for (std::size_t i = 0; i < n && same; ++i) {
       std::uintptr_t ptr = 0;
-      py::object shape;
-      same = key_of(item(i), ptr, shape) && ptr == e.ptrs[i];
-      if (same) {
-        const int eq = PyObject_RichCompareBool(shape.ptr(), e.shapes[i].ptr(), Py_EQ);
-        if (eq < 0) PyErr_Clear();
-        same = eq == 1;
-      }
+      std::uint64_t bytes = 0;
+      same = key_of(item(i), ptr, bytes) && ptr == e.ptrs[i] && bytes == e.sizes[i];
     }
     if (!same) continue;
     std::shared_ptr<PyCacheSet> set = e.set;
@@ -253,8 +249,8 @@ void SetCache::add(const py::sequence& a, const py::sequence& b, const std::stri
   for (std::size_t i = 0; i < n; ++i) {
     py::handle t = i < a.size() ? a[i] : b[i - a.size()];
     std::uintptr_t ptr = 0;
-    py::object shape;
-    if (!key_of(t, ptr, shape)) return;  // not a torch tensor: registered again at each call
+    std::uint64_t bytes = 0;
+    if (!key_of(t, ptr, bytes)) return;  // not a torch tensor: registered again at each call
     PyObject* ref = PyWeakref_NewRef(t.ptr(), nullptr);
     if (ref == nullptr) {
       PyErr_Clear();
@@ -262,7 +258,7 @@ void SetCache::add(const py::sequence& a, const py::sequence& b, const std::stri
     }
     e.refs.push_back(py::reinterpret_steal<py::object>(ref));
     e.ptrs.push_back(ptr);
-    e.shapes.push_back(std::move(shape));
+    e.sizes.push_back(bytes);
   }
   if (entries_.size() == kEntries) entries_.erase(entries_.begin());
   entries_.push_back(std::move(e));

@@ -131,8 +131,8 @@ struct PyCacheSet {
   py::list keep;
 };
 
-// swap_blocks' and transfer_kv_all_layers' sets, by the identity and data pointer and shape of
-// their tensors (torch tensors: cheap to read), so that a runtime calling with the same lists
+// swap_blocks' and transfer_kv_all_layers' sets, by the identity, data pointer and size in bytes
+// of their tensors (torch tensors: cheap to read), so that a runtime calling with the same lists
 // each time pays the registration once. Holds weak references only: a cached set never keeps
 // a runtime's tensors alive. Small: a runtime has one set of caches per engine.
 class SetCache {
@@ -147,11 +147,11 @@ class SetCache {
     std::string fn;
     std::vector<py::object> refs;  // weak references to the tensors, a's then b's
     std::vector<std::uintptr_t> ptrs;
-    std::vector<py::object> shapes;
+    std::vector<std::uint64_t> sizes;  // nbytes
     std::shared_ptr<PyCacheSet> set;
   };
   // The key of one tensor; false when it cannot be cached (not a weakly referable torch tensor).
-  static bool key_of(py::handle t, std::uintptr_t& ptr, py::object& shape);
+  static bool key_of(py::handle t, std::uintptr_t& ptr, std::uint64_t& bytes);
   static constexpr std::size_t kEntries = 8;
   std::vector<Entry> entries_;  // most recently used last
 };

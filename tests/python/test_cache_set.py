@@ -12,12 +12,12 @@ from test_swap import caches, expect_error, raw
 
 
 class TorchLike:
-    """What swap_blocks reads of a torch tensor to find its set again: data_ptr(), shape, and a
+    """What swap_blocks reads of a torch tensor to find its set again: data_ptr(), nbytes, and a
     weak reference; DLPack for the registration itself."""
 
     def __init__(self, buf):
         self._buf = buf
-        self.shape = tuple(buf.shape)
+        self.nbytes = raw(buf).nbytes
 
     def data_ptr(self):
         return self._buf.ptr
@@ -143,6 +143,22 @@ def test_swap_blocks_sees_a_tensor_whose_memory_changed(engine):
     dst[0]._buf = d2
     engine.swap_blocks(src, dst, [[3, 4]]).wait()
     assert (dv2[4] == hv[0][3]).all()
+
+
+def test_swap_blocks_sees_a_tensor_whose_size_changed(engine):
+    hs, ds, hv, dv = layers(engine, 1)
+    src, dst = [TorchLike(hs[0])], [TorchLike(ds[0])]
+    core = engine._core
+    engine.swap_blocks(src, dst, [[0, 0]]).wait()
+    n = core._cached_sets
+    engine.swap_blocks(src, dst, [[1, 1]]).wait()
+    assert core._cached_sets == n, "the same tensors are found again"
+    # The same object at the same address over fewer bytes (torch's resize_ in place, say): found
+    # stale, registered again.
+    dst[0].nbytes -= 2048
+    engine.swap_blocks(src, dst, [[2, 2]]).wait()
+    assert core._cached_sets == n + 1
+    assert (dv[0][2] == hv[0][2]).all()
 
 
 def test_cached_sets_do_not_keep_tensors_alive(engine):
