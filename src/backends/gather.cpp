@@ -18,8 +18,9 @@ StagingPipeline::StagingPipeline(const BackendSetup& setup)
            RingConfig{options.staging_bytes / options.slot_bytes, options.slot_bytes, setup.numa_node,
                       /*device_twin=*/true, /*flags=*/options.preissue, /*timing=*/options.time_dmas,
                       /*placed_flags=*/options.batch_placement && ctx->device->host_pointers_usable(),
-                      // Device to host with preissue: each chunk's DMA writes a flag in its slot,
-                      // which the gather threads read instead of asking about `done` (FaultWatch).
+                      // Device to host with preissue: a flag in each slot, written once the
+                      // chunk's DMA is done (CopyLanes' flag stream), which the gather threads
+                      // read instead of asking about `done` (FaultWatch).
                       /*dma_flags=*/options.preissue && ctx->device->supports_wait_value()}),
       lanes(*ctx, options.copy_streams, ring.size(), ring.has_dma_flags()),
       // Room for every slot's chunk plus the direct copies and finalizations between them.
