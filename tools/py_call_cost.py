@@ -3,7 +3,8 @@ layers x K, V), 4 KB blocks, 64 ids per call (4096 blocks), torch tensors on the
 median host time of: swap_blocks (set found by its tensors), the same through the compiled core
 with the stream given (no Python wrapper), copy_blocks on a registered set (no lookup) with the
 mapping as a torch tensor and as a numpy array, the lookup's per-tensor reads alone (data_ptr and
-nbytes, and shape, which it read before), and torch's current stream. Run on a GPU machine with torch: python tools/py_call_cost.py"""
+nbytes, and shape, which it read before), and torch's current stream. Run on a GPU machine with
+torch: python tools/py_call_cost.py"""
 import statistics
 import time
 
