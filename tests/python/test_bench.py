@@ -91,3 +91,20 @@ def test_paged_bench_without_torch_on_a_gpu():
         pass
     r = paged(["--layers", "1", "--blocks", "4", "--iters", "20"])
     assert r.returncode == 2 and "torch is not installed" in r.stderr, r.stdout + r.stderr
+
+
+def test_host_check_reads_the_contiguous_copys_submit_time(tmp_path):
+    # tools/host_check.py, which gpu_paged.sh runs on a lease's CSVs: the median idle submit of
+    # dma_contiguous rows, "SLOW" past 7.5 us; other methods and loaded rows are not read.
+    head = "method,load,submit_p50_us\n"
+    usual, slow = tmp_path / "usual.csv", tmp_path / "slow.csv"
+    usual.write_text(head + "dma_contiguous,none,2.5\ndma_contiguous,none,3.5\ngfd,none,90\n"
+                     "dma_contiguous,decode,40\n")
+    slow.write_text(head + "dma_contiguous,none,9.5\ndma_contiguous,none,10.5\ndma_contiguous,none,11\n")
+    tool = [sys.executable, os.path.join(ROOT, "tools", "host_check.py")]
+    r = subprocess.run(tool + [str(usual)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "3.0 us (median of 2 idle rows" in r.stdout and "as usual" in r.stdout, r.stdout
+    r = subprocess.run(tool + [str(slow), str(usual)], capture_output=True, text=True, timeout=60)
+    assert "9.5 us (median of 5 idle rows" in r.stdout and "SLOW" in r.stdout, r.stdout
+    r = subprocess.run(tool + [str(tmp_path / "none.csv")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "not known" in r.stdout and "none.csv" in r.stderr

@@ -1,0 +1,40 @@
+"""How fast a lease's host made driver calls, from gfd_benchmark CSVs: the median submit time of
+the one contiguous cudaMemcpyAsync (method dma_contiguous, idle rows), which no gfd code touches.
+Usual H200 hosts: 1.9-5.6 us (every lease with such rows in bench/results/ from the twelfth to
+the sixteenth session). Two leases were at 9.5-10.2 us (the thirteenth session's call 4 and the
+seventeenth's calls 2-3), and gfd moved 4 KB swap-ins there at 32-61% instead of 61-67%
+(bench/history/2026-12-03-s17-flag-stream.md): past SLOW_US the line says so.
+    python3 tools/host_check.py file.csv [file.csv ...]"""
+import csv
+import statistics
+import sys
+
+SLOW_US = 7.5
+
+
+def main(paths):
+    subs = []
+    for path in paths:
+        try:
+            with open(path, newline="") as f:
+                for row in csv.DictReader(f):
+                    if row.get("method") == "dma_contiguous" and row.get("load") == "none":
+                        try:
+                            subs.append(float(row["submit_p50_us"]))
+                        except (KeyError, ValueError):
+                            pass
+        except OSError as e:
+            print(f"host_check: {path}: {e}", file=sys.stderr)
+    if not subs:
+        print("no dma_contiguous rows (no gfd_benchmark step ran): host speed not known")
+        return 0
+    med = statistics.median(subs)
+    verdict = (f"SLOW (over {SLOW_US:g} us): driver calls are slow on this host, gfd's rates are low"
+               if med > SLOW_US else "as usual")
+    print(f"a contiguous cudaMemcpyAsync submits in {med:.1f} us (median of {len(subs)} idle rows; "
+          f"usual 2-6 us): {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
