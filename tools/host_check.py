@@ -4,7 +4,8 @@ Usual H200 hosts: 1.9-5.6 us (every lease with such rows in bench/results/ from 
 the sixteenth session). Two leases were at 9.5-10.2 us (the thirteenth session's call 4 and the
 seventeenth's calls 2-3), and gfd moved 4 KB swap-ins there at 32-61% instead of 61-67%
 (bench/history/2026-12-03-s17-flag-stream.md): past SLOW_US the line says so.
-    python3 tools/host_check.py file.csv [file.csv ...]"""
+    python3 tools/host_check.py [--strict] file.csv [file.csv ...]
+--strict: exit status 3 when the host is slow (gpu_paged.sh's HOST_STRICT=1 stops there)."""
 import csv
 import statistics
 import sys
@@ -12,7 +13,9 @@ import sys
 SLOW_US = 7.5
 
 
-def main(paths):
+def main(args):
+    strict = "--strict" in args
+    paths = [a for a in args if a != "--strict"]
     subs = []
     for path in paths:
         try:
@@ -33,7 +36,7 @@ def main(paths):
                if med > SLOW_US else "as usual")
     print(f"a contiguous cudaMemcpyAsync submits in {med:.1f} us (median of {len(subs)} idle rows; "
           f"usual 2-6 us): {verdict}")
-    return 0
+    return 3 if strict and med > SLOW_US else 0
 
 
 if __name__ == "__main__":

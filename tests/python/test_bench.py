@@ -108,3 +108,6 @@ def test_host_check_reads_the_contiguous_copys_submit_time(tmp_path):
     assert "9.5 us (median of 5 idle rows" in r.stdout and "SLOW" in r.stdout, r.stdout
     r = subprocess.run(tool + [str(tmp_path / "none.csv")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "not known" in r.stdout and "none.csv" in r.stderr
+    # --strict (gpu_paged.sh's HOST_STRICT=1): status 3 on a slow host, 0 otherwise.
+    assert subprocess.run(tool + ["--strict", str(slow)], capture_output=True, timeout=60).returncode == 3
+    assert subprocess.run(tool + ["--strict", str(usual)], capture_output=True, timeout=60).returncode == 0
