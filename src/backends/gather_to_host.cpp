@@ -263,7 +263,8 @@ bool GatherToHost::poll_head_dma(Item& item) {
   try {
     const Slot& s = p_.ring[item.slot];
     if (s.dma_flag != nullptr) {
-      // The lane writes the slot's DMA flag after the DMA: no driver call here (see FaultWatch).
+      // The flag stream writes the slot's DMA flag once the DMA is done: no driver call here (see
+      // FaultWatch).
       ready = std::atomic_ref<std::uint64_t>(*s.dma_flag).load(std::memory_order_acquire) >= s.dma_value;
       if (!ready) check_fault(item, s);
     } else {
