@@ -189,7 +189,7 @@ if has pool; then
   TAIL=25 run pool_quick 120 "$B" --layout pool --quick --csv "$OUT/pool_quick.csv"
 fi
 # How fast this lease's host makes driver calls: the median submit of the benchmark's one
-# contiguous cudaMemcpyAsync (idle rows; tools/host_check.py). The seventeenth session's calls 2-3
+# contiguous cudaMemcpyAsync (idle rows; tools/host_check.py). The seventeenth session's call 2
 # got a host where it took about 10 us against the usual 2-6 us, and gfd (driver calls, gather
 # threads) moved 4 KB swap-ins at 32-58% instead of 61-67%: read such a lease's rates as low.
 summary "host: $(python3 tools/host_check.py $(ls "$OUT"/*.csv | grep -v host_probe) 2>&1)"
