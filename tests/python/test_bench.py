@@ -95,7 +95,8 @@ def test_paged_bench_without_torch_on_a_gpu():
 
 def test_host_check_reads_the_contiguous_copys_submit_time(tmp_path):
     # tools/host_check.py, which gpu_paged.sh runs on a lease's CSVs: the median idle submit of
-    # dma_contiguous rows, "SLOW" past 7.5 us; other methods and loaded rows are not read.
+    # dma_contiguous rows, "SLOW" past 7.5 us; other methods, loaded rows, copies over 256 MiB and
+    # rows measured without a GPU are not read.
     head = "method,load,submit_p50_us\n"
     usual, slow = tmp_path / "usual.csv", tmp_path / "slow.csv"
     usual.write_text(head + "dma_contiguous,none,2.5\ndma_contiguous,none,3.5\ngfd,none,90\n"
@@ -108,6 +109,21 @@ def test_host_check_reads_the_contiguous_copys_submit_time(tmp_path):
     assert "9.5 us (median of 5 idle rows" in r.stdout and "SLOW" in r.stdout, r.stdout
     r = subprocess.run(tool + [str(tmp_path / "none.csv")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "not known" in r.stdout and "none.csv" in r.stderr
+    # Copies over 256 MiB are not read: their submit grows with the size on any host.
+    sized = tmp_path / "sized.csv"
+    sized.write_text("method,load,transfer_bytes,submit_p50_us\ndma_contiguous,none,16777216,3\n"
+                     "dma_contiguous,none,1073741824,40\ndma_contiguous,none,1073741824,50\n")
+    r = subprocess.run(tool + [str(sized)], capture_output=True, text=True, timeout=60)
+    assert "3.0 us (median of 1 idle rows" in r.stdout and "as usual" in r.stdout, r.stdout
+    only_big = tmp_path / "only_big.csv"
+    only_big.write_text("method,load,transfer_bytes,submit_p50_us\ndma_contiguous,none,1073741824,40\n")
+    r = subprocess.run(tool + [str(only_big)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "not known" in r.stdout, r.stdout
+    # Nor rows measured without a GPU (the emulated device's submit says nothing of the host).
+    host_only = tmp_path / "host_only.csv"
+    host_only.write_text("mode,method,load,submit_p50_us\nhost-only,dma_contiguous,none,40\n")
+    r = subprocess.run(tool + ["--strict", str(host_only)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "not known" in r.stdout, r.stdout
     # --strict (gpu_paged.sh's HOST_STRICT=1): status 3 on a slow host, 0 otherwise.
     assert subprocess.run(tool + ["--strict", str(slow)], capture_output=True, timeout=60).returncode == 3
     assert subprocess.run(tool + ["--strict", str(usual)], capture_output=True, timeout=60).returncode == 0
