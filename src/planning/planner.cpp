@@ -101,7 +101,12 @@ struct PlanBuilder::State {
     std::int64_t sp = 0, dp = 0;
     bool paired = false;  // blocks start and start + 1 have one size: (sp, dp) is their pitch
     auto close = [&](std::size_t end) {
-      if (!paired || !takes_2d(end - start, blocks[start].bytes, sp, dp, cfg)) return false;
+      // In a random list nearly every pair of blocks is a candidate too small for the bytes
+      // rule: one multiply and a well-predicted compare settle it, before takes_2d's pitch
+      // tests, whose outcome on random pitches the CPU cannot predict.
+      if (!paired || (end - start) * blocks[start].bytes < cfg.strided_min_bytes ||
+          !takes_2d(end - start, blocks[start].bytes, sp, dp, cfg))
+        return false;
       runs.emplace_back(start, end);
       run_ok.push_back(cfg.trust != nullptr && cfg.trust->one_allocation);
       return true;
