@@ -103,7 +103,8 @@ struct PlanBuilder::State {
     auto close = [&](std::size_t end) {
       // In a random list nearly every pair of blocks is a candidate too small for the bytes
       // rule: one multiply and a well-predicted compare settle it, before takes_2d's pitch
-      // tests, whose outcome on random pitches the CPU cannot predict.
+      // tests, whose outcome on random pitches the CPU cannot predict. (The product cannot wrap
+      // where takes_2d could pass: its pitch bound keeps the width under 2^31, rows too.)
       if (!paired || (end - start) * blocks[start].bytes < cfg.strided_min_bytes ||
           !takes_2d(end - start, blocks[start].bytes, sp, dp, cfg))
         return false;
