@@ -42,8 +42,12 @@ for i in "${!names[@]}"; do
    cmake --build "build-ab-${names[$i]}" -j"$J" --target gfd_benchmark) > "$W/build_${names[$i]}.log" 2>&1 &
 done
 wait
+declare -A layout  # per build: --layout pool where its gfd_benchmark knows --layout
 for n in "${names[@]}"; do
-  [ -x "build-ab-$n/bench/gfd_benchmark" ] || echo "build $n failed: $(grep -m1 -i error "$W/build_$n.log")" | tee -a "$OUT/builds.txt"
+  bin=build-ab-$n/bench/gfd_benchmark
+  [ -x "$bin" ] || echo "build $n failed: $(grep -m1 -i error "$W/build_$n.log")" | tee -a "$OUT/builds.txt"
+  layout[$n]=""
+  "$bin" --help 2>/dev/null | grep -q -- "--layout" && layout[$n]="--layout pool"
 done
 probe() {
   timeout 60 build-ab-head/bench/gfd_benchmark --layout paged --direction both --block-sizes 4K,32K --blocks 64 \
@@ -56,10 +60,8 @@ for r in $(seq "$rounds"); do
     n=${names[$(( (k + r - 1) % ${#names[@]} ))]}
     bin=build-ab-$n/bench/gfd_benchmark
     [ -x "$bin" ] || continue
-    layout=()
-    "$bin" --help 2>/dev/null | grep -q -- "--layout" && layout=(--layout pool)
     # shellcheck disable=SC2086
-    timeout 120 "$bin" "${layout[@]}" $ARGS > "$W/run_${n}_$r.log" 2>&1
+    timeout 120 "$bin" ${layout[$n]} $ARGS > "$W/run_${n}_$r.log" 2>&1
     # Result rows: blocks size dst backend load p50_us p90_us p50_GB/s p90_GB/s ref_GB/s ratio ...
     awk -v r="$r" -v n="$n" -v b="$BACKEND" '/^blocks /{t=1;next} t&&NF==0{t=0}
       t&&$4==b{printf "r%s %s %s x %s %s GB/s %s\n", r, n, $1, $2, $8, $11}' "$W/run_${n}_$r.log" | tee -a "$OUT/builds.txt"
