@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Print the tables of docs/performance.md from the CSVs that bench/measure.sh writes.
+
+    python3 bench/summarize.py DIR [CASE ...]
+
+DIR holds the CSVs of one bench/measure.sh call (its $OUT, default ./bench-out). CASE names the
+tables to print (paged, load, pool, vllm, latency; default: every case whose CSVs are there).
+Each table is Markdown in the layout of docs/performance.md, so that a new run's figures replace
+the old ones there as they are. Ratios are to the contiguous pinned DMA of the same bytes in the
+same run; where a case ran several times, a cell lists every run ("62.8 / 60.2 / 57.3%") or the
+range over the runs ("3.5-3.6%"). Only the standard library is used.
+"""
+
+import csv
+import glob
+import os
+import statistics
+import sys
+
+CASES = ("paged", "load", "pool", "vllm", "latency")
+
+
+def read(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def runs(directory, pattern):
+    """The rows of each file matching pattern, in run order."""
+    return [read(p) for p in sorted(glob.glob(os.path.join(directory, pattern)))]
+
+
+def num(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def size_label(n):
+    n = int(n)
+    for div, suffix in ((1 << 20, " MB"), (1 << 10, " KB")):
+        if n >= div and n % div == 0:
+            return f"{n // div}{suffix}"
+    return f"{n} B"
+
+
+def pct(values, sep=" / "):
+    values = [v for v in values if v is not None]
+    return sep.join(f"{100 * v:.1f}" for v in values) + "%" if values else "-"
+
+
+def pct_range(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    return f"{100 * lo:.1f}%" if f"{100 * lo:.1f}" == f"{100 * hi:.1f}" else f"{100 * lo:.1f}-{100 * hi:.1f}%"
+
+
+def us_range(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+
+    def fmt(v):
+        if v >= 100000:
+            return f"{v / 1000:.0f} ms"
+        if v >= 10000:
+            return f"{v / 1000:.1f} ms"
+        return f"{v / 1000:.2f} ms" if v >= 1000 else f"{v:.0f} us"
+
+    lo, hi = min(values), max(values)
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)} - {fmt(hi)}"
+
+
+def gbps(values):
+    values = [v for v in values if v is not None]
+    return f"{statistics.median(values):.1f}" if values else "-"
+
+
+def table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def pick(rows, **match):
+    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+
+
+def one(rows, **match):
+    hit = pick(rows, **match)
+    return hit[0] if hit else None
+
+
+def col(all_runs, key, **match):
+    """key's value in each run's first row matching (None where a run lacks it)."""
+    out = []
+    for rows in all_runs:
+        r = one(rows, **match)
+        out.append(num(r[key]) if r else None)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def paged(d):
+    cpp = runs(d, "paged_cpp_*.csv")
+    py = runs(d, "paged_py_*.csv")
+    parts = []
+    if cpp:
+        sizes = sorted({int(r["block_size"]) for rows in cpp for r in rows})
+        body = []
+        for direction in ("h2d", "d2h"):
+            for s in sizes:
+                m = dict(direction=direction, load="none", block_size=str(s))
+                if not any(one(rows, method="gfd", **m) for rows in cpp):
+                    continue
+                pm = dict(direction=direction, block_bytes=str(s))
+                py_ratio = col(py, "ratio", method="gfd", **pm) if py else []
+                py_call = col(py, "call_p50_us", method="gfd", **pm) if py else []
+                body.append([
+                    size_label(s), direction,
+                    pct(col(cpp, "ratio_p50", method="gfd", **m)),
+                    gbps(col(cpp, "p50_gbps", method="gfd", **m)),
+                    us_range(col(cpp, "submit_p50_us", method="gfd", **m)),
+                    pct(py_ratio), us_range(py_call),
+                    pct_range(col(cpp, "ratio_p50", method="batch", **m)),
+                    pct_range(col(cpp, "ratio_p50", method="uva12", **m)),
+                    gbps(col(cpp, "p50_gbps", method="dma_contiguous", **m)),
+                ])
+        parts.append(table(["block", "dir", "gfd, C++", "gfd GB/s (median)", "call", "gfd, Python",
+                            "Python call", "batch DMA (vLLM)", "UVA kernel, 12 CTAs",
+                            "contiguous DMA GB/s"], body))
+    ids = runs(d, "ids_*.csv")
+    if ids:
+        body = []
+        methods = ["gfd", "batch", "per_block", "gfd_zero_copy", "uva2", "uva12"]
+        for rows in sorted(ids, key=lambda rs: bool(rs) and rs[0]["direction"] != "h2d"):
+            points = sorted({(r["direction"] != "h2d", int(r["blocks"]), r["direction"]) for r in rows
+                             if r["method"] == "gfd" and r["load"] == "none" and r["block_size"] == "4096"})
+            for _, blocks, direction in points:
+                r = one(rows, method="gfd", direction=direction, load="none", block_size="4096", blocks=str(blocks))
+                cells = [r["direction"], r["blocks"]]
+                for m in methods:
+                    x = one(rows, method=m, direction=r["direction"], load="none", block_size="4096",
+                            blocks=r["blocks"])
+                    cells.append(f"{100 * num(x['ratio_p50']):.1f}% ({us_range([num(x['submit_p50_us'])])})"
+                                 if x else "-")
+                body.append(cells)
+        parts.append(table(["dir", "ids x caches", "gfd", "batch (vLLM)", "per block", "gfd zero-copy",
+                            "UVA 2 CTAs", "UVA 12 CTAs"], body))
+    return parts
+
+
+def load(d):
+    parts = []
+    sweep = runs(d, "load_sweep_*.csv")
+    if sweep:
+        methods = ["gfd", "batch", "per_block", "gfd_zero_copy", "uva2", "uva12"]
+        body = []
+        for direction in ("h2d", "d2h"):
+            for rows in sweep:
+                sizes = sorted({int(r["block_size"]) for r in rows if r["direction"] == direction})
+                for s in sizes:
+                    m = dict(direction=direction, block_size=str(s))
+                    cells = [direction, size_label(s)]
+                    for meth in methods:
+                        idle = one(rows, method=meth, load="none", **m)
+                        busy = one(rows, method=meth, load="decode", **m)
+                        if not idle:
+                            cells.append("-")
+                            continue
+                        cell = f"{100 * num(idle['ratio_p50']):.1f}%"
+                        if busy:
+                            cell += f" / {100 * num(busy['ratio_p50']):.1f}% {100 * num(busy['load_slowdown']):+.1f}%"
+                        cells.append(cell)
+                    dma = one(rows, method="dma_contiguous", load="decode", **m)
+                    cells.append(f"{100 * num(dma['load_slowdown']):+.1f}%" if dma and num(dma["load_slowdown"]) is not None else "-")
+                    body.append(cells)
+        parts.append(table(["dir", "block", "gfd", "batch (vLLM)", "per block", "gfd zero-copy", "UVA 2 CTAs",
+                            "UVA 12 CTAs", "contiguous DMA's slowdown"], body))
+    py = runs(d, "load_py_*.csv")
+    if py:
+        body = []
+        for rows in py:
+            for r in rows:
+                if r["method"] != "gfd" or r.get("load") != "decode":
+                    continue
+                body.append([size_label(r["block_bytes"]), r["direction"], f"{100 * num(r['ratio']):.1f}%",
+                             f"{100 * num(r['rate_kept']):.1f}%"])
+        parts.append(table(["block", "dir", "gfd, Python, idle", "rate kept under the load"], body))
+    return parts
+
+
+def pool(d):
+    parts = []
+    quick = runs(d, "pool_[0-9]*.csv")
+    if quick:
+        body = []
+        for b in ("gather", "zero_copy_kernel", "batch_async", "per_block"):
+            m = dict(backend=b, blocks="2048", block_size="4096", load="none")
+            ratios = col(quick, "ratio_p50", **m)
+            if any(v is not None for v in ratios):
+                body.append([b, pct(ratios), gbps(col(quick, "p50_gbps", **m))])
+        ref = col(quick, "ref_gbps", backend="gather", blocks="2048", block_size="4096", load="none")
+        body.append(["contiguous DMA", "100%", gbps(ref)])
+        parts.append(table(["backend", "2048 x 4 KB, one pool, h2d", "GB/s (median)"], body))
+    strided_h = runs(d, "strided_h2d_*.csv")
+    strided_d = runs(d, "strided_d2h_*.csv")
+    random_h = runs(d, "random_h2d_*.csv")
+    if strided_h or strided_d or random_h:
+        counts = sorted({int(r["blocks"]) for rows in strided_h + strided_d + random_h for r in rows})
+        body = []
+        for n in counts:
+            m = dict(blocks=str(n), block_size="4096", load="none")
+            body.append([str(n),
+                         pct_range(col(strided_h, "ratio_p50", backend="gather", **m)),
+                         pct_range(col(strided_d, "ratio_p50", backend="gather", **m)),
+                         pct_range(col(random_h, "ratio_p50", backend="gather", **m)),
+                         pct_range(col(strided_h, "ratio_p50", backend="batch_async", **m)) + " / " +
+                         pct_range(col(strided_d, "ratio_p50", backend="batch_async", **m)),
+                         pct_range(col(strided_h, "ratio_p50", backend="zero_copy_kernel", **m)) + " / " +
+                         pct_range(col(strided_d, "ratio_p50", backend="zero_copy_kernel", **m))])
+        parts.append(table(["4 KB blocks at a pitch of 2", "gather h2d", "gather d2h", "gather, random blocks h2d",
+                            "batch_async h2d / d2h", "zero_copy_kernel h2d / d2h"], body))
+    return parts
+
+
+def vllm(d):
+    rs = runs(d, "vllm_*.csv")
+    if not rs:
+        return []
+    body = []
+    pages = sorted({int(r["page"]) for rows in rs for r in rows}, reverse=True)
+    for direction, job in (("h2d", "load"), ("d2h", "store")):
+        for p in pages:
+            m = dict(direction=direction, page=str(p), host_layout="block")
+            g = col(rs, "ratio_p50", method="gfd", **m)
+            if not any(v is not None for v in g):
+                continue
+            body.append([size_label(p).replace("KB", "KiB"), job, pct(g), gbps(col(rs, "gbps_p50", method="gfd", **m)),
+                         us_range(col(rs, "submit_us_p50", method="gfd", **m)),
+                         pct(col(rs, "ratio_p50", method="vllm_batch", **m)),
+                         us_range(col(rs, "submit_us_p50", method="vllm_batch", **m))])
+    return [table(["page", "job", "gfd", "gfd GB/s (median)", "submit", "vLLM's batch path (same runs)",
+                   "its submit"], body)]
+
+
+def latency(d):
+    rs = runs(d, "latency_*.csv")
+    if not rs:
+        return []
+    body = []
+    for b in ("gather", "zero_copy_kernel", "batch_async", "per_block"):
+        cells = [b]
+        for n in ("16", "64", "256"):
+            m = dict(backend=b, blocks=n, block_size="4096", load="none")
+            p50 = [v for v in col(rs, "p50_us", **m) if v is not None]
+            ratio = [v for v in col(rs, "ratio_p50", **m) if v]
+            if not p50:
+                cells.append("-")
+                continue
+            # ratio_p50 is the rate over the contiguous DMA of the same bytes: 1 / ratio is the time
+            # over that DMA's time.
+            cell = f"{statistics.median(p50):.1f} us"
+            if ratio:
+                cell += f" ({1 / statistics.median(ratio):.1f}x one DMA)"
+            cells.append(cell)
+        if any(c != "-" for c in cells[1:]):
+            body.append(cells)
+    return [table(["backend", "16 x 4 KB", "64 x 4 KB", "256 x 4 KB"], body)]
+
+
+def main(argv):
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if len(argv) >= 2 else 2
+    d = argv[1]
+    wanted = argv[2:] or list(CASES)
+    bad = [c for c in wanted if c not in CASES]
+    if bad:
+        print(f"summarize.py: unknown case(s) {', '.join(bad)}; cases: {', '.join(CASES)}", file=sys.stderr)
+        return 2
+    printed = 0
+    for case in wanted:
+        for t in globals()[case](d):
+            print(f"### {case}\n\n{t}\n")
+            printed += 1
+    if not printed:
+        print(f"summarize.py: no CSVs of {', '.join(wanted)} in {d}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
