@@ -559,9 +559,9 @@ class PagedBench {
         ops.prepare = [this](const Ids& ids) { ids_ = &ids; };
         ops.submit = [this, engine, set, to_host] {
           // The runtime's call: ids only (swap-in: host ids are the sources).
-          pending_ = to_host ? engine->copy_blocks(*set, KvDirection::kSwapOut, ids_->device,
+          pending_ = to_host ? engine->copy_blocks(*set, Direction::kToHost, ids_->device,
                                                    ids_->host, stream)
-                             : engine->copy_blocks(*set, KvDirection::kSwapIn, ids_->host,
+                             : engine->copy_blocks(*set, Direction::kToDevice, ids_->host,
                                                    ids_->device, stream);
         };
         // To the host the handle says when the bytes are placed; to the device the stream.

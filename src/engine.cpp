@@ -80,7 +80,7 @@ CacheSet Engine::register_caches(std::span<const CachePair> pairs) {
   return detail::EngineCore::of(*this).register_caches(pairs);
 }
 
-Transfer Engine::copy_blocks(const CacheSet& caches, KvDirection direction, const BlockIds& src_ids,
+Transfer Engine::copy_blocks(const CacheSet& caches, Direction direction, const BlockIds& src_ids,
                              const BlockIds& dst_ids, cudaStream_t stream) {
   return detail::EngineCore::of(*this).submit_blocks(caches, direction, src_ids, dst_ids, stream);
 }

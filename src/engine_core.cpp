@@ -109,13 +109,12 @@ CacheSet EngineCore::register_caches(std::span<const CachePair> pairs, std::vect
   return CacheSetState::make(pairs, *ctx_->device, this, std::move(labels), call, overlaps);
 }
 
-Transfer EngineCore::submit_blocks(const CacheSet& caches, KvDirection direction, const BlockIds& src,
+Transfer EngineCore::submit_blocks(const CacheSet& caches, Direction d, const BlockIds& src,
                                    const BlockIds& dst, StreamHandle stream, std::string_view src_name,
                                    std::string_view dst_name) {
   gate_.enter("copy_blocks");
   Leave leave{gate_};
   const CacheSetState& set = CacheSetState::of(caches, this);
-  const Direction d = direction == KvDirection::kSwapIn ? Direction::kToDevice : Direction::kToHost;
   if (takes_id_runs(set)) {
     // Each id one 2D copy: the list of blocks is never made (64 ids of 160 layers: 64 runs,
     // not 10240 blocks to list and then find the runs in).

@@ -56,7 +56,7 @@ class EngineCore {
                            std::string_view call = "register_caches",
                            CacheSetState::Sides overlaps = CacheSetState::Sides::kBoth);
   // Engine::copy_blocks; `src_name` / `dst_name` name the id arguments in messages.
-  Transfer submit_blocks(const CacheSet& caches, KvDirection direction, const BlockIds& src,
+  Transfer submit_blocks(const CacheSet& caches, Direction direction, const BlockIds& src,
                          const BlockIds& dst, StreamHandle stream, std::string_view src_name = "src_ids",
                          std::string_view dst_name = "dst_ids");
   EngineStats stats() const;

@@ -97,7 +97,7 @@ TEST_P(CacheSetRoundTrip, EveryBlockOfEveryPair) {
   std::vector<std::vector<std::byte>> expect;
   for (std::size_t p = 0; p < kPairs; ++p)
     for (std::size_t i = 0; i < kMoved; ++i) expect.push_back(c.device_block(p, out_src[i]));
-  engine.copy_blocks(set, KvDirection::kSwapOut, out_src, out_dst, td->cuda_stream()).wait();
+  engine.copy_blocks(set, Direction::kToHost, out_src, out_dst, td->cuda_stream()).wait();
   // Host rows side by side (page-first) at least direct_min_bytes long move in place, both ways.
   const bool in_place = rt.backend == Backend::kGather && rt.page_first && kPairs * rt.bytes >= o.direct_min_bytes;
   const std::uint64_t out_in_place = engine.stats().host_direct_chunks;
@@ -110,7 +110,7 @@ TEST_P(CacheSetRoundTrip, EveryBlockOfEveryPair) {
   // In, as int32 ids (SGLang passes them so), from other host blocks to other device blocks.
   const auto in_src64 = distinct(kMoved, kHostBlocks, 3), in_dst64 = distinct(kMoved, kBlocks, 4);
   const std::vector<std::int32_t> in_src(in_src64.begin(), in_src64.end()), in_dst(in_dst64.begin(), in_dst64.end());
-  engine.copy_blocks(set, KvDirection::kSwapIn, in_src, in_dst, td->cuda_stream()).wait();
+  engine.copy_blocks(set, Direction::kToDevice, in_src, in_dst, td->cuda_stream()).wait();
   td->device->stream_sync(td->stream);
   EXPECT_EQ(engine.stats().host_direct_chunks > out_in_place, in_place);
   // Equal blocks below the direct path's size in arrays not side by side: planned from the ids
@@ -162,7 +162,7 @@ TEST_P(CacheSetTest, BadIdsNameTheArgumentAndRowAndMoveNothing) {
   const CacheSet set = engine.register_caches(c.list);
   const auto before = c.device_block(1, 3);
   auto in = [&](std::vector<std::int64_t> s, std::vector<std::int64_t> d) {
-    return rejection([&] { (void)engine.copy_blocks(set, KvDirection::kSwapIn, s, d, td_->cuda_stream()); });
+    return rejection([&] { (void)engine.copy_blocks(set, Direction::kToDevice, s, d, td_->cuda_stream()); });
   };
   auto [m1, b1] = in({0, 8}, {3, 4});
   EXPECT_NE(m1.find("src_ids[1] (block 8 -> 4): source block 8 is out of range (pairs[0].host has 8 blocks)"),
@@ -181,17 +181,17 @@ TEST_P(CacheSetTest, BadIdsNameTheArgumentAndRowAndMoveNothing) {
   auto [m5, b5] = in({0, 1}, {3});
   EXPECT_NE(m5.find("src_ids has 2 ids, dst_ids 1"), std::string::npos) << m5;
   // Duplicate sources are fine (read twice); a swap-out's destination is the host side.
-  engine.copy_blocks(set, KvDirection::kSwapIn, std::vector<std::int64_t>{2, 2}, std::vector<std::int64_t>{5, 6},
+  engine.copy_blocks(set, Direction::kToDevice, std::vector<std::int64_t>{2, 2}, std::vector<std::int64_t>{5, 6},
                      td_->cuda_stream()).wait();
   auto [m6, b6] = rejection([&] {
-    (void)engine.copy_blocks(set, KvDirection::kSwapOut, std::vector<std::int64_t>{9, 1},
+    (void)engine.copy_blocks(set, Direction::kToHost, std::vector<std::int64_t>{9, 1},
                              std::vector<std::int64_t>{7, 7}, td_->cuda_stream());
   });
   EXPECT_NE(m6.find("dst_ids[1] (block 1 -> 7): destination block 7 is also that of dst_ids[0]"), std::string::npos)
       << m6;
   EXPECT_EQ(c.device_block(1, 3), before) << "a rejected transfer moved bytes";
   // The bitmap of destinations is clean again after a rejection: the same ids once each pass.
-  engine.copy_blocks(set, KvDirection::kSwapIn, std::vector<std::int64_t>{0, 1, 2}, std::vector<std::int64_t>{3, 5, 7},
+  engine.copy_blocks(set, Direction::kToDevice, std::vector<std::int64_t>{0, 1, 2}, std::vector<std::int64_t>{3, 5, 7},
                      td_->cuda_stream()).wait();
   EXPECT_EQ(std::memcmp(c.device_block(1, 3).data(), c.host_block(1, 0), 4096), 0);
 }
@@ -236,9 +236,9 @@ TEST_P(CacheSetTest, BadCachesNameThePairAndSide) {
   Engine other = td_->make_engine(small_options());
   const CacheSet set = engine.register_caches(c.list);
   const std::vector<std::int64_t> ids{0};
-  const auto m = rejection([&] { (void)other.copy_blocks(set, KvDirection::kSwapIn, ids, ids, td_->cuda_stream()); });
+  const auto m = rejection([&] { (void)other.copy_blocks(set, Direction::kToDevice, ids, ids, td_->cuda_stream()); });
   EXPECT_NE(m.first.find("registered with another engine"), std::string::npos);
-  const auto e = rejection([&] { (void)engine.copy_blocks(CacheSet{}, KvDirection::kSwapIn, ids, ids, td_->cuda_stream()); });
+  const auto e = rejection([&] { (void)engine.copy_blocks(CacheSet{}, Direction::kToDevice, ids, ids, td_->cuda_stream()); });
   EXPECT_NE(e.first.find("empty CacheSet"), std::string::npos);
 }
 
@@ -268,7 +268,7 @@ TEST_P(CacheSetTest, PageableHostCache) {
   EXPECT_FALSE(set.host_pinned());
   EXPECT_FALSE(set.host_pinned(1));
   const std::vector<std::int64_t> s{1, 6}, d{9, 2};
-  engine.copy_blocks(set, KvDirection::kSwapIn, s, d, td_->cuda_stream()).wait();
+  engine.copy_blocks(set, Direction::kToDevice, s, d, td_->cuda_stream()).wait();
   for (std::size_t p = 0; p < 2; ++p)
     for (std::size_t i = 0; i < 2; ++i)
       EXPECT_EQ(std::memcmp(c.device_block(p, d[i]).data(), c.host_block(p, s[i]), 4096), 0);
@@ -277,7 +277,7 @@ TEST_P(CacheSetTest, PageableHostCache) {
   o.backend = Backend::kZeroCopyKernel;
   Engine zc = td_->make_engine(o);
   const CacheSet zset = zc.register_caches(c.list);
-  const auto m = rejection([&] { (void)zc.copy_blocks(zset, KvDirection::kSwapIn, s, d, td_->cuda_stream()); });
+  const auto m = rejection([&] { (void)zc.copy_blocks(zset, Direction::kToDevice, s, d, td_->cuda_stream()); });
   EXPECT_NE(m.first.find("pageable"), std::string::npos) << m.first;
   EXPECT_NE(m.first.find("[pairs[0].host -> pairs[0].device, src_ids[0]]"), std::string::npos) << m.first;
   EXPECT_EQ(m.second, 0u);
@@ -315,7 +315,7 @@ TEST_P(CacheSetTest, LayersOfOneAllocationMoveAsOne2DCopyPerId) {
     Engine engine = td_->make_engine(small_options());
     const CacheSet set = engine.register_caches(list);
     const auto out_src = distinct(kMoved, kBlocks, 5), out_dst = distinct(kMoved, kHostBlocks, 6);
-    engine.copy_blocks(set, KvDirection::kSwapOut, out_src, out_dst, td_->cuda_stream()).wait();
+    engine.copy_blocks(set, Direction::kToHost, out_src, out_dst, td_->cuda_stream()).wait();
     EXPECT_EQ(engine.stats().strided_copies, kMoved) << "one 2D copy per id";
     for (std::size_t l = 0; l < kLayers; ++l)
       for (std::size_t i = 0; i < kMoved; ++i)
@@ -325,7 +325,7 @@ TEST_P(CacheSetTest, LayersOfOneAllocationMoveAsOne2DCopyPerId) {
             << "swap-out layer " << l << " row " << i;
     // Back in, to other device blocks.
     const auto in_dst = distinct(kMoved, kBlocks, 7);
-    engine.copy_blocks(set, KvDirection::kSwapIn, out_dst, in_dst, td_->cuda_stream()).wait();
+    engine.copy_blocks(set, Direction::kToDevice, out_dst, in_dst, td_->cuda_stream()).wait();
     td_->device->stream_sync(td_->stream);
     EXPECT_EQ(engine.stats().strided_copies, 2 * kMoved);
     EXPECT_EQ(engine.stats().chunks, 0u) << "nothing staged";
@@ -338,10 +338,10 @@ TEST_P(CacheSetTest, LayersOfOneAllocationMoveAsOne2DCopyPerId) {
     // Bad ids through the same path: named by row, nothing moved.
     const auto before = td_->read(dev.data(), kBytes);
     const std::vector<std::int64_t> dup_src{1, 2}, dup_dst{0, 0}, far_src{1, static_cast<std::int64_t>(kHostBlocks)};
-    auto m = rejection([&] { (void)engine.copy_blocks(set, KvDirection::kSwapIn, dup_src, dup_dst, td_->cuda_stream()); });
+    auto m = rejection([&] { (void)engine.copy_blocks(set, Direction::kToDevice, dup_src, dup_dst, td_->cuda_stream()); });
     EXPECT_NE(m.first.find("dst_ids[1]"), std::string::npos) << m.first;
     EXPECT_EQ(m.second, 1u);
-    m = rejection([&] { (void)engine.copy_blocks(set, KvDirection::kSwapIn, far_src, dup_src, td_->cuda_stream()); });
+    m = rejection([&] { (void)engine.copy_blocks(set, Direction::kToDevice, far_src, dup_src, td_->cuda_stream()); });
     EXPECT_NE(m.first.find("out of range"), std::string::npos) << m.first;
     EXPECT_EQ(m.second, 1u);
     td_->device->stream_sync(td_->stream);
@@ -359,13 +359,13 @@ TEST_P(CacheSetTest, ArraysOfSeparateAllocationsAreNotOne2DCopy) {
   Engine engine = td_->make_engine(small_options());
   const CacheSet set = engine.register_caches(c.list);
   const std::vector<std::int64_t> s{5, 0, 3}, d{1, 4, 2};
-  engine.copy_blocks(set, KvDirection::kSwapIn, s, d, td_->cuda_stream()).wait();
+  engine.copy_blocks(set, Direction::kToDevice, s, d, td_->cuda_stream()).wait();
   td_->device->stream_sync(td_->stream);
   EXPECT_EQ(engine.stats().strided_copies, 0u);
   for (std::size_t p = 0; p < 2; ++p)
     for (std::size_t i = 0; i < s.size(); ++i)
       ASSERT_EQ(std::memcmp(c.device_block(p, d[i]).data(), c.host_block(p, s[i]), kBytes), 0) << p << " " << i;
-  engine.copy_blocks(set, KvDirection::kSwapOut, d, s, td_->cuda_stream()).wait();
+  engine.copy_blocks(set, Direction::kToHost, d, s, td_->cuda_stream()).wait();
   EXPECT_EQ(engine.stats().strided_copies, 0u);
 }
 
@@ -381,7 +381,7 @@ TEST_P(CacheSetTest, MidSizeSplitMovesEveryByteOnBothPaths) {
   Engine engine = td_->make_engine(o);
   const CacheSet set = engine.register_caches(c.list);
   const auto src = distinct(kMoved, kBlocks, 11), dst = distinct(kMoved, kBlocks, 12);
-  engine.copy_blocks(set, KvDirection::kSwapIn, src, dst, td_->cuda_stream()).wait();
+  engine.copy_blocks(set, Direction::kToDevice, src, dst, td_->cuda_stream()).wait();
   td_->device->stream_sync(td_->stream);
   const EngineStats st = engine.stats();
   EXPECT_EQ(st.direct_copies, kPairs * kMoved / 4);
@@ -392,7 +392,7 @@ TEST_P(CacheSetTest, MidSizeSplitMovesEveryByteOnBothPaths) {
           << "swap-in pair " << p << " row " << i;
   // Back out to other host blocks: staged as before the split, every byte checked.
   const auto back = distinct(kMoved, kBlocks, 13);
-  engine.copy_blocks(set, KvDirection::kSwapOut, dst, back, td_->cuda_stream()).wait();
+  engine.copy_blocks(set, Direction::kToHost, dst, back, td_->cuda_stream()).wait();
   EXPECT_EQ(engine.stats().direct_copies, kPairs * kMoved / 4);
   for (std::size_t p = 0; p < kPairs; ++p)
     for (std::size_t i = 0; i < kMoved; ++i)
@@ -414,7 +414,7 @@ TEST_P(CacheSetTest, PlannedFromIdsMovesWhatTheListedPathMoves) {
     Engine engine = td_->make_engine(o);
     const CacheSet set = engine.register_caches(c.list);
     const auto in_src = distinct(kMoved, kBlocks, 21), in_dst = distinct(kMoved, kBlocks, 22);
-    engine.copy_blocks(set, KvDirection::kSwapIn, in_src, in_dst, td_->cuda_stream()).wait();
+    engine.copy_blocks(set, Direction::kToDevice, in_src, in_dst, td_->cuda_stream()).wait();
     td_->device->stream_sync(td_->stream);
     for (std::size_t p = 0; p < kPairs; ++p)
       for (std::size_t i = 0; i < kMoved; ++i)
@@ -422,7 +422,7 @@ TEST_P(CacheSetTest, PlannedFromIdsMovesWhatTheListedPathMoves) {
             << "swap-in pair " << p << " row " << i;
     auto out_dst = distinct(kMoved, kBlocks, 23);
     for (auto& b : out_dst) b += kBlocks;
-    engine.copy_blocks(set, KvDirection::kSwapOut, in_dst, out_dst, td_->cuda_stream()).wait();
+    engine.copy_blocks(set, Direction::kToHost, in_dst, out_dst, td_->cuda_stream()).wait();
     for (std::size_t p = 0; p < kPairs; ++p)
       for (std::size_t i = 0; i < kMoved; ++i)
         ASSERT_EQ(std::memcmp(c.host_block(p, out_dst[i]), c.host_block(p, in_src[i]), kBytes), 0)
@@ -435,7 +435,7 @@ TEST_P(CacheSetTest, PlannedFromIdsMovesWhatTheListedPathMoves) {
     std::vector<std::int64_t> run_src(40), run_dst(40);
     std::iota(run_src.begin(), run_src.end(), 0);
     std::iota(run_dst.begin(), run_dst.end(), 100);
-    engine.copy_blocks(set, KvDirection::kSwapIn, run_src, run_dst, td_->cuda_stream()).wait();
+    engine.copy_blocks(set, Direction::kToDevice, run_src, run_dst, td_->cuda_stream()).wait();
     td_->device->stream_sync(td_->stream);
     EXPECT_EQ(engine.stats().id_planned_transfers, st.id_planned_transfers) << "adjacent ids keep the listed path";
     for (std::size_t p = 0; p < kPairs; ++p)
@@ -464,7 +464,7 @@ TEST_P(CacheSetTest, ArraysAtOnePitchArePlannedFromIdsRowByRow) {
   Engine engine = td_->make_engine(small_options());
   const CacheSet set = engine.register_caches(pairs);
   const auto src = distinct(kMoved, kBlocks, 62), dst = distinct(kMoved, kBlocks, 63);
-  engine.copy_blocks(set, KvDirection::kSwapIn, src, dst, td_->cuda_stream()).wait();
+  engine.copy_blocks(set, Direction::kToDevice, src, dst, td_->cuda_stream()).wait();
   td_->device->stream_sync(td_->stream);
   for (std::size_t p = 0; p < kPairs; ++p)
     for (std::size_t i = 0; i < kMoved; ++i)
@@ -474,7 +474,7 @@ TEST_P(CacheSetTest, ArraysAtOnePitchArePlannedFromIdsRowByRow) {
           << "swap-in pair " << p << " row " << i;
   auto back = distinct(kMoved, kBlocks, 64);
   for (auto& b : back) b += kBlocks;
-  engine.copy_blocks(set, KvDirection::kSwapOut, dst, back, td_->cuda_stream()).wait();
+  engine.copy_blocks(set, Direction::kToHost, dst, back, td_->cuda_stream()).wait();
   for (std::size_t p = 0; p < kPairs; ++p)
     for (std::size_t i = 0; i < kMoved; ++i)
       ASSERT_EQ(std::memcmp(host.data() + p * 2 * pitch + back[i] * kBytes, host.data() + p * 2 * pitch + src[i] * kBytes,
@@ -495,7 +495,7 @@ TEST_P(CacheSetTest, SmallTransfersPlannedFromIds) {
   const CacheSet set = engine.register_caches(c.list);
   for (const std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{20}}) {
     const auto src = distinct(n, kBlocks, 31 + n), dst = distinct(n, kBlocks, 41 + n);
-    engine.copy_blocks(set, KvDirection::kSwapIn, src, dst, td_->cuda_stream()).wait();
+    engine.copy_blocks(set, Direction::kToDevice, src, dst, td_->cuda_stream()).wait();
     td_->device->stream_sync(td_->stream);
     for (std::size_t p = 0; p < kPairs; ++p)
       for (std::size_t i = 0; i < n; ++i)
@@ -503,7 +503,7 @@ TEST_P(CacheSetTest, SmallTransfersPlannedFromIds) {
             << n << " ids: swap-in pair " << p << " row " << i;
     auto back = distinct(n, kBlocks, 51 + n);
     for (auto& b : back) b += kBlocks;
-    engine.copy_blocks(set, KvDirection::kSwapOut, dst, back, td_->cuda_stream()).wait();
+    engine.copy_blocks(set, Direction::kToHost, dst, back, td_->cuda_stream()).wait();
     for (std::size_t p = 0; p < kPairs; ++p)
       for (std::size_t i = 0; i < n; ++i)
         ASSERT_EQ(std::memcmp(c.host_block(p, back[i]), c.host_block(p, src[i]), kBytes), 0)

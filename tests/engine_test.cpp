@@ -895,7 +895,7 @@ TEST_P(EngineTest, SwapInLargerThanTheRingLeavesTheSlotWaitsToTheGatherThreads) 
     dst_ids[r] = static_cast<std::int64_t>((r * 11) % 192);
   }
   dev().delay_async(50000, td_->stream);
-  engine.copy_blocks(set, KvDirection::kSwapIn, src, dst_ids, td_->cuda_stream()).wait();
+  engine.copy_blocks(set, Direction::kToDevice, src, dst_ids, td_->cuda_stream()).wait();
   EXPECT_GT(engine.stats().slots_deferred, deferred);
   for (std::size_t i = 0; i < 8; ++i) {
     const std::vector<std::byte> got = td_->read(caches[i].data(), caches[i].size());
@@ -970,7 +970,7 @@ TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
       dev_ids[r] = static_cast<std::int64_t>((r * 11) % 192);
       host_ids[r] = static_cast<std::int64_t>((r * 37 + 5) % 384);
     }
-    engine.copy_blocks(set, KvDirection::kSwapOut, dev_ids, host_ids, td_->cuda_stream()).wait();
+    engine.copy_blocks(set, Direction::kToHost, dev_ids, host_ids, td_->cuda_stream()).wait();
     for (std::size_t i = 0; i < 8; ++i)
       for (std::size_t r = 0; r < 192; ++r)
         ASSERT_EQ(std::memcmp(host.data() + (i * 384 + host_ids[r]) * 4096, init.data() + (i * 192 + dev_ids[r]) * 4096, 4096), 0)

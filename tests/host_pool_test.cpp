@@ -31,17 +31,17 @@ class HostPoolTest : public DeviceParamTest {
 TEST_P(HostPoolTest, ReportsWhatItGot) {
   HostPool pool = make({.bytes = 3 * kMiB + 5, .device = 0});
   ASSERT_NE(pool.data(), nullptr);
-  EXPECT_EQ(pool.size(), 4 * kMiB) << "rounded up to whole 2 MiB pages";
+  EXPECT_EQ(pool.bytes(), 4 * kMiB) << "rounded up to whole 2 MiB pages";
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(pool.data()) % (2 * kMiB), 0u) << "2 MiB aligned";
   EXPECT_TRUE(pool.registered());
   EXPECT_EQ(pool.device(), 0);
   EXPECT_TRUE(pool.hugepages() == HugepageKind::kHugetlb ||
               pool.hugepages() == HugepageKind::kTransparent ||
               pool.hugepages() == HugepageKind::kNone);
-  const detail::PointerInfo info = dev().query_pointer(pool.data() + pool.size() - 1);
+  const detail::PointerInfo info = dev().query_pointer(pool.data() + pool.bytes() - 1);
   EXPECT_EQ(info.kind, detail::PointerKind::kPinnedHost) << "the whole range is registered";
-  for (std::size_t i = 0; i < pool.size(); i += 4096) ASSERT_EQ(pool.data()[i], std::byte{0}) << i;
-  std::memset(pool.data(), 0x5A, pool.size());  // writable throughout
+  for (std::size_t i = 0; i < pool.bytes(); i += 4096) ASSERT_EQ(pool.data()[i], std::byte{0}) << i;
+  std::memset(pool.data(), 0x5A, pool.bytes());  // writable throughout
 }
 
 // The THP policy line as the kernel writes it: the bracketed word is the one in force.
@@ -66,7 +66,7 @@ TEST_P(HostPoolTest, UnregistersOnDestructionAndMoves) {
     p = a.data();
     HostPool b = std::move(a);
     EXPECT_EQ(a.data(), nullptr) << "a moved-from pool is empty";
-    EXPECT_EQ(a.size(), 0u);
+    EXPECT_EQ(a.bytes(), 0u);
     EXPECT_FALSE(a.registered());
     EXPECT_EQ(b.data(), p);
     EXPECT_TRUE(b.registered());
@@ -119,7 +119,7 @@ TEST_P(HostPoolTest, BindsToTheNodeAskedFor) {
   if (numa_available() < 0) GTEST_SKIP() << "libnuma reports no NUMA support on this machine";
   HostPool pool = make({.bytes = 2 * kMiB, .device = 0, .numa_node = 0, .register_memory = false});
   EXPECT_EQ(pool.numa_node(), 0);
-  std::memset(pool.data(), 1, pool.size());
+  std::memset(pool.data(), 1, pool.bytes());
   void* page = pool.data();
   int status = -1;
   ASSERT_EQ(numa_move_pages(0, 1, &page, nullptr, &status, 0), 0);
@@ -152,9 +152,9 @@ INSTANTIATE_TEST_SUITE_P(Devices, HostPoolTest,
 // where there is none.
 TEST(HostPoolPublic, WithoutRegistrationNeedsNoGpu) {
   HostPool pool(HostPoolOptions{.bytes = kMiB, .device = -1, .register_memory = false});
-  EXPECT_EQ(pool.size(), 2 * kMiB);
+  EXPECT_EQ(pool.bytes(), 2 * kMiB);
   EXPECT_FALSE(pool.registered());
-  pool.data()[pool.size() - 1] = std::byte{1};
+  pool.data()[pool.bytes() - 1] = std::byte{1};
 }
 
 TEST(HostPoolPublic, RegisteredNeedsAGpu) {

@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "gfd/kv_cache.hpp"
+#include "gfd/types.hpp"
 
 namespace gfd {
 

@@ -149,13 +149,13 @@ class Engine {
   CacheSet register_caches(std::span<const CachePair> pairs);
 
   /// One transfer of block `src_ids[i]` to block `dst_ids[i]` of every pair of `caches`, for
-  /// every i: host to device for KvDirection::kSwapIn (src_ids index the host arrays), device
-  /// to host for kSwapOut. Ordered on `stream` and completed exactly as copy_to_device /
+  /// every i: host to device for Direction::kToDevice (src_ids index the host arrays), device
+  /// to host for Direction::kToHost. Ordered on `stream` and completed exactly as copy_to_device /
   /// copy_to_host. The call checks only the ids (same count, in range, no destination id
   /// twice) and builds the copy list in one pass, with no per-block or per-array driver call;
   /// a bad id throws gfd::Error(kInvalidArgument) whose block() is its position i and whose
   /// message names the argument, before anything moves. `caches` must come from this engine.
-  [[nodiscard]] Transfer copy_blocks(const CacheSet& caches, KvDirection direction, const BlockIds& src_ids,
+  [[nodiscard]] Transfer copy_blocks(const CacheSet& caches, Direction direction, const BlockIds& src_ids,
                                      const BlockIds& dst_ids, cudaStream_t stream);
 
   /// Counters since creation.

@@ -7,6 +7,5 @@
 #include "gfd/error.hpp"
 #include "gfd/group.hpp"
 #include "gfd/host_pool.hpp"
-#include "gfd/kv_cache.hpp"
 #include "gfd/options.hpp"
 #include "gfd/types.hpp"

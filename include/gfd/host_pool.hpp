@@ -54,7 +54,7 @@ class HostPool {
   /// Start of the pool (2 MiB-aligned).
   std::byte* data() const;
   /// Usable bytes: the requested size rounded up to 2 MiB.
-  std::size_t size() const;
+  std::size_t bytes() const;
   /// Which pages back the pool.
   HugepageKind hugepages() const;
   /// NUMA node the memory is bound to, or -1 when it is not bound.

@@ -16,6 +16,12 @@ struct BlockCopy {
   std::size_t bytes = 0;
 };
 
+/// Which way a transfer moves data.
+enum class Direction : std::uint8_t {
+  kToDevice,  ///< host memory to the engine's GPU
+  kToHost,    ///< the engine's GPU to host memory
+};
+
 /// How a transfer is carried out. Every backend goes through the same validation, returns the
 /// same Transfer handle and keeps the same stream semantics; only the mechanism differs.
 enum class Backend {

@@ -97,9 +97,9 @@ Buffer pool_view(const std::shared_ptr<HostPool>& pool, py::handle shape, const 
   if (offset % b.itemsize() != 0)
     bad_argument("offset: " + std::to_string(offset) + " is not a multiple of the element size " +
                  std::to_string(b.itemsize()));
-  if (offset > pool->size() || b.nbytes() > pool->size() - offset)
+  if (offset > pool->bytes() || b.nbytes() > pool->bytes() - offset)
     bad_argument("shape: " + std::to_string(b.nbytes()) + " bytes at offset " + std::to_string(offset) +
-                 " do not fit in the pool's " + std::to_string(pool->size()) + " bytes");
+                 " do not fit in the pool's " + std::to_string(pool->bytes()) + " bytes");
   b.data = pool->data() + offset;
   return b;
 }
@@ -120,7 +120,7 @@ void register_buffers(py::module_& m) {
            }),
            py::arg("bytes"), py::arg("device"), py::arg("numa_node"), py::arg("register"))
       .def_property_readonly("address", [](const HostPool& p) { return reinterpret_cast<std::uintptr_t>(p.data()); })
-      .def_property_readonly("nbytes", &HostPool::size)
+      .def_property_readonly("nbytes", &HostPool::bytes)
       .def_property_readonly("hugepages", [](const HostPool& p) { return std::string(to_string(p.hugepages())); })
       .def_property_readonly("numa_node", &HostPool::numa_node)
       .def_property_readonly("registered", &HostPool::registered)

@@ -171,7 +171,7 @@ std::unique_ptr<PyTransfer> copy_on_set(EngineHolder& h, const PyCacheSet& set, 
     std::vector<std::int64_t> src_copy, dst_copy;
     const BlockIds s = block_ids(a, src_col, src_copy);
     const BlockIds d = block_ids(*dst_arr, dst_col, dst_copy);
-    const KvDirection dir = to_device ? KvDirection::kSwapIn : KvDirection::kSwapOut;
+    const Direction dir = to_device ? Direction::kToDevice : Direction::kToHost;
     py::gil_scoped_release nogil;
     t = detail::EngineCore::of(*h.engine).submit_blocks(set.set, dir, s, d, stream, src_name, dst_name);
   }

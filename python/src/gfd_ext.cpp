@@ -38,8 +38,6 @@
 namespace gfd::python {
 namespace {
 
-enum class Direction { kToDevice, kToHost };
-
 class PyEngine {
  public:
   // device: nullopt = GFD_DEVICE / 0.

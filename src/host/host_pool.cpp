@@ -86,7 +86,7 @@ HostPool& HostPool::operator=(HostPool&&) noexcept = default;
 
 // A moved-from pool reads as empty.
 std::byte* HostPool::data() const { return impl_ ? impl_->memory.data() : nullptr; }
-std::size_t HostPool::size() const { return impl_ ? impl_->memory.size() : 0; }
+std::size_t HostPool::bytes() const { return impl_ ? impl_->memory.size() : 0; }
 HugepageKind HostPool::hugepages() const { return impl_ ? impl_->memory.hugepages() : HugepageKind::kNone; }
 int HostPool::numa_node() const { return impl_ ? impl_->memory.numa_node() : -1; }
 bool HostPool::registered() const { return impl_ && impl_->memory.registered(); }

@@ -18,10 +18,7 @@
 
 namespace gfd::detail {
 
-enum class Direction : std::uint8_t {
-  kToDevice,  // host sources, device destinations
-  kToHost,    // device sources, host destinations
-};
+using Direction = gfd::Direction;
 
 // Blocks already known to be valid: the ids of a registered CacheSet's transfer were checked
 // against caches that were checked once (device memory of this GPU, no overlaps, no duplicate
