@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Print the tables of docs/performance.md from the CSVs that bench/measure.sh writes.
 
-    python3 bench/summarize.py DIR [CASE ...]
+    python3 bench/summarize.py DIR|FILE.tgz [CASE ...]
 
-DIR holds the CSVs of one bench/measure.sh call (its $OUT, default ./bench-out). CASE names the
+DIR holds the CSVs of one bench/measure.sh call; FILE.tgz is the archive it leaves in its $OUT
+(default ./bench-out/measure-<cases>.tgz). CASE names the
 tables to print (paged, load, pool, vllm, latency; default: every case whose CSVs are there).
 Each table is Markdown in the layout of docs/performance.md, so that a new run's figures replace
 the old ones there as they are. Ratios are to the contiguous pinned DMA of the same bytes in the
@@ -16,6 +17,8 @@ import glob
 import os
 import statistics
 import sys
+import tarfile
+import tempfile
 
 CASES = ("paged", "load", "pool", "vllm", "latency")
 
@@ -279,6 +282,11 @@ def main(argv):
         print(__doc__.strip())
         return 0 if len(argv) >= 2 else 2
     d = argv[1]
+    if os.path.isfile(d):  # a measure-<cases>.tgz
+        tmp = tempfile.mkdtemp(prefix="gfd-summarize.")
+        with tarfile.open(d) as tar:
+            tar.extractall(tmp, members=[m for m in tar.getmembers() if m.name.endswith(".csv")])
+        d = tmp
     wanted = argv[2:] or list(CASES)
     bad = [c for c in wanted if c not in CASES]
     if bad:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gfd's quick start: set up, build, then benchmark or test. Works from any directory.
 #   tools/quickstart.sh bench [gfd_benchmark args...]   set up, build, run build/bench/gfd_benchmark
-#   tools/quickstart.sh test                            set up, build, run the whole test suite
+#   tools/quickstart.sh test                            set up, build, run every test suite
+#   tools/quickstart.sh skips [BUILD_DIR] [--all]       list the tests the last ctest run skipped
 # Environment: CUDA_ARCHS, when set, is passed as -DCMAKE_CUDA_ARCHITECTURES (e.g. CUDA_ARCHS=90);
 # otherwise the project's default applies.
 set -euo pipefail
@@ -10,15 +11,21 @@ usage() {
   cat <<'EOF'
 usage: tools/quickstart.sh bench [gfd_benchmark args...]
        tools/quickstart.sh test
+       tools/quickstart.sh skips [BUILD_DIR] [--all]
 
   bench  checks/installs the build requirements (tools/setup.sh), configures and builds a
          Release build in build/, then runs build/bench/gfd_benchmark with the given
          arguments (none: its defaults; --help lists them)
-  test   the same setup and build, then runs every test with ctest, lists the skipped tests
-         with their reasons (tools/ctest_skips.sh), then builds the Python package and runs
-         its pytest suite (tools/python_test.sh), then runs gfd.vllm's tests against the real
-         vLLM package in a virtual environment of their own, build/vllm-venv, installing vLLM
-         there when it is missing (tools/vllm_test.sh)
+  test   the same setup and build, then:
+           1. every C++ test with ctest (full log: build/ctest.log), the skipped ones listed
+              once, grouped by the reason each gave
+           2. the Python package, built for the project's virtual environment build/venv, and
+              its pytest suite (tools/python_test.sh)
+           3. gfd.vllm's tests against the real vLLM package, installed into the same
+              environment when missing (tools/vllm_test.sh; the first time about 9 GB and
+              several minutes, with pip's progress shown)
+  skips  lists the tests that the last ctest run in BUILD_DIR (default: build) skipped, grouped
+         by reason (6 names per reason; --all names every one)
 
   CUDA_ARCHS=90 tools/quickstart.sh ...   builds for those CUDA architectures only
 EOF
@@ -27,18 +34,92 @@ EOF
 step() { echo; echo "==> $*"; }
 run() { echo "+ $*"; "$@"; }
 
+# list_skips BUILD_DIR SHOW: the skipped tests of the last ctest run in BUILD_DIR, grouped by the
+# reason each gave (GoogleTest's GTEST_SKIP() message, or a script test's "SKIPPED: ..." line),
+# read from CTest's own log, which keeps each test's output.
+list_skips() {
+  local dir=$1 show=$2 log=$1/Testing/Temporary/LastTest.log
+  [ -f "$log" ] || { echo "quickstart: no $log (run ctest first)" >&2; return 2; }
+  awk -v show="$show" -v dir="$dir" '
+    /^[0-9]+\/[0-9]+ Test: / {
+      name = $0
+      sub(/^[0-9]+\/[0-9]+ Test: /, "", name)
+      sub(/  # GetParam\(\).*$/, "", name)
+      reason = ""; grab = 0; next
+    }
+    /: Skipped$/ { grab = 1; reason = ""; next }
+    grab && /^\[  SKIPPED \]/ { grab = 0; next }
+    grab { reason = reason (reason == "" ? "" : " ") $0; next }
+    /^SKIPPED: / { reason = substr($0, 10); next }
+    /^Skip regular expression found in output/ {
+      if (reason == "") reason = "(no reason given)"
+      if (count[reason] < show) names[reason] = names[reason] "\n    " name
+      count[reason]++
+      total++
+    }
+    END {
+      if (total == 0) { print "no test was skipped"; exit }
+      printf "%d test(s) skipped:\n", total
+      more = 0
+      for (r in count) {
+        printf "  %d skipped: %s%s\n", count[r], r, names[r]
+        if (count[r] > show) { printf "    ... and %d more\n", count[r] - show; more = 1 }
+      }
+      if (more) printf "  (tools/quickstart.sh skips %s --all names them all)\n", dir
+    }
+  ' "$log"
+}
+
+# run_ctest BUILD_DIR [ctest args...]: runs ctest with its output in BUILD_DIR/ctest.log, showing
+# progress every 50 tests, then CTest's summary, the failed tests' output and the skipped tests
+# (each once, with its reason).
+run_ctest() {
+  local dir=$1 rc=0
+  shift
+  local log=$dir/ctest.log
+  echo "+ ctest --test-dir $dir --output-on-failure $* > $log"
+  set +e
+  ctest --test-dir "$dir" --output-on-failure "$@" 2>&1 | tee "$log" |
+    awk 'match($0, /^ *[0-9]+\/[0-9]+ Test +#/) {
+           split(substr($0, RSTART, RLENGTH), a, "/"); n++
+           if (n % 50 == 0) { sub(/ .*/, "", a[2]); printf "ctest: %d of %s tests run\n", n, a[2]; fflush() }
+         }'
+  rc=${PIPESTATUS[0]}
+  set -e
+  grep -E "tests passed|tests failed|Total Test time" "$log" || true
+  if [ "$rc" -ne 0 ]; then
+    echo "ctest: failed (exit status $rc); the failed tests' output (full log: $log):"
+    awk '/The following tests FAILED:/ {f = 1} f' "$log"
+    grep -E -B2 -A25 "^\[  FAILED  \]|\*\*\*Failed|\*\*\*Timeout|\*\*\*Exception" "$log" | head -200
+  fi
+  echo
+  list_skips "$dir" 6 || true
+  return "$rc"
+}
+
 [ $# -ge 1 ] || { usage >&2; exit 2; }
 cmd=$1
 shift
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 case "$cmd" in
   bench) ;;
   test)
     [ $# -eq 0 ] || { echo "quickstart: 'test' takes no arguments" >&2; usage >&2; exit 2; } ;;
+  skips)
+    dir=$ROOT/build show=6
+    for a in "$@"; do
+      case "$a" in --all) show=1000000 ;; *) dir=$a ;; esac
+    done
+    list_skips "$dir" "$show"
+    exit $? ;;
+  ctest)  # tools/quickstart.sh ctest BUILD_DIR [ctest args...]: the compact ctest run of 'test'
+    [ $# -ge 1 ] || { usage >&2; exit 2; }
+    run_ctest "$@"
+    exit $? ;;
   -h|--help|help) usage; exit 0 ;;
   *) echo "quickstart: unknown command '$cmd'" >&2; usage >&2; exit 2 ;;
 esac
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 echo "quickstart: in $ROOT"
 
@@ -69,20 +150,15 @@ case "$cmd" in
     run build/bench/gfd_benchmark "$@"
     ;;
   test)
-    step "running the test suite"
+    step "running the C++ tests (ctest)"
     rc=0
-    run ctest --test-dir build --output-on-failure --timeout 600 || rc=$?
-    # CTest shows a skipped test only as "Skipped": list them with the reasons they gave.
-    echo
-    "$ROOT/tools/ctest_skips.sh" build || true
-    # The Python package, built from the same build/ (-DGFD_BUILD_PYTHON=ON), and its suite.
+    run_ctest build --timeout 600 || rc=$?
     step "building the Python package and running its tests (tools/python_test.sh)"
     prc=0
-    BUILD_DIR=build run "$ROOT/tools/python_test.sh" -q || prc=$?
-    # gfd.vllm against the real vLLM package (CPU only), from the same package.
+    BUILD_DIR=build run "$ROOT/tools/python_test.sh" || prc=$?
     step "running gfd.vllm's tests against vLLM (tools/vllm_test.sh)"
     vrc=0
-    BUILD_DIR=build run "$ROOT/tools/vllm_test.sh" -q || vrc=$?
+    BUILD_DIR=build run "$ROOT/tools/vllm_test.sh" || vrc=$?
     echo
     if [ "$rc" -eq 0 ] && [ "$prc" -eq 0 ] && [ "$vrc" -eq 0 ]; then
       echo "quickstart: all tests passed"

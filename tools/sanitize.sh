@@ -15,13 +15,14 @@ DIR=build-san-${SAN//,/-}
 JOBS=$(nproc)
 cmake -S . -B "$DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGFD_SANITIZE="$SAN" \
   -DGFD_BUILD_BENCH=OFF -DGFD_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build "$DIR" -j"$JOBS"
+echo "sanitize: building $DIR"
+cmake --build "$DIR" -j"$JOBS" > "$DIR/build.log" 2>&1 || { tail -50 "$DIR/build.log"; exit 1; }
 SUPP=$PWD/tools/sanitizers
 # protect_shadow_gap=0: the CUDA driver reserves address space where ASan puts its shadow gap.
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:protect_shadow_gap=0"
 export LSAN_OPTIONS="suppressions=$SUPP/lsan.supp"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$SUPP/tsan.supp"
-ctest --test-dir "$DIR" --output-on-failure -j"$JOBS" --timeout 600
-tools/ctest_skips.sh "$DIR" || true
+# Compact output: progress, CTest's summary, failed tests' output, skipped tests with reasons.
+tools/quickstart.sh ctest "$DIR" -j"$JOBS" --timeout 600
 echo "sanitize: $SAN: all tests passed"

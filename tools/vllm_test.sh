@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # Runs gfd.vllm's tests (tests/vllm) against the real vLLM package, on the CPU (gfd's emulated
-# device behind the worker), in a virtual environment of their own that has vLLM. Works from any
-# directory, on a CI machine without a GPU.
+# device behind the worker), in the project's virtual environment build/venv (the one
+# tools/python_test.sh uses), installing vLLM there when it is missing. Works from any directory,
+# on a machine without a GPU.
 #   tools/vllm_test.sh [pytest args...]
 # Environment:
-#   VLLM_VENV     the virtual environment (default: $ROOT/build/vllm-venv); created when missing,
+#   GFD_VENV      the virtual environment (default: $ROOT/build/venv); created when missing,
 #                 never with the system's site-packages
-#   VLLM_VERSION  the vLLM release installed there with pip when `import vllm` fails there or
-#                 finds another release (default: 0.33.0); pytest is installed when missing
+#   GFD_PYTHON    "venv" (default) or "system": use PYTHON itself, which must have vLLM
+#   VLLM_VERSION  the vLLM release installed with pip when `import vllm` fails there or finds
+#                 another release (default: 0.33.0)
 #   BUILD_DIR     the build holding gfd's Python package, <BUILD_DIR>/python/gfd (default: build;
 #                 BUILD_DIR=build tools/python_test.sh builds it)
 #   PYTHON        interpreter to create the environment with (default: python3); it must be the
 #                 Python version the package was built for
-# A first install downloads vLLM and its dependencies (torch with CUDA libraries): about 6 minutes
-# and 9.4 GB on the CI-like machine; a reused environment only runs the tests. The tests run
-# with GFD_REQUIRE_VLLM=1: a vLLM that does not import fails the suite instead of skipping it.
+# The first install downloads vLLM and its dependencies (torch with its CUDA libraries): about
+# 9 GB and 6 minutes on a 2-core machine with a fast link; pip's progress is shown and kept in
+# <venv>/pip-install.log. A reused environment only runs the tests. The tests run with
+# GFD_REQUIRE_VLLM=1: a vLLM that does not import fails the suite instead of skipping it.
 # Exit status: pytest's, except that "no tests ran" (pytest's 5) is a failure.
 set -euo pipefail
 
@@ -23,11 +26,11 @@ die() { echo "vllm_test: ERROR: $*" >&2; exit 1; }
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-PY=${PYTHON:-python3}
-VENV=${VLLM_VENV:-$ROOT/build/vllm-venv}
+BASE_PY=${PYTHON:-python3}
+VENV=${GFD_VENV:-$ROOT/build/venv}
 VERSION=${VLLM_VERSION:-0.33.0}
 BUILD_DIR=${BUILD_DIR:-build}
-export PYTHONDONTWRITEBYTECODE=1
+export PYTHONDONTWRITEBYTECODE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # The package under test, as built (tools/python_test.sh builds it); its pure-Python files are
 # copied again from python/gfd when it is a CMake build (target gfd_python_files: no compiling).
@@ -40,53 +43,61 @@ ext=$(ls "$pkg"/gfd/_gfd*.so 2> /dev/null | head -1 || true)
 [ -n "$pkg" ] && [ -f "$pkg/gfd/__init__.py" ] && [ -n "$ext" ] ||
   die "no built gfd package in $BUILD_DIR/python: build it first (BUILD_DIR=$BUILD_DIR tools/python_test.sh)"
 
-# The environment: created without the system's site-packages, so that only what is installed
-# in it (vLLM's pinned dependencies) is seen.
-if [ ! -x "$VENV/bin/python" ]; then
-  command -v "$PY" > /dev/null || die "no '$PY' on PATH (set PYTHON=/path/to/python3)"
-  say "creating a virtual environment in $VENV with $PY"
-  mkdir -p "$(dirname "$VENV")"
-  "$PY" -m venv "$VENV" ||
-    die "cannot create a virtual environment with $PY -m venv (Debian: apt-get install python3-venv)"
+if [ "${GFD_PYTHON:-venv}" = system ]; then
+  VPY=$(command -v "$BASE_PY") || die "no '$BASE_PY' on PATH"
+  say "GFD_PYTHON=system: using $VPY itself"
+else
+  if [ ! -x "$VENV/bin/python" ]; then
+    command -v "$BASE_PY" > /dev/null || die "no '$BASE_PY' on PATH (set PYTHON=/path/to/python3)"
+    say "creating the project's virtual environment $VENV with $BASE_PY"
+    mkdir -p "$(dirname "$VENV")"
+    "$BASE_PY" -m venv "$VENV" ||
+      die "cannot create a virtual environment with $BASE_PY -m venv (Debian: apt-get install python3-venv)"
+  fi
+  if grep -qiE '^include-system-site-packages *= *true' "$VENV/pyvenv.cfg" 2> /dev/null; then
+    die "$VENV includes the system's site-packages; remove it and run again"
+  fi
+  VPY="$VENV/bin/python"
 fi
-if grep -qiE '^include-system-site-packages *= *true' "$VENV/pyvenv.cfg" 2> /dev/null; then
-  die "$VENV includes the system's site-packages; use an environment without them (or remove it)"
-fi
-VPY="$VENV/bin/python"
 say "Python: $("$VPY" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
 suffix=$("$VPY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 case "$ext" in
   *"$suffix") ;;
-  *) die "the package was built for another Python ($(basename "$ext")); this environment needs *$suffix" \
-         "(create it with the interpreter the package was built for: PYTHON=...)" ;;
+  *) die "the package was built for another Python ($(basename "$ext")); this one needs *$suffix" \
+         "(build the package with this interpreter: tools/python_test.sh)" ;;
 esac
-
-# pip_install WHAT...: installs with pip into the environment, its log kept beside it.
-pip_install() {
-  local log="$VENV/pip-install.log"
-  say "installing $* with pip (log: $log)"
-  "$VPY" -m pip --version > /dev/null 2>&1 || die "no pip in $VENV"
-  if ! "$VPY" -m pip install --progress-bar off "$@" >> "$log" 2>&1; then
-    tail -30 "$log" >&2
-    die "pip install $* failed (no access to PyPI, or no such release); log: $log"
-  fi
-}
 
 have=$("$VPY" -c 'import vllm; print(vllm.__version__)' 2> /dev/null | tail -1 || true)
 if [ "$have" != "$VERSION" ]; then
-  if [ -n "$have" ]; then say "vllm $have is installed, $VERSION wanted"; else say "vllm does not import in $VENV"; fi
-  pip_install "vllm==$VERSION"
+  [ "${GFD_PYTHON:-venv}" != system ] ||
+    die "vllm ${have:-is not installed} for $VPY, $VERSION wanted: install it there, or use the venv"
+  if [ -n "$have" ]; then say "vllm $have is installed in $VENV, $VERSION wanted"; fi
+  log="$VENV/pip-install.log"
+  say "installing vllm==$VERSION and its dependencies into $VENV with pip:"
+  say "  about 150 packages, torch with its CUDA libraries the largest: about 9 GB of downloads"
+  say "  and 6 minutes on a 2-core machine with a fast link (once; later runs reuse them)."
+  say "  pip's progress follows (also kept in $log)"
+  "$VPY" -m pip --version > /dev/null 2>&1 || die "no pip in $VENV"
+  set +e
+  "$VPY" -m pip install --progress-bar on "vllm==$VERSION" pytest 2>&1 | tee "$log" |
+    grep --line-buffered -v "^Requirement already satisfied"
+  prc=${PIPESTATUS[0]}
+  set -e
+  if [ "$prc" -ne 0 ]; then
+    tail -30 "$log" >&2
+    die "pip install vllm==$VERSION failed (no access to PyPI, or no such release); log: $log"
+  fi
   have=$("$VPY" -c 'import vllm; print(vllm.__version__)' 2>&1 | tail -1) ||
     die "vllm still does not import after the install: $have"
   [ "$have" = "$VERSION" ] || die "vllm $have imports after installing $VERSION"
 fi
-"$VPY" -c 'import pytest' > /dev/null 2>&1 || pip_install pytest
+"$VPY" -c 'import pytest' > /dev/null 2>&1 || "$VPY" -m pip install pytest || die "no pytest for $VPY"
 say "vllm $have, package: $pkg/gfd"
 
 say "running pytest on tests/vllm"
 rc=0
 GFD_REQUIRE_VLLM=1 PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" \
-  "$VPY" -m pytest -p no:cacheprovider -ra "$ROOT/tests/vllm" "$@" || rc=$?
+  "$VPY" -m pytest -p no:cacheprovider -q -ra "$ROOT/tests/vllm" "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "vllm_test: ERROR: pytest collected no tests" >&2
   exit 1

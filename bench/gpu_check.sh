@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Builds gfd on a GPU machine and runs every test against the GPU: the C++ suites (ctest) and the
+# Python suite (pytest). Needs nvcc, CMake, a C++ compiler, libnuma, Boost headers, GoogleTest,
+# and a python3 with torch, pytest, numpy and pybind11; no network, no vLLM.
+#   bench/gpu_check.sh            run at the repository root (or from anywhere)
+# Environment:
+#   CUDA_ARCHS   CUDA architectures to build for (default 90: H100, H200)
+#   BUILD_DIR    the build directory (default build-gpu; bench/measure.sh uses the same)
+#   OUT          where the logs go (default ./bench-out): gpu_check.txt (the summary),
+#                gpu_check_build.log, gpu_check_ctest.log, gpu_check_pytest.log
+#   CTEST_JOBS   tests run at once (default 6)
+# Takes about 4 minutes on a 16-core H200 machine (build about 1, ctest about 1, pytest about 2).
+# Prints one line per step and a summary last; exit status 0 only when everything passed.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+OUT=${OUT:-$ROOT/bench-out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+SUM=$OUT/gpu_check.txt
+: > "$SUM"
+say() { echo "$*" | tee -a "$SUM"; }
+PY=$(command -v python3) || { echo "gpu_check: no python3 on PATH" >&2; exit 1; }
+[ -d /usr/local/cuda/bin ] && case ":$PATH:" in *:/usr/local/cuda/bin:*) ;; *) PATH="$PATH:/usr/local/cuda/bin" ;; esac
+
+{ nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
+  echo "$(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p')"
+  echo "gfd $(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) at commit $(git rev-parse --short HEAD 2> /dev/null || echo "${GFD_COMMIT:-unknown}")"
+} 2>&1 | tee -a "$SUM"
+
+rc_all=0
+SECONDS=0
+pybind11_dir=$("$PY" -m pybind11 --cmakedir 2> /dev/null || true)
+cfg=(cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90}"
+     -DGFD_BUILD_PYTHON=ON -DGFD_CUDART_STATIC=OFF "-DPython_EXECUTABLE=$PY")
+[ -n "$pybind11_dir" ] && cfg+=("-Dpybind11_DIR=$pybind11_dir")
+{ "${cfg[@]}" && cmake --build "$BUILD_DIR" -j"$(nproc)"; } > "$OUT/gpu_check_build.log" 2>&1
+rc=$?
+say "build: rc=$rc (${SECONDS}s) in $BUILD_DIR, CUDA architectures ${CUDA_ARCHS:-90}"
+if [ $rc -ne 0 ]; then
+  grep -E "error|Error" "$OUT/gpu_check_build.log" | head -20 | tee -a "$SUM"
+  exit 1
+fi
+
+SECONDS=0
+tools/quickstart.sh ctest "$BUILD_DIR" -j"${CTEST_JOBS:-6}" --timeout 300 > "$OUT/gpu_check_ctest.log" 2>&1
+rc=$?
+cp "$BUILD_DIR/ctest.log" "$OUT/gpu_check_ctest_full.log" 2> /dev/null
+say "ctest: rc=$rc (${SECONDS}s) $(grep -E 'tests passed|tests failed' "$OUT/gpu_check_ctest.log" | tail -1)"
+[ $rc -eq 0 ] || { rc_all=1; awk '/The following tests FAILED:/ {f = 1} f' "$OUT/gpu_check_ctest.log" | head -30 | tee -a "$SUM"; }
+sed -n '/test(s) skipped:/,$p' "$OUT/gpu_check_ctest.log" | tee -a "$SUM"
+
+SECONDS=0
+GFD_PYTHON=system PYTHON="$PY" BUILD_DIR="$BUILD_DIR" tools/python_test.sh > "$OUT/gpu_check_pytest.log" 2>&1
+rc=$?
+say "pytest: rc=$rc (${SECONDS}s) $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_check_pytest.log" | tail -1)"
+[ $rc -eq 0 ] || { rc_all=1; grep -E "^(FAILED|ERROR)" "$OUT/gpu_check_pytest.log" | head -30 | tee -a "$SUM"; }
+grep -E "^SKIPPED" "$OUT/gpu_check_pytest.log" | tee -a "$SUM"
+
+echo
+if [ $rc_all -eq 0 ]; then say "gpu_check: everything passed (logs in $OUT)"; else say "gpu_check: FAILED (logs in $OUT)"; fi
+exit $rc_all
