@@ -3,15 +3,26 @@
 # Python suite (pytest). Needs nvcc, CMake, a C++ compiler, libnuma, Boost headers, GoogleTest,
 # and a python3 with torch, pytest, numpy and pybind11; no network, no vLLM.
 #   bench/gpu_check.sh            run at the repository root (or from anywhere)
+#   bench/gpu_check.sh --long     also the long stress run (100000 requests from 8 threads, both
+#                                 ways, through each ring) and compute-sanitizer memcheck and
+#                                 racecheck on the CUDA cases of the cache-set and engine suites
+#                                 (about 5 minutes more)
 # Environment:
 #   CUDA_ARCHS   CUDA architectures to build for (default 90: H100, H200)
 #   BUILD_DIR    the build directory (default build-gpu; bench/measure.sh uses the same)
 #   OUT          where the logs go (default ./bench-out): gpu_check.txt (the summary),
-#                gpu_check_build.log, gpu_check_ctest.log, gpu_check_pytest.log
+#                gpu_check_build.log, gpu_check_ctest.log (its full log: gpu_check_ctest_full.log),
+#                gpu_check_pytest.log, with --long gpu_check_long.log
 #   CTEST_JOBS   tests run at once (default 6)
 # Takes about 4 minutes on a 16-core H200 machine (build about 1, ctest about 1, pytest about 2).
 # Prints one line per step and a summary last; exit status 0 only when everything passed.
 set -uo pipefail
+LONG=0
+case "${1:-}" in
+  "") ;;
+  --long) LONG=1 ;;
+  *) echo "usage: bench/gpu_check.sh [--long]" >&2; exit 2 ;;
+esac
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 BUILD_DIR=${BUILD_DIR:-build-gpu}
@@ -24,7 +35,7 @@ say() { echo "$*" | tee -a "$SUM"; }
 PY=$(command -v python3) || { echo "gpu_check: no python3 on PATH" >&2; exit 1; }
 [ -d /usr/local/cuda/bin ] && case ":$PATH:" in *:/usr/local/cuda/bin:*) ;; *) PATH="$PATH:/usr/local/cuda/bin" ;; esac
 
-{ nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
+{ nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2> /dev/null || echo "no GPU found (nvidia-smi)"
   echo "$(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p')"
   echo "gfd $(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) at commit $(git rev-parse --short HEAD 2> /dev/null || echo "${GFD_COMMIT:-unknown}")"
 } 2>&1 | tee -a "$SUM"
@@ -57,6 +68,29 @@ rc=$?
 say "pytest: rc=$rc (${SECONDS}s) $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_check_pytest.log" | tail -1)"
 [ $rc -eq 0 ] || { rc_all=1; grep -E "^(FAILED|ERROR)" "$OUT/gpu_check_pytest.log" | head -30 | tee -a "$SUM"; }
 grep -E "^SKIPPED" "$OUT/gpu_check_pytest.log" | tee -a "$SUM"
+
+if [ $LONG = 1 ]; then
+  T=$BUILD_DIR/tests
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  cache_set=$T/gfd_cache_set_test
+  [ -x "$cache_set" ] || cache_set=$T/gfd_kv_cache_test
+  SECONDS=0
+  GFD_STRESS_REQUESTS=100000 timeout 400 "$T/gfd_stress_test" --gtest_filter='*Cuda*' > "$OUT/gpu_check_long.log" 2>&1
+  rc=$?
+  say "long stress: rc=$rc (${SECONDS}s)"
+  [ $rc -eq 0 ] || rc_all=1
+  grep -E "^stress" "$OUT/gpu_check_long.log" | tee -a "$SUM"
+  for tool in memcheck racecheck; do
+    for t in "$cache_set --gtest_filter=*Cuda*" "$T/gfd_engine_test --gtest_filter=*Scattered*/Cuda_gather:*LargerThan*/Cuda_gather"; do
+      SECONDS=0
+      # shellcheck disable=SC2086
+      timeout 300 "$CS" --tool $tool --error-exitcode 3 $t >> "$OUT/gpu_check_long.log" 2>&1
+      rc=$?
+      [ $rc -eq 0 ] || rc_all=1
+      say "compute-sanitizer $tool $(basename "${t%% *}"): rc=$rc (${SECONDS}s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/gpu_check_long.log" | tail -1)"
+    done
+  done
+fi
 
 echo
 if [ $rc_all -eq 0 ]; then say "gpu_check: everything passed (logs in $OUT)"; else say "gpu_check: FAILED (logs in $OUT)"; fi

@@ -43,7 +43,7 @@ PY=$(command -v python3) || { echo "measure: no python3 on PATH" >&2; exit 1; }
 [ -d /usr/local/cuda/bin ] && case ":$PATH:" in *:/usr/local/cuda/bin:*) ;; *) PATH="$PATH:/usr/local/cuda/bin" ;; esac
 
 pack() { tar czf "$OUT/$NAME.tgz" -C "$W" . 2> /dev/null; }
-{ nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
+{ nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2> /dev/null || echo "no GPU found (nvidia-smi)"
   echo "$(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), L3 $(lscpu | sed -n 's/^L3 cache: *//p')"
   echo "gfd $(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) at commit $(git rev-parse --short HEAD 2> /dev/null || echo "${GFD_COMMIT:-unknown}")"
   echo "cases: $CASES; $(date -u '+%Y-%m-%d %H:%M UTC')"

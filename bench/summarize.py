@@ -292,6 +292,10 @@ def main(argv):
     if bad:
         print(f"summarize.py: unknown case(s) {', '.join(bad)}; cases: {', '.join(CASES)}", file=sys.stderr)
         return 2
+    host_only = any(r.get("mode") == "host-only" for p in glob.glob(os.path.join(d, "*.csv")) for r in read(p))
+    if host_only:
+        print("host-only: no GPU was used (the emulated device stood in for it); these figures say nothing "
+              "about PCIe or the GPU\n")
     printed = 0
     for case in wanted:
         for t in globals()[case](d):
