@@ -15,7 +15,7 @@
 #   PYTHON        interpreter to create the environment with (default: python3); it must be the
 #                 Python version the package was built for
 # The first install downloads vLLM and its dependencies (torch with its CUDA libraries): about
-# 9 GB and 6 minutes on a 2-core machine with a fast link; pip's progress is shown and kept in
+# 9 GB and 3-6 minutes on a 2-core machine with a fast link; pip's progress is shown and kept in
 # <venv>/pip-install.log. A reused environment only runs the tests. The tests run with
 # GFD_REQUIRE_VLLM=1: a vLLM that does not import fails the suite instead of skipping it.
 # Exit status: pytest's, except that "no tests ran" (pytest's 5) is a failure.
@@ -75,7 +75,7 @@ if [ "$have" != "$VERSION" ]; then
   log="$VENV/pip-install.log"
   say "installing vllm==$VERSION and its dependencies into $VENV with pip:"
   say "  about 150 packages, torch with its CUDA libraries the largest: about 9 GB of downloads"
-  say "  and 6 minutes on a 2-core machine with a fast link (once; later runs reuse them)."
+  say "  and 3-6 minutes on a 2-core machine with a fast link (once; later runs reuse them)."
   say "  pip's progress follows (also kept in $log)"
   "$VPY" -m pip --version > /dev/null 2>&1 || die "no pip in $VENV"
   set +e
