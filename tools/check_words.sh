@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fails, listing file:line, where the tree speaks of how the software was made instead of what it
 # is: the development rounds and machine loans it went through, numbered tracker items, "the
-# last library/code" claims, and the measurement journal that is no longer in the tree. Code,
+# last library/code" claims, and paths of measurement notes that the tree does not hold. Code,
 # comments, tests, scripts, help texts and docs say what the software is; a measurement is cited
 # by what was measured, and history lives in git. CI runs this first (.ci/run).
 #   tools/check_words.sh            check every file git knows of, untracked ones included
@@ -21,7 +21,7 @@ patterns=(
   "($ordinals)[- ]ses""sion"          # a numbered round
   "\\biss""ue [0-9]+"                 # a numbered tracker item
   "fin""al (library|code)"            # a claim about the last version
-  "bench/hist""ory|bench/res""ults|RES""ULTS\\.md"  # the journal, out of the tree
+  "bench/hist""ory|bench/res""ults|RES""ULTS\\.md"  # notes the tree does not hold
 )
 pattern=$(IFS='|'; echo "${patterns[*]}")
 
