@@ -3,8 +3,8 @@
 
     python3 bench/summarize.py DIR|FILE.tgz [CASE ...]
 
-DIR holds the CSVs of one bench/measure.sh call; FILE.tgz is the archive it leaves in its $OUT
-(default ./bench-out/measure-<cases>.tgz). CASE names the
+DIR holds the CSVs of one bench/measure.sh call, or is its $OUT (default ./bench-out), whose
+measure-<cases>.tgz archives are read together; FILE.tgz is one such archive. CASE names the
 tables to print (paged, load, pool, vllm, latency; default: every case whose CSVs are there).
 Each table is Markdown in the layout of docs/performance.md, so that a new run's figures replace
 the old ones there as they are. Ratios are to the contiguous pinned DMA of the same bytes in the
@@ -282,11 +282,14 @@ def main(argv):
         print(__doc__.strip())
         return 0 if len(argv) >= 2 else 2
     d = argv[1]
-    if os.path.isfile(d):  # a measure-<cases>.tgz
-        tmp = tempfile.mkdtemp(prefix="gfd-summarize.")
-        with tarfile.open(d) as tar:
-            tar.extractall(tmp, members=[m for m in tar.getmembers() if m.name.endswith(".csv")])
-        d = tmp
+    archives = [d] if os.path.isfile(d) else []
+    if os.path.isdir(d) and not glob.glob(os.path.join(d, "*.csv")):  # an $OUT of measure.sh
+        archives = sorted(glob.glob(os.path.join(d, "measure-*.tgz")))
+    if archives:  # measure-<cases>.tgz: their CSVs, one folder
+        d = tempfile.mkdtemp(prefix="gfd-summarize.")
+        for a in archives:
+            with tarfile.open(a) as tar:
+                tar.extractall(d, members=[m for m in tar.getmembers() if m.name.endswith(".csv")])
     wanted = argv[2:] or list(CASES)
     bad = [c for c in wanted if c not in CASES]
     if bad:
