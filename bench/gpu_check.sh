@@ -66,7 +66,14 @@ SECONDS=0
 GFD_PYTHON=system PYTHON="$PY" BUILD_DIR="$BUILD_DIR" tools/python_test.sh > "$OUT/gpu_check_pytest.log" 2>&1
 rc=$?
 say "pytest: rc=$rc (${SECONDS}s) $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_check_pytest.log" | tail -1)"
-[ $rc -eq 0 ] || { rc_all=1; grep -E "^(FAILED|ERROR)" "$OUT/gpu_check_pytest.log" | head -30 | tee -a "$SUM"; }
+if [ $rc -ne 0 ]; then
+  rc_all=1
+  if grep -qE "^(FAILED|ERROR)" "$OUT/gpu_check_pytest.log"; then
+    grep -E "^(FAILED|ERROR)" "$OUT/gpu_check_pytest.log" | head -30 | tee -a "$SUM"
+  else
+    tail -15 "$OUT/gpu_check_pytest.log" | tee -a "$SUM"
+  fi
+fi
 grep -E "^SKIPPED" "$OUT/gpu_check_pytest.log" | tee -a "$SUM"
 
 if [ $LONG = 1 ]; then
