@@ -277,6 +277,27 @@ def latency(d):
     return [table(["backend", "16 x 4 KB", "64 x 4 KB", "256 x 4 KB"], body)]
 
 
+def host_speed(d, slow_us=7.5, max_bytes=256 << 20):
+    """How fast this machine's host makes driver calls: the median time the one contiguous
+    cudaMemcpyAsync (idle rows of at most 256 MiB, measured on a GPU) took to submit. It is 2-6 us
+    on a usual H200 host; on hosts near 10 us gfd's staged rates read a third lower, so such a
+    run's figures should not replace others'."""
+    subs = []
+    for p in glob.glob(os.path.join(d, "*.csv")):
+        for r in read(p):
+            if r.get("method") != "dma_contiguous" or r.get("load") != "none" or r.get("mode", "gpu") != "gpu":
+                continue
+            if int(num(r.get("transfer_bytes")) or 0) > max_bytes or num(r.get("submit_p50_us")) is None:
+                continue
+            subs.append(num(r["submit_p50_us"]))
+    if not subs:
+        return ""
+    m = statistics.median(subs)
+    verdict = (f"SLOW (over {slow_us} us): gfd's staged rates read low on such a host; measure again on another"
+               if m > slow_us else "as usual (2-6 us)")
+    return f"host: the contiguous DMA's submit took {m:.1f} us (median of {len(subs)} idle rows): {verdict}"
+
+
 def main(argv):
     if len(argv) < 2 or argv[1] in ("-h", "--help"):
         print(__doc__.strip())
@@ -299,6 +320,9 @@ def main(argv):
     if host_only:
         print("host-only: no GPU was used (the emulated device stood in for it); these figures say nothing "
               "about PCIe or the GPU\n")
+    host = host_speed(d)
+    if host:
+        print(host + "\n")
     printed = 0
     for case in wanted:
         for t in globals()[case](d):
