@@ -11,34 +11,39 @@ The calls serving runtimes make::
 
     engine = gfd.Engine(device=0)
     gpu_k = torch.empty(num_blocks, block_size, heads, head_dim, dtype=torch.float16, device="cuda")
-    cpu_k = gfd.empty_pinned((num_cpu_blocks, block_size, heads, head_dim), torch.float16)
-    cpu_k = torch.from_dlpack(cpu_k)                           # a pinned CPU tensor
-    mapping = torch.tensor([[3, 0], [9, 1]], dtype=torch.int64)  # (src block, dst block) rows
-    t = engine.swap_blocks(cpu_k, gpu_k, mapping)             # vLLM's swap_blocks contract
+    cpu_k = torch.from_dlpack(gfd.empty_pinned((num_cpu_blocks, block_size, heads, head_dim), torch.float16))
+    caches = engine.register_caches([cpu_k], [gpu_k])         # once: every layer's pair
+    t = engine.copy_blocks(caches, gfd.Direction.TO_DEVICE, [3, 9], [0, 1])  # host 3 -> GPU 0, 9 -> 1
     # kernels queued on torch's current stream from here on see the blocks; no host wait
     t.wait()                                                  # or t.done() to poll
 
 Tensors come in through DLPack (``__dlpack__``) or the CUDA array interface, so torch is not
-needed to build or import gfd. Every error is a :class:`gfd.Error` with ``.code`` and
-``.block``.
+needed to build or import gfd. Every exception gfd raises is a :class:`gfd.Error` with
+``.code`` and ``.block``; a bad argument is a :class:`gfd.InvalidArgument` (also a ValueError),
+one of the wrong type a :class:`gfd.InvalidType` (also a TypeError), raised before anything is
+written (docs/python.md, "Bad input").
 """
 
 from __future__ import annotations
 
 import atexit
+import enum
 import sys
 import threading
 import weakref
 from typing import Any, Iterable, Optional, Sequence
 
 from . import _gfd
-from ._gfd import Buffer, Error
+from ._gfd import Buffer, Error, InvalidArgument, InvalidType
 
 __all__ = [
     "Engine",
     "CacheSet",
+    "Direction",
     "Transfer",
     "Error",
+    "InvalidArgument",
+    "InvalidType",
     "HostPool",
     "Buffer",
     "empty_pinned",
@@ -70,11 +75,28 @@ def cuda_device_count() -> int:
 
 
 def _error(message: str, code: str = "invalid_argument", block: Optional[int] = None) -> Error:
-    """A gfd.Error raised from Python, with the attributes the compiled ones carry."""
-    e = Error(message)
+    """A gfd.Error raised from Python, with the attributes the compiled ones carry: an
+    InvalidArgument for code 'invalid_argument'."""
+    e = (InvalidArgument if code == "invalid_argument" else Error)(message)
     e.code = code
     e.block = block
     return e
+
+
+def _type_error(message: str) -> Error:
+    """A gfd.InvalidType (an argument of the wrong type) raised from Python."""
+    e = InvalidType(message)
+    e.code = "invalid_argument"
+    e.block = None
+    return e
+
+
+class Direction(str, enum.Enum):
+    """Which way a transfer moves blocks. The strings ``"to_device"`` and ``"to_host"`` are
+    accepted wherever a direction is taken."""
+
+    TO_DEVICE = "to_device"  #: host memory to the engine's GPU
+    TO_HOST = "to_host"      #: the engine's GPU to host memory
 
 
 # --------------------------------------------------------------------------------------------
@@ -100,25 +122,28 @@ def _stream_handle(stream: Any, device: int, emulated: bool) -> Optional[int]:
                 # made (about 7 us of a 4096-block call on an H200 host, tools/py_call_cost.py).
                 raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
                 if raw is not None:
-                    return int(raw(device))
-                return int(cuda.current_stream(device).cuda_stream)
+                    return raw(device)
+                return cuda.current_stream(device).cuda_stream
         return 0
-    if isinstance(stream, bool):
-        raise TypeError("stream: expected a CUDA stream, got bool")
-    if isinstance(stream, int):
-        if stream < 0:
-            raise _error(f"stream: handle {stream} is negative")
-        return stream
-    proto = getattr(stream, "__cuda_stream__", None)
-    if proto is not None:
-        value = proto() if callable(proto) else proto
-        if not isinstance(value, tuple) or len(value) != 2:
-            raise TypeError("stream: __cuda_stream__ must return (version, handle)")
-        return int(value[1])
-    handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream, torch.cuda.ExternalStream
+    if isinstance(stream, bool) or isinstance(stream, float):
+        raise _type_error(f"stream: expected a CUDA stream, got {type(stream).__name__}")
+    if isinstance(stream, int) or type(stream).__module__ == "numpy":
+        return stream  # range-checked by the compiled call, as every integer argument
+    try:
+        proto = getattr(stream, "__cuda_stream__", None)
+        if proto is not None:
+            value = proto() if callable(proto) else proto
+            if not isinstance(value, tuple) or len(value) != 2:
+                raise _type_error("stream: __cuda_stream__ must return (version, handle)")
+            return value[1]
+        handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream, torch.cuda.ExternalStream
+    except Error:
+        raise
+    except Exception as e:  # noqa: BLE001 - a foreign object's failing attribute
+        raise _type_error(f"stream: reading the stream handle of a {type(stream).__name__} failed: {e}") from e
     if handle is not None:
-        return int(handle)
-    raise TypeError(
+        return handle
+    raise _type_error(
         "stream: expected None, an int handle, a torch.cuda.Stream or an object with "
         f"__cuda_stream__, got {type(stream).__name__}"
     )
@@ -216,6 +241,9 @@ def _names(name: str, value: Any) -> tuple:
     """(objects, [(name, count)]) for a tensor or a list of tensors."""
     if isinstance(value, (list, tuple)):
         return list(value), [(name, len(value))]
+    if value is None or isinstance(value, (str, bytes, int, float, dict)):
+        raise _type_error(f"register_caches: {name}: expected a tensor or a list of tensors, got "
+                          f"{type(value).__name__}")
     return [value], [(name, 0)]
 
 
@@ -234,6 +262,8 @@ class Engine:
     """
 
     def __init__(self, device: int = 0, **options: Any) -> None:
+        if device is None:
+            raise _type_error("Engine: device: expected an int, got NoneType")
         self._init(_gfd._Engine(device, options, False))
 
     @classmethod
@@ -335,70 +365,6 @@ class Engine:
         t = self._core.copy_to_host(src_ptrs, dst_ptrs, sizes, s)
         return Transfer(t, (src_ptrs, dst_ptrs, sizes))
 
-    def swap_blocks(self, src: Any, dst: Any, block_mapping: Any, stream: Any = None) -> Transfer:
-        """vLLM's ``swap_blocks(src, dst, block_mapping)``: copies block ``block_mapping[i, 0]``
-        of ``src`` to block ``block_mapping[i, 1]`` of ``dst`` for every row i, in one transfer.
-
-        ``src`` and ``dst`` are caches whose first dimension is the block index (the other
-        dimensions of a block contiguous), of one dtype and block size: one pinned host cache
-        (a CPU tensor, e.g. from :func:`empty_pinned`) and one on this engine's GPU, in either
-        direction. ``block_mapping`` is an [N, 2] integer CPU tensor, numpy array or list of
-        pairs. ``src`` and ``dst`` may also be equally long lists of caches (every layer's K and
-        V, say): then the same mapping applies to each pair, all in ONE transfer.
-
-        Ordered on ``stream`` (default: torch's current stream). The lists are described to the
-        engine once, as a :class:`CacheSet` found again by the tensors' identity, data pointer
-        and size in bytes at the next call with the same lists (torch tensors; other tensors are
-        described at every call), so a call costs the ids' check and the submission, not the
-        tensors. Errors name the argument; a bad block raises :class:`gfd.Error` whose
-        ``.block`` is the mapping row.
-        """
-        _prune_orphans()
-        srcs, src_names = _names("src", src)
-        dsts, dst_names = _names("dst", dst)
-        s = self._stream(stream)
-        t = self._core.swap(srcs, dsts, block_mapping, None, None, s, "swap_blocks", src_names, dst_names)
-        return Transfer(t, (src, dst, block_mapping))
-
-    def transfer_kv_all_layers(
-        self,
-        src_k_layers: Sequence[Any],
-        dst_k_layers: Sequence[Any],
-        src_v_layers: Optional[Sequence[Any]],
-        dst_v_layers: Optional[Sequence[Any]],
-        src_indices: Any,
-        dst_indices: Any,
-        stream: Any = None,
-    ) -> Transfer:
-        """Every layer's K and V blocks for one list of block ids, in ONE transfer (what
-        SGLang's ``transfer_kv_all_layer`` does): block ``src_indices[i]`` of
-        ``src_k_layers[l]`` goes to block ``dst_indices[i]`` of ``dst_k_layers[l]``, and the
-        same for V, for every layer l and every i. Pass None for both V lists when there is no V
-        (MLA). Each tensor as in :meth:`swap_blocks`; the index arrays are 1-D integer CPU
-        tensors, numpy arrays or lists. A bad block raises :class:`gfd.Error` whose ``.block``
-        is its position i in the index arrays.
-        """
-        _prune_orphans()
-        if (src_v_layers is None) != (dst_v_layers is None):
-            raise _error("transfer_kv_all_layers: src_v_layers and dst_v_layers must both be given or both be None")
-        srcs = list(src_k_layers)
-        dsts = list(dst_k_layers)
-        src_names = [("src_k_layers", len(srcs))]
-        dst_names = [("dst_k_layers", len(dsts))]
-        if src_v_layers is not None:
-            sv, dv = list(src_v_layers), list(dst_v_layers)
-            if len(sv) != len(srcs) or len(dv) != len(dsts):
-                raise _error("transfer_kv_all_layers: the K and V layer lists differ in length")
-            srcs += sv
-            dsts += dv
-            src_names.append(("src_v_layers", len(sv)))
-            dst_names.append(("dst_v_layers", len(dv)))
-        s = self._stream(stream)
-        t = self._core.swap(srcs, dsts, None, src_indices, dst_indices, s, "transfer_kv_all_layers",
-                            src_names, dst_names)
-        return Transfer(t, (srcs, dsts, src_indices, dst_indices))
-
-
     def register_caches(self, host: Any, device: Any) -> "CacheSet":
         """Describes a runtime's caches to the engine once: ``host[i]`` (a host tensor, pinned for
         speed) mirrors ``device[i]`` (a tensor on this engine's GPU), for every i; single tensors
@@ -413,23 +379,25 @@ class Engine:
         devices, device_names = _names("device", device)
         return CacheSet(self, self._core.register_caches(hosts, devices, host_names, device_names))
 
-    def copy_blocks(self, caches: "CacheSet", src_ids: Any, dst_ids: Any = None, *, to_device: bool = True,
+    def copy_blocks(self, caches: "CacheSet", direction: Any, src_ids: Any, dst_ids: Any,
                     stream: Any = None) -> Transfer:
         """One transfer on a registered :class:`CacheSet`: block ``src_ids[i]`` to block
-        ``dst_ids[i]`` of every pair, host to device (``to_device=True``: ``src_ids`` index the
-        host tensors) or device to host. ``src_ids`` may instead be an [N, 2] mapping (source,
-        destination) with ``dst_ids`` None. Ordered on ``stream`` (default: torch's current
-        stream); the call checks the ids (in range, no destination id twice; a bad one raises
-        :class:`gfd.Error` whose ``.block`` is its row) and returns once every DMA is enqueued.
+        ``dst_ids[i]`` of every pair, for every i. ``direction``: :attr:`Direction.TO_DEVICE`
+        (or ``"to_device"``: ``src_ids`` index the host tensors) or :attr:`Direction.TO_HOST`
+        (``"to_host"``). The ids are 1-D integer numpy arrays, CPU tensors or lists (int32 and
+        int64 arrays are read in place).
+
+        Ordered on ``stream`` (default: torch's current stream); the call checks the ids (in
+        range, no destination id twice; a bad one raises :class:`gfd.InvalidArgument` whose
+        ``.block`` is its position i) and returns once every DMA is enqueued.
         """
         _prune_orphans()
-        if not isinstance(caches, CacheSet) or caches._engine is not self:
-            raise _error("copy_blocks: caches must be a CacheSet made by this engine's register_caches")
+        if not isinstance(caches, CacheSet):
+            raise _type_error(f"copy_blocks: caches: expected a gfd.CacheSet, got {type(caches).__name__}")
+        if caches._engine is not self:
+            raise _error("copy_blocks: caches: a CacheSet made by another engine's register_caches")
         s = self._stream(stream)
-        if dst_ids is None:
-            t = self._core.copy_blocks(caches._set, to_device, src_ids, None, None, s)
-        else:
-            t = self._core.copy_blocks(caches._set, to_device, None, src_ids, dst_ids, s)
+        t = self._core.copy_blocks(caches._set, direction, src_ids, dst_ids, s)
         return Transfer(t, (caches, src_ids, dst_ids))
 
 
@@ -491,7 +459,7 @@ def _close_all() -> None:
 # Pinned host memory
 
 
-def _dtype_name(dtype: Any) -> str:
+def _dtype_name(dtype: Any, what: str = "dtype") -> str:
     """'float16' for 'float16', torch.float16, numpy.float16 or numpy.dtype('float16')."""
     if isinstance(dtype, str):
         name = dtype
@@ -501,7 +469,10 @@ def _dtype_name(dtype: Any) -> str:
         name = getattr(dtype, "name", None)
         if not isinstance(name, str):
             name = str(dtype)
-    return name[len("torch."):] if name.startswith("torch.") else name
+    name = name[len("torch."):] if name.startswith("torch.") else name
+    if name not in _ITEMSIZE:
+        raise _error(f"{what}: '{name}' is not a dtype gfd knows ({', '.join(_gfd.dtype_names)})")
+    return name
 
 
 class HostPool:
@@ -519,6 +490,8 @@ class HostPool:
     """
 
     def __init__(self, bytes: int, device: int = 0, numa_node: int = -1, register: bool = True) -> None:
+        if type(register).__name__ == "bool_":  # numpy.bool_
+            register = bool(register)
         self._pool = _gfd._HostPool(bytes, device, numa_node, register)
 
     @classmethod
@@ -528,14 +501,14 @@ class HostPool:
         return self
 
     @property
-    def address(self) -> int:
+    def data(self) -> int:
         """Address of the first byte (2 MiB aligned)."""
-        return self._pool.address
+        return self._pool.data
 
     @property
-    def nbytes(self) -> int:
+    def bytes(self) -> int:
         """Usable bytes (the requested size rounded up to 2 MiB)."""
-        return self._pool.nbytes
+        return self._pool.bytes
 
     @property
     def hugepages(self) -> str:
@@ -560,10 +533,10 @@ class HostPool:
         """A :class:`gfd.Buffer` of ``shape`` and ``dtype`` at byte ``offset`` of the pool
         (compact, row-major); ``torch.from_dlpack`` or ``numpy.asarray`` turn it into a tensor
         or array sharing the memory."""
-        return self._pool.view(shape, _dtype_name(dtype), offset)
+        return self._pool.view(shape, _dtype_name(dtype, "view: dtype"), offset)
 
     def __repr__(self) -> str:
-        return (f"gfd.HostPool({self.nbytes} bytes, hugepages={self.hugepages!r}, "
+        return (f"gfd.HostPool({self.bytes} bytes, hugepages={self.hugepages!r}, "
                 f"numa_node={self.numa_node}, registered={self.registered})")
 
 
@@ -575,15 +548,14 @@ def empty_pinned(shape: Any, dtype: Any = "uint8", device: int = 0, numa_node: i
     ``is_pinned()`` is True), ``numpy.asarray(buf)`` a numpy array. The memory lives as long as
     any of them. ``dtype``: a torch or numpy dtype or its name ('float16', 'bfloat16', ...).
     """
-    name = _dtype_name(dtype)
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
-    n = 1
+    name = _dtype_name(dtype, "empty_pinned: dtype")
+    dims = _gfd._shape(shape, "empty_pinned: shape")
+    n = _ITEMSIZE[name]
     for d in dims:
-        n *= int(d)
-    item = _ITEMSIZE.get(name)
-    if item is None:
-        raise _error(f"dtype: '{name}' is not a dtype gfd knows ({', '.join(_gfd.dtype_names)})")
-    pool = _gfd._HostPool(max(1, n * item), device, numa_node, True)
+        n *= d  # Python ints: exact
+    if n > 1 << 46:
+        raise _error(f"empty_pinned: shape: {n} bytes is more than a host pool takes")
+    pool = HostPool(max(1, n), device, numa_node, True)
     return pool.view(dims, name, 0)
 
 

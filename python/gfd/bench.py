@@ -13,7 +13,7 @@ helpers provide them. Without a GPU, or with --emulated, it runs on the emulated
 figures are then host-only and say nothing about PCIe.
 
 ``--layout paged`` measures instead the way vLLM calls gfd: every layer's K and V caches (torch
-tensors) through ``engine.swap_blocks(src_list, dst_list, block_mapping)``; see gfd/bench_paged.py
+tensors) through ``engine.register_caches`` once and ``engine.copy_blocks(caches, direction, src_ids, dst_ids)``; see gfd/bench_paged.py
 (``python -m gfd.bench --layout paged --help``).
 """
 
@@ -28,7 +28,7 @@ from typing import Any, List
 import numpy as np
 
 import gfd
-from gfd import _testing
+from gfd import testing
 from gfd._bench_util import fmt_size, percentile
 
 
@@ -104,48 +104,48 @@ class GfdEnv:
     def __init__(self, helper: gfd.Engine, device: int, pool_bytes: int, span: int, emulated: bool) -> None:
         self.helper = helper
         self.label = "emulated device (host-only)" if emulated else "gfd helpers"
-        self.handle = _testing.create_stream(helper)
+        self.handle = testing.create_stream(helper)
         if emulated:
-            self._pool = _testing.pinned_buffer(helper, (pool_bytes,), "uint8")
+            self._pool = testing.pinned_buffer(helper, (pool_bytes,), "uint8")
             self.pool_label = "gfd.HostPool on the emulated device"
         else:
             self._pool = gfd.HostPool(pool_bytes, device=device).view((pool_bytes,), "uint8")
             self.pool_label = "gfd.HostPool"
         self.pool_ptr = self._pool.ptr
         fill_random(np.asarray(self._pool))
-        self._ref = _testing.pinned_buffer(helper, (span,), "uint8")
+        self._ref = testing.pinned_buffer(helper, (span,), "uint8")
         fill_random(np.asarray(self._ref))
-        self._dst = _testing.device_buffer(helper, (span,), "uint8")
+        self._dst = testing.device_buffer(helper, (span,), "uint8")
         self.dst_ptr = self._dst.ptr
 
     def sync(self) -> None:
-        _testing.stream_sync(self.helper, self.handle)
+        testing.stream_sync(self.helper, self.handle)
 
     def reference(self, nbytes: int, to_host: bool) -> None:
         if to_host:
-            _testing.copy(self.helper, self._ref.ptr, self.dst_ptr, nbytes, False, self.handle)
+            testing.copy(self.helper, self._ref.ptr, self.dst_ptr, nbytes, False, self.handle)
         else:
-            _testing.copy(self.helper, self.dst_ptr, self._ref.ptr, nbytes, True, self.handle)
+            testing.copy(self.helper, self.dst_ptr, self._ref.ptr, nbytes, True, self.handle)
 
     def device_bytes(self, nbytes: int) -> np.ndarray:
         out = np.empty(nbytes, np.uint8)
-        _testing.copy(self.helper, out.ctypes.data, self.dst_ptr, nbytes, False, self.handle)
+        testing.copy(self.helper, out.ctypes.data, self.dst_ptr, nbytes, False, self.handle)
         self.sync()
         return out
 
     def clear_device(self, nbytes: int, value: int = 0) -> None:
-        _testing.memset(self.helper, self.dst_ptr, value, nbytes, self.handle)
+        testing.memset(self.helper, self.dst_ptr, value, nbytes, self.handle)
         self.sync()
 
     def write_device(self, data: np.ndarray) -> None:
-        _testing.copy(self.helper, self.dst_ptr, data.ctypes.data, data.size, True, self.handle)
+        testing.copy(self.helper, self.dst_ptr, data.ctypes.data, data.size, True, self.handle)
         self.sync()
 
     def pool_view(self) -> np.ndarray:
         return np.asarray(self._pool)
 
     def close(self) -> None:
-        _testing.destroy_stream(self.helper, self.handle)
+        testing.destroy_stream(self.helper, self.handle)
 
 
 def fill_random(a: np.ndarray) -> None:
@@ -170,7 +170,7 @@ def main(argv: List[str] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gfd.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--layout", choices=["flat", "paged"], default="flat",
                    help="flat (default): scattered blocks of one pool through copy_to_device/copy_to_host; "
-                        "paged: every layer's K and V caches through swap_blocks on torch tensors, as vLLM "
+                        "paged: every layer's K and V caches through copy_blocks on torch tensors, as vLLM "
                         "calls it (python -m gfd.bench --layout paged --help)")
     p.add_argument("--blocks", type=int, default=2048, help="blocks per transfer (default 2048)")
     p.add_argument("--block-size", type=int, default=4096, help="bytes per block (default 4096)")
@@ -220,7 +220,7 @@ def main(argv: List[str] = None) -> int:
     engines = {}
     for b in backends:
         if emulated:
-            engines[b] = _testing.emulated_engine(backend=b)
+            engines[b] = testing.emulated_engine(backend=b)
         else:
             engines[b] = gfd.Engine.from_env(device=a.device, backend=b)
     first = next(iter(engines.values()))

@@ -3,7 +3,8 @@
 Every layer's K and V (2 x --layers caches on the GPU, torch int8 tensors [gpu blocks, block
 bytes], and as many pinned host caches from gfd.empty_pinned, together about --host-cache-bytes
 so that sources are cold) and ONE public call per transfer,
-``engine.swap_blocks(src_list, dst_list, block_mapping)``, with fresh random distinct host and
+``engine.copy_blocks(caches, direction, src_ids, dst_ids)`` on every layer's K and V caches registered
+once (``engine.register_caches``), with fresh random distinct host and
 device block ids every repetition (block_mapping an int64 CPU tensor [N, 2]; the same pairs for
 every cache). Methods, in the same run: gfd (a default Engine) and gfd's other backends through
 the same call, against one contiguous torch copy of the same bytes (pinned host tensor to GPU
@@ -44,7 +45,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 import gfd
-from gfd import _testing
+from gfd import testing
 from gfd._bench_util import fmt_size, percentile
 
 METHODS = ("gfd", "batch_async", "per_block", "zero_copy_kernel")
@@ -164,7 +165,8 @@ class TorchEnv:
         return [t.view(-1, bs) for t in self.host_flat], [t.view(-1, bs) for t in self.gpu_flat]
 
     def mapping(self, pairs: np.ndarray) -> Any:
-        return self.torch.from_numpy(np.ascontiguousarray(pairs, dtype=np.int64))
+        m = self.torch.from_numpy(np.ascontiguousarray(pairs, dtype=np.int64))
+        return m[:, 0], m[:, 1]  # (source ids, destination ids): strided columns, read in place
 
     def reference(self, nbytes: int, to_host: bool) -> Callable[[], None]:
         h, g = self.ref_host[:nbytes], self.ref_gpu[:nbytes]
@@ -260,10 +262,10 @@ class EmulatedEnv:
         self.caches = caches
         self.host_per_cache = host_per_cache
         self.gpu_per_cache = gpu_per_cache
-        self.handle = _testing.create_stream(helper)
-        self.ref_host = _testing.pinned_buffer(helper, (max_nbytes,), "uint8")
+        self.handle = testing.create_stream(helper)
+        self.ref_host = testing.pinned_buffer(helper, (max_nbytes,), "uint8")
         fill_random(np.asarray(self.ref_host), 100003)
-        self.ref_gpu = _testing.device_buffer(helper, (max_nbytes,), "uint8")
+        self.ref_gpu = testing.device_buffer(helper, (max_nbytes,), "uint8")
         self.rng = np.random.default_rng(12345)
         self.host_pinned = True
         self.bs = None
@@ -275,9 +277,9 @@ class EmulatedEnv:
     def views(self, bs: int) -> Tuple[list, list]:
         # gfd.Buffer has no reshape: new buffers for each block size (they are small here).
         if self.bs != bs:
-            self.hosts = [_testing.pinned_buffer(self.helper, (self.host_per_cache // bs, bs), "int8")
+            self.hosts = [testing.pinned_buffer(self.helper, (self.host_per_cache // bs, bs), "int8")
                           for _ in range(self.caches)]
-            self.gpus = [_testing.device_buffer(self.helper, (self.gpu_per_cache // bs, bs), "int8")
+            self.gpus = [testing.device_buffer(self.helper, (self.gpu_per_cache // bs, bs), "int8")
                          for _ in range(self.caches)]
             for i, h in enumerate(self.hosts):
                 fill_random(np.asarray(h), i)
@@ -285,13 +287,14 @@ class EmulatedEnv:
         return self.hosts, self.gpus
 
     def mapping(self, pairs: np.ndarray) -> Any:
-        return np.ascontiguousarray(pairs, dtype=np.int64)
+        m = np.ascontiguousarray(pairs, dtype=np.int64)
+        return m[:, 0], m[:, 1]  # (source ids, destination ids): strided columns, read in place
 
     def reference(self, nbytes: int, to_host: bool) -> Callable[[], None]:
         h, g = self.ref_host.ptr, self.ref_gpu.ptr
         if to_host:
-            return lambda: _testing.copy(self.helper, h, g, nbytes, False, self.handle)
-        return lambda: _testing.copy(self.helper, g, h, nbytes, True, self.handle)
+            return lambda: testing.copy(self.helper, h, g, nbytes, False, self.handle)
+        return lambda: testing.copy(self.helper, g, h, nbytes, True, self.handle)
 
     def run_once(self, call: Callable[[], Any], to_host: bool) -> Sample:
         t0 = time.perf_counter()
@@ -299,7 +302,7 @@ class EmulatedEnv:
         t1 = time.perf_counter()
         if isinstance(t, gfd.Transfer):
             t.wait()
-        _testing.stream_sync(self.helper, self.handle)
+        testing.stream_sync(self.helper, self.handle)
         wall = (time.perf_counter() - t0) * 1e6
         return Sample(wall, None, wall, (t1 - t0) * 1e6, None)
 
@@ -312,7 +315,7 @@ class EmulatedEnv:
         for g in gpus:
             np.asarray(g)[:] = 0
         submit().wait()
-        _testing.stream_sync(self.helper, self.handle)
+        testing.stream_sync(self.helper, self.handle)
         n_bytes = pairs.shape[0] * np.asarray(gpus[0]).shape[1]
         for i, (h, g) in enumerate(zip(hosts, gpus)):
             hv, gv = np.asarray(h), np.asarray(g)
@@ -344,7 +347,7 @@ class EmulatedEnv:
         return ok, why
 
     def close(self) -> None:
-        _testing.destroy_stream(self.helper, self.handle)
+        testing.destroy_stream(self.helper, self.handle)
 
 
 # --------------------------------------------------------------------------------------------
@@ -468,7 +471,7 @@ class DecodeLoad:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gfd.bench --layout paged",
-                                description="gfd measured the way vLLM calls it: swap_blocks over every layer's K and V caches.",
+                                description="gfd measured the way a runtime calls it: copy_blocks over every layer's K and V caches, registered once.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--layers", type=int, default=32, help="layers (2 caches each, K and V; default 32)")
@@ -526,7 +529,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             import torch  # noqa: F401  (the GPU machine has it; gfd does not need it)
         except ImportError:
-            print("error: --layout paged measures swap_blocks on torch tensors and times it with torch.cuda.Event,\n"
+            print("error: --layout paged measures copy_blocks on torch tensors and times it with torch.cuda.Event,\n"
                   "but torch is not installed for this interpreter. Install PyTorch (with CUDA), or pass --emulated\n"
                   "for the host-only run, or use the default layout (python -m gfd.bench), which needs no torch.",
                   file=sys.stderr)
@@ -561,7 +564,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for m in methods:
         opts = {} if m == "gfd" else {"backend": m}
         try:
-            engines[m] = (_testing.emulated_engine(**opts) if emulated
+            engines[m] = (testing.emulated_engine(**opts) if emulated
                           else gfd.Engine.from_env(device=a.device, **opts))
         except gfd.Error as e:
             print(f"skipped: {m}: gfd.Engine({', '.join(f'{k}={v!r}' for k, v in opts.items())}) raised: {e}")
@@ -579,7 +582,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     st = helper.stats()
     backends = {m: e.options()["backend"] for m, e in engines.items()}
     print(f"gfd.bench --layout paged: {a.layers} layers x K,V = {caches} caches per side, "
-          f"engine.swap_blocks(src_list, dst_list, block_mapping [N, 2] int64), one call per transfer")
+          f"engine.copy_blocks(caches, direction, src_ids, dst_ids) on caches registered once, one call per transfer")
     print(f"  device {a.device}{' (emulated)' if emulated else ''} | {env.label} | host caches "
           f"{fmt_size(host_per_cache * caches)} (gfd.empty_pinned, {fmt_size(host_per_cache)} each, "
           f"pinned={env.host_pinned}), GPU caches {fmt_size(gpu_per_cache * caches)} | cold: fresh random "
@@ -649,11 +652,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         for bs in sizes:
             hosts, gpus = env.views(bs)
             hb, gb = hosts[0].shape[0], gpus[0].shape[0]
+            # Every layer's K and V described once per engine; each call passes only the ids.
+            sets = {name: eng.register_caches(hosts, gpus) for name, eng in engines.items()}
             for direction in directions:
                 to_host = direction == "d2h"
                 if to_host:
                     env.fill_gpu_random()  # never time or verify on zeros
                 src, dst = (gpus, hosts) if to_host else (hosts, gpus)
+                way = gfd.Direction.TO_HOST if to_host else gfd.Direction.TO_DEVICE
                 for n in a.blocks:
                     nbytes = caches * n * bs
                     print(f"  ... {fmt_size(bs)} x {n} blocks x {caches} caches, {direction}", file=sys.stderr,
@@ -666,7 +672,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                             return (lambda m: ref_call), [None] * (warmup + iters)
                         eng = engines[name]
                         maps = [env.mapping(x) for x in picks(n, hb, gb, to_host, warmup + iters)]
-                        return (lambda m: (lambda: eng.swap_blocks(src, dst, m))), maps
+                        cs = sets[name]
+                        return (lambda m: (lambda: eng.copy_blocks(cs, way, m[0], m[1]))), maps
 
                     config = dict(layout="paged", device=("emulated" if emulated else str(a.device)),
                                   layers=a.layers, caches=caches, block_bytes=bs, blocks=n, direction=direction,
@@ -677,7 +684,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         try:
                             s, _, _ = series(call_for, maps, to_host, False, 0)
                         except gfd.Error as e:
-                            skip(name, direction, bs, n, "swap_blocks", e)
+                            skip(name, direction, bs, n, "copy_blocks", e)
                             continue
                         ok = "-"
                         if name != REF:
@@ -686,7 +693,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                             m = env.mapping(pairs)
                             try:
                                 verify = env.verify_d2h if to_host else env.verify_h2d
-                                good, why = verify(src, dst, pairs, lambda: eng.swap_blocks(src, dst, m))
+                                cs = sets[name]
+                                good, why = verify(src, dst, pairs, lambda: eng.copy_blocks(cs, way, m[0], m[1]))
                             except gfd.Error as e:
                                 good, why = False, f"gfd.Error: {e}"
                             if not good:
@@ -709,7 +717,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                             try:
                                 ls, spans, windows = series(call_for, maps, to_host, True, cover)
                             except gfd.Error as e:
-                                skip(row["method"], direction, bs, n, "swap_blocks under load", e)
+                                skip(row["method"], direction, bs, n, "copy_blocks under load", e)
                                 continue
                             lsum = summarize(ls, nbytes)
                             slow, mm_during, count = load.during(spans, windows, mm_alone)

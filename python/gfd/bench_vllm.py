@@ -35,7 +35,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from . import Engine, _testing
+from . import Engine, testing
 from ._bench_util import fmt_size, percentile
 from .bench_paged import parse_size, size_list
 from .kv_worker import KVTransferWorker, host_block_ids
@@ -70,7 +70,7 @@ class VllmBatch:
         s.wait_stream(torch.cuda.current_stream())
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(s)
-        _testing.memcpy_batch(self.engine, dst.ctypes.data, src.ctypes.data, sizes.ctypes.data, len(sizes),
+        testing.memcpy_batch(self.engine, dst.ctypes.data, src.ctypes.data, sizes.ctypes.data, len(sizes),
                               to_device, int(s.cuda_stream))
         end.record(s)
         self.keep = (src, dst, sizes)
@@ -147,7 +147,7 @@ def run_case(torch, engine: Engine, tensors: int, page: int, blocks: int, bpc: i
                 job_id += 1
                 traced = trace and rep == warmup + reps // 2
                 if traced:
-                    _testing.trace_start(engine)
+                    testing.trace_start(engine)
                 t0 = time.perf_counter()
                 w.submit(job_id, to_device, chunks, gblocks, [blocks], [0])
                 t1 = time.perf_counter()
@@ -160,7 +160,7 @@ def run_case(torch, engine: Engine, tensors: int, page: int, blocks: int, bpc: i
                 if traced:
                     print(f"{host_layout} layout, {fmt_size(page)} pages, {direction}, job {job_id}: "
                           f"{job_bytes / r.seconds / 1e9:.1f} GB/s; stats {_stats_line(engine)}")
-                    print(_testing.trace_report(_testing.trace_take(engine)))
+                    print(testing.trace_report(testing.trace_take(engine)))
                 if not r.success:
                     raise RuntimeError(f"gfd job failed: {r.error}")
                 seconds = r.seconds

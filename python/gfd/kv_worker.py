@@ -43,7 +43,7 @@ from typing import Any, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from . import Engine, Error, HostPool, _error
+from . import Direction, Engine, Error, HostPool, _error, _gfd, _type_error
 
 __all__ = ["KVTransferWorker", "JobResult", "host_block_ids"]
 
@@ -127,36 +127,46 @@ class KVTransferWorker:
                  blocks_per_chunk: int, num_chunks: int, *, host_caches: Optional[Sequence[Any]] = None,
                  host_memory: str = "pool", host_layout: str = "tensor",
                  copy_bytes: Optional[Sequence[int]] = None) -> None:
+        fn = "KVTransferWorker"
         if not isinstance(engine, Engine):
-            raise TypeError("engine: expected a gfd.Engine")
-        if blocks_per_chunk < 1:
-            raise _error(f"blocks_per_chunk: must be at least 1, got {blocks_per_chunk}")
-        if num_chunks < 0:
-            raise _error(f"num_chunks: must not be negative, got {num_chunks}")
+            raise _type_error(f"{fn}: engine: expected a gfd.Engine, got {type(engine).__name__}")
         self._engine = engine
-        self._bpc = int(blocks_per_chunk)
-        self._num_chunks = int(num_chunks)
-        self._gpu = list(gpu_caches)
+        self._bpc = _gfd._int(blocks_per_chunk, f"{fn}: blocks_per_chunk", 1, _MAX_ROWS)
+        self._num_chunks = _gfd._int(num_chunks, f"{fn}: num_chunks", 1, _MAX_ROWS // self._bpc)
+        self._gpu = _list(gpu_caches, f"{fn}: gpu_caches")
         if not self._gpu:
-            raise _error("gpu_caches: no tensor given")
-        self._pages = [_row_bytes(t, f"gpu_caches[{i}]") for i, t in enumerate(self._gpu)]
-        self._copy = list(self._pages) if copy_bytes is None else [int(b) for b in copy_bytes]
-        if len(self._copy) != len(self._gpu):
-            raise _error(f"copy_bytes: {len(self._copy)} sizes for {len(self._gpu)} GPU tensors")
-        for t, (b, p) in enumerate(zip(self._copy, self._pages)):
-            if not 0 < b <= p:
-                raise _error(f"copy_bytes[{t}]: {b} bytes for pages of {p}")
-        self._groups = [list(g) for g in groups]
-        for g, members in enumerate(self._groups):
-            for t in members:
-                if not 0 <= t < len(self._gpu):
-                    raise _error(f"groups[{g}]: tensor index {t} is out of range ({len(self._gpu)} tensors)")
-            if len(set(members)) != len(members):
-                raise _error(f"groups[{g}]: a tensor is listed twice")
+            raise _error(f"{fn}: gpu_caches: no tensor given")
+        self._pages = [_row_bytes(t, f"{fn}: gpu_caches[{i}]") for i, t in enumerate(self._gpu)]
+        self._gpu_blocks = min(_rows_of(t) for t in self._gpu)
+        if copy_bytes is None:
+            self._copy = list(self._pages)
+        else:
+            self._copy = [_gfd._int(b, f"{fn}: copy_bytes[{t}]", 1, p)
+                          for t, (b, p) in enumerate(zip(_list(copy_bytes, f"{fn}: copy_bytes"), self._pages))]
+            if len(self._copy) != len(self._gpu) or len(copy_bytes) != len(self._gpu):
+                raise _error(f"{fn}: copy_bytes: {len(copy_bytes)} sizes for {len(self._gpu)} GPU tensors")
+        self._groups = []
+        for g, members in enumerate(_list(groups, f"{fn}: groups")):
+            m = [_gfd._int(t, f"{fn}: groups[{g}][{i}]", 0, len(self._gpu) - 1)
+                 for i, t in enumerate(_list(members, f"{fn}: groups[{g}]"))]
+            if len(set(m)) != len(m):
+                raise _error(f"{fn}: groups[{g}]: a tensor is listed twice")
+            self._groups.append(m)
+        if not self._groups:
+            raise _error(f"{fn}: groups: no group given")
+        for name, value, allowed in (("host_memory", host_memory, ("pool", "torch")),
+                                     ("host_layout", host_layout, ("tensor", "block"))):
+            if not isinstance(value, str):
+                raise _type_error(f"{fn}: {name}: expected one of {allowed}, got {type(value).__name__}")
+            if value not in allowed:
+                raise _error(f"{fn}: {name}: expected one of {allowed}, got {value!r}")
+        rows = self._num_chunks * self._bpc  # both checked above: the product fits an int64 id
+        if rows * sum(self._pages) > _MAX_HOST_BYTES:
+            raise _error(f"{fn}: num_chunks: {self._num_chunks} chunks of {self._bpc} blocks of "
+                         f"{sum(self._pages)} bytes is more host memory than a worker takes")
         self._torch = _torch_for(self._gpu[0])
         self._pools: List[HostPool] = []  # the HostPools the worker allocated
         self._layout = host_layout
-        rows = self._num_chunks * self._bpc
         if host_layout == "block":
             if host_caches is not None:
                 raise _error("host_layout: 'block' allocates its own host memory; host_caches must be None")
@@ -168,17 +178,16 @@ class KVTransferWorker:
         elif host_layout == "tensor":
             if host_caches is None:
                 host_caches = [self._allocate(host_memory, (self._num_chunks, p * self._bpc)) for p in self._pages]
-            self._host = list(host_caches)
+            self._host = _list(host_caches, f"{fn}: host_caches")
             self._host_block = None
             if len(self._host) != len(self._gpu):
-                raise _error(f"host_caches: {len(self._host)} arrays for {len(self._gpu)} GPU tensors")
+                raise _error(f"{fn}: host_caches: {len(self._host)} arrays for {len(self._gpu)} GPU tensors")
             for t, h in enumerate(self._host):
                 want = (self._num_chunks, self._pages[t] * self._bpc)
-                if tuple(int(d) for d in h.shape) != want or _row_bytes(h, f"host_caches[{t}]") != want[1]:
-                    raise _error(f"host_caches[{t}]: expected {want[0]} x {want[1]} bytes, got shape {tuple(h.shape)}")
+                got = _shape_of(h, f"{fn}: host_caches[{t}]")
+                if got != want or _row_bytes(h, f"{fn}: host_caches[{t}]") != want[1]:
+                    raise _error(f"{fn}: host_caches[{t}]: expected {want[0]} x {want[1]} bytes, got shape {got}")
             self._rows = [_as_rows(h, p, rows) for h, p in zip(self._host, self._pages)]
-        else:
-            raise _error(f"host_layout: expected 'tensor' or 'block', got {host_layout!r}")
         # One set of (host sub-block rows, GPU rows) pairs per distinct tensor list; groups with
         # the same tensors share theirs (and their rows go in one transfer).
         self._sets: dict = {}
@@ -211,8 +220,8 @@ class KVTransferWorker:
         pages on the GPU's NUMA node) or a pinned torch tensor (``"torch"``)."""
         if kind == "pool":
             if getattr(self._engine, "_emulated", False):
-                from . import _testing  # the emulated device registers its own pinned memory
-                return np.asarray(_testing.pinned_buffer(self._engine, shape, "int8"))
+                from . import testing  # the emulated device registers its own pinned memory
+                return np.asarray(testing.pinned_buffer(self._engine, shape, "int8"))
             pool = HostPool(max(shape[0] * shape[1], 1), device=self._engine.device)
             self._pools.append(pool)
             view = pool.view(shape, "int8", 0)
@@ -255,46 +264,66 @@ class KVTransferWorker:
         """Queues one job: host chunks ``chunk_ids`` to GPU blocks ``gpu_block_ids``
         (``to_device``) or back. ``group_sizes[g]`` GPU blocks belong to group g, in order
         (None: one group, all of them); the chunks follow in the same order, each group's first
-        starting ``block_indices[g] % blocks_per_chunk`` sub-blocks in. Returns True once queued;
-        a job whose ids do not fit raises :class:`gfd.Error` here; one whose transfer fails
-        later is reported by :meth:`get_finished` with ``success=False``. Never waits for data.
+        starting ``block_indices[g] % blocks_per_chunk`` sub-blocks in. Returns True once queued.
+
+        Checked in the call, before anything is queued (a :class:`gfd.InvalidArgument` or
+        :class:`gfd.InvalidType` naming the argument): every argument's type (integers only:
+        Python ints or numpy/torch integer arrays and scalars, no bool or float), every chunk id
+        below ``num_chunks``, every GPU block id below the GPU caches' blocks, the group sizes
+        (non-negative, summing to the GPU block ids given) and the chunks they use. What only
+        the transfer checks (a GPU block or host sub-block given twice as a destination) makes
+        the job fail: :meth:`get_finished` reports it with ``success=False``, nothing moved.
+        Never waits for data.
         """
         if self._closed:
-            raise _error("submit: the worker is shut down")
-        chunks = np.array(chunk_ids, dtype=np.int64).reshape(-1)  # copies: the caller may reuse its arrays
-        blocks = np.array(gpu_block_ids, dtype=np.int64).reshape(-1)
+            raise _error("submit: the worker is shut down", code="shutdown")
+        # Every argument checked here, before anything is queued: integers only (bool and float
+        # rejected, also inside lists), every id in range, so that no later arithmetic can wrap.
+        job_id = _gfd._int(job_id, "submit: job_id", -(1 << 63), (1 << 63) - 1)
+        to_device = _flag(to_device, "submit: to_device")
+        expedited = _flag(expedited, "submit: expedited")
+        chunks = np.frombuffer(_gfd._int64_array(chunk_ids, "submit: chunk_ids", self._num_chunks - 1,
+                                                 f"the worker has {self._num_chunks} chunks"), dtype=np.int64)
+        blocks = np.frombuffer(_gfd._int64_array(gpu_block_ids, "submit: gpu_block_ids", self._gpu_blocks - 1,
+                                                 f"the GPU caches have {self._gpu_blocks} blocks"), dtype=np.int64)
+        groups = len(self._groups)
         if group_sizes is None:
-            group_sizes = [len(blocks)] + [0] * (len(self._groups) - 1)
+            group_sizes = [len(blocks)] + [0] * (groups - 1)
+        else:
+            group_sizes = _gfd._ints(group_sizes, "submit: group_sizes", len(blocks))
         if block_indices is None:
             block_indices = [0] * len(group_sizes)
-        if len(group_sizes) != len(self._groups) or len(block_indices) != len(self._groups):
-            raise _error(f"submit: job {job_id}: {len(group_sizes)} group sizes and {len(block_indices)} block "
-                         f"indices for {len(self._groups)} groups")
+        else:
+            block_indices = _gfd._ints(block_indices, "submit: block_indices", (1 << 63) - 1)
+        if len(group_sizes) != groups:
+            raise _error(f"submit: group_sizes: {len(group_sizes)} sizes for {groups} groups")
+        if len(block_indices) != groups:
+            raise _error(f"submit: block_indices: {len(block_indices)} indices for {groups} groups")
         if sum(group_sizes) != len(blocks):
-            raise _error(f"submit: job {job_id}: group sizes sum to {sum(group_sizes)}, {len(blocks)} GPU blocks given")
-        # Only the shape of the job is checked here (plain integers); the submitter thread
-        # builds the ids, so that the caller is back at once.
+            raise _error(f"submit: group_sizes: the sizes sum to {sum(group_sizes)}, gpu_block_ids has "
+                         f"{len(blocks)} blocks")
+        # Only the shape of the job is checked further here; the submitter thread builds the
+        # ids, so that the caller is back at once.
         slices = []  # (set key, first chunk, chunks, first block, blocks, skip)
         c0 = b0 = 0
         total = 0
         for g, (n, first) in enumerate(zip(group_sizes, block_indices)):
-            n = int(n)
             if n == 0:
                 continue
-            skip = int(first) % self._bpc
+            skip = first % self._bpc
             used = -(-(n + skip) // self._bpc)
             if c0 + used > len(chunks):
-                raise _error(f"submit: job {job_id}: group {g} needs {used} chunks from position {c0}, "
+                raise _error(f"submit: chunk_ids: group {g} needs {used} chunks from position {c0}, "
                              f"{len(chunks)} given")
             key = self._group_set[g]
             if key is None:
-                raise _error(f"submit: job {job_id}: group {g} has blocks but no tensors")
+                raise _error(f"submit: group_sizes: group {g} has blocks but no tensors")
             slices.append((key, c0, used, b0, n, skip))
             total += n * self._bytes_per_row[key]
             c0 += used
             b0 += n
         if c0 != len(chunks):
-            raise _error(f"submit: job {job_id}: {len(chunks)} chunks given, the groups use {c0}")
+            raise _error(f"submit: chunk_ids: {len(chunks)} chunks given, the groups use {c0}")
         lane = self._lanes["store" if not to_device else "expedited" if expedited else "load"]
         job = _Job(job_id, lane, bool(to_device), chunks, blocks, slices, total)
         with self._lock:
@@ -347,8 +376,8 @@ class KVTransferWorker:
                 job.start_event.record(stream)
             job.transfers = []
             for caches, src, dst in self._parts(job):
-                job.transfers.append(self._engine.copy_blocks(caches, src, dst, to_device=job.to_device,
-                                                              stream=stream))
+                job.transfers.append(self._engine.copy_blocks(
+                    caches, Direction.TO_DEVICE if job.to_device else Direction.TO_HOST, src, dst, stream=stream))
             if torch is not None:
                 job.end_event = torch.cuda.Event(enable_timing=True)
                 job.end_event.record(stream)
@@ -462,25 +491,80 @@ def _torch_for(t: Any) -> Any:
     return None
 
 
+#: The most host rows (chunks x blocks per chunk) and bytes a worker takes: ids and byte
+#: offsets then stay far from int64's range.
+_MAX_ROWS = 1 << 40
+_MAX_HOST_BYTES = 1 << 50
+
+
+def _list(value: Any, name: str) -> list:
+    """``value`` as a list (a list, tuple or other sequence; not a str, dict or single number)."""
+    if value is None or isinstance(value, (str, bytes, dict, int, float)) or not hasattr(value, "__len__"):
+        raise _type_error(f"{name}: expected a list, got {type(value).__name__}")
+    try:
+        return list(value)
+    except TypeError as e:
+        raise _type_error(f"{name}: expected a list, got {type(value).__name__}") from e
+
+
+def _flag(value: Any, name: str) -> bool:
+    """A bool argument: Python's or numpy's bool, nothing else."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise _type_error(f"{name}: expected a bool, got {type(value).__name__}")
+
+
+def _interface(t: Any) -> Optional[dict]:
+    """The CUDA array interface or the array interface of ``t``, if it has one."""
+    for attr in ("__cuda_array_interface__", "__array_interface__"):
+        d = getattr(t, attr, None)
+        if isinstance(d, dict):
+            return d
+    return None
+
+
+def _shape_of(t: Any, name: str) -> tuple:
+    shape = getattr(t, "shape", None)
+    if shape is None:
+        d = _interface(t)
+        shape = d.get("shape") if d is not None else None
+    if shape is None:
+        raise _type_error(f"{name}: expected a 2-D array or tensor, got {type(t).__name__}")
+    return tuple(_gfd._int(d, f"{name}: shape[{i}]", 0, (1 << 63) - 1) for i, d in enumerate(shape))
+
+
+def _rows_of(t: Any) -> int:
+    return _shape_of(t, "gpu_caches")[0]
+
+
 def _row_bytes(t: Any, name: str) -> int:
-    shape = tuple(int(d) for d in t.shape)
+    shape = _shape_of(t, name)
     if len(shape) != 2:
         raise _error(f"{name}: expected a 2-D (blocks, bytes) array, got shape {shape}")
-    item = _itemsize(t)
+    item = _itemsize(t, name)
     if item != 1:
         raise _error(f"{name}: expected a byte array (int8 or uint8), got {item}-byte elements")
     return shape[1]
 
 
-def _itemsize(t: Any) -> int:
+def _itemsize(t: Any, name: str) -> int:
+    """Bytes per element: the tensor's own ``itemsize`` or ``dtype``, else the typestr of its
+    (CUDA) array interface, which an object need not mirror in a ``dtype`` attribute."""
     size = getattr(t, "itemsize", None)
-    if isinstance(size, int):
+    if isinstance(size, int) and not isinstance(size, bool):
         return size
     dtype = getattr(t, "dtype", None)
     size = getattr(dtype, "itemsize", None)
-    if isinstance(size, int):
+    if isinstance(size, int) and not isinstance(size, bool):
         return size
-    return int(np.dtype(str(dtype)).itemsize)
+    d = _interface(t)
+    typestr = d.get("typestr") if d is not None else None
+    if typestr is None and dtype is not None:
+        typestr = str(dtype)
+    try:
+        return int(np.dtype(typestr).itemsize)
+    except (TypeError, ValueError) as e:
+        raise _type_error(f"{name}: cannot tell its element type ({typestr!r})") from e
 
 
 def _first_bytes(t: Any, n: int, index: int) -> Any:

@@ -179,7 +179,7 @@ namespace {
 void int_type(IntArray& a, dlpack::DataType t, const std::string& name) {
   if ((t.code != dlpack::kInt && t.code != dlpack::kUInt) || t.lanes != 1 ||
       (t.bits != 8 && t.bits != 16 && t.bits != 32 && t.bits != 64))
-    bad_argument(name + ": dtype " + dtype_text(t) + " is not an integer type");
+    bad_type(name + ": " + dtype_text(t) + " is not an integer type (ids, sizes and pointers are integers)");
   a.itemsize = t.bits / 8;
   a.is_signed = t.code == dlpack::kInt;
 }
@@ -188,6 +188,8 @@ void int_shape(IntArray& a, const std::vector<std::int64_t>& shape, const std::v
                const std::string& name) {
   if (shape.empty() || shape.size() > 2)
     bad_argument(name + ": expected a 1-D or 2-D integer array, got " + std::to_string(shape.size()) + " dimensions");
+  for (const std::int64_t d : shape)
+    if (d < 0) bad_argument(name + ": a dimension of " + std::to_string(d) + " elements");
   a.ndim = static_cast<int>(shape.size());
   for (int i = 0; i < a.ndim; ++i) {
     a.shape[i] = shape[i];
@@ -220,19 +222,56 @@ bool is_torch_tensor(py::handle obj) {
   return r > 0;
 }
 
+std::string IntArray::element(std::size_t i, std::size_t j) const {
+  if (scalar) return name;
+  return name + "[" + std::to_string(i) + "]" + (ndim == 2 ? "[" + std::to_string(j) + "]" : "");
+}
+
+std::uint64_t IntArray::at(std::size_t i, std::size_t j, std::uint64_t max, const std::string& limit) const {
+  std::uint64_t v = 0;
+  const std::size_t r = scalar ? 0 : i;
+  if (!raw(r, j, v))
+    bad_argument(element(r, j) + ": " + std::to_string(static_cast<std::int64_t>(v)) + " is negative", i);
+  if (v > max)
+    bad_argument(element(r, j) + ": " + std::to_string(v) + " is out of range (" +
+                     (limit.empty() ? "at most " + std::to_string(max) : limit) + ")",
+                 i);
+  return v;
+}
+
+namespace {
+
+// Array element types by name, for messages ("float32 is not an integer type").
+std::string format_text(const std::string& fmt) {
+  if (fmt == "?") return "bool";
+  if (fmt == "e") return "float16";
+  if (fmt == "f") return "float32";
+  if (fmt == "d") return "float64";
+  if (fmt == "g") return "longdouble";
+  if (!fmt.empty() && fmt.back() == 'Z') return "complex";
+  return "format '" + fmt + "'";
+}
+
+}  // namespace
+
 IntArray int_array(py::handle obj, const std::string& name, bool allow_scalar) {
   IntArray a;
-  if (py::isinstance<py::int_>(obj) && !py::isinstance<py::bool_>(obj)) {
-    if (!allow_scalar) bad_argument(name + ": expected an array of integers, got an int");
-    const auto v = PyLong_AsLongLong(obj.ptr());
-    if (v < 0 && !PyErr_Occurred()) bad_argument(name + ": " + std::to_string(v) + " is negative");
-    PyErr_Clear();
+  a.name = name;
+  // A single integer (sizes: one for every block).
+  if (PyLong_Check(obj.ptr()) || PyBool_Check(obj.ptr()) || PyFloat_Check(obj.ptr())) {
+    if (!allow_scalar)
+      bad_type(name + ": expected an array of integers (numpy array, CPU tensor or list), got " + type_name(obj));
+    const IntValue v = int_value(obj, name);
+    if (v.negative) bad_argument(name + ": " + v.text() + " is negative");
+    if (v.huge) bad_argument(name + ": " + v.text() + " is out of range");
     a.scalar = true;
-    a.storage.push_back(obj.cast<std::uint64_t>());
+    a.storage.push_back(v.magnitude);
     a.data = reinterpret_cast<const std::byte*>(a.storage.data());
     a.shape[0] = 1;
     return a;
   }
+  if (obj.is_none() || py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) || PyDict_Check(obj.ptr()))
+    bad_type(name + ": expected an array of integers (numpy array, CPU tensor or list), got " + type_name(obj));
   // Buffers (numpy arrays, array.array): read in place.
   if (PyObject_CheckBuffer(obj.ptr())) {
     auto view = std::shared_ptr<Py_buffer>(new Py_buffer, [](Py_buffer* b) {
@@ -242,12 +281,15 @@ IntArray int_array(py::handle obj, const std::string& name, bool allow_scalar) {
     if (PyObject_GetBuffer(obj.ptr(), view.get(), PyBUF_STRIDES | PyBUF_FORMAT) == 0) {
       std::string fmt = view->format != nullptr ? view->format : "B";
       if (!fmt.empty() && (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@' || fmt[0] == '!' || fmt[0] == '>')) {
-        if (fmt[0] == '>' || fmt[0] == '!') bad_argument(name + ": big-endian integers are not supported");
+        if ((fmt[0] == '>' || fmt[0] == '!') && view->itemsize > 1)
+          bad_argument(name + ": big-endian integers are not supported");
         fmt = fmt.substr(1);
       }
       const std::string ints = "bBhHiIlLqQnN";
       if (fmt.size() != 1 || ints.find(fmt[0]) == std::string::npos)
-        bad_argument(name + ": buffer of format '" + fmt + "' is not an integer array");
+        bad_type(name + ": " + format_text(fmt) + " is not an integer type (ids, sizes and pointers are integers)");
+      if (view->itemsize != 1 && view->itemsize != 2 && view->itemsize != 4 && view->itemsize != 8)
+        bad_type(name + ": " + std::to_string(view->itemsize) + "-byte integers are not supported");
       a.itemsize = static_cast<int>(view->itemsize);
       a.is_signed = std::islower(static_cast<unsigned char>(fmt[0])) != 0;
       std::vector<std::int64_t> shape(view->shape, view->shape + view->ndim);
@@ -261,13 +303,17 @@ IntArray int_array(py::handle obj, const std::string& name, bool allow_scalar) {
   }
   // A torch CPU tensor (a block mapping, say) as its numpy view, read as a buffer: a DLPack
   // export costs several microseconds of Python (torch's __dlpack__), the view about one. What
-  // torch will not view so (CUDA tensors, tensors that need grad) takes the DLPack path below,
-  // with its messages.
+  // torch will not view so (CUDA tensors, tensors that need grad, bfloat16) takes the DLPack path
+  // below, with its messages.
   if (is_torch_tensor(obj)) {
     static PyObject* const numpy_name = PyUnicode_InternFromString("numpy");
     if (PyObject* view = PyObject_CallMethodNoArgs(obj.ptr(), numpy_name)) {
       const py::object keep = py::reinterpret_steal<py::object>(view);
-      if (PyObject_CheckBuffer(view)) return int_array(keep, name, allow_scalar);
+      if (PyObject_CheckBuffer(view)) {
+        IntArray out = int_array(keep, name, allow_scalar);
+        out.owner = keep;
+        return out;
+      }
     } else {
       PyErr_Clear();
     }
@@ -278,6 +324,8 @@ IntArray int_array(py::handle obj, const std::string& name, bool allow_scalar) {
     TensorView v = tensor_view(obj, name, std::nullopt, {});
     if (!v.host())
       bad_argument(name + ": must be in host memory (a CPU array or tensor), not on " + device_text(v));
+    if (v.dtype.code == dlpack::kBool || v.dtype.code == dlpack::kFloat || v.dtype.code == dlpack::kBfloat)
+      bad_type(name + ": " + dtype_text(v.dtype) + " is not an integer type (ids, sizes and pointers are integers)");
     int_type(a, v.dtype, name);
     std::vector<std::int64_t> strides(v.strides.size());
     for (std::size_t i = 0; i < strides.size(); ++i) strides[i] = v.strides[i] * a.itemsize;
@@ -286,51 +334,47 @@ IntArray int_array(py::handle obj, const std::string& name, bool allow_scalar) {
     a.owner = std::move(v.owner);
     return a;
   }
-  // Sequences (lists, tuples), 1-D or of pairs.
-  if (py::isinstance<py::sequence>(obj) && !py::isinstance<py::str>(obj)) {
-    py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
-    const std::size_t n = seq.size();
-    int cols = 0;  // 0: 1-D
-    a.storage.reserve(n);
-    auto take = [&](py::handle x, std::size_t i, std::size_t j) {
-      if (!py::isinstance<py::int_>(x) || py::isinstance<py::bool_>(x)) {
-        // numpy scalars and 0-d tensors convert through __index__.
-        if (!py::hasattr(x, "__index__"))
-          bad_argument(name + "[" + std::to_string(i) + (cols ? "][" + std::to_string(j) : "") +
-                       "]: expected an int, got " + type_name(x));
-      }
-      const auto big = py::reinterpret_steal<py::object>(PyNumber_Index(x.ptr()));
-      if (!big) throw py::error_already_set();
-      if (PyLong_AsLongLong(big.ptr()) < 0 && !PyErr_Occurred())
-        bad_argument(name + "[" + std::to_string(i) + (cols ? "][" + std::to_string(j) : "") +
-                     "]: " + std::string(py::str(big)) + " is negative");
-      PyErr_Clear();
-      a.storage.push_back(big.cast<std::uint64_t>());
-    };
-    for (std::size_t i = 0; i < n; ++i) {
-      py::object x = seq[i];
-      const bool pair = py::isinstance<py::sequence>(x) && !py::isinstance<py::str>(x);
-      if (i == 0) cols = pair ? static_cast<int>(py::len(x)) : 0;
-      if (pair != (cols != 0) || (pair && static_cast<int>(py::len(x)) != cols))
-        bad_argument(name + "[" + std::to_string(i) + "]: rows differ in shape");
-      if (pair) {
-        py::sequence row = py::reinterpret_borrow<py::sequence>(x);
-        for (int j = 0; j < cols; ++j) take(row[j], i, j);
-      } else {
-        take(x, i, 0);
-      }
+  // Sequences (lists, tuples), 1-D or of rows of one length: every element an int, each
+  // checked as it is read (a negative or too large one is reported at once, naming it).
+  if (!PySequence_Check(obj.ptr()))
+    bad_type(name + ": expected an array of integers (numpy array, CPU tensor or list), got " + type_name(obj));
+  py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
+  const std::size_t n = seq.size();
+  int cols = 0;  // 0: 1-D
+  a.storage.reserve(n);
+  auto take = [&](py::handle x, std::size_t i, std::size_t j) {
+    const std::string at = name + "[" + std::to_string(i) + "]" + (cols ? "[" + std::to_string(j) + "]" : "");
+    const IntValue v = int_value(x, at);
+    if (v.negative) bad_argument(at + ": " + v.text() + " is negative", i);
+    if (v.huge) bad_argument(at + ": " + v.text() + " is out of range", i);
+    a.storage.push_back(v.magnitude);
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    py::object x = seq[i];
+    const bool pair = PySequence_Check(x.ptr()) && !py::isinstance<py::str>(x) && !PyLong_Check(x.ptr()) &&
+                      !py::hasattr(x, "__index__");
+    if (i == 0) {
+      cols = pair ? static_cast<int>(py::len(x)) : 0;
+      if (pair && cols == 0) bad_argument(name + "[0]: an empty row");
     }
-    a.itemsize = 8;
-    a.is_signed = false;
-    a.data = reinterpret_cast<const std::byte*>(a.storage.data());
-    a.ndim = cols ? 2 : 1;
-    a.shape[0] = static_cast<std::int64_t>(n);
-    a.shape[1] = cols ? cols : 1;
-    a.strides[0] = 8 * std::max(cols, 1);
-    a.strides[1] = 8;
-    return a;
+    if (pair != (cols != 0) || (pair && static_cast<int>(py::len(x)) != cols))
+      bad_argument(name + "[" + std::to_string(i) + "]: rows differ in shape", i);
+    if (pair) {
+      py::sequence row = py::reinterpret_borrow<py::sequence>(x);
+      for (int j = 0; j < cols; ++j) take(row[j], i, j);
+    } else {
+      take(x, i, 0);
+    }
   }
-  bad_argument(name + ": expected an integer array (numpy array, CPU tensor or list), got " + type_name(obj));
+  a.itemsize = 8;
+  a.is_signed = false;
+  a.data = reinterpret_cast<const std::byte*>(a.storage.data());
+  a.ndim = cols ? 2 : 1;
+  a.shape[0] = static_cast<std::int64_t>(n);
+  a.shape[1] = cols ? cols : 1;
+  a.strides[0] = 8 * std::max(cols, 1);
+  a.strides[1] = 8;
+  return a;
 }
 
 }  // namespace gfd::python

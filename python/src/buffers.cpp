@@ -6,7 +6,6 @@
 
 #include <utility>
 
-#include "host/host_pool.hpp"
 
 namespace gfd::python {
 namespace {
@@ -77,56 +76,72 @@ py::object buffer_dlpack(const Buffer& b, py::object stream, py::object max_vers
 
 }  // namespace
 
-std::vector<std::int64_t> shape_from(py::handle shape) {
+std::vector<std::int64_t> shape_from(py::handle shape, const std::string& name) {
   std::vector<std::int64_t> out;
-  if (py::isinstance<py::int_>(shape)) out.push_back(shape.cast<std::int64_t>());
-  else
-    for (py::handle s : shape) out.push_back(s.cast<std::int64_t>());
-  for (std::size_t i = 0; i < out.size(); ++i)
-    if (out[i] < 0) bad_argument("shape[" + std::to_string(i) + "]: " + std::to_string(out[i]) + " is negative");
+  if (PyLong_Check(shape.ptr()) || PyBool_Check(shape.ptr()) || PyFloat_Check(shape.ptr())) {
+    out.push_back(int_arg(shape, name, 0, INT64_MAX));
+    return out;
+  }
+  if (shape.is_none() || py::isinstance<py::str>(shape) || !PySequence_Check(shape.ptr()))
+    bad_type(name + ": expected an int or a sequence of ints, got " + type_name(shape));
+  const py::sequence seq = py::reinterpret_borrow<py::sequence>(shape);
+  const std::size_t n = seq.size();
+  if (n > 32) bad_argument(name + ": " + std::to_string(n) + " dimensions (at most 32)");
+  for (std::size_t i = 0; i < n; ++i)
+    out.push_back(int_arg(seq[i], name + "[" + std::to_string(i) + "]", 0, INT64_MAX));
   return out;
 }
 
+std::size_t shape_bytes(const std::vector<std::int64_t>& shape, std::size_t itemsize, const std::string& name) {
+  std::size_t n = itemsize;
+  for (const std::int64_t d : shape)
+    if (__builtin_mul_overflow(n, static_cast<std::size_t>(d), &n))
+      bad_argument(name + ": the shape has more bytes than an address space");
+  return n;
+}
+
 Buffer pool_view(const std::shared_ptr<HostPool>& pool, py::handle shape, const std::string& dtype,
-                 std::size_t offset) {
+                 py::handle offset_arg, const std::string& fn) {
   Buffer b;
-  b.shape = shape_from(shape);
+  b.shape = shape_from(shape, fn + ": shape");
   b.dtype = &dtype_named(dtype);
+  b.nbytes = shape_bytes(b.shape, b.itemsize(), fn + ": shape");
   b.pool = pool;
   b.owner = pool;
+  const std::uint64_t offset = uint_arg(offset_arg, fn + ": offset");
   if (offset % b.itemsize() != 0)
-    bad_argument("offset: " + std::to_string(offset) + " is not a multiple of the element size " +
+    bad_argument(fn + ": offset: " + std::to_string(offset) + " is not a multiple of the element size " +
                  std::to_string(b.itemsize()));
-  if (offset > pool->bytes() || b.nbytes() > pool->bytes() - offset)
-    bad_argument("shape: " + std::to_string(b.nbytes()) + " bytes at offset " + std::to_string(offset) +
+  if (offset > pool->bytes() || b.nbytes > pool->bytes() - offset)
+    bad_argument(fn + ": shape: " + std::to_string(b.nbytes) + " bytes at offset " + std::to_string(offset) +
                  " do not fit in the pool's " + std::to_string(pool->bytes()) + " bytes");
   b.data = pool->data() + offset;
   return b;
 }
 
-std::shared_ptr<HostPool> make_pool(std::size_t bytes, int device, int numa_node, bool reg,
-                                    std::shared_ptr<detail::Device> on) {
-  HostPoolOptions o{.bytes = bytes, .device = device, .numa_node = numa_node, .register_memory = reg};
-  py::gil_scoped_release nogil;  // pinning takes a while for a large pool
-  if (on) return std::make_shared<HostPool>(detail::HostPoolAccess::make(o, std::move(on)));
-  return std::make_shared<HostPool>(o);
-}
-
-
 void register_buffers(py::module_& m) {
   py::class_<HostPool, std::shared_ptr<HostPool>>(m, "_HostPool")
-      .def(py::init([](std::size_t bytes, int device, int numa_node, bool reg) {
-             return make_pool(bytes, device, numa_node, reg, nullptr);
+      .def(py::init([](py::handle bytes, py::handle device, py::handle numa_node, py::handle reg) {
+             // No pool is larger than the address space: checked before the 2 MiB rounding.
+             HostPoolOptions o;
+             o.bytes = static_cast<std::size_t>(uint_arg(bytes, "HostPool: bytes", host_address_end() / 2));
+             if (o.bytes == 0) bad_argument("HostPool: bytes: must be at least 1");
+             o.device = static_cast<int>(int_arg(device, "HostPool: device", -1, INT32_MAX));
+             o.numa_node = static_cast<int>(int_arg(numa_node, "HostPool: numa_node", -2, INT32_MAX));
+             if (!PyBool_Check(reg.ptr())) bad_type("HostPool: register: expected a bool, got " + type_name(reg));
+             o.register_memory = reg.ptr() == Py_True;
+             py::gil_scoped_release nogil;  // pinning takes a while for a large pool
+             return std::make_shared<HostPool>(o);
            }),
            py::arg("bytes"), py::arg("device"), py::arg("numa_node"), py::arg("register"))
-      .def_property_readonly("address", [](const HostPool& p) { return reinterpret_cast<std::uintptr_t>(p.data()); })
-      .def_property_readonly("nbytes", &HostPool::bytes)
+      .def_property_readonly("data", [](const HostPool& p) { return reinterpret_cast<std::uintptr_t>(p.data()); })
+      .def_property_readonly("bytes", &HostPool::bytes)
       .def_property_readonly("hugepages", [](const HostPool& p) { return std::string(to_string(p.hugepages())); })
       .def_property_readonly("numa_node", &HostPool::numa_node)
       .def_property_readonly("registered", &HostPool::registered)
       .def_property_readonly("device", &HostPool::device)
       .def("view", [](const std::shared_ptr<HostPool>& p, py::handle shape, const std::string& dtype,
-                      std::size_t offset) { return pool_view(p, shape, dtype, offset); },
+                      py::handle offset) { return pool_view(p, shape, dtype, offset, "view"); },
            py::arg("shape"), py::arg("dtype"), py::arg("offset") = 0);
 
   py::class_<Buffer>(m, "Buffer", R"doc(
@@ -158,7 +173,7 @@ made from it.)doc")
       .def_property_readonly("dtype", [](const Buffer& b) { return std::string(b.dtype->name); },
                              "Element type name ('float16', 'bfloat16', 'uint8', ...).")
       .def_property_readonly("itemsize", &Buffer::itemsize, "Bytes per element.")
-      .def_property_readonly("nbytes", &Buffer::nbytes, "Bytes of the view.")
+      .def_readonly("nbytes", &Buffer::nbytes, "Bytes of the view.")
       .def_property_readonly("is_host", [](const Buffer& b) { return b.device_type == dlpack::kCPU; },
                              "True for host memory, False for device memory.")
       .def_property_readonly("pool", [](const Buffer& b) -> py::object {

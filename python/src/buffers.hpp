@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "device/device.hpp"
 #include "dlpack.hpp"
 #include "ext.hpp"
 #include "gfd/gfd.hpp"
@@ -27,23 +26,17 @@ struct Buffer {
   int device_id = 0;
   bool host_accessible = true;
 
-  std::size_t count() const {
-    std::size_t n = 1;
-    for (auto s : shape) n *= static_cast<std::size_t>(s);
-    return n;
-  }
   std::size_t itemsize() const { return std::size_t{dtype->dl.bits} / 8 * dtype->dl.lanes; }
-  std::size_t nbytes() const { return count() * itemsize(); }
+  std::size_t nbytes = 0;  // checked when the shape is set (shape_bytes)
 };
 
-// Dimensions from an int or a sequence of ints (gfd.Error for a negative one).
-std::vector<std::int64_t> shape_from(py::handle shape);
+// Dimensions from an int or a sequence of ints (gfd.Error naming `name` for a negative one).
+std::vector<std::int64_t> shape_from(py::handle shape, const std::string& name);
+// Bytes of `shape` elements of `itemsize` bytes, checked for overflow (gfd.Error naming `name`).
+std::size_t shape_bytes(const std::vector<std::int64_t>& shape, std::size_t itemsize, const std::string& name);
 // A view of `shape` and `dtype` at byte `offset` of `pool` (gfd.Error when it does not fit).
 Buffer pool_view(const std::shared_ptr<HostPool>& pool, py::handle shape, const std::string& dtype,
-                 std::size_t offset);
-// A pool of `bytes` for `device` (the GIL released while it is pinned); `on`: the emulated device.
-std::shared_ptr<HostPool> make_pool(std::size_t bytes, int device, int numa_node, bool reg,
-                                    std::shared_ptr<detail::Device> on);
+                 py::handle offset, const std::string& fn);
 // gfd._gfd._HostPool and gfd._gfd.Buffer.
 void register_buffers(py::module_& m);
 

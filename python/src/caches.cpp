@@ -1,14 +1,13 @@
 // Cache sets from Python: tensors described to the engine once (register_tensors), transfers on
-// them by block ids (copy_on_set), and the small cache that finds swap_blocks' set again from its
-// tensors (SetCache), so that a runtime's per-call cost is the ids, not the tensors.
+// them by block ids (copy_on_set), through the public Engine::register_caches / copy_blocks.
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <regex>
 #include <string>
 #include <vector>
 
-#include "engine_core.hpp"
 #include "engine_holder.hpp"
 
 namespace gfd::python {
@@ -24,244 +23,172 @@ std::string name_of(const Names& names, std::size_t i) {
 }
 
 // One cache tensor as a block array: the first dimension indexes blocks, the rest of a block is
-// compact (one contiguous range).
-BlockArray block_array(const TensorView& v, const std::string& fn, const std::string& name) {
-  if (v.shape.empty()) bad_argument(fn + ": " + name + ": a cache needs a first (block) dimension; got a scalar");
-  const std::size_t item = item_bytes(v.dtype, fn + ": " + name);
+// compact (one contiguous range). Products of dimensions and strides are checked for overflow
+// (a foreign array interface may describe any shape).
+BlockArray block_array(const TensorView& v, const std::string& name) {
+  if (v.shape.empty()) bad_argument(name + ": a cache needs a first (block) dimension; got a scalar");
+  for (std::size_t i = 0; i < v.shape.size(); ++i)
+    if (v.shape[i] < 0) bad_argument(name + ": dimension " + std::to_string(i) + " is negative");
+  const std::size_t item = item_bytes(v.dtype, name);
   std::int64_t expect = 1;
   for (int i = static_cast<int>(v.shape.size()) - 1; i >= 1; --i) {
     if (v.shape[i] != 1 && v.strides[i] != expect)
-      bad_argument(fn + ": " + name + ": each block must be contiguous (dimensions 1.. of the cache "
-                                      "compact, row-major); dimension " + std::to_string(i) + " has stride " +
-                   std::to_string(v.strides[i]) + ", expected " + std::to_string(expect));
-    expect *= v.shape[i];
+      bad_argument(name + ": each block must be contiguous (dimensions 1.. of the cache compact, row-major); "
+                          "dimension " + std::to_string(i) + " has stride " + std::to_string(v.strides[i]) +
+                   ", expected " + std::to_string(expect));
+    if (__builtin_mul_overflow(expect, v.shape[i], &expect))
+      bad_argument(name + ": a block of this shape has more elements than an address space");
   }
+  std::size_t block_bytes = 0, stride = 0;
+  if (__builtin_mul_overflow(static_cast<std::size_t>(expect), item, &block_bytes))
+    bad_argument(name + ": a block of this shape has more bytes than an address space");
   if (v.shape[0] > 1 && v.strides[0] < expect)
-    bad_argument(fn + ": " + name + ": blocks overlap or run backwards (stride of dimension 0 is " +
+    bad_argument(name + ": blocks overlap or run backwards (stride of dimension 0 is " +
                  std::to_string(v.strides[0]) + " elements, a block has " + std::to_string(expect) + ")");
+  if (v.shape[0] > 1 && __builtin_mul_overflow(static_cast<std::size_t>(v.strides[0]), item, &stride))
+    bad_argument(name + ": the block stride has more bytes than an address space");
   BlockArray a;
   a.base = v.data;
   a.blocks = static_cast<std::size_t>(v.shape[0]);
-  a.block_bytes = static_cast<std::size_t>(expect) * item;
-  a.stride = v.shape[0] > 1 ? static_cast<std::size_t>(v.strides[0]) * item : a.block_bytes;
+  a.block_bytes = block_bytes;
+  a.stride = v.shape[0] > 1 ? stride : block_bytes;
   return a;
 }
 
-// Ids as the engine reads them: 4- or 8-byte signed integers in place; anything else copied.
-BlockIds block_ids(const IntArray& a, std::size_t column, std::vector<std::int64_t>& copy) {
+// Ids as the engine reads them: 4- or 8-byte signed integers in place (the engine checks each
+// against the caches and names it); anything else copied, each value checked against `limit`.
+BlockIds block_ids(const IntArray& a, std::size_t limit, const std::string& what, std::vector<std::int64_t>& copy) {
   const std::size_t n = a.rows();
-  if (a.is_signed && (a.itemsize == 8 || a.itemsize == 4))
-    return BlockIds(a.data + static_cast<std::int64_t>(column) * a.strides[1], n, a.strides[0],
-                    static_cast<std::uint8_t>(a.itemsize));
+  if (a.is_signed && (a.itemsize == 8 || a.itemsize == 4) && a.storage.empty())
+    return BlockIds(a.data, n, a.strides[0], static_cast<std::uint8_t>(a.itemsize));
   copy.resize(n);
+  const std::uint64_t max = limit == 0 ? 0 : limit - 1;
+  const std::string text = what + " " + std::to_string(limit) + " blocks";
   for (std::size_t i = 0; i < n; ++i) {
     std::uint64_t v = 0;
-    if (!a.get(i, column, v) || v > static_cast<std::uint64_t>(INT64_MAX)) v = static_cast<std::uint64_t>(-1);
+    if (!a.raw(i, 0, v) || v > max) v = a.at(i, 0, max, text);  // throws, naming the element
     copy[i] = static_cast<std::int64_t>(v);
   }
   return BlockIds(copy.data(), n, 8, 8);
 }
 
+// The engine names the arrays of a set "pairs[p].host" / "pairs[p].device": Python's names are
+// the tensors' ("host[3]", "device[0]").
+Error renamed(const Error& e, const Names& host_names, const Names& device_names) {
+  static const std::regex label(R"(pairs\[(\d+)\]\.(host|device))");
+  const std::string m = e.what();
+  std::string out;
+  auto it = std::sregex_iterator(m.begin(), m.end(), label);
+  std::size_t at = 0;
+  for (; it != std::sregex_iterator(); ++it) {
+    const std::smatch& x = *it;
+    out += m.substr(at, static_cast<std::size_t>(x.position(0)) - at);
+    const std::size_t p = std::stoul(x[1].str());
+    out += x[2].str() == "host" ? name_of(host_names, p) : name_of(device_names, p);
+    at = static_cast<std::size_t>(x.position(0) + x.length(0));
+  }
+  out += m.substr(at);
+  return Error(e.code(), out, e.block());
+}
+
 }  // namespace
 
-std::shared_ptr<PyCacheSet> register_tensors(EngineHolder& h, const py::sequence& firsts,
-                                             const py::sequence& seconds, const std::string& fn,
-                                             const Names& first_names, const Names& second_names,
-                                             bool host_first, std::optional<detail::StreamHandle> stream) {
-  const std::size_t pairs = firsts.size();
-  if (seconds.size() != pairs)
-    bad_argument(fn + ": " + std::to_string(pairs) + (host_first ? " host caches but " : " source caches but ") +
-                 std::to_string(seconds.size()) + (host_first ? " device caches" : " destination caches"));
+Direction direction_arg(py::handle v, const std::string& name) {
+  py::object value = py::reinterpret_borrow<py::object>(v);
+  // gfd.Direction members are str enums: their value is the name.
+  if (py::hasattr(v, "value") && !py::isinstance<py::str>(v)) value = v.attr("value");
+  if (py::isinstance<py::str>(value)) {
+    const std::string s = py::str(value);
+    if (s == "to_device") return Direction::kToDevice;
+    if (s == "to_host") return Direction::kToHost;
+    bad_argument(name + ": '" + s + "' is not a direction (gfd.Direction.TO_DEVICE, gfd.Direction.TO_HOST, "
+                        "'to_device' or 'to_host')");
+  }
+  bad_type(name + ": expected gfd.Direction.TO_DEVICE, gfd.Direction.TO_HOST, 'to_device' or 'to_host', got " +
+           type_name(v));
+}
+
+std::shared_ptr<PyCacheSet> register_tensors(EngineHolder& h, const py::sequence& host, const py::sequence& device,
+                                             const Names& host_names, const Names& device_names) {
+  const std::string fn = "register_caches";
+  const std::size_t pairs = host.size();
+  if (device.size() != pairs)
+    bad_argument(fn + ": " + std::to_string(pairs) + " host caches but " + std::to_string(device.size()) +
+                 " device caches");
+  if (pairs == 0) bad_argument(fn + ": host: no cache given");
   std::vector<CachePair> ps(pairs);
-  std::vector<std::string> labels(2 * pairs);
-  // With a stream (a call that registers its tensors as it goes), device tensors are made ready
-  // on it as their protocols ask: DLPack's producer, the CUDA array interface's stream. A set
-  // registered ahead (Engine.register_caches) reads only where the memory is and its shape;
-  // each transfer on it is ordered on its caller's stream.
-  std::optional<std::uintptr_t> stream_value;
-  if (stream) stream_value = reinterpret_cast<std::uintptr_t>(*stream);
-  std::function<void(std::uintptr_t)> sync_to;
-  if (stream)
-    sync_to = [&h, st = *stream](std::uintptr_t producer) {
-      KeepCurrentDevice keep;
-      detail::Device& d = h.device_of();
-      detail::EventHandle e = d.create_event(false);
-      d.record_event(e, reinterpret_cast<detail::StreamHandle>(producer));
-      d.stream_wait_event(st, e);
-      d.destroy_event(e);
-    };
-  int direction = 0;  // +1: the first list is the host side
   for (std::size_t p = 0; p < pairs; ++p) {
-    const std::string an = name_of(first_names, p), bn = name_of(second_names, p);
-    TensorView a = tensor_view(firsts[p], fn + ": " + an, stream_value, sync_to);
-    TensorView b = tensor_view(seconds[p], fn + ": " + bn, stream_value, sync_to);
-    for (const auto* v : {&a, &b}) {
-      const std::string& n = v == &a ? an : bn;
-      if (!v->host() && !v->cuda())
-        bad_argument(fn + ": " + n + " is on " + device_text(*v) +
-                     "; gfd moves blocks between host memory and device memory of the engine's GPU");
-      if (v->cuda() && v->device_id >= 0 && v->device_id != h.ordinal)
-        bad_argument(fn + ": " + n + " is on " + device_text(*v) + ", but the engine serves GPU " +
-                     std::to_string(h.ordinal));
-    }
-    const int dir = a.host() && b.cuda() ? 1 : a.cuda() && b.host() ? -1 : 0;
-    if (dir == 0 || (host_first && dir != 1))
-      bad_argument(fn + ": " + an + " is on " + device_text(a) + " and " + bn + " on " + device_text(b) +
-                   (host_first ? "; the first must be host memory and the second device memory of GPU "
-                               : "; one must be host memory and the other device memory of GPU ") +
+    const std::string an = fn + ": " + name_of(host_names, p), bn = fn + ": " + name_of(device_names, p);
+    // A set registered ahead reads only where the memory is and its shape; each transfer on it
+    // is ordered on its caller's stream.
+    TensorView a = tensor_view(host[p], an, std::nullopt, {});
+    TensorView b = tensor_view(device[p], bn, std::nullopt, {});
+    if (!a.host())
+      bad_argument(an + " is on " + device_text(a) + "; the host caches must be in host memory");
+    if (!b.cuda())
+      bad_argument(bn + " is on " + device_text(b) + "; the device caches must be in device memory of GPU " +
                    std::to_string(h.ordinal));
-    if (direction != 0 && dir != direction)
-      bad_argument(fn + ": " + an + " -> " + bn + " goes the other way than " + name_of(first_names, 0) + " -> " +
-                   name_of(second_names, 0) + "; one transfer moves blocks in one direction");
-    direction = dir;
+    if (b.device_id >= 0 && b.device_id != h.ordinal)
+      bad_argument(bn + " is on " + device_text(b) + ", but the engine serves GPU " + std::to_string(h.ordinal));
     if (!same_type(a.dtype, b.dtype))
-      bad_argument(fn + ": " + bn + " has dtype " + dtype_text(b.dtype) + ", " + an + " " + dtype_text(a.dtype));
-    const BlockArray x = block_array(a, fn, an), y = block_array(b, fn, bn);
+      bad_argument(bn + " has dtype " + dtype_text(b.dtype) + ", " + name_of(host_names, p) + " " +
+                   dtype_text(a.dtype));
+    const BlockArray x = block_array(a, an), y = block_array(b, bn);
     if (x.block_bytes != y.block_bytes)
-      bad_argument(fn + ": blocks of " + an + " have " + std::to_string(x.block_bytes) + " bytes, blocks of " + bn +
-                   " " + std::to_string(y.block_bytes) + " (the shapes after the first dimension must match)");
-    const bool first_host = dir == 1;
-    ps[p].host = first_host ? x : y;
-    ps[p].device = first_host ? y : x;
-    labels[2 * p] = first_host ? an : bn;
-    labels[2 * p + 1] = first_host ? bn : an;
+      bad_argument(fn + ": blocks of " + name_of(host_names, p) + " have " + std::to_string(x.block_bytes) +
+                   " bytes, blocks of " + name_of(device_names, p) + " " + std::to_string(y.block_bytes) +
+                   " (the shapes after the first dimension must match)");
+    ps[p].host = x;
+    ps[p].device = y;
   }
   auto out = std::make_shared<PyCacheSet>();
-  out->first_is_host = direction >= 0;
   out->pairs = pairs;
-  if (pairs == 0) return out;  // nothing to describe: transfers on it move nothing
-  py::gil_scoped_release nogil;
-  KeepCurrentDevice keep;
-  // A set registered ahead may be used both ways; swap_blocks' goes the way its lists say, and
-  // only its destinations must not share a byte.
-  using Sides = detail::CacheSetState::Sides;
-  const Sides sides = host_first ? Sides::kBoth : out->first_is_host ? Sides::kDevice : Sides::kHost;
-  out->set = detail::EngineCore::of(*h.engine).register_caches(ps, std::move(labels), fn, sides);
+  out->engine = &h;
+  try {
+    py::gil_scoped_release nogil;
+    KeepCurrentDevice keep;
+    out->set = h.engine->register_caches(ps);
+  } catch (const Error& e) {
+    throw renamed(e, host_names, device_names);
+  }
   return out;
 }
 
-std::unique_ptr<PyTransfer> copy_on_set(EngineHolder& h, const PyCacheSet& set, bool to_device,
-                                        py::handle mapping, py::handle src_ids, py::handle dst_ids,
-                                        detail::StreamHandle stream, const std::string& fn) {
-  IntArray a, b;
-  std::string src_name, dst_name;
-  std::size_t src_col = 0, dst_col = 0;
-  const IntArray* dst_arr = &a;
-  if (!mapping.is_none()) {
-    a = int_array(mapping, fn + ": block_mapping", false);
-    if (a.rows() > 0 && (a.ndim != 2 || a.shape[1] != 2))
-      bad_argument(fn + ": block_mapping must have shape [N, 2] (src block, dst block), got " +
-                   (a.ndim == 2 ? "[" + std::to_string(a.shape[0]) + ", " + std::to_string(a.shape[1]) + "]"
-                                : "[" + std::to_string(a.shape[0]) + "]"));
-    dst_col = 1;
-    src_name = dst_name = fn + ": block_mapping row #";
-  } else {
-    a = int_array(src_ids, fn + ": src_indices", false);
-    b = int_array(dst_ids, fn + ": dst_indices", false);
-    dst_arr = &b;
-    if (a.ndim != 1 || b.ndim != 1) bad_argument(fn + ": src_indices and dst_indices must be 1-D");
-    if (a.rows() != b.rows())
-      bad_argument(fn + ": src_indices has " + std::to_string(a.rows()) + " entries, dst_indices " +
-                   std::to_string(b.rows()));
-    src_name = fn + ": src_indices row #";
-    dst_name = fn + ": dst_indices row #";
-  }
+std::unique_ptr<PyTransfer> copy_on_set(EngineHolder& h, const PyCacheSet& set, Direction dir, py::handle src_ids,
+                                        py::handle dst_ids, cudaStream_t stream) {
+  const std::string fn = "copy_blocks";
+  IntArray a = int_array(src_ids, fn + ": src_ids", false);
+  IntArray b = int_array(dst_ids, fn + ": dst_ids", false);
+  if (a.ndim != 1) bad_argument(fn + ": src_ids must be 1-D, got " + std::to_string(a.ndim) + " dimensions");
+  if (b.ndim != 1) bad_argument(fn + ": dst_ids must be 1-D, got " + std::to_string(b.ndim) + " dimensions");
+  if (a.rows() != b.rows())
+    bad_argument(fn + ": src_ids has " + std::to_string(a.rows()) + " ids, dst_ids " + std::to_string(b.rows()));
+  const bool to_device = dir == Direction::kToDevice;
+  const std::size_t src_limit = to_device ? set.set.host_blocks() : set.set.device_blocks();
+  const std::size_t dst_limit = to_device ? set.set.device_blocks() : set.set.host_blocks();
+  const char* src_side = to_device ? "the host caches have" : "the device caches have";
+  const char* dst_side = to_device ? "the device caches have" : "the host caches have";
+  // Cheap first: a destination block is written at most once per transfer, so more ids than
+  // destination blocks cannot be valid, whatever they are (no work in proportion to them).
+  if (a.rows() > dst_limit)
+    bad_argument(fn + ": dst_ids: " + std::to_string(a.rows()) + " ids, but " + dst_side + " " +
+                 std::to_string(dst_limit) + " blocks (each is written at most once per transfer)");
   Transfer t;
-  if (set.pairs != 0 && a.rows() != 0) {
+  if (a.rows() != 0) {
     std::vector<std::int64_t> src_copy, dst_copy;
-    const BlockIds s = block_ids(a, src_col, src_copy);
-    const BlockIds d = block_ids(*dst_arr, dst_col, dst_copy);
-    const Direction dir = to_device ? Direction::kToDevice : Direction::kToHost;
-    py::gil_scoped_release nogil;
-    t = detail::EngineCore::of(*h.engine).submit_blocks(set.set, dir, s, d, stream, src_name, dst_name);
+    const BlockIds s = block_ids(a, src_limit, src_side, src_copy);
+    const BlockIds d = block_ids(b, dst_limit, dst_side, dst_copy);
+    try {
+      py::gil_scoped_release nogil;
+      t = h.engine->copy_blocks(set.set, dir, s, d, stream);
+    } catch (const Error& e) {
+      throw Error(e.code(), fn + ": " + e.what(), e.block());
+    }
   }
-  auto out = std::make_unique<PyTransfer>(std::move(t), nullptr);
+  auto out = std::make_unique<PyTransfer>(std::move(t));
   for (const IntArray* x : {&a, &b})
     if (x->owner) out->keep.append(x->owner);
   return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-
-bool SetCache::key_of(py::handle t, std::uintptr_t& ptr, std::uint64_t& bytes) {
-  // Interned once and never released: a static py::str would be released after the
-  // interpreter is gone, at process exit.
-  static PyObject* const data_ptr = PyUnicode_InternFromString("data_ptr");
-  static PyObject* const nbytes = PyUnicode_InternFromString("nbytes");
-  // Two ints read: data_ptr() (a method call without a bound method made first) and nbytes (a
-  // property). This runs for every tensor of every call; `shape`, read here before, made a
-  // torch.Size and compared it, twice the cost of both (tools/py_call_cost.py).
-  auto read = [&](PyObject* v, std::uint64_t& out) {
-    if (v == nullptr) {
-      PyErr_Clear();
-      return false;
-    }
-    out = PyLong_AsUnsignedLongLong(v);
-    Py_DECREF(v);
-    if (PyErr_Occurred()) {
-      PyErr_Clear();
-      return false;
-    }
-    return true;
-  };
-  std::uint64_t p = 0;
-  if (!read(PyObject_CallMethodNoArgs(t.ptr(), data_ptr), p)) return false;
-  ptr = static_cast<std::uintptr_t>(p);
-  return read(PyObject_GetAttr(t.ptr(), nbytes), bytes);
-}
-
-std::shared_ptr<PyCacheSet> SetCache::find(const py::sequence& a, const py::sequence& b, const std::string& fn) {
-  const std::size_t na = a.size(), n = na + b.size();
-  // The items without a new reference each where the lists are lists (swap_blocks makes them so).
-  auto item = [&](std::size_t i) -> py::object {
-    const py::sequence& s = i < na ? a : b;
-    const std::size_t j = i < na ? i : i - na;
-    if (PyList_Check(s.ptr())) return py::reinterpret_borrow<py::object>(PyList_GET_ITEM(s.ptr(), j));
-    return s[j];
-  };
-  for (std::size_t k = entries_.size(); k-- > 0;) {
-    Entry& e = entries_[k];
-    if (e.refs.size() != n || e.fn != fn) continue;
-    bool same = true;
-    // The very objects first (their weak references still lead to them): cheap, and a list of
-    // other tensors fails here without reading any tensor.
-    for (std::size_t i = 0; i < n && same; ++i) same = PyWeakref_GetObject(e.refs[i].ptr()) == item(i).ptr();
-    // Then each one's memory, as registered: where it starts and how many bytes it spans.
-    for (std::size_t i = 0; i < n && same; ++i) {
-      std::uintptr_t ptr = 0;
-      std::uint64_t bytes = 0;
-      same = key_of(item(i), ptr, bytes) && ptr == e.ptrs[i] && bytes == e.sizes[i];
-    }
-    if (!same) continue;
-    std::shared_ptr<PyCacheSet> set = e.set;
-    if (k + 1 != entries_.size()) std::rotate(entries_.begin() + k, entries_.begin() + k + 1, entries_.end());
-    return set;
-  }
-  return nullptr;
-}
-
-void SetCache::add(const py::sequence& a, const py::sequence& b, const std::string& fn,
-                   std::shared_ptr<PyCacheSet> set) {
-  Entry e;
-  e.fn = fn;
-  e.set = std::move(set);
-  const std::size_t n = a.size() + b.size();
-  for (std::size_t i = 0; i < n; ++i) {
-    py::handle t = i < a.size() ? a[i] : b[i - a.size()];
-    std::uintptr_t ptr = 0;
-    std::uint64_t bytes = 0;
-    if (!key_of(t, ptr, bytes)) return;  // not a torch tensor: registered again at each call
-    PyObject* ref = PyWeakref_NewRef(t.ptr(), nullptr);
-    if (ref == nullptr) {
-      PyErr_Clear();
-      return;
-    }
-    e.refs.push_back(py::reinterpret_steal<py::object>(ref));
-    e.ptrs.push_back(ptr);
-    e.sizes.push_back(bytes);
-  }
-  if (entries_.size() == kEntries) entries_.erase(entries_.begin());
-  entries_.push_back(std::move(e));
 }
 
 }  // namespace gfd::python

@@ -7,7 +7,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 namespace gfd::python {
@@ -16,15 +18,28 @@ namespace gfd::python {
 // Errors: one Python exception class, gfd.Error(RuntimeError), with .code and .block.
 
 namespace {
-PyObject* g_error_type = nullptr;
+PyObject* g_error_type = nullptr;     // gfd.Error
+PyObject* g_argument_type = nullptr;  // gfd.InvalidArgument
+PyObject* g_type_type = nullptr;      // gfd.InvalidType
+
+PyObject* new_class(const char* name, const char* doc, PyObject* bases, const py::dict& attrs) {
+  PyObject* t = PyErr_NewExceptionWithDoc(name, doc, bases, attrs.ptr());
+  if (t == nullptr) throw py::error_already_set();
+  return t;
+}
 }  // namespace
 
-[[noreturn]] void bad_argument(const std::string& message) {
-  throw Error(ErrorCode::kInvalidArgument, message);
+[[noreturn]] void bad_argument(const std::string& message, std::uint64_t block) {
+  throw Error(ErrorCode::kInvalidArgument, message, static_cast<std::size_t>(block));
 }
 
+[[noreturn]] void bad_type(const std::string& message) { throw TypeArgError(message); }
+
 py::object make_error(const Error& e) {
-  py::object type = py::reinterpret_borrow<py::object>(g_error_type);
+  PyObject* cls = g_error_type;
+  if (dynamic_cast<const TypeArgError*>(&e) != nullptr) cls = g_type_type;
+  else if (e.code() == ErrorCode::kInvalidArgument) cls = g_argument_type;
+  py::object type = py::reinterpret_borrow<py::object>(cls);
   py::object exc = type(py::str(e.what()));
   exc.attr("code") = py::str(to_string(e.code()));
   exc.attr("block") = e.block() == kNoBlock ? py::none() : py::object(py::int_(e.block()));
@@ -35,20 +50,41 @@ void register_error_type(py::module_& m) {
   py::dict error_defaults;  // class attributes: instances made in Python read these
   error_defaults["code"] = py::str("invalid_argument");
   error_defaults["block"] = py::none();
-  g_error_type = PyErr_NewExceptionWithDoc(
+  g_error_type = new_class(
       "gfd.Error",
-      "Every error gfd reports. `code` names the kind ('invalid_argument', 'cuda', 'system', "
-      "'shutdown', 'no_device', ...); `block` is the index of the offending block (for "
-      "swap_blocks: the row of the block mapping), or None. The message says exactly what and where.",
-      PyExc_RuntimeError, error_defaults.ptr());
-  if (g_error_type == nullptr) throw py::error_already_set();
+      "Every error gfd raises. `code` names the kind ('invalid_argument', 'cuda', 'system', "
+      "'shutdown', 'no_device', ...); `block` is the index of the offending block or id row, or "
+      "None. The message names the call and the argument.",
+      PyExc_RuntimeError, error_defaults);
+  py::dict none;
+  PyObject* bases = PyTuple_Pack(2, g_error_type, PyExc_ValueError);
+  g_argument_type = new_class(
+      "gfd.InvalidArgument",
+      "A bad argument (code 'invalid_argument'): a gfd.Error and a ValueError. Raised before "
+      "anything is written.",
+      bases, none);
+  Py_DECREF(bases);
+  bases = PyTuple_Pack(2, g_argument_type, PyExc_TypeError);
+  g_type_type = new_class(
+      "gfd.InvalidType",
+      "An argument of the wrong type (a float or bool where an integer is taken, None where a "
+      "list is): a gfd.InvalidArgument and a TypeError.",
+      bases, none);
+  Py_DECREF(bases);
   m.attr("Error") = py::handle(g_error_type);
+  m.attr("InvalidArgument") = py::handle(g_argument_type);
+  m.attr("InvalidType") = py::handle(g_type_type);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
       py::object exc = make_error(e);
-      PyErr_SetObject(g_error_type, exc.ptr());
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    } catch (const py::cast_error& e) {
+      // pybind11's conversions of the few typed parameters left (str, sequences): an argument
+      // of the wrong type. The Python wrappers name the argument before this can happen.
+      py::object exc = make_error(TypeArgError(std::string("gfd: ") + e.what()));
+      PyErr_SetObject(g_type_type, exc.ptr());
     }
   });
 }
@@ -60,7 +96,135 @@ py::object error_object(const std::exception_ptr& p) {
   } catch (const Error& e) {
     return make_error(e);
   } catch (const std::exception& e) {
-    return py::reinterpret_borrow<py::object>(PyExc_RuntimeError)(py::str(e.what()));
+    return make_error(Error(ErrorCode::kSystem, e.what()));
+  }
+}
+
+std::string type_name(py::handle v) {
+  py::handle t = py::type::of(v);
+  const std::string name = py::str(t.attr("__name__"));
+  const std::string module = py::hasattr(t, "__module__") ? std::string(py::str(t.attr("__module__"))) : "";
+  if (module.empty() || module == "builtins") return name;
+  return module + "." + name;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Integers in.
+
+std::string IntValue::text() const {
+  if (huge) return negative ? "a negative integer beyond 64 bits" : "an integer beyond 64 bits";
+  return (negative ? "-" : "") + std::to_string(magnitude);
+}
+
+namespace {
+
+// Whether `v` is an integer as gfd takes it: a Python int that is not a bool, or a numpy or
+// torch integer scalar (its dtype names an int type).
+bool integer_like(py::handle v) {
+  if (PyBool_Check(v.ptr())) return false;
+  if (PyLong_Check(v.ptr())) return true;
+  static PyObject* const dtype_name = PyUnicode_InternFromString("dtype");
+  PyObject* dt = PyObject_GetAttr(v.ptr(), dtype_name);
+  if (dt == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  const py::object dtype = py::reinterpret_steal<py::object>(dt);
+  std::string s = py::str(dtype);
+  if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+  static const char* const kInts[] = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"};
+  bool ok = false;
+  for (const char* k : kInts) ok = ok || s == k;
+  // A numpy or torch scalar, or a one-element tensor: __index__ gives the value.
+  return ok && PyIndex_Check(v.ptr());
+}
+
+}  // namespace
+
+IntValue int_value(py::handle v, const std::string& name) {
+  if (!integer_like(v))
+    bad_type(name + ": expected an int, got " + (PyBool_Check(v.ptr()) ? std::string("bool") : type_name(v)));
+  PyObject* idx = PyNumber_Index(v.ptr());
+  if (idx == nullptr) {
+    PyErr_Clear();
+    bad_type(name + ": expected an int, got " + type_name(v));
+  }
+  const py::object big = py::reinterpret_steal<py::object>(idx);
+  IntValue out;
+  int overflow = 0;
+  const long long s = PyLong_AsLongLongAndOverflow(big.ptr(), &overflow);
+  if (overflow == 0) {
+    out.negative = s < 0;
+    out.magnitude = s < 0 ? 0 - static_cast<std::uint64_t>(s) : static_cast<std::uint64_t>(s);
+    return out;
+  }
+  if (overflow < 0) {
+    out.negative = true;
+    out.huge = true;  // below -2**63: beyond anything a range admits
+    return out;
+  }
+  const unsigned long long u = PyLong_AsUnsignedLongLong(big.ptr());
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    out.huge = true;
+    return out;
+  }
+  out.magnitude = u;
+  return out;
+}
+
+std::int64_t int_arg(py::handle v, const std::string& name, std::int64_t lo, std::int64_t hi) {
+  const IntValue x = int_value(v, name);
+  const __int128 value = x.negative ? -static_cast<__int128>(x.magnitude) : static_cast<__int128>(x.magnitude);
+  if (x.huge || value < lo || value > hi) {
+    if (x.negative && lo == 0) bad_argument(name + ": " + x.text() + " is negative");
+    bad_argument(name + ": " + x.text() + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return static_cast<std::int64_t>(value);
+}
+
+std::uint64_t uint_arg(py::handle v, const std::string& name, std::uint64_t hi) {
+  const IntValue x = int_value(v, name);
+  if (x.negative && (x.huge || x.magnitude != 0)) bad_argument(name + ": " + x.text() + " is negative");
+  if (x.huge || x.magnitude > hi)
+    bad_argument(name + ": " + x.text() + " is out of range [0, " + std::to_string(hi) + "]");
+  return x.magnitude;
+}
+
+std::uintptr_t host_address_lowest() {
+  // The system never maps below vm.mmap_min_addr (65536 by default); at least the first page.
+  static const std::uintptr_t lowest = [] {
+    std::uintptr_t v = 4096;
+    if (FILE* f = std::fopen("/proc/sys/vm/mmap_min_addr", "r")) {
+      unsigned long long x = 0;
+      if (std::fscanf(f, "%llu", &x) == 1 && x > v) v = static_cast<std::uintptr_t>(x);
+      std::fclose(f);
+    }
+    return v;
+  }();
+  return lowest;
+}
+
+std::uintptr_t host_address_end() {
+#if defined(__x86_64__)
+  // 47 bits of user address space (4-level paging; with 5-level paging Linux maps above it only
+  // where a mapping asks for it).
+  return std::uintptr_t{1} << 47;
+#elif defined(__aarch64__)
+  return std::uintptr_t{1} << 52;
+#else
+  return std::uintptr_t{1} << 56;
+#endif
+}
+
+void check_host_range(std::uint64_t p, std::uint64_t bytes, const std::string& name, std::uint64_t block) {
+  const std::uint64_t lo = host_address_lowest(), end = host_address_end();
+  if (p < lo || p >= end || bytes > end - p) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(p));
+    bad_argument(name + ": host address " + buf + (bytes > 0 ? " + " + std::to_string(bytes) + " bytes" : "") +
+                     " is outside the user address space",
+                 block);
   }
 }
 
@@ -68,7 +232,6 @@ py::object error_object(const std::exception_ptr& p) {
 // Options and stats: one table per struct, checked against the struct's field count at compile
 // time, so that a new EngineOptions or EngineStats field cannot be forgotten here.
 
-std::string type_name(py::handle v) { return py::str(py::type::of(v).attr("__name__")); }
 
 namespace {
 
@@ -85,124 +248,56 @@ consteval std::size_t count_fields() {
     return sizeof...(A);
 }
 
-// "64M", "2G", "4096" (sizes as the GFD_* variables take them).
-std::size_t parse_size(const std::string& text, const char* name) {
-  std::size_t pos = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(text, &pos);
-  } catch (...) {
-    bad_argument(std::string("Engine: option '") + name + "': '" + text + "' is not a size");
-  }
-  std::string unit = text.substr(pos);
-  if (unit == "K" || unit == "k" || unit == "KiB") v <<= 10;
-  else if (unit == "M" || unit == "m" || unit == "MiB") v <<= 20;
-  else if (unit == "G" || unit == "g" || unit == "GiB") v <<= 30;
-  else if (!unit.empty())
-    bad_argument(std::string("Engine: option '") + name + "': '" + text +
-                 "' is not a size (a number with an optional K, M or G suffix)");
-  return static_cast<std::size_t>(v);
-}
-
-void assign(std::size_t& out, py::handle v, const char* name) {
-  if (py::isinstance<py::str>(v)) {
-    out = parse_size(v.cast<std::string>(), name);
-    return;
-  }
-  if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v))
-    throw py::type_error(std::string("Engine: option '") + name +
-                         "' takes a size in bytes (int, or str like '64M'), not " + type_name(v));
-  if (PyLong_AsLongLong(v.ptr()) < 0 && !PyErr_Occurred())
-    bad_argument(std::string("Engine: option '") + name + "': " + std::string(py::str(v)) +
-                 " is negative");
-  PyErr_Clear();
-  out = v.cast<std::size_t>();
-}
-void assign(int& out, py::handle v, const char* name) {
-  if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v))
-    throw py::type_error(std::string("Engine: option '") + name + "' takes an int, not " + type_name(v));
-  out = v.cast<int>();
-}
-void assign(bool& out, py::handle v, const char* name) {
-  if (!py::isinstance<py::bool_>(v) && !py::isinstance<py::int_>(v))
-    throw py::type_error(std::string("Engine: option '") + name + "' takes a bool, not " + type_name(v));
-  out = py::cast<bool>(py::bool_(py::reinterpret_borrow<py::object>(v)));
-}
-void assign(std::string& out, py::handle v, const char* name) {
-  if (!py::isinstance<py::str>(v))
-    throw py::type_error(std::string("Engine: option '") + name + "' takes a str, not " + type_name(v));
-  out = v.cast<std::string>();
-}
-void assign(Backend& out, py::handle v, const char* name) {
-  if (!py::isinstance<py::str>(v))
-    throw py::type_error(std::string("Engine: option '") + name +
-                         "' takes a backend name (str, e.g. 'gather'), not " + type_name(v));
-  out = backend_from_string(v.cast<std::string>());
-}
-void assign(StagingWrites& out, py::handle v, const char* name) {
-  if (!py::isinstance<py::str>(v))
-    throw py::type_error(std::string("Engine: option '") + name +
-                         "' takes a mode name (str, e.g. 'auto'), not " + type_name(v));
-  out = staging_writes_from_string(v.cast<std::string>());
-}
-
 template <class T>
 py::object to_py(const T& v) {
   if constexpr (std::is_enum_v<T>) return py::str(to_string(v));
   else return py::cast(v);
 }
 
-struct OptionField {
-  const char* name;
-  void (*set)(EngineOptions&, py::handle);
-  py::object (*get)(const EngineOptions&);
-};
+// What an option takes, read from its default's text: a number (sizes with an optional K, M or G
+// suffix), a bool, or a name or list (text).
+enum class OptionKind { kNumber, kBool, kText };
 
-// Every EngineOptions field, in declaration order. A new field: add one line.
-#define GFD_OPTION(f)                                                          \
-  OptionField {                                                                \
-    #f, [](EngineOptions& o, py::handle v) { assign(o.f, v, #f); },            \
-        [](const EngineOptions& o) -> py::object { return to_py(o.f); }        \
+bool number_text(const std::string& t, long long* out) {
+  if (t.empty()) return false;
+  std::size_t i = t[0] == '-' ? 1 : 0;
+  if (i == t.size()) return false;
+  long long v = 0;
+  for (; i < t.size() && t[i] >= '0' && t[i] <= '9'; ++i)
+    if (__builtin_mul_overflow(v, 10LL, &v) || __builtin_add_overflow(v, static_cast<long long>(t[i] - '0'), &v))
+      return false;
+  int shift = 0;
+  if (i + 1 == t.size()) {
+    shift = t[i] == 'K' ? 10 : t[i] == 'M' ? 20 : t[i] == 'G' ? 30 : -1;
+    if (shift < 0) return false;
+  } else if (i != t.size()) {
+    return false;
   }
-const OptionField kOptionFields[] = {
-    GFD_OPTION(device),
-    GFD_OPTION(staging_bytes),
-    GFD_OPTION(slot_bytes),
-    GFD_OPTION(chunk_bytes_to_host),
-    GFD_OPTION(first_chunk_bytes),
-    GFD_OPTION(piece_bytes),
-    GFD_OPTION(direct_min_bytes),
-    GFD_OPTION(direct_min_bytes_to_host),
-    GFD_OPTION(direct_split_min_bytes),
-    GFD_OPTION(direct_split_percent),
-    GFD_OPTION(strided_min_rows),
-    GFD_OPTION(strided_min_bytes),
-    GFD_OPTION(host_direct),
-    GFD_OPTION(plan_from_ids),
-    GFD_OPTION(inline_gather_bytes),
-    GFD_OPTION(gather_threads),
-    GFD_OPTION(copy_streams),
-    GFD_OPTION(numa_node),
-    GFD_OPTION(use_all_local_cpus),
-    GFD_OPTION(cpus),
-    GFD_OPTION(spin_us),
-    GFD_OPTION(submitter_gathers),
-    GFD_OPTION(staging_writes),
-    GFD_OPTION(preissue),
-    GFD_OPTION(batch_placement),
-    GFD_OPTION(defer_slot_waits),
-    GFD_OPTION(batch_packing),
-    GFD_OPTION(placement_chunks),
-    GFD_OPTION(placement_blocks),
-    GFD_OPTION(time_dmas),
-    GFD_OPTION(kernel_max_bytes),
-    GFD_OPTION(pageable_cache_ms),
-    GFD_OPTION(check_overlaps),
-    GFD_OPTION(backend),
-};
-#undef GFD_OPTION
-static_assert(std::size(kOptionFields) == count_fields<EngineOptions>(),
-              "EngineOptions has a field that kOptionFields (python/src/convert.cpp) lacks");
+  if (out != nullptr) *out = (t[0] == '-' ? -v : v) << shift;
+  return true;
+}
+
+OptionKind option_kind(const std::string& name) {
+  static const EngineOptions defaults{};
+  const std::string t = defaults.get(name);
+  if (t == "true" || t == "false") return OptionKind::kBool;
+  if (number_text(t, nullptr)) return OptionKind::kNumber;
+  return OptionKind::kText;
+}
+
+py::object option_value(const EngineOptions& o, const std::string& name) {
+  const std::string t = o.get(name);
+  switch (option_kind(name)) {
+    case OptionKind::kBool: return py::bool_(t == "true");
+    case OptionKind::kNumber: {
+      long long v = 0;
+      if (number_text(t, &v)) return py::int_(v);
+      return py::str(t);
+    }
+    case OptionKind::kText: break;
+  }
+  return py::str(t);
+}
 
 struct StatsField {
   const char* name;
@@ -210,14 +305,11 @@ struct StatsField {
 };
 #define GFD_STAT(f) StatsField{#f, [](const EngineStats& s) -> py::object { return to_py(s.f); }}
 const StatsField kStatsFields[] = {
-    GFD_STAT(bytes),          GFD_STAT(transfers),       GFD_STAT(blocks),
-    GFD_STAT(chunks),         GFD_STAT(scattered_chunks), GFD_STAT(placements), GFD_STAT(packings),
-    GFD_STAT(slots_deferred), GFD_STAT(host_direct_chunks), GFD_STAT(direct_copies),
-    GFD_STAT(strided_copies), GFD_STAT(id_planned_transfers),
-    GFD_STAT(gather_seconds), GFD_STAT(dma_seconds),     GFD_STAT(submit_wait_seconds),
-    GFD_STAT(plan_seconds),   GFD_STAT(hugepages),       GFD_STAT(numa_node),
-    GFD_STAT(gather_threads), GFD_STAT(staging_bytes),   GFD_STAT(slot_bytes),
-    GFD_STAT(cpus),           GFD_STAT(cpu_sharing),     GFD_STAT(staging_writes),
+    GFD_STAT(bytes),          GFD_STAT(transfers),     GFD_STAT(blocks),         GFD_STAT(chunks),
+    GFD_STAT(direct_copies),  GFD_STAT(strided_copies), GFD_STAT(gather_seconds), GFD_STAT(plan_seconds),
+    GFD_STAT(submit_wait_seconds), GFD_STAT(hugepages), GFD_STAT(numa_node),     GFD_STAT(gather_threads),
+    GFD_STAT(staging_bytes),  GFD_STAT(slot_bytes),    GFD_STAT(cpus),           GFD_STAT(cpu_sharing),
+    GFD_STAT(staging_writes),
 };
 #undef GFD_STAT
 static_assert(std::size(kStatsFields) == count_fields<EngineStats>(),
@@ -226,24 +318,51 @@ static_assert(std::size(kStatsFields) == count_fields<EngineStats>(),
 }  // namespace
 
 EngineOptions options_from(EngineOptions o, const py::dict& kwargs) {
+  // One source of truth: the library's option table (EngineOptions::names/set/get); values are
+  // handed over as the text EngineOptions::set reads, after Python's types are checked here.
   for (auto [key, value] : kwargs) {
     const std::string k = py::str(key);
-    const OptionField* f = nullptr;
-    for (const OptionField& c : kOptionFields)
-      if (k == c.name) f = &c;
-    if (f == nullptr) {
+    const std::vector<std::string> names = EngineOptions::names();
+    if (std::find(names.begin(), names.end(), k) == names.end()) {
       std::string known;
-      for (const OptionField& c : kOptionFields) known += (known.empty() ? "" : ", ") + std::string(c.name);
-      throw py::type_error("Engine: unknown option '" + k + "' (options: " + known + ")");
+      for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+      bad_type("Engine: unknown option '" + k + "' (options: " + known + ")");
     }
-    f->set(o, value);
+    const std::string what = "Engine: option '" + k + "'";
+    std::string text;
+    switch (option_kind(k)) {
+      case OptionKind::kBool:
+        if (!PyBool_Check(value.ptr()) && type_name(value) != "numpy.bool_" && type_name(value) != "numpy.bool")
+          bad_type(what + " takes a bool, not " + type_name(value));
+        text = PyObject_IsTrue(value.ptr()) == 1 ? "true" : "false";
+        break;
+      case OptionKind::kNumber:
+        if (py::isinstance<py::str>(value)) {
+          text = py::str(value);
+        } else {
+          if (!integer_like(value))
+            bad_type(what + " takes an int (sizes also a str like '64M'), not " +
+                     (PyBool_Check(value.ptr()) ? std::string("bool") : type_name(value)));
+          text = int_value(value, what).text();
+        }
+        break;
+      case OptionKind::kText:
+        if (!py::isinstance<py::str>(value)) bad_type(what + " takes a str, not " + type_name(value));
+        text = py::str(value);
+        break;
+    }
+    try {
+      o.set(k, text);
+    } catch (const Error& e) {
+      bad_argument("Engine: " + std::string(e.what()));
+    }
   }
   return o;
 }
 
 py::dict options_dict(const EngineOptions& o) {
   py::dict d;
-  for (const OptionField& f : kOptionFields) d[f.name] = f.get(o);
+  for (const std::string& n : EngineOptions::names()) d[py::str(n)] = option_value(o, n);
   return d;
 }
 
@@ -253,11 +372,7 @@ py::dict stats_dict(const EngineStats& s) {
   return d;
 }
 
-std::vector<std::string> option_names() {
-  std::vector<std::string> v;
-  for (const OptionField& f : kOptionFields) v.emplace_back(f.name);
-  return v;
-}
+std::vector<std::string> option_names() { return EngineOptions::names(); }
 
 std::vector<std::string> stats_names() {
   std::vector<std::string> v;

@@ -1,8 +1,12 @@
-// The Python module's engine and transfer holders (gfd_ext.cpp builds the module on them) and
-// the cache-set calls (caches.cpp): caches described once, transfers by block ids.
+// The Python module's engine, transfer and cache-set classes (gfd_ext.cpp builds the module on
+// them; caches.cpp has the cache-set calls; testing.cpp the gfd.testing hooks). Built on the
+// public C++ API (gfd::Engine, gfd::CacheSet, gfd::HostPool); only testing.cpp reaches the
+// library's internals.
 #pragma once
 
 #include <pybind11/pybind11.h>
+
+#include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <cstdint>
@@ -14,7 +18,6 @@
 #include <utility>
 #include <vector>
 
-#include "device/device.hpp"
 #include "ext.hpp"
 #include "gfd/gfd.hpp"
 
@@ -31,32 +34,24 @@ struct KeepCurrentDevice {
   }
 };
 
-// An engine and, for the emulated device, the stream that stands in for the default stream.
+// An engine and what the testing hooks attach to it (gfd.testing: the emulated device and the
+// stream that stands in for the default stream there).
 struct EngineHolder {
-  std::shared_ptr<detail::Device> device;  // the emulated device, or a CUDA one for helpers
-  detail::StreamHandle default_stream = nullptr;
-  bool emulated = false;
-  int ordinal = 0;
   std::optional<Engine> engine;
-  // The device behind the engine, for stream syncs and the testing helpers (a CUDA device is
-  // opened at first use).
-  detail::Device& device_of() {
-    if (!device) {
-      KeepCurrentDevice keep;
-      device = detail::make_cuda_device(ordinal);
-    }
-    return *device;
-  }
+  int ordinal = 0;
+  bool emulated = false;
+  cudaStream_t default_stream = nullptr;  // stream=None: CUDA's default stream, or the emulated one's
+  std::shared_ptr<void> device;           // the testing hooks' device (type known to testing.cpp only)
+  std::function<void()> on_close;         // releases what the testing hooks made (after the engine)
   ~EngineHolder() {
     engine.reset();  // waits for every transfer
-    if (default_stream != nullptr) device->destroy_stream(default_stream);
+    if (on_close) on_close();
   }
 };
 
 class PyTransfer {
  public:
-  PyTransfer(Transfer t, std::function<Error(const Error&)> remap)
-      : t_(std::move(t)), remap_(std::move(remap)) {}
+  explicit PyTransfer(Transfer t) : t_(std::move(t)) {}
 
   bool done() const { return t_.done(); }
 
@@ -65,8 +60,10 @@ class PyTransfer {
     {
       py::gil_scoped_release nogil;
       if (timeout) {
+        const double limit = std::min(std::max(0.0, *timeout), 1e9);  // NaN and inf: no deadline overflow
         const auto deadline = std::chrono::steady_clock::now() +
-                              std::chrono::duration<double>(std::max(0.0, *timeout));
+                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(limit == limit ? limit : 0.0));
         auto pause = std::chrono::microseconds(5);
         while (!t_.done()) {
           if (std::chrono::steady_clock::now() >= deadline) return false;
@@ -75,7 +72,7 @@ class PyTransfer {
         }
       }
       std::exception_ptr e = t_.error();
-      if (e) rethrow(e);
+      if (e) std::rethrow_exception(e);
     }
     return true;
   }
@@ -87,13 +84,7 @@ class PyTransfer {
       e = t_.error();
     }
     if (!e) return py::none();
-    try {
-      rethrow(e);
-    } catch (const Error& err) {
-      return make_error(err);
-    } catch (...) {
-      return error_object(std::current_exception());
-    }
+    return error_object(e);
   }
 
   std::uint64_t bytes() const { return t_.bytes(); }
@@ -101,73 +92,70 @@ class PyTransfer {
   py::list keep;  // DLPack owners and buffers read by the transfer (dropped once it is done)
 
  private:
-  [[noreturn]] void rethrow(const std::exception_ptr& e) const {
-    if (!remap_) std::rethrow_exception(e);
-    try {
-      std::rethrow_exception(e);
-    } catch (const Error& err) {
-      throw remap_(err);
-    }
-  }
   Transfer t_;
-  std::function<Error(const Error&)> remap_;
 };
 
-
-// ---------------------------------------------------------------------------------------------
-// Cache sets (caches.cpp).
-
-// Names of the tensors of a list argument, as (prefix, count) runs: ("src", 0) is one tensor
-// named "src"; ("dst_k_layers", 32) the tensors "dst_k_layers[0]" ... "dst_k_layers[31]".
+// Names of the tensors of a list argument, as (prefix, count) runs: ("host", 0) is one tensor
+// named "host"; ("host", 32) the tensors "host[0]" ... "host[31]".
 using Names = std::vector<std::pair<std::string, std::size_t>>;
 
-// A CacheSet made from tensors: which way its pairs go when used by swap_blocks (the first list
-// is the host side: host to device), and, for a set the caller holds (Engine.register_caches),
-// the tensors it describes, kept alive with it.
+// Caches registered from Python (Engine.register_caches): the set and the tensors it describes,
+// kept alive with it.
 struct PyCacheSet {
   CacheSet set;
-  bool first_is_host = true;
   std::size_t pairs = 0;
+  const void* engine = nullptr;  // the EngineHolder it was made by
   py::list keep;
 };
 
-// swap_blocks' and transfer_kv_all_layers' sets, by the identity, data pointer and size in bytes
-// of their tensors (torch tensors: cheap to read), so that a runtime calling with the same lists
-// each time pays the registration once. Holds weak references only: a cached set never keeps
-// a runtime's tensors alive. Small: a runtime has one set of caches per engine.
-class SetCache {
+class PyEngine {
  public:
-  std::shared_ptr<PyCacheSet> find(const py::sequence& a, const py::sequence& b, const std::string& fn);
-  void add(const py::sequence& a, const py::sequence& b, const std::string& fn, std::shared_ptr<PyCacheSet> set);
-  std::size_t size() const { return entries_.size(); }
-  void clear() { entries_.clear(); }
+  // device: None = GFD_DEVICE / 0 (with from_env), else 0.
+  PyEngine(py::handle device, const py::dict& kwargs, bool from_env);
+  // An engine made by the testing hooks.
+  explicit PyEngine(std::shared_ptr<EngineHolder> h) : holder_(std::move(h)) {}
+
+  std::shared_ptr<EngineHolder> holder() const {
+    if (!holder_) throw Error(ErrorCode::kShutdown, "Engine: the engine is closed");
+    return holder_;
+  }
+  void close();
+  bool closed() const { return !holder_; }
+  bool emulated() const { return holder()->emulated; }
+  int device() const { return holder()->ordinal; }
+  py::dict options() const;
+  py::dict stats() const;
+
+  // The stream a call is ordered on: `stream` (an int handle, checked) or the default one.
+  cudaStream_t stream_of(const EngineHolder& h, py::handle stream, const std::string& fn) const;
+
+  // copy_to_device / copy_to_host with three integer arrays.
+  std::unique_ptr<PyTransfer> copy(Direction dir, py::handle src, py::handle dst, py::handle sizes,
+                                   py::handle stream);
+  // Engine.register_caches(host, device).
+  std::shared_ptr<PyCacheSet> register_caches(py::handle host, py::handle device, const Names& host_names,
+                                              const Names& device_names);
+  // Engine.copy_blocks(caches, direction, src_ids, dst_ids, stream).
+  std::unique_ptr<PyTransfer> copy_blocks(const PyCacheSet& set, Direction dir, py::handle src_ids,
+                                          py::handle dst_ids, py::handle stream);
 
  private:
-  struct Entry {
-    std::string fn;
-    std::vector<py::object> refs;  // weak references to the tensors, a's then b's
-    std::vector<std::uintptr_t> ptrs;
-    std::vector<std::uint64_t> sizes;  // nbytes
-    std::shared_ptr<PyCacheSet> set;
-  };
-  // The key of one tensor; false when it cannot be cached (not a weakly referable torch tensor).
-  static bool key_of(py::handle t, std::uintptr_t& ptr, std::uint64_t& bytes);
-  static constexpr std::size_t kEntries = 8;
-  std::vector<Entry> entries_;  // most recently used last
+  std::shared_ptr<EngineHolder> holder_;
 };
 
-// Describes `firsts[i]` and `seconds[i]` (one host tensor and one device tensor of this engine's
-// GPU, either way round, all pairs the same way) as one CacheSet. `host_first`: the first list
-// must be the host side (Engine.register_caches). Throws gfd::Error naming the tensor.
-std::shared_ptr<PyCacheSet> register_tensors(EngineHolder& h, const py::sequence& firsts,
-                                             const py::sequence& seconds, const std::string& fn,
-                                             const Names& first_names, const Names& second_names,
-                                             bool host_first, std::optional<detail::StreamHandle> stream);
+// "to_device" / "to_host", gfd.Direction or its value: the direction named by `v`.
+Direction direction_arg(py::handle v, const std::string& name);
 
-// One transfer on `set`: block ids from `mapping` ([N, 2]: source, destination) or from
-// `src_ids` and `dst_ids`; host to device with `to_device`.
-std::unique_ptr<PyTransfer> copy_on_set(EngineHolder& h, const PyCacheSet& set, bool to_device,
-                                        py::handle mapping, py::handle src_ids, py::handle dst_ids,
-                                        detail::StreamHandle stream, const std::string& fn);
+// Describes `host[i]` and `device[i]` (one host tensor and one device tensor of this engine's
+// GPU each) as one CacheSet. Throws gfd::Error naming the tensor.
+std::shared_ptr<PyCacheSet> register_tensors(EngineHolder& h, const py::sequence& host, const py::sequence& device,
+                                             const Names& host_names, const Names& device_names);
+
+// One transfer on `set`: block src_ids[i] to block dst_ids[i] of every pair.
+std::unique_ptr<PyTransfer> copy_on_set(EngineHolder& h, const PyCacheSet& set, Direction dir, py::handle src_ids,
+                                        py::handle dst_ids, cudaStream_t stream);
+
+// The testing submodule (testing.cpp).
+void register_testing(py::module_& m, py::class_<PyEngine>& engine_class);
 
 }  // namespace gfd::python

@@ -23,18 +23,55 @@ namespace py = pybind11;
 namespace gfd::python {
 
 // ---------------------------------------------------------------------------------------------
-// Errors: one Python exception class, gfd.Error(RuntimeError), with .code and .block.
+// Errors: gfd.Error(RuntimeError) with .code and .block; gfd.InvalidArgument(gfd.Error,
+// ValueError) for a bad argument (code 'invalid_argument'); gfd.InvalidType(gfd.InvalidArgument,
+// TypeError) for an argument of the wrong type. Every exception the package raises is one of them.
 
-// Creates gfd.Error in `m` and translates gfd::Error into it.
+// An argument of the wrong Python type (raised in Python as gfd.InvalidType).
+class TypeArgError : public Error {
+ public:
+  explicit TypeArgError(const std::string& message) : Error(ErrorCode::kInvalidArgument, message) {}
+};
+
+// Creates the error classes in `m` and translates gfd::Error (and pybind11's cast errors) into them.
 void register_error_type(py::module_& m);
-// Throws gfd::Error(kInvalidArgument) with `message` (raised in Python as gfd.Error).
-[[noreturn]] void bad_argument(const std::string& message);
+// Throws gfd::Error(kInvalidArgument) with `message` (raised in Python as gfd.InvalidArgument).
+[[noreturn]] void bad_argument(const std::string& message, std::uint64_t block = kNoBlock);
+// Throws TypeArgError (raised in Python as gfd.InvalidType).
+[[noreturn]] void bad_type(const std::string& message);
 // The gfd.Error instance for `e`.
 py::object make_error(const Error& e);
 // The Python exception for a stored failure (Transfer.error()).
 py::object error_object(const std::exception_ptr& p);
-// The name of v's type, for messages.
+// The name of v's type, for messages ("NoneType", "float", "numpy.ndarray").
 std::string type_name(py::handle v);
+
+// ---------------------------------------------------------------------------------------------
+// Integers in: the one conversion of every integer argument (ids, sizes, counts, shapes, offsets,
+// pointers, stream handles). Accepted: Python int (not bool), numpy and torch integer scalars and
+// arrays; bool and float rejected, also inside lists. Values are range-checked before any
+// arithmetic, and messages name the argument ("copy_blocks: src_ids[3]: ...").
+
+// An integer value as read: its sign and magnitude (Python ints beyond 64 bits are `huge`).
+struct IntValue {
+  bool negative = false;
+  bool huge = false;         // |value| >= 2**64
+  std::uint64_t magnitude = 0;
+  std::string text() const;  // the value in decimal (for messages)
+};
+
+// `v` read as an integer, or a TypeArgError naming `name`.
+IntValue int_value(py::handle v, const std::string& name);
+// `v` as an integer in [lo, hi] (gfd.Error naming `name` otherwise).
+std::int64_t int_arg(py::handle v, const std::string& name, std::int64_t lo, std::int64_t hi);
+// `v` as an integer in [0, hi].
+std::uint64_t uint_arg(py::handle v, const std::string& name, std::uint64_t hi = UINT64_MAX);
+// The address range a host pointer may lie in: [lowest, end) (the first pages, which the
+// system never maps, and the kernel's half of the address space are outside it).
+std::uintptr_t host_address_lowest();
+std::uintptr_t host_address_end();
+// Checks that [p, p + bytes) lies in the user address space; `name` for the message.
+void check_host_range(std::uint64_t p, std::uint64_t bytes, const std::string& name, std::uint64_t block);
 
 // ---------------------------------------------------------------------------------------------
 // Options and stats, by field name.
@@ -92,6 +129,7 @@ std::string device_text(const TensorView& v);
 // tensors), the array interface, or Python sequences. Values are read in place where possible.
 
 struct IntArray {
+  std::string name;  // "copy_blocks: src_ids", for messages
   const std::byte* data = nullptr;
   int ndim = 1;
   std::int64_t shape[2] = {0, 1};
@@ -99,13 +137,13 @@ struct IntArray {
   int itemsize = 8;
   bool is_signed = false;
   bool scalar = false;  // a single int, broadcast
-  std::vector<std::uint64_t> storage;
+  std::vector<std::uint64_t> storage;  // sequences and scalars: the values, all >= 0
   py::object owner;
   std::shared_ptr<Py_buffer> buffer;
 
   std::size_t rows() const { return scalar ? 0 : static_cast<std::size_t>(shape[0]); }
-  // Element (i, j) as an unsigned value; false when it is negative.
-  bool get(std::size_t i, std::size_t j, std::uint64_t& out) const {
+  // Element (i, j) as stored: false when it is negative (`out` then holds the two's complement).
+  bool raw(std::size_t i, std::size_t j, std::uint64_t& out) const {
     const std::byte* p = data + static_cast<std::int64_t>(i) * strides[0] + static_cast<std::int64_t>(j) * strides[1];
     std::int64_t s = 0;
     switch (itemsize) {
@@ -115,15 +153,21 @@ struct IntArray {
       default:
         if (is_signed) { std::memcpy(&s, p, 8); } else { std::memcpy(&out, p, 8); return true; }
     }
-    if (s < 0) return false;
     out = static_cast<std::uint64_t>(s);
-    return true;
+    return s >= 0;
   }
+  // "name[i]" or "name[i][j]" (a scalar: "name").
+  std::string element(std::size_t i, std::size_t j) const;
+  // Element (i, j) checked to be in [0, max]; gfd.Error naming it (block = i) otherwise.
+  // `limit` says what bounds it, for the message ("the device caches have 8 blocks").
+  std::uint64_t at(std::size_t i, std::size_t j, std::uint64_t max, const std::string& limit = {}) const;
 };
 
 // Whether `obj` is a torch.Tensor (false while torch is not loaded).
 bool is_torch_tensor(py::handle obj);
-// `obj` as a 1-D or 2-D integer array (`allow_scalar`: a single int, broadcast).
+// `obj` as a 1-D or 2-D integer array named `name` (`allow_scalar`: a single int, broadcast).
+// Rejects bool and float element types, also inside sequences, and negative or too large
+// values in sequences (read as they are converted); values of arrays are checked by `at`.
 IntArray int_array(py::handle obj, const std::string& name, bool allow_scalar);
 
 }  // namespace gfd::python

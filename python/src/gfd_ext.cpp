@@ -1,8 +1,9 @@
-// gfd's Python module (gfd._gfd): engines, transfers and the testing hooks. Tensors and integer
-// arrays come in through arrays.cpp, options and errors through convert.cpp (both declared in
-// ext.hpp), cache sets through caches.cpp, pinned host pools go out through buffers.cpp. The
-// Python package (python/gfd/__init__.py) wraps these in the public classes; it resolves streams (torch's current stream) and keeps the
-// Python objects of a transfer alive until it is done.
+// gfd's Python module (gfd._gfd): engines, transfers, cache sets and host pools on the public
+// C++ API, and the testing hooks (testing.cpp). Tensors and integers come in through arrays.cpp
+// and convert.cpp (declared in ext.hpp), cache sets through caches.cpp, pinned host pools go out
+// through buffers.cpp. The Python package (python/gfd/__init__.py) wraps these in the public
+// classes; it resolves streams (torch's current stream) and keeps the Python objects of a
+// transfer alive until it is done.
 //
 // Threading: every call that may block or take long (engine creation and shutdown, planning and
 // gathering, waiting, pinning a pool) runs with the GIL released. Python objects are only touched
@@ -12,186 +13,131 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <optional>
-#include <stdexcept>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "buffers.hpp"
-#include "device/device.hpp"
-#include "device/emulated_device.hpp"
-#include "dlpack.hpp"
-#include "engine_core.hpp"
 #include "engine_holder.hpp"
 #include "ext.hpp"
 #include "gfd/gfd.hpp"
-#include "host/host_pool.hpp"
 
 namespace gfd::python {
-namespace {
 
-class PyEngine {
- public:
-  // device: nullopt = GFD_DEVICE / 0.
-  PyEngine(std::optional<int> device, const py::dict& kwargs, bool from_env) {
-    EngineOptions o = from_env ? EngineOptions::from_env() : EngineOptions{};
-    if (device) o.device = *device;
-    o = options_from(o, kwargs);
-    auto h = std::make_shared<EngineHolder>();
-    h->ordinal = o.device;
-    {
-      py::gil_scoped_release nogil;
-      KeepCurrentDevice keep;
-      h->engine.emplace(o);
-    }
-    holder_ = std::move(h);
-  }
-
-  // An engine on the emulated device (testing).
-  PyEngine(const py::dict& kwargs, std::uint32_t copy_delay_us, int ordinal, const std::string& fault) {
-    EngineOptions o = options_from(EngineOptions{}, kwargs);
-    o.device = ordinal;
-    auto h = std::make_shared<EngineHolder>();
-    detail::EmulatedDeviceOptions emu;
-    emu.copy_delay = std::chrono::microseconds(copy_delay_us);
-    if (!fault.empty()) emu.fault = [fault](const char* op) { return fault == op; };
-    h->device = std::make_shared<detail::EmulatedDevice>(ordinal, emu);
-    h->emulated = true;
-    h->ordinal = ordinal;
-    {
-      py::gil_scoped_release nogil;
-      h->default_stream = h->device->create_stream();
-      h->engine.emplace(detail::EngineCore::make_engine(o, h->device));
-    }
-    holder_ = std::move(h);
-  }
-
-  std::shared_ptr<EngineHolder> holder() const {
-    if (!holder_) throw Error(ErrorCode::kShutdown, "Engine: the engine is closed");
-    return holder_;
-  }
-
-  void close() {
-    sets_.clear();  // with the GIL: they hold Python objects
-    std::shared_ptr<EngineHolder> h = std::move(holder_);
+PyEngine::PyEngine(py::handle device, const py::dict& kwargs, bool from_env) {
+  EngineOptions o = from_env ? EngineOptions::from_env() : EngineOptions{};
+  if (!device.is_none()) o.device = static_cast<int>(int_arg(device, "Engine: device", 0, INT32_MAX));
+  o = options_from(o, kwargs);
+  auto h = std::make_shared<EngineHolder>();
+  h->ordinal = o.device;
+  {
     py::gil_scoped_release nogil;
-    h.reset();  // waits for the engine's transfers (unless a call in flight still holds it)
+    KeepCurrentDevice keep;
+    h->engine.emplace(o);
   }
-  bool closed() const { return !holder_; }
-  bool emulated() const { return holder()->emulated; }
-  int device() const { return holder()->ordinal; }
+  holder_ = std::move(h);
+}
 
-  py::dict options() const { return options_dict(holder()->engine->options()); }
-  py::dict stats() const {
-    EngineStats s;
-    {
-      auto h = holder();
-      py::gil_scoped_release nogil;
-      s = h->engine->stats();
+void PyEngine::close() {
+  std::shared_ptr<EngineHolder> h = std::move(holder_);
+  py::gil_scoped_release nogil;
+  h.reset();  // waits for the engine's transfers (unless a call in flight still holds it)
+}
+
+py::dict PyEngine::options() const { return options_dict(holder()->engine->options()); }
+
+py::dict PyEngine::stats() const {
+  EngineStats s;
+  {
+    auto h = holder();
+    py::gil_scoped_release nogil;
+    s = h->engine->stats();
+  }
+  return stats_dict(s);
+}
+
+cudaStream_t PyEngine::stream_of(const EngineHolder& h, py::handle stream, const std::string& fn) const {
+  if (stream.is_none()) return h.default_stream;  // nullptr (CUDA's default stream) except when emulated
+  return reinterpret_cast<cudaStream_t>(
+      static_cast<std::uintptr_t>(uint_arg(stream, fn + ": stream", UINTPTR_MAX)));
+}
+
+std::unique_ptr<PyTransfer> PyEngine::copy(Direction dir, py::handle src, py::handle dst, py::handle sizes,
+                                           py::handle stream) {
+  const std::string fn = dir == Direction::kToDevice ? "copy_to_device" : "copy_to_host";
+  auto h = holder();
+  const cudaStream_t st = stream_of(*h, stream, fn);
+  IntArray s = int_array(src, fn + ": src_ptrs", false);
+  IntArray d = int_array(dst, fn + ": dst_ptrs", false);
+  IntArray n = int_array(sizes, fn + ": sizes", true);
+  for (const IntArray* a : {&s, &d, &n})
+    if (a->ndim != 1 && !a->scalar)
+      bad_argument(a->name + ": must be 1-D, got " + std::to_string(a->ndim) + " dimensions");
+  if (s.rows() != d.rows())
+    bad_argument(fn + ": src_ptrs has " + std::to_string(s.rows()) + " entries, dst_ptrs " + std::to_string(d.rows()));
+  if (!n.scalar && n.rows() != s.rows())
+    bad_argument(fn + ": sizes has " + std::to_string(n.rows()) + " entries, src_ptrs " + std::to_string(s.rows()));
+  const std::size_t count = s.rows();
+  const bool host_src = dir == Direction::kToDevice;
+  // No block is larger than the address space; checked before any sum or end address is formed.
+  const std::uint64_t max_block = host_address_end();
+  Transfer t;
+  try {
+    py::gil_scoped_release nogil;
+    std::vector<BlockCopy> blocks(count);
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::uint64_t a = s.at(i, 0, UINT64_MAX), b = d.at(i, 0, UINT64_MAX);
+      const std::uint64_t c = n.at(i, 0, max_block, "a block is at most " + std::to_string(max_block) + " bytes");
+      const IntArray& host = host_src ? s : d;
+      const IntArray& dev = host_src ? d : s;
+      const std::uint64_t hp = host_src ? a : b, dp = host_src ? b : a;
+      check_host_range(hp, c, host.element(i, 0), i);
+      if (dp > UINT64_MAX - c)
+        bad_argument(dev.element(i, 0) + ": device address + " + std::to_string(c) +
+                         " bytes runs past the end of the address space",
+                     i);
+      if (__builtin_add_overflow(total, c, &total))
+        bad_argument(n.element(i, 0) + ": the sizes sum to more than 2**64 bytes", i);
+      blocks[i] = {reinterpret_cast<const void*>(a), reinterpret_cast<void*>(b), static_cast<std::size_t>(c)};
     }
-    return stats_dict(s);
+    t = dir == Direction::kToDevice ? h->engine->copy_to_device(blocks, st) : h->engine->copy_to_host(blocks, st);
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    if (m.rfind(fn, 0) == 0) throw;
+    throw Error(e.code(), fn + ": " + m, e.block());
   }
+  auto out = std::make_unique<PyTransfer>(std::move(t));
+  for (const IntArray* a : {&s, &d, &n})
+    if (a->owner) out->keep.append(a->owner);
+  return out;
+}
 
-  detail::StreamHandle stream_of(const EngineHolder& h, std::optional<std::uintptr_t> stream) const {
-    if (stream) return reinterpret_cast<detail::StreamHandle>(*stream);
-    return h.default_stream;  // nullptr (CUDA's default stream) except on the emulated device
-  }
+std::shared_ptr<PyCacheSet> PyEngine::register_caches(py::handle host, py::handle device, const Names& host_names,
+                                                      const Names& device_names) {
+  auto h = holder();
+  for (const auto& [v, what] : {std::pair{host, "host"}, std::pair{device, "device"}})
+    if (!PySequence_Check(v.ptr()) || py::isinstance<py::str>(v))
+      bad_type(std::string("register_caches: ") + what + ": expected a list of tensors, got " + type_name(v));
+  const py::sequence hs = py::reinterpret_borrow<py::sequence>(host);
+  const py::sequence ds = py::reinterpret_borrow<py::sequence>(device);
+  auto set = register_tensors(*h, hs, ds, host_names, device_names);
+  for (py::handle t : hs) set->keep.append(t);
+  for (py::handle t : ds) set->keep.append(t);
+  return set;
+}
 
-  // The device behind the engine, for the testing helpers and stream syncs.
-  detail::Device& device_of(EngineHolder& h) { return h.device_of(); }
+std::unique_ptr<PyTransfer> PyEngine::copy_blocks(const PyCacheSet& set, Direction dir, py::handle src_ids,
+                                                  py::handle dst_ids, py::handle stream) {
+  auto h = holder();
+  if (set.engine != h.get()) bad_argument("copy_blocks: caches: a CacheSet of another engine");
+  return copy_on_set(*h, set, dir, src_ids, dst_ids, stream_of(*h, stream, "copy_blocks"));
+}
 
-  // copy_to_device / copy_to_host with three integer arrays.
-  std::unique_ptr<PyTransfer> copy(Direction dir, py::handle src, py::handle dst, py::handle sizes,
-                                   std::optional<std::uintptr_t> stream) {
-    const char* fn = dir == Direction::kToDevice ? "copy_to_device" : "copy_to_host";
-    auto h = holder();
-    IntArray s = int_array(src, std::string(fn) + ": src_ptrs", false);
-    IntArray d = int_array(dst, std::string(fn) + ": dst_ptrs", false);
-    IntArray n = int_array(sizes, std::string(fn) + ": sizes", true);
-    for (auto* a : {&s, &d, &n})
-      if (a->ndim != 1 && !a->scalar)
-        bad_argument(std::string(fn) + ": src_ptrs, dst_ptrs and sizes must be 1-D");
-    if (s.rows() != d.rows())
-      bad_argument(std::string(fn) + ": src_ptrs has " + std::to_string(s.rows()) + " entries, dst_ptrs " +
-                   std::to_string(d.rows()));
-    if (!n.scalar && n.rows() != s.rows())
-      bad_argument(std::string(fn) + ": sizes has " + std::to_string(n.rows()) + " entries, src_ptrs " +
-                   std::to_string(s.rows()));
-    const std::size_t count = s.rows();
-    const detail::StreamHandle st = stream_of(*h, stream);
-    Transfer t;
-    {
-      py::gil_scoped_release nogil;
-      std::vector<BlockCopy> blocks(count);
-      for (std::size_t i = 0; i < count; ++i) {
-        std::uint64_t a = 0, b = 0, c = 0;
-        if (!s.get(i, 0, a) || !d.get(i, 0, b) || !n.get(n.scalar ? 0 : i, 0, c))
-          throw Error(ErrorCode::kInvalidArgument,
-                      std::string(fn) + ": entry " + std::to_string(i) + " has a negative value", i);
-        blocks[i] = {reinterpret_cast<const void*>(a), reinterpret_cast<void*>(b), static_cast<std::size_t>(c)};
-      }
-      auto cs = static_cast<cudaStream_t>(st);
-      t = dir == Direction::kToDevice ? h->engine->copy_to_device(blocks, cs) : h->engine->copy_to_host(blocks, cs);
-    }
-    auto out = std::make_unique<PyTransfer>(std::move(t), nullptr);
-    for (auto* a : {&s, &d, &n})
-      if (a->owner) out->keep.append(a->owner);
-    return out;
-  }
-
-  // vLLM's swap_blocks over P pairs of caches (one pair: one layer's K or V) and one mapping:
-  // rows (src block, dst block) of `mapping` ([N, 2]), or src_ids / dst_ids ([N] each). One
-  // transfer moves block src_id of every src cache to block dst_id of its dst cache. The lists
-  // are described to the engine once (a CacheSet, found again by their tensors next time), so a
-  // call costs the ids' check and the engine's submission, nothing per tensor.
-  std::unique_ptr<PyTransfer> swap(const py::sequence& srcs, const py::sequence& dsts, py::handle mapping,
-                                   py::handle src_ids, py::handle dst_ids, std::optional<std::uintptr_t> stream,
-                                   const std::string& fn, const Names& src_names, const Names& dst_names) {
-    auto h = holder();
-    std::shared_ptr<PyCacheSet> set = sets_.find(srcs, dsts, fn);
-    if (!set) {
-      set = register_tensors(*h, srcs, dsts, fn, src_names, dst_names, false, stream_of(*h, stream));
-      sets_.add(srcs, dsts, fn, set);
-    }
-    return copy_on_set(*h, *set, set->first_is_host, mapping, src_ids, dst_ids, stream_of(*h, stream), fn);
-  }
-
-  // Engine.register_caches(host, device): a set the caller keeps (it keeps its tensors alive).
-  std::shared_ptr<PyCacheSet> register_caches(const py::sequence& host, const py::sequence& device,
-                                              const Names& host_names, const Names& device_names) {
-    auto h = holder();
-    auto set = register_tensors(*h, host, device, "register_caches", host_names, device_names, true, std::nullopt);
-    for (py::handle t : host) set->keep.append(t);
-    for (py::handle t : device) set->keep.append(t);
-    return set;
-  }
-
-  std::unique_ptr<PyTransfer> copy_blocks(const PyCacheSet& set, bool to_device, py::handle mapping,
-                                          py::handle src_ids, py::handle dst_ids,
-                                          std::optional<std::uintptr_t> stream) {
-    auto h = holder();
-    return copy_on_set(*h, set, to_device, mapping, src_ids, dst_ids, stream_of(*h, stream), "copy_blocks");
-  }
-
- private:
-  std::shared_ptr<EngineHolder> holder_;
-  SetCache sets_;  // swap_blocks' sets (under the GIL)
-
- public:
-  std::size_t cached_sets() const { return sets_.size(); }
-};
-
-// ---------------------------------------------------------------------------------------------
-
-}  // namespace
 }  // namespace gfd::python
 
 using namespace gfd;
@@ -210,41 +156,79 @@ PYBIND11_MODULE(_gfd, m) {
     for (Backend b : kAllBackends) v.emplace_back(to_string(b));
     return v;
   });
-  m.def("cuda_device_count", [] { return detail::cuda_device_count(); },
-        "Usable CUDA devices (0 without a driver or GPU).");
+  m.def("cuda_device_count", [] {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+  }, "Usable CUDA devices (0 without a driver or GPU).");
+
+  // The conversion layer, for the package's Python code (gfd.kv_worker): the same rules and
+  // messages as every compiled call.
+  m.def("_int", [](py::handle v, const std::string& name, std::int64_t lo, std::int64_t hi) {
+    return int_arg(v, name, lo, hi);
+  }, py::arg("value"), py::arg("name"), py::arg("lo"), py::arg("hi"));
+  m.def("_ints", [](py::handle v, const std::string& name, std::int64_t hi) {
+    // A 1-D integer array or list as a list of Python ints in [0, hi].
+    IntArray a = int_array(v, name, false);
+    if (a.ndim != 1) bad_argument(name + ": must be 1-D, got " + std::to_string(a.ndim) + " dimensions");
+    py::list out(a.rows());
+    for (std::size_t i = 0; i < a.rows(); ++i)
+      out[i] = py::int_(a.at(i, 0, static_cast<std::uint64_t>(hi)));
+    return out;
+  }, py::arg("value"), py::arg("name"), py::arg("hi"));
+  m.def("_int64_array", [](py::handle v, const std::string& name, std::int64_t hi, const std::string& limit) {
+    // A 1-D integer array or list as int64 bytes, every value in [0, hi] (numpy.frombuffer reads them).
+    IntArray a = int_array(v, name, false);
+    if (a.ndim != 1) bad_argument(name + ": must be 1-D, got " + std::to_string(a.ndim) + " dimensions");
+    std::string out(a.rows() * 8, '\0');
+    for (std::size_t i = 0; i < a.rows(); ++i) {
+      const auto x = static_cast<std::int64_t>(a.at(i, 0, static_cast<std::uint64_t>(hi), limit));
+      std::memcpy(out.data() + 8 * i, &x, 8);
+    }
+    return py::bytes(out);
+  }, py::arg("value"), py::arg("name"), py::arg("hi"), py::arg("limit") = "");
+
+  m.def("_shape", [](py::handle v, const std::string& name) { return py::tuple(py::cast(shape_from(v, name))); },
+        py::arg("value"), py::arg("name"));
 
   py::class_<PyTransfer>(m, "_Transfer")
       .def("done", &PyTransfer::done)
-      .def("wait", &PyTransfer::wait, py::arg("timeout") = py::none())
+      .def("wait", [](PyTransfer& t, py::handle timeout) {
+        std::optional<double> limit;
+        if (!timeout.is_none()) {
+          if (PyBool_Check(timeout.ptr()) || !(PyFloat_Check(timeout.ptr()) || PyLong_Check(timeout.ptr())))
+            bad_type("wait: timeout: expected seconds (a float or int) or None, got " + type_name(timeout));
+          limit = PyFloat_AsDouble(timeout.ptr());
+          if (PyErr_Occurred()) {
+            PyErr_Clear();
+            bad_argument("wait: timeout: out of range");
+          }
+        }
+        return t.wait(limit);
+      }, py::arg("timeout") = py::none())
       .def("error", &PyTransfer::error)
       .def_property_readonly("bytes", &PyTransfer::bytes)
       .def_readwrite("keep", &PyTransfer::keep);
 
-  py::class_<PyEngine>(m, "_Engine")
-      .def(py::init<std::optional<int>, const py::dict&, bool>(), py::arg("device"), py::arg("options"),
-           py::arg("from_env"))
+  py::class_<PyEngine> engine(m, "_Engine");
+  engine
+      .def(py::init<py::handle, const py::dict&, bool>(), py::arg("device"), py::arg("options"), py::arg("from_env"))
       .def("close", &PyEngine::close)
       .def_property_readonly("closed", &PyEngine::closed)
       .def_property_readonly("emulated", &PyEngine::emulated)
       .def_property_readonly("device", &PyEngine::device)
       .def("options", &PyEngine::options)
       .def("stats", &PyEngine::stats)
-      .def("copy_to_device",
-           [](PyEngine& e, py::handle s, py::handle d, py::handle n, std::optional<std::uintptr_t> st) {
-             return e.copy(Direction::kToDevice, s, d, n, st);
-           })
-      .def("copy_to_host",
-           [](PyEngine& e, py::handle s, py::handle d, py::handle n, std::optional<std::uintptr_t> st) {
-             return e.copy(Direction::kToHost, s, d, n, st);
-           })
-      .def("swap", [](PyEngine& e, const py::sequence& srcs, const py::sequence& dsts, py::handle mapping,
-                      py::handle src_ids, py::handle dst_ids, std::optional<std::uintptr_t> st, const std::string& fn,
-                      const Names& src_names, const Names& dst_names) {
-        return e.swap(srcs, dsts, mapping, src_ids, dst_ids, st, fn, src_names, dst_names);
+      .def("copy_to_device", [](PyEngine& e, py::handle s, py::handle d, py::handle n, py::handle st) {
+        return e.copy(Direction::kToDevice, s, d, n, st);
+      })
+      .def("copy_to_host", [](PyEngine& e, py::handle s, py::handle d, py::handle n, py::handle st) {
+        return e.copy(Direction::kToHost, s, d, n, st);
       })
       .def("register_caches", &PyEngine::register_caches)
-      .def_property_readonly("_cached_sets", &PyEngine::cached_sets)
-      .def("copy_blocks", &PyEngine::copy_blocks);
+      .def("copy_blocks", [](PyEngine& e, const PyCacheSet& set, py::handle direction, py::handle s, py::handle d,
+                             py::handle st) {
+        return e.copy_blocks(set, direction_arg(direction, "copy_blocks: direction"), s, d, st);
+      });
 
   py::class_<PyCacheSet, std::shared_ptr<PyCacheSet>>(m, "_CacheSet")
       .def_property_readonly("pairs", [](const PyCacheSet& s) { return s.pairs; })
@@ -255,130 +239,5 @@ PYBIND11_MODULE(_gfd, m) {
       .def_property_readonly("device", [](const PyCacheSet& s) { return s.set.device(); });
 
   register_buffers(m);
-
-  // Testing hooks (gfd._testing): the emulated device, whose "device memory" is host memory, so
-  // that the whole binding runs without a GPU; and device-memory helpers for any engine.
-  py::module_ t = m.def_submodule("_testing", "Testing hooks: see gfd._testing.");
-  t.def("emulated_engine", [](const py::dict& options, std::uint32_t copy_delay_us, int ordinal,
-                              const std::string& fault) {
-    return std::make_unique<PyEngine>(options, copy_delay_us, ordinal, fault);
-  }, py::arg("options"), py::arg("copy_delay_us") = 0, py::arg("ordinal") = 0, py::arg("fault") = "");
-  t.def("device_buffer", [](PyEngine& e, py::handle shape, const std::string& dtype) {
-    auto h = e.holder();
-    detail::Device& d = e.device_of(*h);
-    Buffer b;
-    b.shape = shape_from(shape);
-    b.dtype = &dtype_named(dtype);
-    void* p = nullptr;
-    {
-      KeepCurrentDevice keep;
-      p = d.alloc_device(std::max<std::size_t>(b.nbytes(), 1));
-    }
-    std::shared_ptr<detail::Device> dev = h->device;
-    b.owner = std::shared_ptr<void>(p, [dev](void* q) { dev->free_device(q); });
-    b.data = static_cast<std::byte*>(p);
-    b.device_type = dlpack::kCUDA;
-    b.device_id = h->ordinal;
-    b.host_accessible = h->emulated;  // emulated device memory is host memory
-    return b;
-  }, py::arg("engine"), py::arg("shape"), py::arg("dtype"));
-  t.def("pinned_buffer", [](PyEngine& e, py::handle shape, const std::string& dtype) {
-    auto h = e.holder();
-    Buffer probe;
-    probe.shape = shape_from(shape);
-    probe.dtype = &dtype_named(dtype);
-    auto pool = make_pool(std::max<std::size_t>(probe.nbytes(), 1), h->ordinal, -2, true,
-                          h->emulated ? h->device : nullptr);
-    return pool_view(pool, shape, dtype, 0);
-  }, py::arg("engine"), py::arg("shape"), py::arg("dtype"));
-  t.def("create_stream", [](PyEngine& e) {
-    auto h = e.holder();
-    KeepCurrentDevice keep;
-    return reinterpret_cast<std::uintptr_t>(e.device_of(*h).create_stream());
-  });
-  t.def("destroy_stream", [](PyEngine& e, std::uintptr_t s) {
-    auto h = e.holder();
-    py::gil_scoped_release nogil;
-    e.device_of(*h).destroy_stream(reinterpret_cast<detail::StreamHandle>(s));
-  });
-  t.def("stream_sync", [](PyEngine& e, std::optional<std::uintptr_t> s) {
-    auto h = e.holder();
-    detail::StreamHandle st = e.stream_of(*h, s);
-    py::gil_scoped_release nogil;
-    e.device_of(*h).stream_sync(st);
-  }, py::arg("engine"), py::arg("stream") = py::none());
-  t.def("delay", [](PyEngine& e, std::uint32_t us, std::optional<std::uintptr_t> s) {
-    auto h = e.holder();
-    e.device_of(*h).delay_async(us, e.stream_of(*h, s));
-  }, py::arg("engine"), py::arg("microseconds"), py::arg("stream") = py::none());
-  t.def("copy", [](PyEngine& e, std::uintptr_t dst, std::uintptr_t src, std::size_t bytes, bool to_device,
-                   std::optional<std::uintptr_t> s) {
-    auto h = e.holder();
-    detail::Device& d = e.device_of(*h);
-    auto st = e.stream_of(*h, s);
-    py::gil_scoped_release nogil;
-    if (to_device) d.copy_h2d(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes, st);
-    else d.copy_d2h(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes, st);
-  }, py::arg("engine"), py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("to_device"),
-     py::arg("stream") = py::none(),
-     "One plain asynchronous copy on `stream` (the contiguous reference of the benchmark).");
-  t.def("memcpy_batch", [](PyEngine& e, std::uintptr_t dsts, std::uintptr_t srcs, std::uintptr_t sizes,
-                           std::size_t count, bool to_device, std::uintptr_t stream) {
-    // vLLM's CPU offloading copy path (swap_blocks_batch): one cudaMemcpyBatchAsync of every
-    // descriptor, sources read in any order for loads and in stream order for stores. The
-    // arrays are `count` pointers / sizes at those addresses (numpy's .ctypes.data).
-    auto h = e.holder();
-    if (h->emulated) bad_argument("memcpy_batch: needs a CUDA device, not the emulated one");
-    if (count == 0) return;
-    cudaMemcpyAttributes attr{};
-    attr.srcAccessOrder = to_device ? cudaMemcpySrcAccessOrderAny : cudaMemcpySrcAccessOrderStream;
-    attr.srcLocHint.type = to_device ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
-    attr.srcLocHint.id = to_device ? 0 : h->ordinal;
-    attr.dstLocHint.type = to_device ? cudaMemLocationTypeDevice : cudaMemLocationTypeHost;
-    attr.dstLocHint.id = to_device ? h->ordinal : 0;
-    std::size_t attr_index = 0;
-    auto check_cuda = [](cudaError_t err, const char* what) {
-      if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-    };
-    py::gil_scoped_release nogil;
-    KeepCurrentDevice keep;
-    check_cuda(cudaSetDevice(h->ordinal), "memcpy_batch: cudaSetDevice");
-    check_cuda(cudaMemcpyBatchAsync(reinterpret_cast<void**>(dsts), reinterpret_cast<const void**>(srcs),
-                                    reinterpret_cast<const std::size_t*>(sizes), count, &attr, &attr_index, 1,
-                                    reinterpret_cast<cudaStream_t>(stream)),
-               "memcpy_batch: cudaMemcpyBatchAsync");
-  }, py::arg("engine"), py::arg("dsts"), py::arg("srcs"), py::arg("sizes"), py::arg("count"), py::arg("to_device"),
-     py::arg("stream"));
-  // The engine's trace (src/probe.hpp): start, then take the points as tuples
-  // (ns, transfer, what, thread, a, b) with `what` a TraceEvent::What (see trace_event.hpp).
-  t.def("trace_start", [](PyEngine& e, std::size_t capacity) {
-    auto h = e.holder();
-    detail::EngineCore::of(*h->engine).start_trace(capacity);
-  }, py::arg("engine"), py::arg("capacity") = std::size_t{1} << 20);
-  t.def("trace_take", [](PyEngine& e) {
-    auto h = e.holder();
-    std::vector<detail::TraceEvent> ev;
-    {
-      py::gil_scoped_release nogil;
-      ev = detail::EngineCore::of(*h->engine).take_trace();
-    }
-    py::list out;
-    for (const auto& x : ev) out.append(py::make_tuple(x.ns, x.transfer, x.what, x.thread, x.a, x.b));
-    return out;
-  }, py::arg("engine"));
-  t.def("memset", [](PyEngine& e, std::uintptr_t dst, int value, std::size_t bytes, std::optional<std::uintptr_t> s) {
-    auto h = e.holder();
-    e.device_of(*h).memset_async(reinterpret_cast<void*>(dst), value, bytes, e.stream_of(*h, s));
-  }, py::arg("engine"), py::arg("dst"), py::arg("value"), py::arg("bytes"), py::arg("stream") = py::none());
-  t.def("pointer_kind", [](PyEngine& e, std::uintptr_t p) {
-    auto h = e.holder();
-    switch (e.device_of(*h).query_pointer(reinterpret_cast<const void*>(p)).kind) {
-      case detail::PointerKind::kPageableHost: return "pageable";
-      case detail::PointerKind::kPinnedHost: return "pinned";
-      case detail::PointerKind::kDevice: return "device";
-      case detail::PointerKind::kOtherDevice: return "other_device";
-      case detail::PointerKind::kManaged: return "managed";
-    }
-    return "unknown";
-  });
+  register_testing(m, engine);
 }

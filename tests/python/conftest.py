@@ -1,6 +1,6 @@
 """Shared fixtures of gfd's Python suite.
 
-Everything except test_gpu.py runs on the emulated device (gfd._testing): device memory is host
+Everything except test_gpu.py runs on the emulated device (gfd.testing): device memory is host
 memory there, so the bytes every call moves are checked with numpy on any machine. test_gpu.py
 needs torch and a CUDA GPU and skips with the reason otherwise.
 """
@@ -14,7 +14,7 @@ import pytest
 # python/ first on PYTHONPATH; an installed gfd (pip install .) works as well. A missing package
 # is an error, never a skip: CI would otherwise pass without testing anything.
 import gfd  # noqa: E402
-from gfd import _testing  # noqa: E402
+from gfd import testing  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -35,7 +35,7 @@ def backend(request):
 
 @pytest.fixture
 def engine():
-    e = _testing.emulated_engine(**small_options())
+    e = testing.emulated_engine(**small_options())
     yield e
     e.close()
 
@@ -43,7 +43,7 @@ def engine():
 @pytest.fixture
 def engine_b(backend):
     """An emulated engine per backend."""
-    e = _testing.emulated_engine(**small_options(backend=backend))
+    e = testing.emulated_engine(**small_options(backend=backend))
     yield e
     e.close()
 
@@ -51,6 +51,6 @@ def engine_b(backend):
 @pytest.fixture
 def slow_engine():
     """Every emulated copy takes 20 ms: transfers stay in flight long enough to observe."""
-    e = _testing.emulated_engine(copy_delay_us=20000, **small_options())
+    e = testing.emulated_engine(copy_delay_us=20000, **small_options())
     yield e
     e.close()

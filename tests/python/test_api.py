@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import gfd
-from gfd import _testing
+from gfd import testing
 from conftest import ROOT, small_options
 
 
@@ -42,7 +42,7 @@ def test_every_stat_is_covered(engine):
 
 
 def test_options_by_name_round_trip():
-    e = _testing.emulated_engine(**small_options(spin_us=77, check_overlaps=False, backend="per_block",
+    e = testing.emulated_engine(**small_options(spin_us=77, check_overlaps=False, backend="per_block",
                                                  staging_bytes="2M"))
     with e:
         o = e.options()
@@ -57,23 +57,23 @@ def test_options_by_name_round_trip():
 
 def test_unknown_option_is_a_type_error():
     with pytest.raises(TypeError, match="unknown option 'spin_uss'.*spin_us"):
-        _testing.emulated_engine(spin_uss=1)
+        testing.emulated_engine(spin_uss=1)
 
 
-@pytest.mark.parametrize("name,value", [("spin_us", "fast"), ("check_overlaps", "yes"),
+@pytest.mark.parametrize("name,value", [("spin_us", 1.5), ("check_overlaps", "yes"), ("check_overlaps", 1),
                                         ("staging_bytes", 1.5), ("backend", 3), ("cpus", 3)])
 def test_option_of_the_wrong_type(name, value):
     with pytest.raises(TypeError, match=name):
-        _testing.emulated_engine(**{name: value})
+        testing.emulated_engine(**{name: value})
 
 
 @pytest.mark.parametrize("name,value", [("copy_streams", 0), ("backend", "fastest"),
                                         ("staging_bytes", "12Q"), ("spin_us", -1),
                                         ("staging_writes", "sideways"), ("cpus", "3-x"),
-                                        ("direct_split_percent", 150)])
+                                        ("spin_us", "fast")])
 def test_bad_option_value_names_it(name, value):
     with pytest.raises(gfd.Error) as info:
-        _testing.emulated_engine(**small_options(**{name: value}))
+        testing.emulated_engine(**small_options(**{name: value}))
     assert info.value.code == "invalid_argument"
     assert info.value.block is None
     assert name.split("_")[0] in str(info.value)
@@ -121,12 +121,13 @@ def test_engines_are_closed_at_exit():
     # An engine left open with a transfer in flight: the interpreter exits cleanly.
     code = (
         "import gfd, numpy as np\n"
-        "from gfd import _testing as T\n"
+        "from gfd import testing as T\n"
         "e = T.emulated_engine(copy_delay_us=20000)\n"
         "src = T.pinned_buffer(e, (8, 4096))\n"
         "dst = T.device_buffer(e, (8, 4096))\n"
         "np.asarray(src)[:] = 7\n"
-        "t = e.swap_blocks(src, dst, [[i, i] for i in range(8)])\n"
+        "c = e.register_caches([src], [dst])\n"
+        "t = e.copy_blocks(c, 'to_device', list(range(8)), list(range(8)))\n"
         "del t\n"
         "print('ok')\n"
     )
@@ -137,6 +138,6 @@ def test_engines_are_closed_at_exit():
 
 
 def test_cpus_option_places_the_gather_threads():
-    with _testing.emulated_engine(**small_options(cpus="0")) as e:
+    with testing.emulated_engine(**small_options(cpus="0")) as e:
         assert e.options()["cpus"] == "0"
         assert e.stats()["cpus"] == [0]

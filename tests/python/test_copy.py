@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 import gfd
-from gfd import _testing
+from gfd import testing
 
 BLOCK = 4096
 
 
 def setup_blocks(engine, n=64, seed=0):
     rng = np.random.default_rng(seed)
-    host = _testing.pinned_buffer(engine, (2 * n, BLOCK))
-    dev = _testing.device_buffer(engine, (n, BLOCK))
+    host = testing.pinned_buffer(engine, (2 * n, BLOCK))
+    dev = testing.device_buffer(engine, (n, BLOCK))
     h = np.asarray(host)
     h[:] = rng.integers(1, 256, h.shape, dtype=np.uint8)
     src_rows = rng.permutation(2 * n)[:n]
@@ -88,13 +88,13 @@ def test_empty_transfer(engine):
     (dict(dst=np.zeros((3, 2), np.int64)), "1-D"),
     (dict(sizes=[1, 2]), "sizes has 2 entries"),
     (dict(dst=[1, 2]), "dst_ptrs 2"),
-    (dict(src=[1, -2, 3]), "src_ptrs\\[1\\].*negative"),
-    (dict(src="abc"), "src_ptrs: expected an integer array"),
+    (dict(src=[1 << 20, -2, 3]), "src_ptrs\\[1\\].*negative"),
+    (dict(src="abc"), "src_ptrs: expected an array of integers"),
     (dict(sizes=[1.0, 2.0, 3.0]), "sizes\\[0\\]: expected an int"),
-    (dict(src=np.array([1, -2, 3], np.int64)), "entry 1 has a negative value"),
+    (dict(src=np.array([1 << 20, -2, 3], np.int64)), "src_ptrs\\[1\\]: -2 is negative"),
 ])
 def test_argument_errors_name_the_argument(engine, bad, match):
-    args = dict(src=[1, 2, 3], dst=[4, 5, 6], sizes=[7, 8, 9])
+    args = dict(src=[1 << 20, 2 << 20, 3 << 20], dst=[4 << 20, 5 << 20, 6 << 20], sizes=[7, 8, 9])
     args.update(bad)
     with pytest.raises(gfd.Error, match=match) as info:
         engine.copy_to_device(args["src"], args["dst"], args["sizes"])
@@ -141,20 +141,20 @@ class TorchLikeStream:
 def test_stream_forms_and_ordering(engine, kind):
     # On stream S: a 30 ms hold, then a memset of the destination, then the transfer, then a read
     # back. Only if gfd waits for the memset and the read waits for gfd are the bytes right.
-    s = _testing.create_stream(engine)
+    s = testing.create_stream(engine)
     try:
         stream = {"int": s, "protocol": CudaStreamProtocol(s), "torch_like": TorchLikeStream(s)}[kind]
         host, dev, h, sr, dr, src, dst = setup_blocks(engine, n=32)
         back = np.zeros_like(np.asarray(dev))
-        _testing.delay(engine, 30000, s)
-        _testing.memset(engine, dev.ptr, 0, dev.nbytes, s)
+        testing.delay(engine, 30000, s)
+        testing.memset(engine, dev.ptr, 0, dev.nbytes, s)
         t = engine.copy_to_device(src, dst, BLOCK, stream=stream)
-        _testing.copy(engine, back.ctypes.data, dev.ptr, dev.nbytes, to_device=False, stream=s)
-        _testing.stream_sync(engine, s)
+        testing.copy(engine, back.ctypes.data, dev.ptr, dev.nbytes, to_device=False, stream=s)
+        testing.stream_sync(engine, s)
         t.wait()
         assert (back[dr] == h[sr]).all()
     finally:
-        _testing.destroy_stream(engine, s)
+        testing.destroy_stream(engine, s)
 
 
 def test_stream_of_the_wrong_type(engine):
@@ -167,7 +167,7 @@ def test_stream_of_the_wrong_type(engine):
 def test_wait_timeout_and_gil_released(slow_engine):
     host, dev, h, sr, dr, src, dst = setup_blocks(slow_engine, n=8)
     slow_engine.options()
-    _testing.delay(slow_engine, 100000)  # 100 ms of work on the stream first
+    testing.delay(slow_engine, 100000)  # 100 ms of work on the stream first
     t = slow_engine.copy_to_device(src, dst, BLOCK)
     assert t.wait(timeout=0) is False
     assert t.wait(timeout=0.001) is False
@@ -190,7 +190,7 @@ def test_wait_timeout_and_gil_released(slow_engine):
 
 
 def test_fault_reported_through_the_transfer():
-    e = _testing.emulated_engine(fault="copy_d2h", **{"gather_threads": 2, "staging_bytes": 1 << 20,
+    e = testing.emulated_engine(fault="copy_d2h", **{"gather_threads": 2, "staging_bytes": 1 << 20,
                                                       "slot_bytes": 256 << 10})
     try:
         host, dev, h, sr, dr, src, dst = setup_blocks(e, n=64)

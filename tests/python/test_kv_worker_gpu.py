@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import gfd
-from gfd import _testing
+from gfd import testing
 from gfd.kv_worker import KVTransferWorker, host_block_ids
 
 torch = pytest.importorskip("torch", reason="the GPU suite needs torch")
@@ -47,7 +47,7 @@ def _vllm_copy(engine, to_device, host_rows, gpu, host_ids, gpu_ids, page, strea
     src = np.concatenate(src).astype(np.uint64)
     dst = np.concatenate(dst).astype(np.uint64)
     sizes = np.full(len(src), page, np.uint64)
-    _testing.memcpy_batch(engine, dst.ctypes.data, src.ctypes.data, sizes.ctypes.data, len(sizes), to_device,
+    testing.memcpy_batch(engine, dst.ctypes.data, src.ctypes.data, sizes.ctypes.data, len(sizes), to_device,
                           int(stream.cuda_stream))
     stream.synchronize()
     assert len(src) == n * len(gpu)

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 
 import gfd
-from gfd import _testing
+from gfd import testing
 
 MiB = 1 << 20
 
 
 def test_unregistered_pool_needs_no_gpu():
     pool = gfd.HostPool(3 * MiB + 1, device=-1, register=False)
-    assert pool.nbytes == 4 * MiB
-    assert pool.address % (2 * MiB) == 0
+    assert pool.bytes == 4 * MiB
+    assert pool.data % (2 * MiB) == 0
     assert pool.hugepages in ("hugetlb", "transparent", "none")
     assert pool.numa_node == -1 and pool.registered is False
     assert "HostPool" in repr(pool)
@@ -27,14 +27,14 @@ def test_unregistered_pool_needs_no_gpu():
 def test_view_through_numpy_and_dlpack(dtype, np_dtype):
     pool = gfd.HostPool(MiB, device=-1, register=False)
     buf = pool.view((16, 32), dtype)
-    assert buf.shape == (16, 32) and buf.is_host and buf.ptr == pool.address
+    assert buf.shape == (16, 32) and buf.is_host and buf.ptr == pool.data
     a = np.asarray(buf)
     assert a.dtype == np_dtype and a.shape == (16, 32)
     assert (a == 0).all(), "fresh pool memory reads as zeros"
     a[3, 4] = 1
     b = np.from_dlpack(buf)
     assert b.dtype == np_dtype and b[3, 4] == 1, "the same memory"
-    assert b.ctypes.data == pool.address
+    assert b.ctypes.data == pool.data
 
 
 def test_versioned_dlpack_export():
@@ -74,7 +74,7 @@ def test_view_bounds_and_alignment():
 
 
 def test_pool_options_errors():
-    with pytest.raises(gfd.Error, match="bytes: 0") as info:
+    with pytest.raises(gfd.Error, match="bytes: must be at least 1") as info:
         gfd.HostPool(0, device=-1, register=False)
     assert info.value.code == "invalid_argument"
     with pytest.raises(gfd.Error, match="numa_node: 100000 does not exist"):
@@ -89,16 +89,16 @@ def test_empty_pinned_without_gpu_fails_clearly():
 
 
 def test_pinned_buffer_is_registered_with_the_device(engine):
-    buf = _testing.pinned_buffer(engine, (4, 4096), "uint8")
-    assert _testing.pointer_kind(engine, buf.ptr) == "pinned"
+    buf = testing.pinned_buffer(engine, (4, 4096), "uint8")
+    assert testing.pointer_kind(engine, buf.ptr) == "pinned"
     assert buf.pool.registered
     assert "registered=True" in repr(buf)
-    dev = _testing.device_buffer(engine, (4, 4096), "uint8")
-    assert _testing.pointer_kind(engine, dev.ptr) == "device"
+    dev = testing.device_buffer(engine, (4, 4096), "uint8")
+    assert testing.pointer_kind(engine, dev.ptr) == "device"
     assert dev.__dlpack_device__() == (2, 0)
     assert not dev.is_host
     pool = gfd.HostPool(MiB, device=-1, register=False)
-    assert _testing.pointer_kind(engine, pool.address) == "pageable"
+    assert testing.pointer_kind(engine, pool.data) == "pageable"
 
 
 def test_unregistered_pool_as_a_pageable_source(engine):
@@ -106,6 +106,6 @@ def test_unregistered_pool_as_a_pageable_source(engine):
     pool = gfd.HostPool(MiB, device=-1, register=False)
     host = pool.view((16, 4096), "uint8")
     np.asarray(host)[:] = np.arange(16, dtype=np.uint8)[:, None] + 1
-    dev = _testing.device_buffer(engine, (16, 4096), "uint8")
-    engine.swap_blocks(host, dev, [[i, 15 - i] for i in range(16)]).wait()
+    dev = testing.device_buffer(engine, (16, 4096), "uint8")
+    engine.copy_blocks(engine.register_caches(host, dev), "to_device", list(range(16)), [15 - i for i in range(16)]).wait()
     assert (np.asarray(dev)[:, 0] == np.arange(16, 0, -1)).all()

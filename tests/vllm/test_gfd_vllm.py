@@ -54,7 +54,7 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 
 import gfd.vllm as gfd_vllm  # noqa: E402 - an error, never a skip: the package under test
-from gfd import _testing  # noqa: E402
+from gfd import testing  # noqa: E402
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
          "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -111,7 +111,7 @@ class Stack:
     """One OffloadingConnector per role, as vLLM builds them, the worker's caches registered."""
 
     def __init__(self, model_dir, monkeypatch, topology="one_group", extra=None, **engine_options):
-        self.engine = _testing.emulated_engine(**{**SMALL, **engine_options})
+        self.engine = testing.emulated_engine(**{**SMALL, **engine_options})
         self.factory_calls = []
 
         def factory(device, options):
@@ -127,7 +127,7 @@ class Stack:
         self.spec = self.conn.connector_worker.spec
         self.bpc = self.spec.blocks_per_chunk
         rng = np.random.default_rng(7)
-        self.bufs = [_testing.device_buffer(self.engine, (NUM_BLOCKS, PAGE), "int8") for _ in range(2)]
+        self.bufs = [testing.device_buffer(self.engine, (NUM_BLOCKS, PAGE), "int8") for _ in range(2)]
         self.gpu = [np.asarray(b) for b in self.bufs]
         for g in self.gpu:
             g[:] = rng.integers(-128, 128, g.shape, dtype=np.int8)

@@ -1,9 +1,24 @@
-"""Testing hooks: gfd without a GPU, and raw device memory for tests and the benchmark.
+"""Test a runtime integration without a GPU.
 
-The emulated device stands in for a GPU: its "device memory" is host memory, its streams are
-threads that honour CUDA's ordering and events. An engine on it runs gfd's whole pipeline, so
-the binding (argument handling, list building, errors, stream ordering, transfer lifetime and
-the bytes moved) is tested on any machine, with numpy only. Not part of the stable API.
+:func:`emulated_engine` gives a :class:`gfd.Engine` on an emulated device: its "device memory"
+is host memory, its streams are threads that keep CUDA's ordering and events, and the engine
+runs gfd's whole pipeline on it. Everything a runtime does with gfd (register its caches, copy
+blocks, order transfers on streams, wait, handle errors) runs unchanged on any machine, and the
+bytes moved can be checked with numpy: :func:`device_buffer` makes "device" memory that numpy
+reads (``numpy.asarray``), :func:`pinned_buffer` pinned host memory, :func:`create_stream`
+streams. The same helpers work on a CUDA engine (device memory, streams of its GPU), for tests
+that run both ways. The trace and copy helpers serve gfd's own benchmarks.
+
+::
+
+    import numpy as np, gfd, gfd.testing
+
+    engine = gfd.testing.emulated_engine()
+    gpu = gfd.testing.device_buffer(engine, (16, 4096), "uint8")   # "device" memory
+    host = np.arange(8 * 4096, dtype=np.uint8).reshape(8, 4096)
+    caches = engine.register_caches([host], [gpu])
+    engine.copy_blocks(caches, "to_device", [0, 1], [5, 6]).wait()
+    assert (np.asarray(gpu)[5] == host[0]).all()
 """
 
 from __future__ import annotations
@@ -12,7 +27,7 @@ from typing import Any, Optional
 
 from . import Engine, _dtype_name, _gfd
 
-_t = _gfd._testing
+_t = _gfd.testing
 
 
 def emulated_engine(copy_delay_us: int = 0, ordinal: int = 0, fault: str = "", **options: Any) -> Engine:
@@ -29,13 +44,13 @@ def emulated_engine(copy_delay_us: int = 0, ordinal: int = 0, fault: str = "", *
 def device_buffer(engine: Engine, shape: Any, dtype: Any = "uint8") -> _gfd.Buffer:
     """Device memory of the engine's GPU as a gfd.Buffer (DLPack device: CUDA). On the emulated
     device it also has __array_interface__, so numpy.asarray shows the "device" bytes."""
-    return _t.device_buffer(engine._core, shape, _dtype_name(dtype))
+    return _t.device_buffer(engine._core, shape, _dtype_name(dtype, "device_buffer: dtype"))
 
 
 def pinned_buffer(engine: Engine, shape: Any, dtype: Any = "uint8") -> _gfd.Buffer:
     """A pinned host buffer (a HostPool registered with the engine's device: on the emulated
     device, registered with the emulator)."""
-    return _t.pinned_buffer(engine._core, shape, _dtype_name(dtype))
+    return _t.pinned_buffer(engine._core, shape, _dtype_name(dtype, "pinned_buffer: dtype"))
 
 
 def create_stream(engine: Engine) -> int:
