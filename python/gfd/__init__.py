@@ -119,7 +119,7 @@ def _stream_handle(stream: Any, device: int, emulated: bool) -> Optional[int]:
             cuda = getattr(torch, "cuda", None)
             if cuda is not None and cuda.is_initialized():
                 # torch's raw getter where it has one: the same handle without a Stream object
-                # made (about 7 us of a 4096-block call on an H200 host, tools/py_call_cost.py).
+                # made (about 7 us of a 4096-block call on an H200 host).
                 raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
                 if raw is not None:
                     return raw(device)

@@ -23,7 +23,7 @@ P50 and the spread over ``--reps`` timed jobs after warm-up; every method's byte
 per configuration against a numpy reference. "submit us": how long the call blocks its caller
 (P50: gfd's ``submit``; vLLM's descriptor build and batch call). Needs torch and a CUDA GPU.
 The engine is made from the GFD_* environment variables (``gfd.Engine.from_env``), so that an
-option can be switched for a comparison (``GFD_HOST_DIRECT=0``, say).
+option can be switched for a comparison (``GFD_STRIDED_MIN_ROWS=0``, say).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class VllmBatch:
 
 def _stats_line(engine: Engine) -> str:
     s = engine.stats()
-    return " ".join(f"{k}={s[k]}" for k in ("chunks", "scattered_chunks", "host_direct_chunks", "direct_copies", "strided_copies"))
+    return " ".join(f"{k}={s[k]}" for k in ("chunks", "direct_copies", "strided_copies"))
 
 
 def _fill(torch, tensors, seed: int) -> None:
@@ -218,10 +218,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         import torch
     except ImportError:
-        print("bench_vllm: needs torch", file=sys.stderr)
+        print("bench_vllm: needs torch with CUDA and a CUDA GPU, and torch is not installed for "
+              f"{sys.executable}.\nInstall it with `{sys.executable} -m pip install torch` (vLLM itself is not "
+              "needed: its copy path is reproduced here). On a machine without a GPU, the vLLM worker is "
+              "tested by tools/vllm_test.sh instead.", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print("bench_vllm: needs a CUDA GPU", file=sys.stderr)
+        print(f"bench_vllm: needs a CUDA GPU, and torch {torch.__version__} sees none "
+              "(torch.cuda.is_available() is False: no GPU or driver here, or a CPU-only torch build).",
+              file=sys.stderr)
         return 2
     engine = Engine.from_env(device=torch.cuda.current_device())  # GFD_* variables apply (A/B runs)
     rows = []

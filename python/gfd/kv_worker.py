@@ -114,8 +114,7 @@ class KVTransferWorker:
     ``host_layout``: ``"tensor"`` (vLLM's: one host array per tensor, a chunk's pages of that
     tensor together) or ``"block"`` (one host array of ``num_chunks * blocks_per_chunk`` rows,
     a row holding one GPU block's page of every tensor side by side: a job's host side is then
-    one contiguous run per block, which the copy engine reads in place, with no CPU copy, see
-    EngineOptions::host_direct; and where the GPU tensors are views of one allocation at a
+    one contiguous run per block, which the copy engine reads in place, with no CPU copy; and where the GPU tensors are views of one allocation at a
     constant stride, as vLLM 0.33 makes them, each block of a job is one 2D copy, see
     EngineOptions::strided_min_rows). Only with host memory the worker allocates.
 

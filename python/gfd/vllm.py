@@ -18,12 +18,12 @@ import vLLM). Keys of ``kv_connector_extra_config`` read here, beside the CPU sp
   pinned) or ``"torch"`` (pinned torch tensors, as vLLM's CPU worker allocates).
 - ``gfd_host_layout``: ``"block"`` (a host row holds one GPU block's page of every tensor side
   by side, so a job's host side is one contiguous run per block, which the copy engine moves in
-  place with no CPU copy: EngineOptions::host_direct) or ``"tensor"`` (vLLM's CPU layout, one
+  place with no CPU copy) or ``"tensor"`` (vLLM's CPU layout, one
   host array per tensor). Default: ``"block"`` up to 64 GiB of host memory per worker (one
   pinned allocation), ``"tensor"`` above. With vLLM 0.33's GPU caches (every layer in one
   allocation at a constant stride) each block of a job is then one 2D copy of all its layers:
   on the H200 32 KiB pages loaded at 89% of the line rate and 8 KiB pages at 74%, with no SM
-  (vLLM's own path: 36% and 6%; bench/RESULTS.md, "Inside vLLM").
+  (vLLM's own path: 36% and 6%; docs/performance.md).
 
 The only module of the package that imports vLLM.
 """

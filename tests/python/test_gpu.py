@@ -1,5 +1,6 @@
-"""The Python package on a real GPU with torch: swap_blocks against torch's own per-block copies,
-stream ordering with torch kernels before and after (proven by the data), the multi-layer forms,
+"""The Python package on a real GPU with torch: register_caches + copy_blocks against torch's own
+per-block copies, stream ordering with torch kernels before and after (proven by the data), every
+layer's K and V in one transfer,
 empty_pinned, transfer lifetime, the example and the benchmark. Skipped, with the reason, where
 torch or a CUDA GPU is missing."""
 
@@ -49,6 +50,18 @@ def random_mapping(gen, n_src, n_dst, n):
     return torch.stack([torch.randperm(n_src, generator=gen)[:n], torch.randperm(n_dst, generator=gen)[:n]], 1)
 
 
+def swap(engine, src, dst, mapping, stream=None):
+    """Block mapping[i, 0] of src to block mapping[i, 1] of dst (tensors or lists of them), either
+    way: the caches registered host side first, then one copy_blocks with the mapping's columns."""
+    first = src[0] if isinstance(src, list) else src
+    to_device = not first.is_cuda
+    m = torch.as_tensor(mapping, dtype=torch.int64).reshape(-1, 2)
+    host, dev = (src, dst) if to_device else (dst, src)
+    cs = engine.register_caches(host, dev)
+    return engine.copy_blocks(cs, gfd.Direction.TO_DEVICE if to_device else gfd.Direction.TO_HOST,
+                              m[:, 0], m[:, 1], stream=stream)
+
+
 def torch_swap(src, dst, mapping):
     """torch's own per-block copies: the reference."""
     for s, d in mapping.tolist():
@@ -68,7 +81,7 @@ def test_swap_blocks_matches_torch(engine, dtype, block_bytes, direction):
     torch_swap(src, expect, m)
     stream = torch.cuda.Stream(DEV)
     with torch.cuda.stream(stream):
-        t = engine.swap_blocks(src, dst, m)
+        t = swap(engine, src, dst, m)
     t.wait()
     stream.synchronize()
     assert same(dst, expect)
@@ -90,9 +103,9 @@ def test_swap_in_ordered_between_torch_kernels(engine, stream_form):
            "protocol": type("P", (), {"__cuda_stream__": lambda self: (0, s.cuda_stream)})()}[stream_form]
     if stream_form == "current":
         with torch.cuda.stream(s):
-            t = engine.swap_blocks(host, dev, m)
+            t = swap(engine, host, dev, m)
     else:
-        t = engine.swap_blocks(host, dev, m, stream=arg)
+        t = swap(engine, host, dev, m, stream=arg)
     with torch.cuda.stream(s):
         after = dev[m[:, 1].to(DEV)].float() * 2  # after: must see gfd's blocks
     s.synchronize()
@@ -114,7 +127,7 @@ def test_swap_out_ordered_between_torch_kernels(engine):
         for _ in range(4):
             a = a @ a / 64
         dev.copy_(torch.arange(dev.numel(), device=DEV, dtype=torch.float32).view_as(dev))  # before
-        t = engine.swap_blocks(dev, host, m)
+        t = swap(engine, dev, host, m)
         dev.fill_(-1)  # after: may overwrite only once gfd has read the blocks
     t.wait()
     s.synchronize()
@@ -134,16 +147,17 @@ def test_multi_layer_forms(engine):
     for src, dst in zip(hk + hv, ek + ev):
         torch_swap(src, dst, m)
     n0 = engine.stats()["transfers"]
-    engine.swap_blocks(hk + hv, dk + dv, m).wait()
+    swap(engine, hk + hv, dk + dv, m).wait()
     assert engine.stats()["transfers"] == n0 + 1
     torch.cuda.synchronize()
     for got, exp in zip(dk + dv, ek + ev):
         assert same(got, exp)
-    # transfer_kv_all_layers: back out to fresh host caches.
+    # Back out to fresh host caches, with separate id tensors.
     ok = [torch.zeros_like(h).pin_memory() for h in hk]
     ov = [torch.zeros_like(h).pin_memory() for h in hv]
     si, di = m[:, 1], torch.arange(30)
-    engine.transfer_kv_all_layers(dk, ok, dv, ov, si, di).wait()
+    out = engine.register_caches(ok + ov, dk + dv)
+    engine.copy_blocks(out, "to_host", si, di).wait()
     for got, src in zip(ok + ov, dk + dv):
         assert same(got[di], src[si.to(DEV)])
 
@@ -158,7 +172,7 @@ def test_empty_pinned_through_dlpack(engine):
     del buf
     gc.collect()
     dev = torch.zeros(64, 2048, dtype=torch.float16, device=DEV)
-    engine.swap_blocks(t, dev, torch.stack([torch.arange(64), torch.arange(64)], 1)).wait()
+    swap(engine, t, dev, torch.stack([torch.arange(64), torch.arange(64)], 1)).wait()
     torch.cuda.synchronize()
     assert torch.equal(dev.cpu(), ref)
 
@@ -175,7 +189,7 @@ def test_transfer_keeps_torch_tensors_alive(engine):
         # About 1 s of GPU time first (cycles): long enough that the submission, the del and a
         # full gc.collect() are over well before it (0.1 s was not, once, on the H200).
         torch.cuda._sleep(2_000_000_000)
-        t = engine.swap_blocks(host, dev, torch.stack([torch.arange(256), torch.arange(256)], 1))
+        t = swap(engine, host, dev, torch.stack([torch.arange(256), torch.arange(256)], 1))
     del host
     gc.collect()
     assert not t.done(), "the copy waits behind the sleep"
@@ -204,7 +218,7 @@ def test_copy_to_device_with_torch_pointer_tensors(engine):
 def test_pageable_host_cache_works(engine):
     host = torch.randn(64, 4096)  # not pinned: gfd stages it (slower, still correct)
     dev = torch.zeros(64, 4096, device=DEV)
-    engine.swap_blocks(host, dev, [[i, 63 - i] for i in range(64)]).wait()
+    swap(engine, host, dev, [[i, 63 - i] for i in range(64)]).wait()
     torch.cuda.synchronize()
     assert torch.equal(dev.cpu(), host.flip(0))
 
@@ -212,12 +226,13 @@ def test_pageable_host_cache_works(engine):
 def test_errors_name_the_argument(engine):
     dev = torch.zeros(8, 1024, device=DEV)
     host = torch.zeros(8, 1024).pin_memory()
-    with pytest.raises(gfd.Error, match="dst has dtype float16, src float32"):
-        engine.swap_blocks(host, dev.half(), [[0, 0]])
-    with pytest.raises(gfd.Error, match="block_mapping: must be in host memory"):
-        engine.swap_blocks(host, dev, torch.zeros(1, 2, dtype=torch.int64, device=DEV))
+    with pytest.raises(gfd.Error, match="device has dtype float16, host float32"):
+        swap(engine, host, dev.half(), [[0, 0]])
+    cs = engine.register_caches(host, dev)
+    with pytest.raises(gfd.Error, match="src_ids: must be in host memory"):
+        engine.copy_blocks(cs, "to_device", torch.zeros(1, dtype=torch.int64, device=DEV), [0])
     with pytest.raises(gfd.Error, match="each block must be contiguous"):
-        engine.swap_blocks(host, dev.view(8, 32, 32).transpose(1, 2), [[0, 0]])
+        swap(engine, host, dev.view(8, 32, 32).transpose(1, 2), [[0, 0]])
     if torch.cuda.device_count() > 1:
         other = torch.zeros(8, 1024, device=torch.device("cuda", 1))
         # Named by the binding, or (where torch refuses a DLPack export on another GPU's stream
@@ -226,7 +241,7 @@ def test_errors_name_the_argument(engine):
             gfd.Error,
             match=r"on cuda:1, but the engine serves GPU 0|not device memory of GPU 0 \(it is device memory of GPU 1\)",
         ):
-            engine.swap_blocks(host, other, [[0, 0]])
+            swap(engine, host, other, [[0, 0]])
 
 
 def test_engines_leave_the_current_device_alone():
@@ -268,7 +283,7 @@ def test_bench_runs_and_verifies(direction):
 
 
 def test_paged_bench_runs_and_verifies(tmp_path):
-    """python -m gfd.bench --layout paged: swap_blocks over every layer's K and V, both directions,
+    """python -m gfd.bench --layout paged: copy_blocks over every layer's K and V, both directions,
     every backend, under the decode load too; every row verified (no timing is checked)."""
     out = tmp_path / "paged.csv"
     r = run(["-m", "gfd.bench", "--layout", "paged", "--layers", "4", "--block-sizes", "4K,32K", "--blocks",
