@@ -192,9 +192,11 @@ std::uint64_t uint_arg(py::handle v, const std::string& name, std::uint64_t hi) 
 }
 
 std::uintptr_t host_address_lowest() {
-  // The system never maps below vm.mmap_min_addr (65536 by default); at least the first page.
+  // Linux maps nothing below vm.mmap_min_addr (64 KiB by default); below 64 KiB is taken as
+  // outside the user address space even where that limit was lowered (only a MAP_FIXED mapping
+  // made for the purpose lies there, never memory a runtime hands gfd).
   static const std::uintptr_t lowest = [] {
-    std::uintptr_t v = 4096;
+    std::uintptr_t v = 65536;
     if (FILE* f = std::fopen("/proc/sys/vm/mmap_min_addr", "r")) {
       unsigned long long x = 0;
       if (std::fscanf(f, "%llu", &x) == 1 && x > v) v = static_cast<std::uintptr_t>(x);
