@@ -836,12 +836,10 @@ int main(int argc, char** argv) try {
   for (BackendEngine& be : engines) {
     if (be.backend != Backend::kGather) continue;
     const EngineStats st = be.engine.stats();
-    char dma[48] = "DMA untimed (time_dmas off)";
-    if (be.engine.options().time_dmas) std::snprintf(dma, sizeof dma, "DMA %.3f s", st.dma_seconds);
-    std::printf("\nengine gather: %llu transfers, %llu chunks (%llu scattered), gather %.3f s CPU, %s, "
+    std::printf("\nengine gather: %llu transfers, %llu chunks (%llu scattered), gather %.3f s CPU, "
                 "planning %.3f s, submit waited %.3f s%s\n",
                 (unsigned long long)st.transfers, (unsigned long long)st.chunks,
-                (unsigned long long)st.scattered_chunks, st.gather_seconds, dma, st.plan_seconds,
+                (unsigned long long)probe::tuning_stats(be.engine).scattered_chunks, st.gather_seconds, st.plan_seconds,
                 st.submit_wait_seconds, bench.host_only ? " [host-only]" : "");
   }
 

@@ -51,22 +51,25 @@ void Counters::fill(EngineStats& st) const {
   st.transfers = transfers.load();
   st.blocks = blocks.load();
   st.chunks = chunks.load();
+  st.direct_copies = direct.load();
+  st.strided_copies = strided.load();
+  st.gather_seconds = static_cast<double>(gather_ns.load()) * 1e-9;
+  st.submit_wait_seconds = static_cast<double>(submit_wait_ns.load()) * 1e-9;
+  st.plan_seconds = static_cast<double>(plan_ns.load()) * 1e-9;
+}
+
+void Counters::fill(TuningStats& st) const {
   st.scattered_chunks = scattered.load();
   st.placements = placements.load();
   st.packings = packings.load();
   st.slots_deferred = slots_deferred.load();
   st.host_direct_chunks = host_direct.load();
-  st.direct_copies = direct.load();
-  st.strided_copies = strided.load();
   st.id_planned_transfers = id_planned.load();
-  st.gather_seconds = static_cast<double>(gather_ns.load()) * 1e-9;
   st.dma_seconds = dma_ms.load() * 1e-3;
-  st.submit_wait_seconds = static_cast<double>(submit_wait_ns.load()) * 1e-9;
-  st.plan_seconds = static_cast<double>(plan_ns.load()) * 1e-9;
 }
 
 namespace {
-PlanConfig staged_config(const EngineOptions& o, int device) {
+PlanConfig staged_config(const EngineOptions& o, const Tuning& t, int device) {
   PlanConfig c;
   c.device = device;
   c.slot_bytes = o.slot_bytes;
@@ -75,20 +78,21 @@ PlanConfig staged_config(const EngineOptions& o, int device) {
   c.piece_bytes = o.piece_bytes;
   c.direct_min_bytes = o.direct_min_bytes;
   c.direct_min_bytes_to_host = o.direct_min_bytes_to_host;
-  c.direct_split_min_bytes = o.direct_split_min_bytes;
-  c.direct_split_percent = o.direct_split_percent;
+  c.direct_split_min_bytes = t.direct_split_min_bytes;
+  c.direct_split_percent = t.direct_split_percent;
   c.strided_min_rows = o.strided_min_rows;
   c.strided_min_bytes = o.strided_min_bytes;
-  c.host_direct = o.host_direct;
+  c.host_direct = t.host_direct;
   c.check_overlaps = o.check_overlaps;
   return c;
 }
 }  // namespace
 
-EngineContext::EngineContext(const EngineOptions& resolved, std::shared_ptr<Device> d)
+EngineContext::EngineContext(const EngineOptions& resolved, const Tuning& t, std::shared_ptr<Device> d)
     : device(std::move(d)),
       options(resolved),
-      plan_config(staged_config(resolved, device->ordinal())),
+      tuning(t),
+      plan_config(staged_config(resolved, t, device->ordinal())),
       events(*device),
       tracer(*device),
       pageable(static_cast<std::uint32_t>(resolved.pageable_cache_ms)) {}

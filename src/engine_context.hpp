@@ -17,6 +17,7 @@
 #include "gfd/engine.hpp"
 #include "pipeline/tracer.hpp"
 #include "planning/planner.hpp"
+#include "tuning.hpp"
 
 namespace gfd::detail {
 
@@ -57,10 +58,11 @@ struct Counters {
     c.fetch_add(v, std::memory_order_relaxed);
   }
   void fill(EngineStats& st) const;
+  void fill(TuningStats& st) const;
 };
 
 struct EngineContext {
-  EngineContext(const EngineOptions& resolved, std::shared_ptr<Device> d);
+  EngineContext(const EngineOptions& resolved, const Tuning& tuning, std::shared_ptr<Device> d);
   EngineContext(const EngineContext&) = delete;
   EngineContext& operator=(const EngineContext&) = delete;
 
@@ -76,6 +78,7 @@ struct EngineContext {
   // Declared first: destroyed last, after everything that returns events or streams to it.
   std::shared_ptr<Device> device;
   EngineOptions options;   // the options in force, automatic choices resolved
+  Tuning tuning;           // the mechanisms in force, resolved for the device and backend
   PlanConfig plan_config;  // staged planning with the engine's sizes
   EventPool events;
   PlanPool plans;

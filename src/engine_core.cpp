@@ -33,12 +33,14 @@ void SubmitGate::close() noexcept {
     inside_.wait(n, std::memory_order_seq_cst);
 }
 
-std::shared_ptr<EngineCore> EngineCore::create(const EngineOptions& options, std::shared_ptr<Device> device) {
-  return std::shared_ptr<EngineCore>(new EngineCore(options, std::move(device)));
+std::shared_ptr<EngineCore> EngineCore::create(const EngineOptions& options, std::shared_ptr<Device> device,
+                                               const Tuning& tuning) {
+  return std::shared_ptr<EngineCore>(new EngineCore(options, std::move(device), tuning));
 }
 
-Engine EngineCore::make_engine(const EngineOptions& options, std::shared_ptr<Device> device) {
-  return Engine(create(options, std::move(device)));
+Engine EngineCore::make_engine(const EngineOptions& options, std::shared_ptr<Device> device,
+                               const Tuning& tuning) {
+  return Engine(create(options, std::move(device), tuning));
 }
 
 EngineCore& EngineCore::of(const Engine& engine) {
@@ -47,8 +49,9 @@ EngineCore& EngineCore::of(const Engine& engine) {
   return *engine.core_;
 }
 
-EngineCore::EngineCore(const EngineOptions& o, std::shared_ptr<Device> device) {
+EngineCore::EngineCore(const EngineOptions& o, std::shared_ptr<Device> device, const Tuning& tuning) {
   o.validate();
+  tuning.validate();
   const BackendEntry& entry = backend_entry(o.backend);
   if (entry.caps.reads_host_pointers && !device->host_pointers_usable())
     throw Error(ErrorCode::kInvalidArgument,
@@ -66,9 +69,13 @@ EngineCore::EngineCore(const EngineOptions& o, std::shared_ptr<Device> device) {
   r.gather_threads = !entry.caps.gather_pool ? 0
                      : o.gather_threads != 0 ? o.gather_threads
                                              : std::clamp(static_cast<int>(cpus_.size()) - 1, 1, kAutoThreadCap);
-  r.preissue = o.preissue && entry.caps.copy_lanes && device->supports_wait_value();
   r.staging_writes = to_public(resolve_staging_writes(o.staging_writes));
-  ctx_ = std::make_shared<EngineContext>(r, std::move(device));
+  // The hardware's fallbacks: no preissue without 64-bit stream memory operations, no batched
+  // placement where the GPU cannot read pinned memory at its host address.
+  Tuning t = tuning;
+  t.preissue = tuning.preissue && entry.caps.copy_lanes && device->supports_wait_value();
+  t.batch_placement = tuning.batch_placement && device->host_pointers_usable();
+  ctx_ = std::make_shared<EngineContext>(r, t, std::move(device));
 
   const ScopedCurrentDevice current(*ctx_->device);
   backend_ = entry.make(BackendSetup{ctx_, cpus_, numa_node_});
@@ -178,7 +185,7 @@ bool EngineCore::takes_id_ops(const CacheSetState& set, Direction d) const {
   const bool staged = b != 0 && b < c.direct_min() && (!c.splits() || b < c.direct_split_min_bytes);
   // Host arrays side by side make each id's host side one run, which host_direct chunks move in
   // place: those keep the listed path, which finds the runs.
-  return o.plan_from_ids && o.backend == Backend::kGather && set.all_pinned && !set.side_by_side && staged &&
+  return ctx_->tuning.plan_from_ids && o.backend == Backend::kGather && set.all_pinned && !set.side_by_side && staged &&
          fits_from_ids(b, c);
 }
 
@@ -216,6 +223,12 @@ EngineStats EngineCore::stats() const {
   st.cpus = cpus_;
   st.cpu_sharing = cpu_sharing_;
   st.slot_bytes = ctx_->options.slot_bytes;
+  return st;
+}
+
+TuningStats EngineCore::tuning_stats() const {
+  TuningStats st;
+  ctx_->counters.fill(st);
   return st;
 }
 

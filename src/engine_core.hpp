@@ -39,9 +39,12 @@ class EngineCore {
  public:
   // Validates `options` (before any device work), resolves them for `device` and builds the
   // backend they name.
-  static std::shared_ptr<EngineCore> create(const EngineOptions& options, std::shared_ptr<Device> device);
+  // `tuning`: the mechanisms' settings (tuning.hpp), for tests and benchmarks that compare them.
+  static std::shared_ptr<EngineCore> create(const EngineOptions& options, std::shared_ptr<Device> device,
+                                            const Tuning& tuning = {});
   // An Engine over any device implementation (the emulated one in tests and benchmarks).
-  static Engine make_engine(const EngineOptions& options, std::shared_ptr<Device> device);
+  static Engine make_engine(const EngineOptions& options, std::shared_ptr<Device> device,
+                            const Tuning& tuning = {});
   // The core behind an Engine (throws gfd::Error for a moved-from Engine).
   static EngineCore& of(const Engine& engine);
 
@@ -61,6 +64,9 @@ class EngineCore {
                          std::string_view dst_name = "dst_ids");
   EngineStats stats() const;
   const EngineOptions& options() const { return ctx_->options; }
+  // The mechanisms in force (resolved for the device and backend) and their counters.
+  const Tuning& tuning() const { return ctx_->tuning; }
+  TuningStats tuning_stats() const;
   Device& device() { return *ctx_->device; }
   // Waits for every transfer submitted, then stops the backend's threads. Later submissions
   // throw kShutdown. Idempotent.
@@ -71,12 +77,12 @@ class EngineCore {
   std::vector<TraceEvent> take_trace() { return ctx_->tracer.take(); }
 
  private:
-  EngineCore(const EngineOptions& options, std::shared_ptr<Device> device);
+  EngineCore(const EngineOptions& options, std::shared_ptr<Device> device, const Tuning& tuning);
   // submit and submit_blocks: past the gate, with the engine's GPU current.
   // A CacheSet transfer as one 2D copy per id (CacheSetState::id_runs), where the gather backend
   // and the run options take it.
   bool takes_id_runs(const CacheSetState& set) const;
-  // Whether a transfer on `set` one way may be planned from its ids (EngineOptions::plan_from_ids).
+  // Whether a transfer on `set` one way may be planned from its ids (Tuning::plan_from_ids).
   bool takes_id_ops(const CacheSetState& set, Direction d) const;
   Transfer submit_runs(std::span<const StridedCopy> runs, std::size_t blocks, StreamHandle stream,
                        Direction direction);

@@ -1,123 +1,182 @@
+#include <algorithm>
 #include <cerrno>
 #include <climits>
-#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include <numa.h>
 
-#include "env.hpp"
 #include "gfd/error.hpp"
 #include "gfd/options.hpp"
 #include "host/topology.hpp"
+#include "option_table.hpp"
+#include "tuning.hpp"
 
 namespace gfd {
 namespace {
 
-[[noreturn]] void bad_env(const char* name, const char* value, const char* want) {
-  throw Error(ErrorCode::kInvalidArgument,
-              std::string("environment variable ") + name + "='" + value + "': expected " + want);
-}
+// A value that does not parse: what was expected, for the caller to put in its message.
+struct BadValue {
+  const char* expected;
+};
 
-long long parse_int(const char* name, const char* v) {
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::strtoll(v, &end, 10);
-  if (errno != 0 || end == v || *end != '\0') bad_env(name, v, "an integer");
-  return x;
-}
-
-std::size_t parse_size(const char* name, const char* v) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long x = std::strtoull(v, &end, 10);
-  if (errno != 0 || end == v || std::string(v).find('-') != std::string::npos) bad_env(name, v, "a size such as 65536, 64K, 2M or 1G");
-  unsigned shift = 0;
-  if (*end == 'K' || *end == 'k') shift = 10;
-  else if (*end == 'M' || *end == 'm') shift = 20;
-  else if (*end == 'G' || *end == 'g') shift = 30;
-  if (shift != 0) ++end;
-  if (*end != '\0' || (shift != 0 && x > (~0ull >> shift)))
-    bad_env(name, v, "a size such as 65536, 64K, 2M or 1G");
-  return static_cast<std::size_t>(x << shift);
-}
-
-void env_int(const char* name, int& field) {
-  if (const char* v = std::getenv(name)) {
-    const long long x = parse_int(name, v);
-    if (x < INT_MIN || x > INT_MAX) bad_env(name, v, "an integer that fits in an int");
+// One parser and one formatter per kind of value (the kinds of option_table.hpp).
+namespace option_kinds {
+struct Int {
+  static constexpr const char* kValues = "integer";
+  static void parse(const std::string& v, int& field) {
+    char* end = nullptr;
+    errno = 0;
+    const long long x = std::strtoll(v.c_str(), &end, 10);
+    if (errno != 0 || end == v.c_str() || *end != '\0') throw BadValue{"an integer"};
+    if (x < INT_MIN || x > INT_MAX) throw BadValue{"an integer that fits in an int"};
     field = static_cast<int>(x);
   }
-}
-// The one boolean parser of every GFD_* variable (env.hpp).
-void env_bool(const char* name, bool& field) { field = detail::env_flag(name, field); }
+  static std::string format(int v) { return std::to_string(v); }
+};
 
-void env_size(const char* name, std::size_t& field) {
-  if (const char* v = std::getenv(name)) field = parse_size(name, v);
-}
+struct Size {
+  static constexpr const char* kValues = "size (K, M, G suffixes)";
+  static void parse(const std::string& v, std::size_t& field) {
+    constexpr const char* kWant = "a size such as 65536, 64K, 2M or 1G";
+    char* end = nullptr;
+    errno = 0;
+    // strtoull skips blanks and takes a minus sign: a size has neither.
+    const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+    if (errno != 0 || end == v.c_str() || v.find('-') != std::string::npos) throw BadValue{kWant};
+    unsigned shift = 0;
+    if (*end == 'K' || *end == 'k') shift = 10;
+    else if (*end == 'M' || *end == 'm') shift = 20;
+    else if (*end == 'G' || *end == 'g') shift = 30;
+    if (shift != 0) ++end;
+    if (*end != '\0' || (shift != 0 && x > (~0ull >> shift))) throw BadValue{kWant};
+    field = static_cast<std::size_t>(x << shift);
+  }
+  static std::string format(std::size_t v) {
+    for (const auto& [shift, suffix] : {std::pair{30, "G"}, std::pair{20, "M"}, std::pair{10, "K"}})
+      if (v != 0 && v % (std::size_t{1} << shift) == 0) return std::to_string(v >> shift) + suffix;
+    return std::to_string(v);
+  }
+};
 
-void env_cpus(const char* name, std::string& field) {
-  if (const char* v = std::getenv(name)) {
+struct Count {
+  static constexpr const char* kValues = "integer >= 0";
+  static void parse(const std::string& v, std::size_t& field) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+    if (errno != 0 || end == v.c_str() || *end != '\0' || v.find('-') != std::string::npos)
+      throw BadValue{"an integer >= 0"};
+    field = static_cast<std::size_t>(x);
+  }
+  static std::string format(std::size_t v) { return std::to_string(v); }
+};
+
+struct Flag {
+  static constexpr const char* kValues = "boolean";
+  static void parse(const std::string& v, bool& field) {
+    if (v == "1" || v == "true" || v == "on") field = true;
+    else if (v == "0" || v == "false" || v == "off") field = false;
+    else throw BadValue{"1, true or on, or 0, false or off"};
+  }
+  static std::string format(bool v) { return v ? "true" : "false"; }
+};
+
+struct Cpus {
+  static constexpr const char* kValues = "CPU list";
+  static void parse(const std::string& v, std::string& field) {
     try {
       (void)detail::parse_cpulist(v);
     } catch (const Error&) {
-      bad_env(name, v, "a CPU list such as 0-7,16");
+      throw BadValue{"a CPU list such as 0-7,16"};
     }
     field = v;
   }
+  static std::string format(const std::string& v) { return v; }
+};
+
+struct Writes {
+  static constexpr const char* kValues = "auto, cldemote, streaming, plain";
+  static void parse(const std::string& v, StagingWrites& field) {
+    try {
+      field = staging_writes_from_string(v);
+    } catch (const Error&) {
+      throw BadValue{"auto, cldemote, streaming or plain"};
+    }
+  }
+  static std::string format(StagingWrites v) { return to_string(v); }
+};
+
+struct BackendName {
+  static constexpr const char* kValues = "gather, batch_async, per_block, zero_copy_kernel";
+  static void parse(const std::string& v, Backend& field) {
+    try {
+      field = backend_from_string(v);
+    } catch (const Error&) {
+      throw BadValue{"gather, batch_async, per_block or zero_copy_kernel"};
+    }
+  }
+  static std::string format(Backend v) { return to_string(v); }
+};
+}  // namespace option_kinds
+
+// Parses `value` into option `name` of `o`; false when there is no such option. Throws BadValue.
+bool parse_option(EngineOptions& o, std::string_view name, const std::string& value) {
+#define GFD_PARSE(field, kind, variable, doc)     \
+  if (name == #field) {                           \
+    option_kinds::kind::parse(value, o.field);    \
+    return true;                                  \
+  }
+  GFD_ENGINE_OPTIONS(GFD_PARSE)
+#undef GFD_PARSE
+  return false;
 }
 
 }  // namespace
 
+std::span<const detail::OptionInfo> detail::option_table() {
+#define GFD_INFO(field, kind, variable, doc) {#field, variable, option_kinds::kind::kValues, doc},
+  static constexpr OptionInfo kTable[] = {GFD_ENGINE_OPTIONS(GFD_INFO)};
+#undef GFD_INFO
+  return kTable;
+}
+
 EngineOptions EngineOptions::from_env(EngineOptions o) {
-  env_int("GFD_DEVICE", o.device);
-  env_size("GFD_STAGING_BYTES", o.staging_bytes);
-  env_size("GFD_SLOT_BYTES", o.slot_bytes);
-  env_size("GFD_CHUNK_BYTES_TO_HOST", o.chunk_bytes_to_host);
-  env_size("GFD_FIRST_CHUNK_BYTES", o.first_chunk_bytes);
-  env_size("GFD_PIECE_BYTES", o.piece_bytes);
-  env_size("GFD_DIRECT_MIN_BYTES", o.direct_min_bytes);
-  env_size("GFD_DIRECT_MIN_BYTES_TO_HOST", o.direct_min_bytes_to_host);
-  env_size("GFD_DIRECT_SPLIT_MIN_BYTES", o.direct_split_min_bytes);
-  env_int("GFD_DIRECT_SPLIT_PERCENT", o.direct_split_percent);
-  env_size("GFD_STRIDED_MIN_ROWS", o.strided_min_rows);
-  env_size("GFD_STRIDED_MIN_BYTES", o.strided_min_bytes);
-  env_bool("GFD_HOST_DIRECT", o.host_direct);
-  env_bool("GFD_PLAN_FROM_IDS", o.plan_from_ids);
-  env_cpus("GFD_CPUS", o.cpus);
-  env_size("GFD_INLINE_GATHER_BYTES", o.inline_gather_bytes);
-  env_int("GFD_GATHER_THREADS", o.gather_threads);
-  env_int("GFD_COPY_STREAMS", o.copy_streams);
-  env_int("GFD_NUMA_NODE", o.numa_node);
-  env_int("GFD_SPIN_US", o.spin_us);
-  env_bool("GFD_CHECK_OVERLAPS", o.check_overlaps);
-  env_bool("GFD_SUBMITTER_GATHERS", o.submitter_gathers);
-  env_bool("GFD_USE_ALL_LOCAL_CPUS", o.use_all_local_cpus);
-  if (const char* v = std::getenv("GFD_STAGING_WRITES")) {
+  for (const detail::OptionInfo& opt : detail::option_table()) {
+    const char* v = std::getenv(opt.variable);
+    if (v == nullptr) continue;
     try {
-      o.staging_writes = staging_writes_from_string(v);
-    } catch (const Error&) {
-      bad_env("GFD_STAGING_WRITES", v, "auto, cldemote, streaming or plain");
-    }
-  }
-  env_bool("GFD_PREISSUE", o.preissue);
-  env_bool("GFD_BATCH_PLACEMENT", o.batch_placement);
-  env_bool("GFD_DEFER_SLOT_WAITS", o.defer_slot_waits);
-  env_bool("GFD_BATCH_PACKING", o.batch_packing);
-  env_int("GFD_PLACEMENT_CHUNKS", o.placement_chunks);
-  env_int("GFD_PLACEMENT_BLOCKS", o.placement_blocks);
-  env_bool("GFD_TIME_DMAS", o.time_dmas);
-  env_size("GFD_KERNEL_MAX_BYTES", o.kernel_max_bytes);
-  env_int("GFD_PAGEABLE_CACHE_MS", o.pageable_cache_ms);
-  if (const char* v = std::getenv("GFD_BACKEND")) {
-    try {
-      o.backend = backend_from_string(v);
-    } catch (const Error&) {
-      bad_env("GFD_BACKEND", v, "gather, batch_async, per_block or zero_copy_kernel");
+      (void)parse_option(o, opt.name, v);
+    } catch (const BadValue& bad) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("environment variable ") + opt.variable + "='" + v + "': expected " + bad.expected);
     }
   }
   return o;
+}
+
+bool EngineOptions::set(std::string_view name, std::string_view value) {
+  try {
+    return parse_option(*this, name, std::string(value));
+  } catch (const BadValue& bad) {
+    throw Error(ErrorCode::kInvalidArgument, "EngineOptions::" + std::string(name) + ": '" + std::string(value) +
+                                                 "': expected " + bad.expected);
+  }
+}
+
+std::string EngineOptions::get(std::string_view name) const {
+#define GFD_FORMAT(field, kind, variable, doc) \
+  if (name == #field) return option_kinds::kind::format(field);
+  GFD_ENGINE_OPTIONS(GFD_FORMAT)
+#undef GFD_FORMAT
+  throw Error(ErrorCode::kInvalidArgument, "EngineOptions: no option named '" + std::string(name) + "'");
+}
+
+std::vector<std::string> EngineOptions::names() {
+  std::vector<std::string> out;
+  for (const detail::OptionInfo& opt : detail::option_table()) out.emplace_back(opt.name);
+  return out;
 }
 
 namespace {
@@ -150,14 +209,8 @@ void EngineOptions::validate() const {
                                    chunk_bytes_to_host % 16 != 0))
     bad_option("chunk_bytes_to_host: " + str(chunk_bytes_to_host) + " must be 0 or a multiple of 16 from 4096 to " +
                "slot_bytes " + str(slot_bytes));
-  if (placement_chunks < 1 || placement_chunks > 32)
-    bad_option("placement_chunks: " + str(placement_chunks) + " is outside 1..32");
-  if (placement_blocks < 1 || placement_blocks > 32)
-    bad_option("placement_blocks: " + str(placement_blocks) + " is outside 1..32");
   if (first_chunk_bytes < 4096) bad_option("first_chunk_bytes: " + str(first_chunk_bytes) + " is below 4096");
   if (spin_us < 0) bad_option("spin_us: " + str(spin_us) + " is negative");
-  if (direct_split_percent < 0 || direct_split_percent > 100)
-    bad_option("direct_split_percent: " + str(direct_split_percent) + " is outside 0..100");
   if (pageable_cache_ms < 0 || pageable_cache_ms > 3600000)
     bad_option("pageable_cache_ms: " + str(pageable_cache_ms) + " is outside 0..3600000 (an hour)");
   if (numa_node < -2) bad_option("numa_node: " + str(numa_node) + " is below -2");
@@ -182,6 +235,16 @@ void EngineOptions::validate() const {
   if (gather_threads > ncpu)
     bad_option("gather_threads: " + str(gather_threads) + " is more than the " + str(ncpu) +
                " CPUs this process may use");
+}
+
+void detail::Tuning::validate() const {
+  const auto bad = [](const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, "Tuning::" + msg); };
+  if (placement_chunks < 1 || placement_chunks > 32)
+    bad("placement_chunks: " + str(placement_chunks) + " is outside 1..32");
+  if (placement_blocks < 1 || placement_blocks > 32)
+    bad("placement_blocks: " + str(placement_blocks) + " is outside 1..32");
+  if (direct_split_percent < 0 || direct_split_percent > 100)
+    bad("direct_split_percent: " + str(direct_split_percent) + " is outside 0..100");
 }
 
 }  // namespace gfd

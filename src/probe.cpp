@@ -55,10 +55,13 @@ void Device::memset_async(void* dst, int value, std::size_t bytes, cudaStream_t 
   d_->memset_async(dst, value, bytes, handle(s));
 }
 
-Engine Device::make_engine(EngineOptions options) const {
+Engine Device::make_engine(EngineOptions options, const detail::Tuning& tuning) const {
   options.device = d_->ordinal();
-  return detail::EngineCore::make_engine(options, d_);
+  return detail::EngineCore::make_engine(options, d_, tuning);
 }
+
+detail::Tuning tuning_of(const Engine& engine) { return detail::EngineCore::of(engine).tuning(); }
+detail::TuningStats tuning_stats(const Engine& engine) { return detail::EngineCore::of(engine).tuning_stats(); }
 
 void start_trace(Engine& engine, std::size_t capacity) {
   detail::EngineCore::of(engine).start_trace(capacity);

@@ -19,6 +19,7 @@
 
 #include "gfd/gfd.hpp"
 #include "trace_event.hpp"
+#include "tuning.hpp"
 
 namespace gfd::detail {
 class Device;
@@ -55,14 +56,19 @@ class Device {
   void copy_h2d(void* dst, const void* src, std::size_t bytes, cudaStream_t s);
   void copy_d2h(void* dst, const void* src, std::size_t bytes, cudaStream_t s);
   void memset_async(void* dst, int value, std::size_t bytes, cudaStream_t s);
-  /// An engine over this device (options.device is ignored; the device's ordinal is used).
-  Engine make_engine(EngineOptions options) const;
+  /// An engine over this device (options.device is ignored; the device's ordinal is used), with
+  /// the engine's internal mechanisms set as `tuning` says (tuning.hpp).
+  Engine make_engine(EngineOptions options, const detail::Tuning& tuning = {}) const;
 
  private:
   friend HostPool make_host_pool(const Device& device, const HostPoolOptions& options);
   std::shared_ptr<detail::Device> d_;
   bool emulated_ = false;
 };
+
+/// The engine's internal mechanisms in force and their counters.
+detail::Tuning tuning_of(const Engine& engine);
+detail::TuningStats tuning_stats(const Engine& engine);
 
 /// Tracing of one engine: records up to `capacity` points from now on (0 stops).
 void start_trace(Engine& engine, std::size_t capacity);

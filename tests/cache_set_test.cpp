@@ -100,7 +100,7 @@ TEST_P(CacheSetRoundTrip, EveryBlockOfEveryPair) {
   engine.copy_blocks(set, Direction::kToHost, out_src, out_dst, td->cuda_stream()).wait();
   // Host rows side by side (page-first) at least direct_min_bytes long move in place, both ways.
   const bool in_place = rt.backend == Backend::kGather && rt.page_first && kPairs * rt.bytes >= o.direct_min_bytes;
-  const std::uint64_t out_in_place = engine.stats().host_direct_chunks;
+  const std::uint64_t out_in_place = tuning_stats(engine).host_direct_chunks;
   EXPECT_EQ(out_in_place > 0, in_place);
   for (std::size_t p = 0; p < kPairs; ++p)
     for (std::size_t i = 0; i < kMoved; ++i)
@@ -112,11 +112,11 @@ TEST_P(CacheSetRoundTrip, EveryBlockOfEveryPair) {
   const std::vector<std::int32_t> in_src(in_src64.begin(), in_src64.end()), in_dst(in_dst64.begin(), in_dst64.end());
   engine.copy_blocks(set, Direction::kToDevice, in_src, in_dst, td->cuda_stream()).wait();
   td->device->stream_sync(td->stream);
-  EXPECT_EQ(engine.stats().host_direct_chunks > out_in_place, in_place);
+  EXPECT_EQ(tuning_stats(engine).host_direct_chunks > out_in_place, in_place);
   // Equal blocks below the direct path's size in arrays not side by side: planned from the ids
   // (plan_from_ids), both ways.
   const bool from_ids = rt.backend == Backend::kGather && !rt.page_first && rt.bytes < o.direct_min_bytes;
-  EXPECT_EQ(engine.stats().id_planned_transfers, from_ids ? 2u : 0u);
+  EXPECT_EQ(tuning_stats(engine).id_planned_transfers, from_ids ? 2u : 0u);
   for (std::size_t p = 0; p < kPairs; ++p)
     for (std::size_t i = 0; i < kMoved; ++i)
       ASSERT_EQ(std::memcmp(c.device_block(p, in_dst[i]).data(), c.host_block(p, in_src[i]), rt.bytes), 0)
@@ -376,9 +376,10 @@ TEST_P(CacheSetTest, MidSizeSplitMovesEveryByteOnBothPaths) {
   constexpr std::size_t kPairs = 8, kBytes = 16 << 10, kBlocks = 96, kMoved = 80;
   Caches c(*td_, kPairs, kBlocks, kBlocks, kBytes, true, false);
   EngineOptions o = small_options();  // a 1 MiB ring; the transfer is 10 MiB
-  o.direct_split_min_bytes = 8 << 10;
-  o.direct_split_percent = 25;
-  Engine engine = td_->make_engine(o);
+  detail::Tuning t;
+  t.direct_split_min_bytes = 8 << 10;
+  t.direct_split_percent = 25;
+  Engine engine = td_->make_engine(o, t);
   const CacheSet set = engine.register_caches(c.list);
   const auto src = distinct(kMoved, kBlocks, 11), dst = distinct(kMoved, kBlocks, 12);
   engine.copy_blocks(set, Direction::kToDevice, src, dst, td_->cuda_stream()).wait();
@@ -409,9 +410,9 @@ TEST_P(CacheSetTest, PlannedFromIdsMovesWhatTheListedPathMoves) {
   for (const bool from_ids : {true, false}) {
     SCOPED_TRACE(from_ids ? "from ids" : "listed");
     Caches c(*td_, kPairs, kBlocks, 2 * kBlocks, kBytes, true, false);  // swap-outs to the upper half
-    EngineOptions o = small_options();  // a 1 MiB ring
-    o.plan_from_ids = from_ids;
-    Engine engine = td_->make_engine(o);
+    detail::Tuning t;
+    t.plan_from_ids = from_ids;
+    Engine engine = td_->make_engine(small_options(), t);  // a 1 MiB ring
     const CacheSet set = engine.register_caches(c.list);
     const auto in_src = distinct(kMoved, kBlocks, 21), in_dst = distinct(kMoved, kBlocks, 22);
     engine.copy_blocks(set, Direction::kToDevice, in_src, in_dst, td_->cuda_stream()).wait();
@@ -428,7 +429,8 @@ TEST_P(CacheSetTest, PlannedFromIdsMovesWhatTheListedPathMoves) {
         ASSERT_EQ(std::memcmp(c.host_block(p, out_dst[i]), c.host_block(p, in_src[i]), kBytes), 0)
             << "swap-out pair " << p << " row " << i;
     EngineStats st = engine.stats();
-    EXPECT_EQ(st.id_planned_transfers, from_ids ? 2u : 0u);
+    const std::uint64_t id_planned = tuning_stats(engine).id_planned_transfers;
+    EXPECT_EQ(id_planned, from_ids ? 2u : 0u);
     EXPECT_EQ(st.blocks, 2 * kPairs * kMoved);
     EXPECT_GT(st.chunks, 2u) << "several chunks each way";
     // Rows 0..39 to 100..139: every row one id after the one before, on both sides.
@@ -437,7 +439,7 @@ TEST_P(CacheSetTest, PlannedFromIdsMovesWhatTheListedPathMoves) {
     std::iota(run_dst.begin(), run_dst.end(), 100);
     engine.copy_blocks(set, Direction::kToDevice, run_src, run_dst, td_->cuda_stream()).wait();
     td_->device->stream_sync(td_->stream);
-    EXPECT_EQ(engine.stats().id_planned_transfers, st.id_planned_transfers) << "adjacent ids keep the listed path";
+    EXPECT_EQ(tuning_stats(engine).id_planned_transfers, id_planned) << "adjacent ids keep the listed path";
     for (std::size_t p = 0; p < kPairs; ++p)
       for (std::size_t i = 0; i < run_src.size(); ++i)
         ASSERT_EQ(std::memcmp(c.device_block(p, run_dst[i]).data(), c.host_block(p, run_src[i]), kBytes), 0)
@@ -481,9 +483,8 @@ TEST_P(CacheSetTest, ArraysAtOnePitchArePlannedFromIdsRowByRow) {
                             kBytes),
                 0)
           << "swap-out pair " << p << " row " << i;
-  const EngineStats st = engine.stats();
-  EXPECT_EQ(st.id_planned_transfers, 2u);
-  EXPECT_EQ(st.strided_copies, 0u);
+  EXPECT_EQ(tuning_stats(engine).id_planned_transfers, 2u);
+  EXPECT_EQ(engine.stats().strided_copies, 0u);
 }
 
 // A transfer planned from its ids that one chunk holds (moved by the submitting thread) and one
@@ -509,7 +510,7 @@ TEST_P(CacheSetTest, SmallTransfersPlannedFromIds) {
         ASSERT_EQ(std::memcmp(c.host_block(p, back[i]), c.host_block(p, src[i]), kBytes), 0)
             << n << " ids: swap-out pair " << p << " row " << i;
   }
-  EXPECT_EQ(engine.stats().id_planned_transfers, 6u);
+  EXPECT_EQ(tuning_stats(engine).id_planned_transfers, 6u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, CacheSetTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),

@@ -147,7 +147,7 @@ TEST_P(EngineTest, ScatteredSourcesContiguousDestination) {
   const EngineStats st = engine.stats();
   EXPECT_EQ(st.bytes, 256u * 4096);
   if (gather()) {
-    EXPECT_EQ(st.scattered_chunks, 0u);
+    EXPECT_EQ(tuning_stats(engine).scattered_chunks, 0u);
     EXPECT_GT(st.chunks, 1u);
   }
 }
@@ -160,7 +160,7 @@ TEST_P(EngineTest, ScatteredDestinationsUseScatterKernel) {
   const auto blocks = make_blocks(pool, dst, 300, 2048, true, 5);
   engine.copy_to_device(blocks, td_->cuda_stream()).wait();
   expect_landed(blocks, dst);
-  if (gather()) EXPECT_GT(engine.stats().scattered_chunks, 0u);
+  if (gather()) EXPECT_GT(tuning_stats(engine).scattered_chunks, 0u);
 }
 
 TEST_P(EngineTest, RandomSizesAndAlignments) {
@@ -502,8 +502,9 @@ void EngineTest::copy_to_host_found_bad_late(std::size_t staging, bool batch_pac
   SCOPED_TRACE(batch_packing ? "batched packing" : "a packing launch per chunk");
   EngineOptions o = options();
   o.staging_bytes = staging;
-  o.batch_packing = batch_packing;  // the first chunks wait to be packed while the list is checked
-  Engine engine = td_->make_engine(o);
+  detail::Tuning t;
+  t.batch_packing = batch_packing;  // the first chunks wait to be packed while the list is checked
+  Engine engine = td_->make_engine(o, t);
   constexpr std::size_t kBlocks = 1024;
   DeviceBuffer src(dev(), kBlocks * 4096), dst_dev(dev(), 4096);
   HostBuffer init(dev(), src.size(), true);
@@ -678,14 +679,9 @@ TEST_P(EngineTest, AbsurdOptionsAreRejectedNamingTheOption) {
   add("numa_node", [](EngineOptions& o) { o.numa_node = 4096; });
   add("pageable_cache_ms", [](EngineOptions& o) { o.pageable_cache_ms = -1; });
   add("pageable_cache_ms", [](EngineOptions& o) { o.pageable_cache_ms = 3600001; });
-  add("direct_split_percent", [](EngineOptions& o) { o.direct_split_percent = 101; });
-  add("direct_split_percent", [](EngineOptions& o) { o.direct_split_percent = -1; });
   add("chunk_bytes_to_host", [](EngineOptions& o) { o.chunk_bytes_to_host = 2048; });
   add("chunk_bytes_to_host", [](EngineOptions& o) { o.chunk_bytes_to_host = o.slot_bytes * 2; });
   add("chunk_bytes_to_host", [](EngineOptions& o) { o.chunk_bytes_to_host = 65536 + 8; });
-  add("placement_chunks", [](EngineOptions& o) { o.placement_chunks = 0; });
-  add("placement_chunks", [](EngineOptions& o) { o.placement_chunks = 33; });
-  add("placement_blocks", [](EngineOptions& o) { o.placement_blocks = 0; });
   for (const Case& c : cases) {
     SCOPED_TRACE(c.needle);
     try {
@@ -719,11 +715,12 @@ TEST_P(EngineTest, StatsDescribeTheEngine) {
     EXPECT_EQ(after.staging_bytes, o.staging_bytes);
     EXPECT_EQ(after.slot_bytes, o.slot_bytes);
     EXPECT_GT(after.gather_seconds, 0.0);
-    EXPECT_EQ(after.dma_seconds, 0.0);  // DMAs are timed only with time_dmas
-    o.time_dmas = true;
-    Engine timed = td_->make_engine(o);
+    EXPECT_EQ(tuning_stats(engine).dma_seconds, 0.0);  // DMAs are timed only with time_dmas
+    detail::Tuning t;
+    t.time_dmas = true;
+    Engine timed = td_->make_engine(o, t);
     timed.copy_to_device(blocks, td_->cuda_stream()).wait();
-    EXPECT_GT(timed.stats().dma_seconds, 0.0);
+    EXPECT_GT(tuning_stats(timed).dma_seconds, 0.0);
   }
 }
 
@@ -756,9 +753,9 @@ TEST_P(EngineTest, OneChunkTransfersLandWhoeverGathersThem) {
   DeviceBuffer dst(dev(), 4 << 20);
   for (const bool preissue : {true, false}) {
     SCOPED_TRACE(preissue ? "preissue" : "no preissue");
-    EngineOptions o = options();
-    o.preissue = preissue;
-    Engine engine = td_->make_engine(o);
+    detail::Tuning t;
+    t.preissue = preissue;
+    Engine engine = td_->make_engine(options(), t);
     DeviceBuffer big_dst(dev(), 1024 * 4096);
     const auto big = make_blocks(pool, big_dst, 1024, 4096, false, 42);
     std::uint64_t seed = 43;
@@ -814,11 +811,12 @@ TEST_P(EngineTest, BatchedPlacementPlacesSeveralChunksPerLaunch) {
       o.staging_bytes = 2 << 20;  // 32 slots of 64 KB: up to 8 unplaced chunks per lane
       o.slot_bytes = 64 << 10;
       o.first_chunk_bytes = 16 << 10;
-      o.preissue = preissue;
-      o.batch_placement = batch;
-      o.placement_chunks = 8;
-      o.placement_blocks = preissue ? 32 : 1;
-      Engine engine = td_->make_engine(o);
+      detail::Tuning t;
+      t.preissue = preissue;
+      t.batch_placement = batch;
+      t.placement_chunks = 8;
+      t.placement_blocks = preissue ? 32 : 1;
+      Engine engine = td_->make_engine(o, t);
       DeviceBuffer dst(dev(), 1536 * 4096);  // 6 MB: three times the ring
       const auto blocks = make_blocks(pool, dst, 1536, 4096, true, 62);
       engine.copy_to_device(blocks, td_->cuda_stream()).wait();
@@ -845,7 +843,7 @@ TEST_P(EngineTest, BatchedPlacementPlacesSeveralChunksPerLaunch) {
         });
       for (auto& th : threads) th.join();
       for (int t = 0; t < 3; ++t) expect_landed(per[t], dsts[t]);
-      const EngineStats st = engine.stats();
+      const detail::TuningStats st = tuning_stats(engine);
       EXPECT_GE(st.scattered_chunks, 96u);
       if (batch && dev().host_pointers_usable()) {
         EXPECT_GT(st.placements, 0u);
@@ -873,7 +871,7 @@ TEST_P(EngineTest, SwapInLargerThanTheRingLeavesTheSlotWaitsToTheGatherThreads) 
   dev().delay_async(50000, td_->stream);
   Transfer t1 = engine.copy_to_device(blocks, td_->cuda_stream());
   Transfer t2 = engine.copy_to_device(blocks2, td_->cuda_stream());
-  const std::uint64_t deferred = engine.stats().slots_deferred;
+  const std::uint64_t deferred = tuning_stats(engine).slots_deferred;
   EXPECT_GT(deferred, 0u) << "the calls waited for slots that only the delayed stream's work frees";
   t1.wait();
   t2.wait();
@@ -896,7 +894,7 @@ TEST_P(EngineTest, SwapInLargerThanTheRingLeavesTheSlotWaitsToTheGatherThreads) 
   }
   dev().delay_async(50000, td_->stream);
   engine.copy_blocks(set, Direction::kToDevice, src, dst_ids, td_->cuda_stream()).wait();
-  EXPECT_GT(engine.stats().slots_deferred, deferred);
+  EXPECT_GT(tuning_stats(engine).slots_deferred, deferred);
   for (std::size_t i = 0; i < 8; ++i) {
     const std::vector<std::byte> got = td_->read(caches[i].data(), caches[i].size());
     for (std::size_t r = 0; r < 192; ++r)
@@ -931,9 +929,10 @@ TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
     o.staging_bytes = 2 << 20;  // 32 slots of 64 KB: a launch takes up to 8 chunks
     o.slot_bytes = 64 << 10;
     o.first_chunk_bytes = 16 << 10;
-    o.placement_chunks = 8;
-    o.batch_packing = batch;
-    Engine engine = td_->make_engine(o);
+    detail::Tuning t;
+    t.placement_chunks = 8;
+    t.batch_packing = batch;
+    Engine engine = td_->make_engine(o, t);
     // 6 MB of scattered device blocks to scattered host blocks: three times the ring.
     HostBuffer out(dev(), 2 * src.size(), pinned_sources());
     std::vector<BlockCopy> blocks;
@@ -975,7 +974,7 @@ TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
       for (std::size_t r = 0; r < 192; ++r)
         ASSERT_EQ(std::memcmp(host.data() + (i * 384 + host_ids[r]) * 4096, init.data() + (i * 192 + dev_ids[r]) * 4096, 4096), 0)
             << "pair " << i << ", row " << r;
-    const EngineStats st = engine.stats();
+    const detail::TuningStats st = tuning_stats(engine);
     EXPECT_GE(st.scattered_chunks, 96u);
     if (batch) {
       EXPECT_GT(st.packings, 0u);
@@ -1078,10 +1077,10 @@ TEST_P(EngineTest, DeviceMemoryFreedWhileSwapsRunBothWaysAtOnceDoesNotStallThem)
 // issues its DMA: the same transfers must land, alone and concurrently.
 TEST_P(EngineTest, IssuingFromTheGatherThreadsWorksToo) {
   if (!gather()) GTEST_SKIP() << "a gather-backend option";
-  EngineOptions o = options();
-  o.preissue = false;
-  Engine engine = td_->make_engine(o);
-  EXPECT_FALSE(engine.options().preissue);
+  detail::Tuning t;
+  t.preissue = false;
+  Engine engine = td_->make_engine(options(), t);
+  EXPECT_FALSE(tuning_of(engine).preissue);
   HostBuffer pool(dev(), 16 << 20, false);
   fill_random(pool.data(), pool.size(), 31);
   DeviceBuffer dst(dev(), 1536 * 4096);

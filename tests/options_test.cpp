@@ -1,7 +1,9 @@
-// Unit tests of EngineOptions::from_env: GFD_* environment overrides. Every test runs under an
+// Unit tests of the engine options: GFD_* environment overrides (from_env), set, get and names. Every test runs under an
 // EnvGuard that clears the GFD_* variables first and restores the original environment after.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstddef>
 #include <cstdlib>
 #include <functional>
@@ -12,23 +14,18 @@
 
 #include "gfd/gfd.hpp"
 #include "host/topology.hpp"
+#include "option_table.hpp"
 
 namespace {
 
+// Every GFD_* variable of an option (from the option table), and one that is not an option.
 const std::vector<std::string>& gfd_variables() {
-  static const std::vector<std::string> names = {
-      "GFD_DEVICE",           "GFD_STAGING_BYTES",          "GFD_SLOT_BYTES",
-      "GFD_CHUNK_BYTES_TO_HOST", "GFD_FIRST_CHUNK_BYTES",   "GFD_PIECE_BYTES",
-      "GFD_DIRECT_MIN_BYTES", "GFD_DIRECT_MIN_BYTES_TO_HOST", "GFD_DIRECT_SPLIT_MIN_BYTES",
-      "GFD_DIRECT_SPLIT_PERCENT", "GFD_STRIDED_MIN_ROWS",   "GFD_STRIDED_MIN_BYTES",
-      "GFD_HOST_DIRECT",      "GFD_PLAN_FROM_IDS",          "GFD_CPUS",
-      "GFD_INLINE_GATHER_BYTES", "GFD_GATHER_THREADS",      "GFD_COPY_STREAMS",
-      "GFD_NUMA_NODE",        "GFD_SPIN_US",                "GFD_CHECK_OVERLAPS",
-      "GFD_SUBMITTER_GATHERS", "GFD_STAGING_WRITES",        "GFD_KERNEL_MAX_BYTES",
-      "GFD_PREISSUE",         "GFD_BATCH_PLACEMENT",        "GFD_DEFER_SLOT_WAITS",       "GFD_BATCH_PACKING",
-      "GFD_PLACEMENT_CHUNKS",
-      "GFD_PLACEMENT_BLOCKS", "GFD_TIME_DMAS",
-      "GFD_USE_ALL_LOCAL_CPUS", "GFD_PAGEABLE_CACHE_MS",    "GFD_BACKEND"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& opt : gfd::detail::option_table()) v.emplace_back(opt.variable);
+    v.emplace_back("GFD_NOT_AN_OPTION");
+    return v;
+  }();
   return names;
 }
 
@@ -70,12 +67,8 @@ gfd::EngineOptions custom_base() {
   o.piece_bytes = std::size_t{16} << 10;
   o.direct_min_bytes = std::size_t{3} << 20;
   o.direct_min_bytes_to_host = std::size_t{5} << 20;
-  o.direct_split_min_bytes = std::size_t{12} << 10;
-  o.direct_split_percent = 40;
   o.strided_min_rows = 7;
   o.strided_min_bytes = std::size_t{96} << 10;
-  o.host_direct = false;
-  o.plan_from_ids = false;
   o.cpus = "0";
   o.inline_gather_bytes = std::size_t{8} << 10;
   o.gather_threads = 5;
@@ -85,16 +78,10 @@ gfd::EngineOptions custom_base() {
   o.check_overlaps = false;
   o.submitter_gathers = true;
   o.staging_writes = gfd::StagingWrites::kPlain;
-  o.preissue = false;
-  o.batch_placement = false;
-  o.defer_slot_waits = false;
-  o.batch_packing = false;
-  o.placement_chunks = 7;
-  o.placement_blocks = 9;
   o.chunk_bytes_to_host = std::size_t{1} << 20;
-  o.time_dmas = true;
   o.use_all_local_cpus = true;
   o.kernel_max_bytes = std::size_t{24} << 10;
+  o.pageable_cache_ms = 250;
   o.backend = gfd::Backend::kPerBlock;
   return o;
 }
@@ -107,12 +94,8 @@ void expect_same(const gfd::EngineOptions& a, const gfd::EngineOptions& b) {
   EXPECT_EQ(a.piece_bytes, b.piece_bytes);
   EXPECT_EQ(a.direct_min_bytes, b.direct_min_bytes);
   EXPECT_EQ(a.direct_min_bytes_to_host, b.direct_min_bytes_to_host);
-  EXPECT_EQ(a.direct_split_min_bytes, b.direct_split_min_bytes);
-  EXPECT_EQ(a.direct_split_percent, b.direct_split_percent);
   EXPECT_EQ(a.strided_min_rows, b.strided_min_rows);
   EXPECT_EQ(a.strided_min_bytes, b.strided_min_bytes);
-  EXPECT_EQ(a.host_direct, b.host_direct);
-  EXPECT_EQ(a.plan_from_ids, b.plan_from_ids);
   EXPECT_EQ(a.cpus, b.cpus);
   EXPECT_EQ(a.inline_gather_bytes, b.inline_gather_bytes);
   EXPECT_EQ(a.gather_threads, b.gather_threads);
@@ -122,16 +105,10 @@ void expect_same(const gfd::EngineOptions& a, const gfd::EngineOptions& b) {
   EXPECT_EQ(a.check_overlaps, b.check_overlaps);
   EXPECT_EQ(a.submitter_gathers, b.submitter_gathers);
   EXPECT_EQ(a.staging_writes, b.staging_writes);
-  EXPECT_EQ(a.preissue, b.preissue);
-  EXPECT_EQ(a.batch_placement, b.batch_placement);
-  EXPECT_EQ(a.defer_slot_waits, b.defer_slot_waits);
-  EXPECT_EQ(a.batch_packing, b.batch_packing);
-  EXPECT_EQ(a.placement_chunks, b.placement_chunks);
-  EXPECT_EQ(a.placement_blocks, b.placement_blocks);
   EXPECT_EQ(a.chunk_bytes_to_host, b.chunk_bytes_to_host);
-  EXPECT_EQ(a.time_dmas, b.time_dmas);
   EXPECT_EQ(a.use_all_local_cpus, b.use_all_local_cpus);
   EXPECT_EQ(a.kernel_max_bytes, b.kernel_max_bytes);
+  EXPECT_EQ(a.pageable_cache_ms, b.pageable_cache_ms);
   EXPECT_EQ(a.backend, b.backend);
 }
 
@@ -151,10 +128,10 @@ void expect_rejected(EnvGuard& env, const std::string& name, const std::string& 
 
 const std::vector<std::string> kSizeVariables = {
     "GFD_STAGING_BYTES", "GFD_SLOT_BYTES", "GFD_FIRST_CHUNK_BYTES", "GFD_PIECE_BYTES",
-    "GFD_DIRECT_MIN_BYTES", "GFD_DIRECT_SPLIT_MIN_BYTES", "GFD_INLINE_GATHER_BYTES", "GFD_KERNEL_MAX_BYTES"};
+    "GFD_DIRECT_MIN_BYTES", "GFD_DIRECT_MIN_BYTES_TO_HOST", "GFD_INLINE_GATHER_BYTES", "GFD_KERNEL_MAX_BYTES"};
 const std::vector<std::string> kIntVariables = {"GFD_DEVICE", "GFD_GATHER_THREADS",
                                                 "GFD_COPY_STREAMS", "GFD_NUMA_NODE",
-                                                "GFD_SPIN_US", "GFD_DIRECT_SPLIT_PERCENT"};
+                                                "GFD_SPIN_US", "GFD_PAGEABLE_CACHE_MS"};
 
 TEST(OptionsFromEnvTest, NoVariablesLeavesBaseUnchanged) {
   EnvGuard env;
@@ -185,12 +162,8 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
       {"GFD_PIECE_BYTES", "32k", [](auto& o) { o.piece_bytes = std::size_t{32} << 10; }},
       {"GFD_DIRECT_MIN_BYTES", "1G", [](auto& o) { o.direct_min_bytes = std::size_t{1} << 30; }},
       {"GFD_DIRECT_MIN_BYTES_TO_HOST", "96K", [](auto& o) { o.direct_min_bytes_to_host = std::size_t{96} << 10; }},
-      {"GFD_DIRECT_SPLIT_MIN_BYTES", "8K", [](auto& o) { o.direct_split_min_bytes = std::size_t{8} << 10; }},
-      {"GFD_DIRECT_SPLIT_PERCENT", "25", [](auto& o) { o.direct_split_percent = 25; }},
       {"GFD_STRIDED_MIN_ROWS", "0", [](auto& o) { o.strided_min_rows = 0; }},
       {"GFD_STRIDED_MIN_BYTES", "1M", [](auto& o) { o.strided_min_bytes = std::size_t{1} << 20; }},
-      {"GFD_HOST_DIRECT", "off", [](auto& o) { o.host_direct = false; }},
-      {"GFD_PLAN_FROM_IDS", "0", [](auto& o) { o.plan_from_ids = false; }},
       {"GFD_CPUS", "0-1", [](auto& o) { o.cpus = "0-1"; }},
       {"GFD_INLINE_GATHER_BYTES", "4096", [](auto& o) { o.inline_gather_bytes = 4096; }},
       {"GFD_GATHER_THREADS", "9", [](auto& o) { o.gather_threads = 9; }},
@@ -200,14 +173,7 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
       {"GFD_CHECK_OVERLAPS", "1", [](auto& o) { o.check_overlaps = true; }},
       {"GFD_SUBMITTER_GATHERS", "off", [](auto& o) { o.submitter_gathers = false; }},
       {"GFD_STAGING_WRITES", "cldemote", [](auto& o) { o.staging_writes = gfd::StagingWrites::kCldemote; }},
-      {"GFD_PREISSUE", "1", [](auto& o) { o.preissue = true; }},
-      {"GFD_BATCH_PLACEMENT", "on", [](auto& o) { o.batch_placement = true; }},
-      {"GFD_DEFER_SLOT_WAITS", "off", [](auto& o) { o.defer_slot_waits = false; }},
-      {"GFD_BATCH_PACKING", "on", [](auto& o) { o.batch_packing = true; }},
-      {"GFD_PLACEMENT_CHUNKS", "8", [](auto& o) { o.placement_chunks = 8; }},
-      {"GFD_PLACEMENT_BLOCKS", "32", [](auto& o) { o.placement_blocks = 32; }},
       {"GFD_CHUNK_BYTES_TO_HOST", "512K", [](auto& o) { o.chunk_bytes_to_host = std::size_t{512} << 10; }},
-      {"GFD_TIME_DMAS", "off", [](auto& o) { o.time_dmas = false; }},
       {"GFD_USE_ALL_LOCAL_CPUS", "0", [](auto& o) { o.use_all_local_cpus = false; }},
       {"GFD_KERNEL_MAX_BYTES", "256K", [](auto& o) { o.kernel_max_bytes = std::size_t{256} << 10; }},
       {"GFD_BACKEND", "zero_copy_kernel", [](auto& o) { o.backend = gfd::Backend::kZeroCopyKernel; }},
@@ -425,3 +391,94 @@ TEST(OptionsCpusTest, ACpuListIsCheckedAndNamed) {
     EXPECT_NE(std::string(e.what()).find("is not one this process may run on"), std::string::npos) << e.what();
   }
 }
+
+namespace {
+
+TEST(OptionsTableTest, NamesAndVariablesComeFromOneTable) {
+  const std::vector<std::string> names = gfd::EngineOptions::names();
+  const auto table = gfd::detail::option_table();
+  ASSERT_EQ(names.size(), table.size());
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    std::string upper = names[i];
+    for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    EXPECT_EQ(std::string(table[i].variable), "GFD_" + upper);
+    EXPECT_NE(std::string(table[i].description), "") << names[i];
+    for (std::size_t j = 0; j < i; ++j) EXPECT_NE(names[i], names[j]);
+  }
+  EXPECT_NE(std::find(names.begin(), names.end(), "staging_bytes"), names.end());
+}
+
+TEST(OptionsTableTest, SetParsesEachKindOfValue) {
+  gfd::EngineOptions o;
+  EXPECT_TRUE(o.set("device", "1"));
+  EXPECT_TRUE(o.set("staging_bytes", "64M"));
+  EXPECT_TRUE(o.set("piece_bytes", "16k"));
+  EXPECT_TRUE(o.set("strided_min_rows", "3"));
+  EXPECT_TRUE(o.set("check_overlaps", "off"));
+  EXPECT_TRUE(o.set("submitter_gathers", "true"));
+  EXPECT_TRUE(o.set("cpus", "0"));
+  EXPECT_TRUE(o.set("staging_writes", "plain"));
+  EXPECT_TRUE(o.set("backend", "batch_async"));
+  EXPECT_EQ(o.device, 1);
+  EXPECT_EQ(o.staging_bytes, std::size_t{64} << 20);
+  EXPECT_EQ(o.piece_bytes, std::size_t{16} << 10);
+  EXPECT_EQ(o.strided_min_rows, 3u);
+  EXPECT_FALSE(o.check_overlaps);
+  EXPECT_TRUE(o.submitter_gathers);
+  EXPECT_EQ(o.cpus, "0");
+  EXPECT_EQ(o.staging_writes, gfd::StagingWrites::kPlain);
+  EXPECT_EQ(o.backend, gfd::Backend::kBatchAsync);
+}
+
+TEST(OptionsTableTest, UnknownNamesAreNotSet) {
+  gfd::EngineOptions o;
+  EXPECT_FALSE(o.set("no_such_option", "1"));
+  EXPECT_FALSE(o.set("", "1"));
+  EXPECT_THROW((void)o.get("no_such_option"), gfd::Error);
+}
+
+TEST(OptionsTableTest, BadValuesNameTheOption) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"slot_bytes", "lots"}, {"device", "1.5"},          {"check_overlaps", "yes"},
+      {"cpus", "3-x"},        {"staging_writes", "fast"}, {"backend", "memcpy"},
+      {"strided_min_rows", "-1"}};
+  for (const auto& [name, value] : cases) {
+    SCOPED_TRACE(std::string(name) + "=" + value);
+    gfd::EngineOptions o;
+    try {
+      (void)o.set(name, value);
+      ADD_FAILURE() << "accepted";
+    } catch (const gfd::Error& e) {
+      EXPECT_EQ(e.code(), gfd::ErrorCode::kInvalidArgument);
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring, std::string("EngineOptions::") + name, e.what());
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring, value, e.what());
+    }
+  }
+}
+
+// get gives what set takes back, for every option, at the defaults and away from them.
+TEST(OptionsTableTest, GetAndSetRoundTripEveryOption) {
+  for (const gfd::EngineOptions& base : {gfd::EngineOptions{}, custom_base()}) {
+    for (const std::string& name : gfd::EngineOptions::names()) {
+      SCOPED_TRACE(name + "=" + base.get(name));
+      gfd::EngineOptions o;
+      EXPECT_TRUE(o.set(name, base.get(name)));
+      EXPECT_EQ(o.get(name), base.get(name));
+    }
+  }
+  EXPECT_EQ(gfd::EngineOptions{}.get("staging_bytes"), "128M");
+  EXPECT_EQ(gfd::EngineOptions{}.get("check_overlaps"), "true");
+  EXPECT_EQ(gfd::EngineOptions{}.get("backend"), "gather");
+}
+
+// Every option of the table is read from its variable: a base at the defaults, every variable
+// set to custom_base's value, gives custom_base.
+TEST(OptionsTableTest, FromEnvReadsEveryOption) {
+  EnvGuard env;
+  const gfd::EngineOptions custom = custom_base();
+  for (const auto& opt : gfd::detail::option_table()) env.set(opt.variable, custom.get(opt.name));
+  const gfd::EngineOptions o = gfd::EngineOptions::from_env();
+  for (const std::string& name : gfd::EngineOptions::names()) EXPECT_EQ(o.get(name), custom.get(name)) << name;
+}
+
+}  // namespace

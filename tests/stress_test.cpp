@@ -34,7 +34,7 @@ class StressTest : public DeviceParamTest {};
 
 // `staging_bytes`: the ring. 1 MB: the larger requests span it several times. 32 MB: no request
 // can wrap around it, so device-to-host requests are planned while their first DMAs run.
-// `batch_packing`: EngineOptions::batch_packing (swap-out chunks packed several to a launch, the
+// `batch_packing`: detail::Tuning::batch_packing (swap-out chunks packed several to a launch, the
 // default; false: a packing launch per chunk).
 void stress(detail::Device& dev, TestDevice& td, std::size_t staging_bytes, const char* label,
             bool batch_packing = true) {
@@ -43,8 +43,9 @@ void stress(detail::Device& dev, TestDevice& td, std::size_t staging_bytes, cons
   EngineOptions o = small_options();
   o.staging_bytes = staging_bytes;
   o.kernel_max_bytes = 64 << 10;  // the smallest pinned requests take the kernel path
-  o.batch_packing = batch_packing;
-  Engine engine = td.make_engine(o);
+  detail::Tuning t;
+  t.batch_packing = batch_packing;
+  Engine engine = td.make_engine(o, t);
 
   // Sources: a pinned and a pageable pool; each thread owns a disjoint destination region.
   constexpr std::size_t kPool = 32 << 20, kRegion = 4 << 20, kMaxRequest = 3 << 20;

@@ -51,26 +51,12 @@ struct EngineStats {
   std::uint64_t transfers = 0;       ///< transfers submitted
   std::uint64_t blocks = 0;          ///< blocks submitted (before coalescing)
   std::uint64_t chunks = 0;          ///< staged chunks moved (one DMA each)
-  std::uint64_t scattered_chunks = 0;///< chunks placed by the scatter kernel
-  std::uint64_t placements = 0;      ///< launches that placed several of those at once
-                                     ///< (EngineOptions::batch_placement)
-  std::uint64_t packings = 0;        ///< launches that packed several device-to-host chunks at
-                                     ///< once (EngineOptions::batch_packing)
-  std::uint64_t slots_deferred = 0;  ///< host-to-device chunks given a slot whose last chunk was
-                                     ///< still being placed: their gather threads waited for it,
-                                     ///< not the submitting call (batch_placement, preissue)
-  std::uint64_t host_direct_chunks = 0;  ///< of those, read in place from host memory (no gather)
-  std::uint64_t direct_copies = 0;   ///< blocks sent straight from pinned memory
+  std::uint64_t direct_copies = 0;   ///< blocks sent straight from pinned memory, unstaged
   std::uint64_t strided_copies = 0;  ///< 2D copies of constant-stride runs (their blocks are in direct_copies)
-  std::uint64_t id_planned_transfers = 0;  ///< CacheSet transfers planned from their ids (EngineOptions::plan_from_ids)
   double gather_seconds = 0;         ///< CPU time spent gathering, summed over threads
-  double dma_seconds = 0;            ///< copy-engine time of staged host-to-device chunks on the
-                                     ///< copy lanes (GPU clock; not the small transfers of at most
-                                     ///< inline_gather_bytes, moved on the caller's stream untimed);
-                                     ///< 0 unless EngineOptions::time_dmas
-  double submit_wait_seconds = 0;    ///< time submitters waited for a free slot (see slots_deferred)
   double plan_seconds = 0;           ///< time spent validating and planning transfers
-  HugepageKind hugepages = HugepageKind::kNone;  ///< pages the staging ring actually got
+  double submit_wait_seconds = 0;    ///< time submitting calls waited for a free staging slot
+  HugepageKind hugepages = HugepageKind::kNone;  ///< pages the staging ring got
   int numa_node = -1;                ///< node the ring and threads are bound to (-1: none)
   int gather_threads = 0;            ///< gather threads running
   std::size_t staging_bytes = 0;     ///< staging ring size

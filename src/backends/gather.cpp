@@ -16,17 +16,18 @@ StagingPipeline::StagingPipeline(const BackendSetup& setup)
       options(ctx->options),
       ring(*ctx->device, ctx->counters,
            RingConfig{options.staging_bytes / options.slot_bytes, options.slot_bytes, setup.numa_node,
-                      /*device_twin=*/true, /*flags=*/options.preissue, /*timing=*/options.time_dmas,
-                      /*placed_flags=*/options.batch_placement && ctx->device->host_pointers_usable(),
+                      /*device_twin=*/true, /*flags=*/ctx->tuning.preissue,
+                      /*timing=*/ctx->tuning.time_dmas,
+                      /*placed_flags=*/ctx->tuning.batch_placement && ctx->device->host_pointers_usable(),
                       // Device to host with preissue: a flag in each slot, written once the
                       // chunk's DMA is done (CopyLanes' flag stream), which the gather threads
                       // read instead of asking about `done` (FaultWatch).
-                      /*dma_flags=*/options.preissue && ctx->device->supports_wait_value()}),
+                      /*dma_flags=*/ctx->tuning.preissue && ctx->device->supports_wait_value()}),
       lanes(*ctx, options.copy_streams, ring.size(), ring.has_dma_flags()),
       // Room for every slot's chunk plus the direct copies and finalizations between them.
       queue(ring.size() + 4096, ctx->tracer),
       store(resolve_staging_writes(options.staging_writes)),
-      preissue(options.preissue),
+      preissue(ctx->tuning.preissue),
       watch(*ctx->device) {
   Device* device = ctx->device.get();
   pool = std::make_unique<GatherPool>(

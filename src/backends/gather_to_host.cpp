@@ -14,7 +14,7 @@ GatherToHost::GatherToHost(StagingPipeline& pipe) : p_(pipe) {
   // A packing launch never takes more than half the ring, so the slot a submitter waits for is
   // never one of a launch still to be made.
   const std::size_t limit = std::min<std::size_t>(
-      {static_cast<std::size_t>(std::max(p_.options.placement_chunks, 1)), p_.ring.size() / 2, kMaxPlaceChunks});
+      {static_cast<std::size_t>(std::max(p_.ctx->tuning.placement_chunks, 1)), p_.ring.size() / 2, kMaxPlaceChunks});
   pack_limit_ = static_cast<std::uint32_t>(std::max<std::size_t>(limit, 1));
   pending_.reserve(pack_limit_);
 }
@@ -149,7 +149,7 @@ void GatherToHost::enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vec
   // launch with the next ones; pending chunks go out before any other chunk (the lane's order).
   // The submitter may wait for a slot with chunks pending: the slot it waits for was taken at
   // least half the ring earlier (pack_limit_), by a chunk whose DMA is enqueued.
-  const bool grouped = p_.options.batch_packing && !c.contiguous_device && !(c.host_direct && valid);
+  const bool grouped = p_.ctx->tuning.batch_packing && !c.contiguous_device && !(c.host_direct && valid);
   if (!grouped) flush_packs(t);
   const std::uint32_t slot = p_.ring.acquire();
   if (c.host_direct && valid) {

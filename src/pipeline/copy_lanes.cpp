@@ -16,9 +16,9 @@ CopyLanes::CopyLanes(EngineContext& ctx, int h2d_lanes, std::size_t ring_slots, 
       device_(*ctx.device),
       h2d_(static_cast<std::uint32_t>(h2d_lanes)),
       place_limit_(static_cast<std::uint32_t>(std::clamp<std::size_t>(
-          std::min<std::size_t>(ring_slots / (2 * h2d_), static_cast<std::size_t>(ctx.options.placement_chunks)), 1,
+          std::min<std::size_t>(ring_slots / (2 * h2d_), static_cast<std::size_t>(ctx.tuning.placement_chunks)), 1,
           kMaxPlaceChunks))),
-      place_blocks_(static_cast<std::uint32_t>(ctx.options.placement_blocks)) {
+      place_blocks_(static_cast<std::uint32_t>(ctx.tuning.placement_blocks)) {
   try {
     for (std::uint32_t i = 0; i < h2d_ + 2 + kDirectLanes; ++i) lanes_.push_back(device_.create_stream());
     if (dma_flags) flags_ = device_.create_stream();

@@ -111,8 +111,6 @@ void run(benchmark::State& state, std::size_t count, std::size_t block, bool shu
   const auto iters = static_cast<double>(std::max<std::int64_t>(state.iterations(), 1));
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(count * block));
   state.counters["chunks_per_transfer"] = static_cast<double>(after.chunks - before.chunks) / iters;
-  state.counters["scattered_chunks"] =
-      static_cast<double>(after.scattered_chunks - before.scattered_chunks) / iters;
   state.counters["slots"] =
       static_cast<double>(after.staging_bytes) / static_cast<double>(after.slot_bytes);
   state.counters["us_submit_wait"] =

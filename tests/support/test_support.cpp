@@ -58,10 +58,10 @@ void TestDevice::fill(void* dev, int value, std::size_t bytes) {
   device->stream_sync(stream);
 }
 
-Engine TestDevice::make_engine(const EngineOptions& options) {
+Engine TestDevice::make_engine(const EngineOptions& options, const detail::Tuning& tuning) {
   EngineOptions o = options;
   o.device = device->ordinal();
-  return detail::EngineCore::make_engine(o, device);
+  return detail::EngineCore::make_engine(o, device, tuning);
 }
 
 std::string cuda_skip_reason(int needed) {

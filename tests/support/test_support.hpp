@@ -69,7 +69,8 @@ struct TestDevice {
   std::vector<std::byte> read(const void* dev, std::size_t bytes);
   void fill(void* dev, int value, std::size_t bytes);
   cudaStream_t cuda_stream() const { return static_cast<cudaStream_t>(stream); }
-  Engine make_engine(const EngineOptions& options);
+  // `tuning`: the engine's internal mechanisms (tuning.hpp), for tests that run both branches.
+  Engine make_engine(const EngineOptions& options, const detail::Tuning& tuning = {});
 };
 
 // Returns nullptr (after GTEST_SKIP in the caller) when the kind is not available here.
@@ -92,6 +93,10 @@ class DeviceParamTest : public ::testing::TestWithParam<DeviceKind> {
   }
   std::unique_ptr<TestDevice> td_;
 };
+
+// The internal mechanisms and their counters of an engine.
+inline const detail::Tuning& tuning_of(const Engine& e) { return detail::EngineCore::of(e).tuning(); }
+inline detail::TuningStats tuning_stats(const Engine& e) { return detail::EngineCore::of(e).tuning_stats(); }
 
 // Small engine options for tests: a small ring so that transfers cycle through it.
 EngineOptions small_options();

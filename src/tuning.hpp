@@ -1,0 +1,64 @@
+// Engine settings that are not user options: the pipeline's mechanisms, each on with the setting
+// that measured fastest (docs/performance.md), and still switchable here so that the tests run
+// both branches and the benchmarks can compare them. Only code of this tree sets them
+// (EngineCore::create, probe::Device::make_engine); the public EngineOptions does not carry them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gfd::detail {
+
+struct Tuning {
+  // Host-to-device chunks' DMAs are enqueued at submission behind a flag in pinned memory that
+  // the thread finishing the chunk sets (a 64-bit stream memory operation), so that no driver
+  // call sits between gathering and DMA. Resolved off where the GPU lacks those operations or
+  // the backend has no copy lanes: the finishing thread then issues the DMA itself.
+  bool preissue = true;
+  // Host to device, staged chunks with scattered destinations: one placing kernel launch for
+  // several chunks of a lane, which marks their slots free in pinned memory (no event per
+  // chunk). Needs a GPU that reads pinned memory at its host address; off elsewhere.
+  bool batch_placement = true;
+  // With batch_placement and preissue, a submitter takes a slot whose last chunk is enqueued but
+  // not placed without waiting: the gather threads that fill it wait for its placed flag, so the
+  // call returns once every DMA is enqueued whatever the transfer's size.
+  bool defer_slot_waits = true;
+  // Device to host, staged chunks with scattered sources: one packing launch for several chunks
+  // of the lane, waited for once by the device-to-host lane.
+  bool batch_packing = true;
+  // Chunks one placing or packing launch takes at most (1..32; the lanes together never leave
+  // more than half the ring's slots unplaced), and its thread blocks at most (1..32).
+  int placement_chunks = 8;
+  int placement_blocks = 32;
+  // A staging chunk whose pinned host side lies in runs as long as the direct path's blocks is
+  // moved by the copy engine in place (no CPU copy); the kernels place or pack it on the GPU.
+  bool host_direct = true;
+  // A CacheSet transfer of equal, staged blocks is planned from its ids by arithmetic, each
+  // gather thread making its own piece's copies, instead of a block list planned by the caller.
+  bool plan_from_ids = true;
+  // Timing events around each staged host-to-device DMA (TuningStats::dma_seconds). Each costs
+  // the copy engine about 3 us a chunk on an H200, so off.
+  bool time_dmas = false;
+  // Host to device: of the pinned blocks in [direct_split_min_bytes, direct_min_bytes), this
+  // percent goes straight from host memory and the rest is staged. 0: every such block staged
+  // (on an H200 every split measured slower than staging them all).
+  std::size_t direct_split_min_bytes = 0;
+  int direct_split_percent = 0;
+
+  // Throws gfd::Error(kInvalidArgument) naming the field when one is outside its limits.
+  void validate() const;
+};
+
+// Counters of the mechanisms above (the tests check that a branch ran; the benchmark reports
+// them), beside the public EngineStats.
+struct TuningStats {
+  std::uint64_t scattered_chunks = 0;      // chunks placed by the scatter kernel
+  std::uint64_t placements = 0;            // launches that placed several of those at once
+  std::uint64_t packings = 0;              // launches that packed several device-to-host chunks
+  std::uint64_t slots_deferred = 0;        // slots whose wait was left to the gather threads
+  std::uint64_t host_direct_chunks = 0;    // chunks read in place from host memory
+  std::uint64_t id_planned_transfers = 0;  // CacheSet transfers planned from their ids
+  double dma_seconds = 0;                  // copy-engine time of timed DMAs (time_dmas)
+};
+
+}  // namespace gfd::detail
