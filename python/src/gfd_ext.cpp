@@ -85,6 +85,8 @@ std::unique_ptr<PyTransfer> PyEngine::copy(Direction dir, py::handle src, py::ha
   const bool host_src = dir == Direction::kToDevice;
   // No block is larger than the address space; checked before any sum or end address is formed.
   const std::uint64_t max_block = host_address_end();
+  const std::string size_limit = "a block is at most " + std::to_string(max_block) + " bytes";
+  if (n.scalar) (void)n.at(0, 0, max_block, size_limit);  // checked even when no block uses it
   Transfer t;
   try {
     py::gil_scoped_release nogil;
@@ -92,7 +94,7 @@ std::unique_ptr<PyTransfer> PyEngine::copy(Direction dir, py::handle src, py::ha
     std::uint64_t total = 0;
     for (std::size_t i = 0; i < count; ++i) {
       const std::uint64_t a = s.at(i, 0, UINT64_MAX), b = d.at(i, 0, UINT64_MAX);
-      const std::uint64_t c = n.at(i, 0, max_block, "a block is at most " + std::to_string(max_block) + " bytes");
+      const std::uint64_t c = n.at(i, 0, max_block, size_limit);
       const IntArray& host = host_src ? s : d;
       const IntArray& dev = host_src ? d : s;
       const std::uint64_t hp = host_src ? a : b, dp = host_src ? b : a;
