@@ -58,7 +58,7 @@ struct Pool {
 class SourcePicker {
  public:
   // Offsets of blocks at a pitch of `pitch` blocks: random distinct slots, or with `consecutive`
-  // (--layout strided, the seed's layout) n slots in a row from a random start.
+  // (--layout strided: constant-stride runs) n slots in a row from a random start.
   SourcePicker(std::size_t pool_bytes, std::size_t block, std::uint64_t seed, std::size_t pitch = 2,
                bool consecutive = false);
   std::vector<std::size_t> pick(std::size_t n);

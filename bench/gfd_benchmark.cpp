@@ -67,7 +67,7 @@ const std::map<std::string, std::string> kFlags = {
                "                   against the CUDA peers; --layout paged --help lists its flags), pool (this\n"
                "                   text: random blocks of one pool into one device buffer, every backend) or\n"
                "                   strided (the same, each transfer's blocks in a row at a pitch of --pitch\n"
-               "                   blocks from a random start: the seed's layout, constant-stride runs)"},
+               "                   blocks from a random start: constant-stride runs)"},
     {"pitch", "=K           blocks between the starts of two source blocks (default 2)"},
     {"help", "              this text"},
 };
@@ -132,8 +132,8 @@ class Bench {
   probe::Device dev;
   cudaStream_t stream = nullptr;
   bool host_only = false, warm = false, trace = false, to_host = false;
-  // --layout strided: each transfer's blocks in a row at a pitch of `pitch` blocks (the seed's
-  // layout); otherwise random blocks at that pitch.
+  // --layout strided: each transfer's blocks in a row at a pitch of `pitch` blocks (constant-
+  // stride runs); otherwise random blocks at that pitch.
   bool strided = false;
   std::size_t pitch = 2;
   int iters = 30, warmup = 5;
@@ -492,7 +492,10 @@ void host_load_probe(Bench& b, std::size_t bytes) {
               " of host memory traffic per byte moved: gather read, staging write, DMA read)\n");
 }
 
-void print_rows(const std::vector<Row>& rows, bool to_host) {
+void print_rows(const std::vector<Row>& rows, bool to_host, bool host_only) {
+  if (host_only)
+    std::printf("\nhost-only figures (emulated device: its 'DMA' is a host memcpy; nothing here crosses "
+                "PCIe or says how fast a GPU is):");
   // tools/gpu_compare.sh reads fields 1, 2, 4, 6, 8 and 11 of the rows after this header: new
   // columns go at the end.
   std::printf("\n%-6s %-5s %-10s %-16s %-8s %9s %9s %9s %9s %9s %7s %7s %8s %8s %-8s %-5s %16s %7s %7s\n", "blocks",
@@ -512,11 +515,12 @@ void print_rows(const std::vector<Row>& rows, bool to_host) {
   }
 }
 
-void print_latency(const std::vector<Row>& rows) {
+void print_latency(const std::vector<Row>& rows, bool host_only) {
   bool any = false;
   for (const Row& r : rows) any = any || (r.size == 4096 && r.n <= 256 && r.load == "none");
   if (!any) return;
-  std::printf("\nsmall-request latency (4 KB blocks, call to stream sync returning), us:\n");
+  std::printf("\nsmall-request latency (4 KB blocks, call to stream sync returning), us%s:\n",
+              host_only ? ", host-only (emulated device, no PCIe)" : "");
   std::printf("%-16s %-10s %-5s %12s %12s %12s\n", "backend", "dst", "pool", "16 p50/p90", "64 p50/p90",
               "256 p50/p90");
   std::vector<std::string> pools;  // in the order they ran
@@ -784,9 +788,10 @@ int main(int argc, char** argv) try {
         for (BackendEngine& be : engines) {
           ++done;
           Row r = bench.measure(be, n, size, mode, ref_gbps);
-          std::fprintf(stderr, "[%zu/%zu %5.1fs] %5zu x %-4s %-10s %-16s %8.2f GB/s (%5.1f%% of %.2f)%s\n", done,
+          std::fprintf(stderr, "[%zu/%zu %5.1fs] %5zu x %-4s %-10s %-16s %8.2f GB/s (%5.1f%% of %.2f)%s%s\n", done,
                        total, since_us(start) * 1e-6, n, format_size(size).c_str(), mode.c_str(), r.backend.c_str(),
-                       r.p50_gbps(), 100 * r.p50_gbps() / ref_gbps, ref_gbps, r.verified ? "" : " VERIFY FAILED");
+                       r.p50_gbps(), 100 * r.p50_gbps() / ref_gbps, ref_gbps, r.verified ? "" : " VERIFY FAILED",
+                       bench.host_only ? " [host-only]" : "");
           rows.push_back(r);
         }
       }
@@ -831,8 +836,8 @@ int main(int argc, char** argv) try {
                 bench.to_host ? "place" : "gather");
 
   if (bench.batch > 1) std::printf("\n(%zu transfers back to back per repetition; times are per transfer)", bench.batch);
-  print_rows(rows, bench.to_host);
-  print_latency(rows);
+  print_rows(rows, bench.to_host, bench.host_only);
+  print_latency(rows, bench.host_only);
   for (BackendEngine& be : engines) {
     if (be.backend != Backend::kGather) continue;
     const EngineStats st = be.engine.stats();

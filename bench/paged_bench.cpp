@@ -831,6 +831,9 @@ class PagedBench {
 };
 
 void print_table(const std::vector<Row>& rows, const std::string& label) {
+  if (label.rfind("host-only", 0) == 0)
+    std::printf("\nhost-only figures (emulated device: its 'DMA' is a host memcpy; nothing here crosses "
+                "PCIe or says how fast a GPU is):");
   std::printf("\n%-3s %-5s %6s %-14s %-6s %9s %9s %7s %7s %10s %7s %8s %-8s\n", "dir", "size",
               "blocks", "method", "load", "p50_GB/s", "p90_GB/s", "ratio", "r_p90", "submit_us",
               "kept", "slowdown", "verified");
@@ -1101,6 +1104,8 @@ int run_paged_benchmark(int argc, char** argv) {
       b.warm ? "warm (the same ids every rep)" : "cold (fresh random distinct ids every rep)",
       b.iters, b.warmup);
 
+  std::printf("filling the host caches, then measuring %zu points (one line each on stderr as it completes)%s\n",
+              to_host_dirs.size() * grid.size() * (run_methods.size() + 1), b.host_only ? " [host-only]" : "");
   b.fill_host_caches();
   std::vector<Row> rows;
   const auto start = Clock::now();
@@ -1110,11 +1115,11 @@ int run_paged_benchmark(int argc, char** argv) {
   auto note = [&](const Row& r, const char* extra) {
     std::fprintf(stderr,
                  "[%zu/%zu %6.1fs] %s %5zu x %-4s %-14s %-6s %9.2f GB/s (%5.1f%% of %.2f), "
-                 "submit %.1f us%s%s\n",
+                 "submit %.1f us%s%s%s\n",
                  done, total, since_us(start) * 1e-6, r.direction.c_str(), r.n,
                  format_size(r.size).c_str(), r.method.c_str(), r.load.c_str(), r.p50_gbps(),
                  r.ref_gbps > 0 ? 100 * r.p50_gbps() / r.ref_gbps : 0, r.ref_gbps, r.submit_us,
-                 r.verified == 0 ? " VERIFY FAILED" : "", extra);
+                 r.verified == 0 ? " VERIFY FAILED" : "", extra, b.host_only ? " [host-only]" : "");
   };
   // Runs one method on one point, idle (alone_ms < 0) or under the load; gfd_zero_copy is
   // skipped where its engine refuses the direction.

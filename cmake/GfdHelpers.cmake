@@ -1,15 +1,16 @@
 # gfd_add_test(name SOURCES ...): a GoogleTest executable registered with CTest, one CTest
-# test per GoogleTest case.
+# test per GoogleTest case, named by the suites' name generators (NO_PRETTY_VALUES: no
+# "# GetParam() = ..." dump of the parameter's bytes in the name).
 function(gfd_add_test name)
   cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE gfd_internal gfd_test_support GTest::gtest GTest::gtest_main)
-  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES TIMEOUT 600)
+  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST NO_PRETTY_VALUES PROPERTIES TIMEOUT 600)
 endfunction()
 
 # gfd_add_bench(name [INTERNAL] SOURCES ...): a benchmark program. By default it sees gfd's
 # public API and src/probe.hpp only (bench/); INTERNAL gives it every internal header, for the
-# microbenchmarks of internals in tests/micro/.
+# microbenchmarks of internals in bench/micro/.
 function(gfd_add_bench name)
   cmake_parse_arguments(ARG "INTERNAL" "" "SOURCES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})

@@ -14,7 +14,7 @@
 
 #include "backends/backend.hpp"
 #include "device/device.hpp"
-#include "engine_context.hpp"
+#include "pipeline/engine_context.hpp"
 #include "gfd/engine.hpp"
 #include "planning/cache_set.hpp"
 

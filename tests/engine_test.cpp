@@ -991,8 +991,8 @@ TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
 // docs/ARCHITECTURE.md, "No driver call where a flag is owed"). The
 // engine's lanes wait on flags its gather threads write (pre-issued DMAs), so a gather thread
 // that makes a driver call before writing its flag deadlocks the process: the emulated device
-// models that lock (free_waits_for_device), and before the fifteenth session's fix a gather
-// thread's PlacedWait::poll hung there in its event query. Transfers several times the ring,
+// models that lock (free_waits_for_device); a gather thread's PlacedWait::poll that queried an
+// event there would hang. Transfers several times the ring,
 // both ways, scattered on the device side, from a pinned pool, while another thread allocates
 // and frees device memory without pause: every transfer must land and the freeing thread must
 // get through.

@@ -155,6 +155,10 @@ TEST(HostPoolPublic, WithoutRegistrationNeedsNoGpu) {
   EXPECT_EQ(pool.bytes(), 2 * kMiB);
   EXPECT_FALSE(pool.registered());
   pool.data()[pool.bytes() - 1] = std::byte{1};
+  // For device 0 too (its locality where the GPU is there, none where it is not).
+  HostPool for_gpu(HostPoolOptions{.bytes = kMiB, .device = 0, .register_memory = false});
+  EXPECT_FALSE(for_gpu.registered());
+  EXPECT_EQ(for_gpu.device(), 0);
 }
 
 TEST(HostPoolPublic, RegisteredNeedsAGpu) {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "device/device.hpp"
-#include "engine_context.hpp"
+#include "pipeline/engine_context.hpp"
 #include "gfd/engine.hpp"
 #include "pipeline/transfer.hpp"
 

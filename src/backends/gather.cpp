@@ -56,7 +56,7 @@ class GatherBackend final : public BackendImpl {
     const bool several = r.blocks.size() > 1;
     // A list that may be all constant-stride runs is planned whole first: if nothing is staged,
     // its 2D copies go on the caller's stream (CopyLanes::submit_directs_on). It neither sums its
-    // bytes first nor wakes the gather pool: one that is a run end to end (the seed's layout) is
+    // bytes first nor wakes the gather pool: one that is a run end to end (2048 x 4 KB at a pitch of 2 blocks, say) is
     // planned in one pass (plan_one_run) and never uses the pool; one that is not wakes it with
     // its first staged chunk.
     const bool strided = several && may_be_strided(r.blocks, ctx.plan_config);

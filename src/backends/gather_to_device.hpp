@@ -78,8 +78,7 @@ class GatherToDevice final : public ItemHandler {
   // submit_planning: the chunks published before the whole list is checked hold at least this
   // much (the ramp's first three chunks by default: 1.75 MB). On the H200 the gather threads
   // then start about 20 us earlier (2048 x 4 KB), but end to end a comparison with the build
-  // order balanced measured no difference beyond the lease's noise (bench/RESULTS.md,
-  // 2026-12-01 fourth session).
+  // order balanced measured no difference beyond the machine's run-to-run spread.
   const std::uint64_t early_publish_bytes_;
   // submit_planning: blocks packed at most between two looks for closed chunks to publish.
   static constexpr std::size_t max_stretch_ = 128;

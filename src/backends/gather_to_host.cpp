@@ -5,7 +5,7 @@
 #include <optional>
 #include <thread>
 
-#include "engine_context.hpp"
+#include "pipeline/engine_context.hpp"
 #include "gfd/error.hpp"
 
 namespace gfd::detail {

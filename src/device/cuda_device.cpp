@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -80,17 +81,22 @@ void check_device_exists(int ordinal) {
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    if (means_no_device(err))
-      throw Error(ErrorCode::kNoDevice,
-                  std::string("no CUDA GPU or driver is present (") + cudaGetErrorName(err) + ": " +
-                      cudaGetErrorString(err) +
-                      "); gfd needs an NVIDIA GPU with its driver to create an Engine");
+    if (means_no_device(err)) {
+      // Without libcuda the runtime says "driver version is insufficient": say what it means.
+      const bool driver_loaded = std::filesystem::exists("/proc/driver/nvidia/version");
+      const std::string what = !driver_loaded ? "no NVIDIA driver or GPU was found on this machine"
+                               : err == cudaErrorInsufficientDriver
+                                   ? "the NVIDIA driver is older than the CUDA runtime gfd was built with"
+                                   : "no usable NVIDIA GPU was found";
+      throw Error(ErrorCode::kNoDevice, what + "; gfd needs an NVIDIA GPU and its driver to create an Engine (" +
+                                            cudaGetErrorName(err) + ": " + cudaGetErrorString(err) + ")");
+    }
     GFD_CUDA_CHECK(err);
   }
   if (count == 0)
     throw Error(ErrorCode::kNoDevice,
-                "no CUDA GPU or driver is present (the driver reports no device); gfd needs an "
-                "NVIDIA GPU to create an Engine");
+                "no NVIDIA GPU was found (the driver reports none); gfd needs an NVIDIA GPU to create "
+                "an Engine");
   if (ordinal >= count)
     throw Error(ErrorCode::kNoDevice, "CUDA device " + std::to_string(ordinal) +
                                           " does not exist (" + std::to_string(count) + " visible)");

@@ -9,11 +9,10 @@ namespace {
 // copy lanes beside the model's kernels, so they take as few SMs as keep up with the link: two
 // thread blocks of 1024 threads per chunk, a warp per entry (KV blocks are 1-64 KB), each lane
 // keeping kMoveUnroll 16-byte loads in flight. (Host to device, chunks are usually placed several
-// at a time by place_kernel below; move_kernel places one chunk where that is off.) An earlier kernel launched a thread block per
-// entry (512 for a 2 MB chunk of 4 KB blocks), which spread over every SM. On the H200 (paged
-// case, 64 tensors x 64 blocks, one run each, bench/history/2026-12-01-s6-runtime-call.md) one
-// block per chunk held 4 KB swap-outs to 58% of the line rate and swap-ins to 58%; two gave
-// 75% and 65%, four no more (76%, 65%).
+// at a time by place_kernel below; move_kernel places one chunk where that is off.) On an H200
+// (paged case, 64 tensors x 64 blocks) one thread block per chunk held 4 KB transfers to the
+// host to 58% of the line rate and to the device to 58%; two gave 75% and 65%, four no more
+// (76%, 65%); a thread block per entry spreads over every SM.
 // kToStaging = false: staging -> device addresses (scatter); true: device addresses -> staging.
 constexpr int kMoveThreads = 1024;
 constexpr int kMoveBlocks = 2;
@@ -130,7 +129,7 @@ __global__ void __launch_bounds__(kMoveThreads) pack_kernel(const __grid_constan
 // block waits at a barrier for one thread's read of the list. (An earlier design staged the
 // entry in shared memory behind a barrier and strode a grid of 8 blocks per SM over the list;
 // both measured 3-4% behind a plain kernel at 2048 x 4 KB, within the spread of each other:
-// tests/micro/uva_kernel.) Each thread keeps kUnroll independent 16-byte loads in flight for
+// bench/micro/uva_kernel.) Each thread keeps kUnroll independent 16-byte loads in flight for
 // larger blocks: a PCIe read takes a microsecond or more and only many outstanding loads fill
 // the link.
 constexpr int kZeroCopyThreads = 256;

@@ -5,7 +5,7 @@
 // current one is copied.
 //
 // How staging is written decides how often each byte crosses DRAM; the copy engine reads the
-// slot right after it is filled (measured on the H200 host, issue 13):
+// slot right after it is filled (measured on an H200 host, a stand-alone pipeline):
 //  - plain stores, then CLDEMOTE of every written line: the stores hit the cache (the ring is
 //    far smaller than the L3, so a slot's lines are usually still there from its last use) and
 //    the demote moves them from the core's private L1/L2 to the shared L3, where the copy
@@ -40,8 +40,7 @@ CpuStoreFeatures cpu_store_features() noexcept;
 
 // The store kind the gather threads use for `requested` on a CPU with `cpu`. kAuto picks
 // streaming stores, else plain stores: in the engine on the H200 CLDEMOTE tied with streaming
-// stores host to device and lost device to host (bench/RESULTS.md, 2026-12-01), although a
-// stand-alone pipeline had gained from it. An explicit request the CPU cannot honour falls back
+// stores host to device and lost device to host, although a stand-alone pipeline gained from it. An explicit request the CPU cannot honour falls back
 // (cldemote -> streaming -> plain; streaming -> plain): CLDEMOTE would execute as a NOP there (plain stores, the slowest kind), and streaming
 // stores need AVX2. Plain is always honoured.
 StoreKind resolve_staging_writes(StagingWrites requested, CpuStoreFeatures cpu) noexcept;
@@ -67,8 +66,8 @@ struct Prefetch {
   Level level = Level::kL2;
   // And further ops, until the ops started beyond the current one hold this many bytes: small
   // blocks get more of them in flight (1 KB blocks: 8 ahead). Gather-only, 15 threads, 2048 cold
-  // 1 KB blocks on the H200 host, one run each: 32.0 GB/s with 2 ahead, 33.0 with 8 KB; no gain
-  // in the engine beyond the noise (bench/RESULTS.md, 2026-12-01 fourth session).
+  // 1 KB blocks on an H200 host: 32.0 GB/s with 2 ahead, 33.0 with 8 KB; no gain in the
+  // engine beyond the run-to-run spread.
   std::size_t window = 8192;
 };
 

@@ -4,6 +4,7 @@
 #include <numa.h>
 
 #include <algorithm>
+#include <cctype>
 #include <string>
 
 #include "gfd/error.hpp"
@@ -28,8 +29,9 @@ void check(const HostPoolOptions& o) {
 // The CUDA device a pool needs: for its GPU's locality and for registration; none otherwise.
 std::shared_ptr<detail::Device> cuda_device_for(const HostPoolOptions& o) {
   check(o);
-  const bool locality = o.device >= 0 && o.numa_node == -1;
-  if (!locality && !o.register_memory) return nullptr;
+  // An unregistered pool opens no device: its locality comes from the GPU's PCI address
+  // (unregistered_node), so it works on a machine without a GPU too.
+  if (!o.register_memory) return nullptr;
   // Opening a device makes it current; the caller's thread keeps the device it had (a runtime's
   // torch.cuda.current_device() must not change under it).
   int previous = -1;
@@ -45,6 +47,19 @@ std::shared_ptr<detail::Device> cuda_device_for(const HostPoolOptions& o) {
   }
   if (had) (void)cudaSetDevice(previous);
   return d;
+}
+
+// The NUMA node of GPU `ordinal` read from its PCI address without opening the device (no
+// context); -1 where there is no such GPU, no driver, or no locality reported.
+int unregistered_node(int ordinal) {
+  char bus[32] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, ordinal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  std::string id(bus);
+  std::transform(id.begin(), id.end(), id.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return detail::read_gpu_locality(id).numa_node;
 }
 
 }  // namespace
@@ -65,7 +80,9 @@ HostPool::HostPool(const HostPoolOptions& o, std::shared_ptr<detail::Device> dev
   check(o);
   int node = o.numa_node;
   if (o.numa_node == -1)
-    node = o.device >= 0 && device ? detail::read_gpu_locality(device->pci_bus_id()).numa_node : -1;
+    node = o.device < 0 ? -1
+           : device     ? detail::read_gpu_locality(device->pci_bus_id()).numa_node
+                        : unregistered_node(o.device);
   if (o.register_memory && !device)
     bad_option("register_memory: true needs a device to register the pool with");
   impl_->device = std::move(device);

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <atomic>
 
-#include "engine_context.hpp"
+#include "pipeline/engine_context.hpp"
 
 namespace gfd::detail {
 

@@ -96,8 +96,8 @@ class CopyLanes {
   // Device to host: the slot's DMA flag (Slot::dma_flag, where the ring has them) set to the
   // slot's next value once `s.done` (just recorded) has fired: written on the flag stream, not on
   // the device-to-host lane, which then carries a DMA and an event per chunk and nothing else.
-  // A stream write on the lane itself cost 16-32 KB swap-outs 4-5 points of the line rate on the
-  // H200 (bench/history/2026-12-03-s17-flag-stream.md).
+  // A stream write on the lane itself cost 16-32 KB transfers to the host 4-5 points of the line
+  // rate on an H200.
   void signal_dma_done(Slot& s);
   void enqueue_packed_to_host(TransferState& t, const std::uint32_t* index, Slot* const* slot, std::uint32_t n);
   // A host_direct chunk's DMAs: each run of its host side to or from its place in the slot's

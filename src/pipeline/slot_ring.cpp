@@ -4,7 +4,7 @@
 #include <cstring>
 #include <thread>
 
-#include "engine_context.hpp"
+#include "pipeline/engine_context.hpp"
 #include "gfd/error.hpp"
 #include "host/gather_copy.hpp"
 

@@ -1,6 +1,6 @@
 #include "pipeline/transfer.hpp"
 
-#include "engine_context.hpp"
+#include "pipeline/engine_context.hpp"
 #include "sync.hpp"
 
 namespace gfd::detail {

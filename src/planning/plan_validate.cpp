@@ -61,7 +61,7 @@ void radix_sort(std::vector<std::pair<std::uintptr_t, std::uint32_t>>& v,
 // The overlap check of a paged KV cache's scattered destinations: when every block has the same
 // power-of-two size and every destination lies on one grid of that size, two destinations
 // overlap exactly when they start at the same place, so a hash set of grid slots finds them in
-// one pass, where sorting the addresses cost 30-37 ns per block (tests/micro/micro_planner,
+// one pass, where sorting the addresses cost 30-37 ns per block (bench/micro/micro_planner,
 // BM_Check/shuffled_dst). False when the blocks do not qualify (the caller sorts instead); a
 // duplicate is reported through `report(a, b)`, which throws.
 template <class Report>
@@ -158,7 +158,7 @@ struct FastRanges {
 // current host range. Returns the index of the first block that does not (it leaves for the
 // detailed checks, which name what is wrong), or `n`. Specialised by direction, with each range
 // as begin and size, so that fewer values compete for registers: 4.0-4.6 ns per block on the
-// H200 host where the general loop took 5.2 (tests/micro/micro_planner, BM_Check ascending).
+// H200 host where the general loop took 5.2 (bench/micro/micro_planner, BM_Check ascending).
 template <bool kToHost>
 std::size_t validate_fast(std::span<const BlockCopy> blocks, std::size_t i, std::size_t n, const FastRanges& r,
                           std::uint8_t* pinned, Validation& v) {

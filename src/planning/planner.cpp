@@ -84,7 +84,7 @@ struct PlanBuilder::State {
   // destinations each advance by one pitch
   // (positive, no smaller than a block, within CUDA's 2^31 - 1, not both contiguous: those are
   // coalesced). One tight pass, two subtractions and a well-predicted compare per block, so a
-  // random list costs next to nothing (tests/micro/micro_planner, runs_on / runs_off).
+  // random list costs next to nothing (bench/micro/micro_planner, runs_on / runs_off).
   std::vector<std::pair<std::size_t, std::size_t>>& runs = plan.scratch.runs;
   // Per listed run: it lies in one device allocation and one pinned host range (validate_run,
   // or PlanTrust::one_allocation), so it may go as one 2D copy; otherwise block by block.

@@ -194,7 +194,7 @@ struct Plan {
 };
 
 // The largest pitch a 2D copy takes (cudaMemcpy2DAsync's 2^31 - 1; beyond it, measured on the
-// H200, a 2D copy of 3 GiB pitch moved 19% of the line rate: tests/micro/copy2d_cost).
+// H200, a 2D copy of 3 GiB pitch moved 19% of the line rate: bench/micro/copy2d_cost).
 inline constexpr std::uint64_t kMax2dPitch = (std::uint64_t{1} << 31) - 1;
 
 using PointerClassifier = std::function<PointerInfo(const void*)>;
@@ -280,7 +280,7 @@ std::uint64_t total_bytes(std::span<const BlockCopy> blocks);
 // backend then plans such a list whole before it enqueues anything.
 bool may_be_strided(std::span<const BlockCopy> blocks, const PlanConfig& config);
 
-// A list that is one constant-stride run from its first block to its last (the seed's layout,
+// A list that is one constant-stride run from its first block to its last (2048 x 4 KB at a pitch of 2 blocks,
 // with the rules of find_runs, PlanConfig::strided_min_rows and strided_min_bytes) planned as
 // that one 2D copy in a single pass: true, `plan` holds it. False where the list is not such a
 // run (or spans several allocations on a side, or a host side not all pinned): plan it the usual

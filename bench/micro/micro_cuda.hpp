@@ -1,4 +1,4 @@
-// What the GPU yardsticks in tests/micro (ref_pipeline, uva_kernel) share: the CUDA error check,
+// What the GPU yardsticks in bench/micro (ref_pipeline, uva_kernel) share: the CUDA error check,
 // the contiguous DMA they are measured against, and main's error report.
 #pragma once
 

@@ -1,6 +1,6 @@
 // copy2d_cost: what one constant-stride run costs the copy engine as 2D copies, with nothing
-// around them (issue 24: the engine moves 2048 x 4 KB at a pitch of 2 blocks at 82-84% of the
-// contiguous DMA; is the gap the 2D copy or the engine around it?). Needs a GPU.
+// around them (is a gap between the engine's constant-stride transfers, 2048 x 4 KB at a pitch
+// of 2 blocks, and the contiguous DMA the 2D copy's or the engine's?). Needs a GPU.
 //
 // For each --rows count, rows of --width bytes at a host pitch of --pitch widths (pinned,
 // cudaHostAlloc) to contiguous device memory (and back with --direction d2h), timed from the
@@ -10,7 +10,7 @@
 //               stream; K > 1 joined back to it by events)
 // Each repetition starts at another row (cold: a fresh start in a host area of --host bytes).
 //
-// Then vLLM 0.33's shape (issue 23): --layers per-layer caches in ONE device allocation (layer l
+// Then vLLM 0.33's shape: --layers per-layer caches in ONE device allocation (layer l
 // of block g at l x layer pitch + g x width, the LBHNC layout its offloading connector asks
 // for), a job of --blocks random blocks, each a host row of every layer's page side by side
 // (gfd's block layout, rows at random in the host area), each --widths size:

@@ -1,4 +1,4 @@
-#include "engine_context.hpp"
+#include "pipeline/engine_context.hpp"
 
 #include <algorithm>
 

@@ -91,7 +91,7 @@ gfd::detail::PointerClassifier fake_classifier(std::size_t n, Source source, std
 
 // `strided_min_rows`, `strided_min_bytes`: the constant-stride run detection (rows 0: off; the
 // engine's defaults, 2 rows and 512 KiB: on), to see what following runs costs a random list
-// that has none, and what planning the seed's layout (ascending_dst: one run) costs with it.
+// that has none, and what planning one constant-stride run (ascending_dst) costs with it.
 void BM_MakePlan(benchmark::State& state, DstOrder order, bool check_overlaps, Source source,
                  std::size_t strided_min_rows = 0, std::size_t strided_min_bytes = 0) {
   const auto n = static_cast<std::size_t>(state.range(0));

@@ -1,7 +1,6 @@
 // uva_kernel: SM kernels that read scattered pinned host blocks through unified addressing, with
-// nothing around them, as a yardstick for the zero_copy_kernel backend (issue 13 quotes a plain
-// kernel of this kind at 89% of the line rate on the H200 where the backend reached 76%). Needs
-// a GPU.
+// nothing around them, as a yardstick for the zero_copy_kernel backend (on an H200 a plain
+// kernel of this kind moved 89% of the line rate). Needs a GPU.
 //
 // N blocks of S bytes are picked cold (fresh random blocks at a 2x stride from a cudaHostAlloc
 // pool of --pool-bytes, default 8 x L3, each repetition) and moved to contiguous device memory.
@@ -10,7 +9,7 @@
 // cudaMemcpyAsync of the same bytes in the same run. Every variant's last transfer is verified.
 // Variants:
 //   flat      one thread per 16 bytes; the list of source pointers uploaded to device memory
-//             (cudaMemcpyAsync) before the kernel, as the issue's plain kernel did
+//             (cudaMemcpyAsync) before the kernel
 //   flat_host the same kernel reading the list straight from pinned host memory
 //   gfd       gfd's zero-copy kernel (src/device/kernels.cu) on gfd's entries in pinned host memory,
 //             as the zero_copy_kernel backend runs it (planning left out)

@@ -1,8 +1,7 @@
 // enqueue_cost: how long the calling thread spends enqueuing a staged transfer's chunks, the
 // engine's way (per chunk on one of two lanes: a flag wait, the DMA, the scatter kernel, the
-// slot's done event) against one CUDA graph of the same nodes launched with one call (issue 22:
-// the call must return within 100 us, and for 16 MB in 2 MB chunks the driver calls alone took
-// 130-165 us on the H200 VM). Needs a GPU.
+// slot's done event) against one CUDA graph of the same nodes launched with one call (for 16 MB
+// in 2 MB chunks the driver calls alone took 130-165 us on an H200 VM). Needs a GPU.
 //
 // Variants, each for every --chunks count of --chunk bytes (warm pinned memory to device memory):
 //   streams   the engine's sequence: start event on the caller's stream, each lane waits on it;

@@ -1,6 +1,6 @@
 // ref_pipeline: the staged gather pipeline with nothing around it, as a yardstick for the engine
-// on the machine at hand (issue 13 quotes such a stand-alone pipeline at 66-75% of the line rate
-// on the H200 host while the engine reached 47-55%). Needs a GPU.
+// on the machine at hand (on an H200 host such a stand-alone pipeline moved 66-75% of the line
+// rate). Needs a GPU.
 //
 // N blocks of S bytes are picked cold (fresh random blocks at a 2x stride from a cudaHostAlloc
 // pool of --pool-bytes, default 8 x L3, each repetition) and moved to contiguous device memory:
