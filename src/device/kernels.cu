@@ -126,10 +126,9 @@ __global__ void __launch_bounds__(kMoveThreads) pack_kernel(const __grid_constan
 // Zero-copy gather, as serving runtimes do it today: the SMs read pinned host memory over PCIe
 // through unified addressing. One thread block per entry, as many blocks as entries (the
 // hardware starts each as another retires), and every thread reads its entry itself, so no
-// block waits at a barrier for one thread's read of the list. (An earlier design staged the
-// entry in shared memory behind a barrier and strode a grid of 8 blocks per SM over the list;
-// both measured 3-4% behind a plain kernel at 2048 x 4 KB, within the spread of each other:
-// bench/micro/uva_kernel.) Each thread keeps kUnroll independent 16-byte loads in flight for
+// block waits at a barrier for one thread's read of the list. (Staging the entry in shared
+// memory behind a barrier, or striding a grid of 8 blocks per SM over the list, measured 3-4%
+// behind a plain kernel at 2048 x 4 KB: bench/micro/uva_kernel.) Each thread keeps kUnroll independent 16-byte loads in flight for
 // larger blocks: a PCIe read takes a microsecond or more and only many outstanding loads fill
 // the link.
 constexpr int kZeroCopyThreads = 256;
