@@ -401,7 +401,7 @@ TEST_P(CacheSetTest, MidSizeSplitMovesEveryByteOnBothPaths) {
           << "swap-out pair " << p << " row " << i;
 }
 
-// Planned from the ids (EngineOptions::plan_from_ids) against listed block by block: the same
+// Planned from the ids (Tuning::plan_from_ids) against listed block by block: the same
 // transfers, one engine each, through a ring smaller than each transfer, both ways, every byte
 // checked; and ids that make most blocks adjacent on both sides of packed arrays keep the listed
 // path, where they coalesce.

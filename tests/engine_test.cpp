@@ -795,7 +795,7 @@ TEST_P(EngineTest, OneChunkTransfersLandWhoeverGathersThem) {
   }
 }
 
-// Batched placement (EngineOptions::batch_placement): a lane's scattered chunks are placed
+// Batched placement (Tuning::batch_placement): a lane's scattered chunks are placed
 // several to a launch, whose kernel frees their slots in pinned memory. Transfers many times the
 // ring (slots reused while the lanes hold unplaced chunks), from several threads, with preissue
 // on and off, both ways round the option, and a device-to-host transfer in between (its own
@@ -903,7 +903,7 @@ TEST_P(EngineTest, SwapInLargerThanTheRingLeavesTheSlotWaitsToTheGatherThreads) 
   }
 }
 
-// Batched packing (EngineOptions::batch_packing): a swap-out's chunks of scattered device blocks
+// Batched packing (Tuning::batch_packing): a swap-out's chunks of scattered device blocks
 // are packed several to a launch. Transfers three times the ring (the submitter sends its
 // pending chunks out before it waits for a slot), from several threads at once, on a block list
 // and on a CacheSet's ids, both ways round the option: every byte lands in its host block, and

@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kMoveThreads)
   }
 }
 
-// Placing several staged chunks of one copy lane in one launch (EngineOptions::batch_placement):
+// Placing several staged chunks of one copy lane in one launch (Tuning::batch_placement):
 // the chunks travel as the kernel's parameter, a warp per entry over all of them. Once every
 // thread block is done (the last one to count itself out on `counter` knows), each chunk's
 // flag in pinned host memory says that its slot may take the next chunk: the host learns it

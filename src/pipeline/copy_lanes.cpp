@@ -253,7 +253,7 @@ void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, 
   const Plan& p = t.plan;
   const PlannedChunk& c = p.chunks[index];
   // No timing event (one driver call less per chunk on the submission path): device-to-host
-  // chunks are not in EngineStats::dma_seconds.
+  // chunks are not in TuningStats::dma_seconds.
   s.timed = false;
   StreamHandle l = lane(t, d2h());
   if (c.contiguous_device) {

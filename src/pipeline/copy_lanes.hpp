@@ -69,7 +69,7 @@ class CopyLanes {
   // Chunk `index` from slot `s` to the device: with `wait`, behind a wait on the slot's flag
   // reaching `flag_value` (set by the thread that finishes gathering the chunk); scattered
   // destinations go through the slot's device twin and the scatter kernel, or, where the ring
-  // has placed flags (EngineOptions::batch_placement), wait on the lane for one placing launch
+  // has placed flags (Tuning::batch_placement), wait on the lane for one placing launch
   // with the lane's next chunks (flush_placing).
   void enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s, bool wait,
                          std::uint64_t flag_value);

@@ -6,7 +6,7 @@
 // A slot is kFree -> kGathering (taken by a submitter, filled by the gather threads) ->
 // kIssued (its DMA or kernel is enqueued; `done` is recorded after it) -> free again once `done`
 // has completed. No slot is reused before its event fires: acquire() waits for that. A chunk
-// placed by a batched placing launch (EngineOptions::batch_placement) has no event of its own:
+// placed by a batched placing launch (Tuning::batch_placement) has no event of its own:
 // the kernel writes `placed` in pinned memory once it has read the slot, and acquire() waits
 // for that value instead.
 #pragma once
@@ -76,7 +76,7 @@ struct RingConfig {
   int numa_node = -1;        // bind the host memory there (-1: no binding)
   bool device_twin = false;  // allocate device staging of the same size
   bool flags = false;        // one flag per slot for pre-issued DMAs
-  bool timing = false;       // timing events (EngineOptions::time_dmas), else events without timing
+  bool timing = false;       // timing events (Tuning::time_dmas), else events without timing
   bool placed_flags = false; // one flag per slot for the batched placing kernel
   bool dma_flags = false;    // one flag per slot that its device-to-host DMA writes
 };

@@ -55,7 +55,7 @@ struct PlanConfig {
   }
   // Host to device: of the pinned blocks in [direct_split_min_bytes, direct_min()), this percent
   // goes direct too (every block whose share brings the running sum past a whole one), the rest
-  // is staged (EngineOptions::direct_split_percent).
+  // is staged (Tuning::direct_split_percent).
   std::size_t direct_split_min_bytes = 0;
   int direct_split_percent = 0;
   bool splits() const {
