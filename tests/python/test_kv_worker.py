@@ -378,3 +378,22 @@ def test_workers_of_both_layouts_share_one_engine():
         assert st["chunks"] > 0
     finally:
         e.close()
+
+
+class CudaArray:
+    """GPU memory offered through __cuda_array_interface__ alone: no .dtype, no .shape."""
+
+    def __init__(self, buf):
+        self.__cuda_array_interface__ = {"shape": tuple(buf.shape), "typestr": "|i1", "data": (buf.ptr, False),
+                                         "strides": None, "version": 3}
+
+
+def test_cuda_array_interface_caches_without_dtype(engine):
+    bufs, gpu = device_caches(engine)
+    w = KVTransferWorker(engine, [CudaArray(b) for b in bufs], [[0, 1, 2]], 1, 8)
+    try:
+        assert run(w, 1, False, [3], [5], [1], [0]).success
+        for t, g in enumerate(gpu):
+            assert np.array_equal(host_rows(w)[t][3], g[5])
+    finally:
+        w.shutdown()

@@ -19,6 +19,8 @@ def test_unregistered_pool_needs_no_gpu():
     assert pool.hugepages in ("hugetlb", "transparent", "none")
     assert pool.numa_node == -1 and pool.registered is False
     assert "HostPool" in repr(pool)
+    # The default device too: without registration no GPU is opened (none here).
+    assert gfd.HostPool(MiB, register=False).bytes == 2 * MiB
 
 
 @pytest.mark.parametrize("dtype,np_dtype", [("float16", np.float16), (np.float32, np.float32),
