@@ -131,3 +131,15 @@ def test_host_check_reads_the_contiguous_copys_submit_time(tmp_path):
     # --strict: status 3 on a slow host, 0 otherwise.
     assert subprocess.run(tool + ["--strict", str(slow)], capture_output=True, timeout=60).returncode == 3
     assert subprocess.run(tool + ["--strict", str(usual)], capture_output=True, timeout=60).returncode == 0
+
+
+def test_bench_vllm_says_what_is_missing():
+    try:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("this machine has torch with a GPU: the benchmark would run")
+    except ImportError:
+        pass
+    r = subprocess.run([sys.executable, "-m", "gfd.bench_vllm"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "needs" in r.stderr and ("pip install torch" in r.stderr or "sees none" in r.stderr), r.stderr
