@@ -90,8 +90,8 @@ struct Row {
   }
 };
 
-// The --under-load modes, in the order they run, and each one's `load` label in the rows ("sm",
-// the high-priority mode, keeps the label older runs and tools/plot_results.py use).
+// The --under-load modes, in the order they run, and each one's `load` label in the rows ("sm"
+// is the high-priority mode; bench/plot_results.py and bench/summarize.py read these labels).
 struct LoadMode {
   const char* name;
   const char* label;
@@ -496,8 +496,7 @@ void print_rows(const std::vector<Row>& rows, bool to_host, bool host_only) {
   if (host_only)
     std::printf("\nhost-only figures (emulated device: its 'DMA' is a host memcpy; nothing here crosses "
                 "PCIe or says how fast a GPU is):");
-  // tools/gpu_compare.sh reads fields 1, 2, 4, 6, 8 and 11 of the rows after this header: new
-  // columns go at the end.
+  // Scripts read these columns by position: new columns go at the end.
   std::printf("\n%-6s %-5s %-10s %-16s %-8s %9s %9s %9s %9s %9s %7s %7s %8s %8s %-8s %-5s %16s %7s %7s\n", "blocks",
               "size", "dst", "backend", "load", "p50_us", "p90_us", "p50_GB/s", "p90_GB/s", "ref_GB/s", "ratio", "thr",
               "cpu_s/GB", "slowdown", "verified", "pool", to_host ? "place_only_GB/s" : "gather_only_GB/s", "eff",

@@ -189,6 +189,11 @@ TEST_P(CacheSetTest, BadIdsNameTheArgumentAndRowAndMoveNothing) {
   });
   EXPECT_NE(m6.find("dst_ids[1] (block 1 -> 7): destination block 7 is also that of dst_ids[0]"), std::string::npos)
       << m6;
+  // More ids than destination blocks: rejected before any id is read (block() names no row).
+  std::vector<std::int64_t> many(100000, 0);
+  auto [m7, b7] = rejection([&] { (void)engine.copy_blocks(set, Direction::kToHost, many, many, td_->cuda_stream()); });
+  EXPECT_NE(m7.find("dst_ids: 100000 ids, but pairs[0].host has 8 blocks"), std::string::npos) << m7;
+  EXPECT_EQ(b7, kNoBlock);
   EXPECT_EQ(c.device_block(1, 3), before) << "a rejected transfer moved bytes";
   // The bitmap of destinations is clean again after a rejection: the same ids once each pass.
   engine.copy_blocks(set, Direction::kToDevice, std::vector<std::int64_t>{0, 1, 2}, std::vector<std::int64_t>{3, 5, 7},

@@ -3,6 +3,7 @@
 #include "planning/cache_set.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <string>
 
 #include "gfd/error.hpp"
@@ -29,6 +30,9 @@ std::size_t CacheSet::device_blocks() const { return state_of(state_).device_blo
 
 namespace gfd::detail {
 namespace {
+
+// Ids a thread keeps in its buffer after a rejected call (2 per row: 64 Ki rows, 1 MiB).
+constexpr std::size_t kKeptIds = std::size_t{1} << 17;
 
 [[noreturn]] void bad(const std::string& m, std::size_t block = kNoBlock) {
   throw Error(ErrorCode::kInvalidArgument, m, block);
@@ -211,8 +215,16 @@ const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, 
   const std::size_t src_pair = to_device ? host_blocks_pair : device_blocks_pair;
   const std::size_t dst_pair = to_device ? device_blocks_pair : host_blocks_pair;
 
+  // Cheap first: each destination block is written at most once per transfer, so more ids than
+  // destination blocks cannot be valid whatever they are (no work or memory in proportion to them).
+  if (rows > dst_limit)
+    bad(std::string(dst_name) + ": " + std::to_string(rows) + " ids, but " + label(dst_pair, !to_device) + " has " +
+        std::to_string(dst_limit) + " blocks (each is written at most once per transfer)");
+
   // The ids, checked and read once (the copy loop below reads them once per pair). A bitmap of
-  // the destination side finds an id given twice; the bits set are cleared again on the way out.
+  // the destination side finds an id given twice; the bits set are cleared again on the way out,
+  // and a large id buffer is given back when the call is rejected (a thread keeps the buffer of
+  // its largest accepted call, not of a rejected one).
   thread_local std::vector<std::uint64_t> ids;
   thread_local std::vector<std::uint64_t> seen;
   ids.resize(2 * rows);
@@ -220,8 +232,10 @@ const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, 
   std::size_t marked = 0;
   struct Clear {
     std::size_t& n;
+    const int unwinding = std::uncaught_exceptions();
     ~Clear() {
       for (std::size_t i = 0; i < n; ++i) seen[ids[2 * i + 1] >> 6] = 0;
+      if (std::uncaught_exceptions() > unwinding && ids.capacity() > kKeptIds) std::vector<std::uint64_t>().swap(ids);
     }
   } clear{marked};
   for (std::size_t i = 0; i < rows; ++i) {

@@ -26,7 +26,7 @@ struct CacheSetState {
   // `labels`: how messages name each pair's host and device array (2 per pair, host first);
   // empty: "pairs[p].host" and "pairs[p].device".
   // `call` starts each message. `overlaps`: which sides must not share a byte between arrays
-  // (a side that is only read may: swap_blocks' set goes one way).
+  // (a side that is only read may, as in a set that is copied one way only).
   enum class Sides { kBoth, kHost, kDevice };
   static CacheSet make(std::span<const CachePair> pairs, Device& device, const void* owner,
                        std::vector<std::string> labels = {}, std::string_view call = "register_caches",

@@ -109,14 +109,11 @@ def test_a_huge_mapping_is_rejected_at_once(engine, cached):
     ids = np.zeros(10**7, np.int64)  # 80 MB each: the arrays themselves are the caller's
     uids = ids.astype(np.uint64)
     tracemalloc.start()
-    t0 = time.perf_counter()
     rejects(engine.copy_blocks, cs, "to_device", ids, ids, match=r"dst_ids: 10000000 ids, but the device caches have 8 "
                                                                  r"blocks")
     rejects(engine.copy_blocks, cs, "to_device", uids, uids, match="dst_ids: 10000000 ids")
-    elapsed = time.perf_counter() - t0
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert elapsed < 0.05, f"rejecting took {elapsed * 1e3:.1f} ms"
     assert peak < MiB
     assert (d == 0xEE).all()
     engine.copy_blocks(cs, "to_device", [1], [2]).wait()  # usable after

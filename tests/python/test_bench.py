@@ -23,7 +23,7 @@ def test_bench_on_the_emulated_device(direction):
     assert len(lines) == 2 and all(l.rstrip().endswith("yes") for l in lines), r.stdout
 
 
-# --layout paged: swap_blocks over every layer's K and V caches (gfd/bench_paged.py). On a GPU it
+# --layout paged: copy_blocks over every layer's K and V caches (gfd/bench_paged.py). On a GPU it
 # needs torch (test_gpu.py runs it there); here it runs on the emulated device with gfd buffers.
 
 def paged(args, tmp_path=None, timeout=300):
@@ -93,44 +93,28 @@ def test_paged_bench_without_torch_on_a_gpu():
     assert r.returncode == 2 and "torch is not installed" in r.stderr, r.stdout + r.stderr
 
 
-def test_host_check_reads_the_contiguous_copys_submit_time(tmp_path):
-    # The host check over gfd_benchmark CSVs: the median idle submit of dma_contiguous rows,
-    # "SLOW" past 7.5 us; other methods, loaded rows, copies over 256 MiB and rows measured
-    # without a GPU are not read.
-    script = next((p for p in (os.path.join(ROOT, "bench", "host_check.py"), os.path.join(ROOT, "tools", "host_check.py"))
-                   if os.path.exists(p)), None)
-    if script is None:
-        pytest.skip("host_check.py is not in this tree")
-    head = "method,load,submit_p50_us\n"
-    usual, slow = tmp_path / "usual.csv", tmp_path / "slow.csv"
-    usual.write_text(head + "dma_contiguous,none,2.5\ndma_contiguous,none,3.5\ngfd,none,90\n"
-                     "dma_contiguous,decode,40\n")
-    slow.write_text(head + "dma_contiguous,none,9.5\ndma_contiguous,none,10.5\ndma_contiguous,none,11\n")
-    tool = [sys.executable, script]
-    r = subprocess.run(tool + [str(usual)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "3.0 us (median of 2 idle rows" in r.stdout and "as usual" in r.stdout, r.stdout
-    r = subprocess.run(tool + [str(slow), str(usual)], capture_output=True, text=True, timeout=60)
-    assert "9.5 us (median of 5 idle rows" in r.stdout and "SLOW" in r.stdout, r.stdout
-    r = subprocess.run(tool + [str(tmp_path / "none.csv")], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "not known" in r.stdout and "none.csv" in r.stderr
-    # Copies over 256 MiB are not read: their submit grows with the size on any host.
-    sized = tmp_path / "sized.csv"
-    sized.write_text("method,load,transfer_bytes,submit_p50_us\ndma_contiguous,none,16777216,3\n"
-                     "dma_contiguous,none,1073741824,40\ndma_contiguous,none,1073741824,50\n")
-    r = subprocess.run(tool + [str(sized)], capture_output=True, text=True, timeout=60)
-    assert "3.0 us (median of 1 idle rows" in r.stdout and "as usual" in r.stdout, r.stdout
-    only_big = tmp_path / "only_big.csv"
-    only_big.write_text("method,load,transfer_bytes,submit_p50_us\ndma_contiguous,none,1073741824,40\n")
-    r = subprocess.run(tool + [str(only_big)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "not known" in r.stdout, r.stdout
-    # Nor rows measured without a GPU (the emulated device's submit says nothing of the host).
-    host_only = tmp_path / "host_only.csv"
-    host_only.write_text("mode,method,load,submit_p50_us\nhost-only,dma_contiguous,none,40\n")
-    r = subprocess.run(tool + ["--strict", str(host_only)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "not known" in r.stdout, r.stdout
-    # --strict: status 3 on a slow host, 0 otherwise.
-    assert subprocess.run(tool + ["--strict", str(slow)], capture_output=True, timeout=60).returncode == 3
-    assert subprocess.run(tool + ["--strict", str(usual)], capture_output=True, timeout=60).returncode == 0
+def test_summarize_reads_the_hosts_driver_call_speed(tmp_path):
+    # bench/summarize.py's host line: the median idle submit of the contiguous DMA's rows, "SLOW"
+    # past 7.5 us; other methods, loaded rows, copies over 256 MiB and host-only rows are not read.
+    script = os.path.join(ROOT, "bench", "summarize.py")
+    head = "mode,method,load,transfer_bytes,submit_p50_us\n"
+
+    def host_line(name, body):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "run.csv").write_text(head + body)
+        r = subprocess.run([sys.executable, script, str(d)], capture_output=True, text=True, timeout=60)
+        return r.stdout
+
+    out = host_line("usual", "gpu,dma_contiguous,none,4096,2.5\ngpu,dma_contiguous,none,4096,3.5\n"
+                             "gpu,gfd,none,4096,90\ngpu,dma_contiguous,decode,4096,40\n"
+                             "gpu,dma_contiguous,none,1073741824,50\n")
+    assert "3.0 us (median of 2 idle rows" in out and "as usual" in out, out
+    out = host_line("slow", "gpu,dma_contiguous,none,4096,9.5\ngpu,dma_contiguous,none,4096,10.5\n"
+                            "gpu,dma_contiguous,none,4096,11\n")
+    assert "10.5 us (median of 3 idle rows" in out and "SLOW" in out, out
+    out = host_line("host_only", "host-only,dma_contiguous,none,4096,40\n")
+    assert "host-only: no GPU was used" in out and "median of" not in out, out
 
 
 def test_bench_vllm_says_what_is_missing():

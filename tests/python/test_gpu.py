@@ -71,7 +71,7 @@ def torch_swap(src, dst, mapping):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("block_bytes", [1024, 4096, 16384, 65536])
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
-def test_swap_blocks_matches_torch(engine, dtype, block_bytes, direction):
+def test_copy_blocks_matches_torch(engine, dtype, block_bytes, direction):
     gen = torch.Generator().manual_seed(block_bytes * 7 + len(str(dtype)))
     host = random_cache(96, block_bytes, dtype, "cpu", gen, pinned=True)
     dev = random_cache(64, block_bytes, dtype, "cuda", gen)
