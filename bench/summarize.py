@@ -185,6 +185,8 @@ def load(d):
                     body.append(cells)
         parts.append(table(["dir", "block", "gfd", "batch (vLLM)", "per block", "gfd zero-copy", "UVA 2 CTAs",
                             "UVA 12 CTAs", "contiguous DMA's slowdown"], body))
+    if sweep:
+        parts.append(speed(sweep))
     py = runs(d, "load_py_*.csv")
     if py:
         body = []
@@ -196,6 +198,31 @@ def load(d):
                              f"{100 * num(r['rate_kept']):.1f}%"])
         parts.append(table(["block", "dir", "gfd, Python, idle", "rate kept under the load"], body))
     return parts
+
+
+def speed(sweep):
+    """The README's speed table from the load sweeps: GB/s (P50) and % of the contiguous DMA for
+    gfd and its peers, and the matmuls' slowdown beside gfd, the 12-CTA kernel and the DMA alone."""
+    body = []
+    for direction, label in (("h2d", "to GPU"), ("d2h", "to host")):
+        for rows in sweep:
+            for s in (4096, 16384, 32768, 65536, 2 << 20):
+                m = dict(direction=direction, block_size=str(s))
+                if not one(rows, method="gfd", load="none", **m):
+                    continue
+                cells = [size_label(s), label]
+                for meth in ("gfd", "batch", "uva12", "per_block"):
+                    r = one(rows, method=meth, load="none", **m)
+                    cells.append(f"{num(r['p50_gbps']):.1f} GB/s ({100 * num(r['ratio_p50']):.0f}%)" if r else "-")
+                slow = []
+                for meth in ("gfd", "uva12", "dma_contiguous"):
+                    r = one(rows, method=meth, load="decode", **m)
+                    slow.append(f"{100 * num(r['load_slowdown']):+.1f}%" if r and num(r["load_slowdown"]) is not None
+                                else "-")
+                cells.append(" / ".join(slow))
+                body.append(cells)
+    return table(["block", "direction", "gfd", "batch DMA (vLLM's)", "SM copy kernel (12 CTAs)", "per-block memcpy",
+                  "matmul slowdown: gfd / SM kernel / DMA alone"], body)
 
 
 def pool(d):
