@@ -6,6 +6,8 @@
 #   tools/python_test.sh [pytest args...]     build into $BUILD_DIR, run pytest
 #   tools/python_test.sh --pip [pytest args]  instead: `pip install .` (scikit-build-core) into a
 #                                             fresh virtual environment, run pytest against that
+#   tools/python_test.sh --venv               only create the project's virtual environment when
+#                                             missing and print its directory
 # The interpreter is the project's own virtual environment, build/venv: created with the python3
 # on PATH (never with the system's site-packages), with pytest, numpy, pybind11 and hypothesis
 # installed there by pip when missing; tools/vllm_test.sh adds vLLM to the same environment.
@@ -48,6 +50,24 @@ have() {
   for m in "$@"; do "$py" -c "import $m" > /dev/null 2>&1 || return 1; done
 }
 
+# project_venv: the project's virtual environment (GFD_VENV, default build/venv), created with
+# BASE_PY when missing and never with the system's site-packages; prints its directory.
+project_venv() {
+  local venv=${GFD_VENV:-$ROOT/build/venv}
+  if [ ! -x "$venv/bin/python" ]; then
+    say "creating the project's virtual environment $venv with $BASE_PY" >&2
+    mkdir -p "$(dirname "$venv")"
+    "$BASE_PY" -m venv "$venv" >&2 ||
+      die "cannot create a virtual environment with $BASE_PY -m venv (Debian: apt-get install python3-venv)"
+  fi
+  if grep -qiE '^include-system-site-packages *= *true' "$venv/pyvenv.cfg" 2> /dev/null; then
+    die "$venv includes the system's site-packages; remove it and run again"
+  fi
+  echo "$venv"
+}
+# --venv: only that (tools/vllm_test.sh shares the environment).
+if [ "${1:-}" = "--venv" ]; then project_venv; exit 0; fi
+
 NEEDED=(pytest numpy pybind11 hypothesis)
 if [ "$MODE" = pip ]; then
   venv=$ROOT/build/venv-pip
@@ -64,16 +84,7 @@ else
   if [ "${GFD_PYTHON:-venv}" = system ]; then
     say "GFD_PYTHON=system: using $BASE_PY itself"
   else
-    VENV=${GFD_VENV:-$ROOT/build/venv}
-    if [ ! -x "$VENV/bin/python" ]; then
-      say "creating the project's virtual environment $VENV with $BASE_PY"
-      mkdir -p "$(dirname "$VENV")"
-      "$BASE_PY" -m venv "$VENV" ||
-        die "cannot create a virtual environment with $BASE_PY -m venv (Debian: apt-get install python3-venv)"
-    fi
-    if grep -qiE '^include-system-site-packages *= *true' "$VENV/pyvenv.cfg" 2> /dev/null; then
-      die "$VENV includes the system's site-packages; remove it and run again"
-    fi
+    VENV=$(project_venv) || exit 1
     missing=()
     for m in "${NEEDED[@]}"; do have "$VENV/bin/python" "$m" || missing+=("$m"); done
     if [ ${#missing[@]} -gt 0 ]; then

@@ -47,16 +47,7 @@ if [ "${GFD_PYTHON:-venv}" = system ]; then
   VPY=$(command -v "$BASE_PY") || die "no '$BASE_PY' on PATH"
   say "GFD_PYTHON=system: using $VPY itself"
 else
-  if [ ! -x "$VENV/bin/python" ]; then
-    command -v "$BASE_PY" > /dev/null || die "no '$BASE_PY' on PATH (set PYTHON=/path/to/python3)"
-    say "creating the project's virtual environment $VENV with $BASE_PY"
-    mkdir -p "$(dirname "$VENV")"
-    "$BASE_PY" -m venv "$VENV" ||
-      die "cannot create a virtual environment with $BASE_PY -m venv (Debian: apt-get install python3-venv)"
-  fi
-  if grep -qiE '^include-system-site-packages *= *true' "$VENV/pyvenv.cfg" 2> /dev/null; then
-    die "$VENV includes the system's site-packages; remove it and run again"
-  fi
+  VENV=$(GFD_VENV=$VENV PYTHON=$BASE_PY "$ROOT/tools/python_test.sh" --venv) || exit 1
   VPY="$VENV/bin/python"
 fi
 say "Python: $("$VPY" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
