@@ -14,6 +14,8 @@
 #                gpu_check_build.log, gpu_check_ctest.log (its full log: gpu_check_ctest_full.log),
 #                gpu_check_pytest.log, with --long gpu_check_long.log
 #   CTEST_JOBS   tests run at once (default 6)
+#   GFD_COMMIT   the commit named in the summary (default: git rev-parse HEAD; set it where the
+#                tree is a copy without its own history)
 # Takes about 4 minutes on a 16-core H200 machine (build about 1, ctest about 1, pytest about 2).
 # Prints one line per step and a summary last; exit status 0 only when everything passed.
 set -uo pipefail
@@ -37,7 +39,7 @@ PY=$(command -v python3) || { echo "gpu_check: no python3 on PATH" >&2; exit 1; 
 
 { nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2> /dev/null || echo "no GPU found (nvidia-smi)"
   echo "$(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p')"
-  echo "gfd $(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) at commit $(git rev-parse --short HEAD 2> /dev/null || echo "${GFD_COMMIT:-unknown}")"
+  echo "gfd $(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) at commit ${GFD_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}"
 } 2>&1 | tee -a "$SUM"
 
 rc_all=0

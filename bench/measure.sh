@@ -23,6 +23,7 @@
 #   CUDA_ARCHS   default 90
 #   RUNS         runs of the cheap commands (default 3)
 #   LOAD_RUNS    runs of the load sweeps (default 1)
+#   GFD_COMMIT   the commit named with the figures (default: git rev-parse HEAD)
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -45,7 +46,7 @@ PY=$(command -v python3) || { echo "measure: no python3 on PATH" >&2; exit 1; }
 pack() { tar czf "$OUT/$NAME.tgz" -C "$W" . 2> /dev/null; }
 { nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2> /dev/null || echo "no GPU found (nvidia-smi)"
   echo "$(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), L3 $(lscpu | sed -n 's/^L3 cache: *//p')"
-  echo "gfd $(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) at commit $(git rev-parse --short HEAD 2> /dev/null || echo "${GFD_COMMIT:-unknown}")"
+  echo "gfd $(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) at commit ${GFD_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}"
   echo "cases: $CASES; $(date -u '+%Y-%m-%d %H:%M UTC')"
 } > "$W/machine.txt" 2>&1
 cat "$W/machine.txt"
