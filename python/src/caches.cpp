@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -75,17 +74,23 @@ BlockIds block_ids(const IntArray& a, std::size_t limit, const std::string& what
 // The engine names the arrays of a set "pairs[p].host" / "pairs[p].device": Python's names are
 // the tensors' ("host[3]", "device[0]").
 Error renamed(const Error& e, const Names& host_names, const Names& device_names) {
-  static const std::regex label(R"(pairs\[(\d+)\]\.(host|device))");
+  // A plain scan, not std::regex: with torch loaded in the process, the std::regex form of this
+  // function crashed it (SIGSEGV) on an H100 machine, on every error it renamed.
   const std::string m = e.what();
   std::string out;
-  auto it = std::sregex_iterator(m.begin(), m.end(), label);
   std::size_t at = 0;
-  for (; it != std::sregex_iterator(); ++it) {
-    const std::smatch& x = *it;
-    out += m.substr(at, static_cast<std::size_t>(x.position(0)) - at);
-    const std::size_t p = std::stoul(x[1].str());
-    out += x[2].str() == "host" ? name_of(host_names, p) : name_of(device_names, p);
-    at = static_cast<std::size_t>(x.position(0) + x.length(0));
+  for (std::size_t i = m.find("pairs["); i != std::string::npos; i = m.find("pairs[", i + 1)) {
+    std::size_t j = i + 6, p = 0;
+    const std::size_t digits = j;
+    while (j < m.size() && m[j] >= '0' && m[j] <= '9' && j - digits < 18) p = p * 10 + static_cast<std::size_t>(m[j++] - '0');
+    if (j == digits || m.compare(j, 2, "].") != 0) continue;
+    j += 2;
+    const bool host = m.compare(j, 4, "host") == 0;
+    if (!host && m.compare(j, 6, "device") != 0) continue;
+    out += m.substr(at, i - at);
+    out += host ? name_of(host_names, p) : name_of(device_names, p);
+    at = j + (host ? 4 : 6);
+    i = at - 1;
   }
   out += m.substr(at);
   return Error(e.code(), out, e.block());
