@@ -143,11 +143,15 @@ def test_worker_matches_vllm_copy_path(engine, name, tensors, page, bpc, layout,
         w.shutdown()
 
 
-def test_worker_reports_bad_ids_as_failed_job(engine):
+def test_worker_rejects_bad_ids_in_the_call_and_reports_a_failed_job(engine):
     gpu = [torch.zeros((16, 4096), dtype=torch.int8, device="cuda") for _ in range(2)]
     w = KVTransferWorker(engine, gpu, [[0, 1]], 1, 8)
     try:
-        assert w.submit(7, True, [8], [0])  # chunk 8 of 8: out of range, found by the transfer
+        # Chunk 8 of 8: out of range, rejected by submit itself.
+        with pytest.raises(gfd.InvalidArgument, match=r"submit: chunk_ids\[0\]: 8 is out of range"):
+            w.submit(7, True, [8], [0])
+        # GPU block 0 given twice as a destination: found by the transfer, a failed job.
+        assert w.submit(7, True, [1, 2], [0, 0])
         r = _wait_job(w, 7)
         assert not r.success and isinstance(r.error, gfd.Error) and r.bytes == 0
         assert w.submit(8, True, [3], [1])
