@@ -75,7 +75,7 @@ BlockIds block_ids(const IntArray& a, std::size_t limit, const std::string& what
 // the tensors' ("host[3]", "device[0]").
 Error renamed(const Error& e, const Names& host_names, const Names& device_names) {
   // A plain scan, not std::regex: with torch loaded in the process, the std::regex form of this
-  // function crashed it (SIGSEGV) on an H100 machine, on every error it renamed.
+  // function crashed it (SIGSEGV) on an H100 machine when it renamed an overlap error.
   const std::string m = e.what();
   std::string out;
   std::size_t at = 0;
