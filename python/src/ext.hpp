@@ -1,6 +1,7 @@
-// What the Python module's files share (python/src): gfd.Error, engine options and stats as
-// Python dicts, element types (convert.cpp), tensors and integer arrays coming in from Python
-// (arrays.cpp); gfd_ext.cpp builds the module (engines, transfers) on them.
+// What the Python module's files share (python/src): gfd.Error, integers and element types
+// (convert.cpp), engine options and stats as Python dicts (options.cpp), tensors and integer
+// arrays coming in from Python (arrays.cpp); gfd_ext.cpp builds the module (engines, transfers)
+// on them.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -61,6 +62,9 @@ struct IntValue {
 };
 
 // `v` read as an integer, or a TypeArgError naming `name`.
+// Whether `v` is an integer as gfd takes it: a Python int that is not a bool, or a numpy or torch
+// integer scalar.
+bool integer_like(py::handle v);
 IntValue int_value(py::handle v, const std::string& name);
 // `v` as an integer in [lo, hi] (gfd.Error naming `name` otherwise).
 std::int64_t int_arg(py::handle v, const std::string& name, std::int64_t lo, std::int64_t hi);

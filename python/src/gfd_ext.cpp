@@ -1,6 +1,6 @@
 // gfd's Python module (gfd._gfd): engines, transfers, cache sets and host pools on the public
 // C++ API, and the testing hooks (testing.cpp). Tensors and integers come in through arrays.cpp
-// and convert.cpp (declared in ext.hpp), cache sets through caches.cpp, pinned host pools go out
+// convert.cpp and options.cpp (declared in ext.hpp), cache sets through caches.cpp, pinned host pools go out
 // through buffers.cpp. The Python package (python/gfd/__init__.py) wraps these in the public
 // classes; it resolves streams (torch's current stream) and keeps the Python objects of a
 // transfer alive until it is done.
