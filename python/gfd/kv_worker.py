@@ -17,28 +17,37 @@ The layout, as vLLM's ``CPUOffloadingWorker`` has it (``vllm/v1/kv_offload/cpu/g
 
 A job moves, for every group g, every tensor t of g and every GPU block of g, the page of that
 block between the GPU row and its sub-block of the host chunk. Sub-block j of chunk c is host
-"block" ``c * blocks_per_chunk + j`` of the host cache viewed as ``page_bytes[t]`` rows, so the
-job is a list of (host block id, GPU block id) rows applied to every tensor: one
-:meth:`gfd.Engine.copy_blocks` on a :class:`gfd.CacheSet` registered once. When every group has
-the same tensors (one group, or vLLM's hybrid groups sharing their tensors) the groups' rows are
-concatenated into ONE transfer; groups with different tensors move as one transfer each (the job
-is done when all are).
+page ``c * blocks_per_chunk + j``, so the job is a list of (host page, GPU block) rows applied to
+every tensor: one :meth:`gfd.Engine.copy_blocks` on a :class:`gfd.CacheSet` registered once.
+Where a chunk's sub-blocks are not one constant stride from the next chunk's (vLLM's shared
+region with blocks_per_chunk > 1: a rank's cell holds each tensor's pages of the chunk side by
+side), there is one set per sub-block position and the rows are split among them. When every
+group has the same tensors (one group, or vLLM's hybrid groups sharing their tensors) the
+groups' rows go in the same transfers; groups with different tensors move as transfers of their
+own (the job is done when all are).
 
-Submission does not block: :meth:`KVTransferWorker.submit` checks the job's shape, orders it after
-the work queued so far on the caller's stream (one event) and hands it to a submitter thread,
-which builds the ids, submits the transfer on a stream of the worker's (one per direction, so
-jobs of one direction complete in order; expedited loads have their own) and records its end.
-The caller's stream never waits for a job: completion is seen by :meth:`get_finished` (a poll)
-or :meth:`wait`.
+Submission issues the job in the call: :meth:`KVTransferWorker.submit` checks the job's shape,
+builds the ids, makes a stream of the worker's (one per direction, so that jobs of one direction
+complete in order; expedited loads have their own) wait for the work queued so far on the
+caller's stream, and enqueues the transfers on it with the GIL released. No thread stands
+between the caller and the copy engine, so a job starts as soon as its data is ready however busy
+the interpreter is. The caller's stream never waits for a job: completion is seen by
+:meth:`get_finished` (a poll) or :meth:`wait`.
+
+Host memory is the runtime's (``host_caches``: vLLM's shared region, with any row stride) or the
+worker's own. A tensor's page may move as fragments (``fragments``: vLLM's canonical layout, this
+rank's share of a parallelism-free page), and ranks holding identical bytes may take turns
+writing them (``writers``).
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, List, Optional, Sequence
 
 import numpy as np
@@ -83,19 +92,51 @@ class _Lane:
 class _Job:
     job_id: int
     lane: _Lane
-    to_device: bool
-    chunks: np.ndarray       # the host chunk ids, as given
-    blocks: np.ndarray       # the GPU block ids, as given
-    slices: list             # per group with blocks: (set key, first chunk, chunks, first block, blocks, skip)
     bytes: int
-    ready: Any = None        # the caller's stream at submission (an event), or None
-    submitted: bool = False  # the submitter thread is through with it
-    transfers: Optional[list] = None
+    transfers: list = field(default_factory=list)
     error: Optional[BaseException] = None
     start_event: Any = None
     end_event: Any = None
     t0: float = 0.0
     t1: Optional[float] = None
+    issued: bool = False     # its transfers are all enqueued (or it failed to)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A 2-D byte array as addresses: ``rows`` rows of ``width`` bytes, row r at
+    ``ptr + r * stride``."""
+
+    ptr: int
+    rows: int
+    width: int
+    stride: int
+
+
+class _View:
+    """A 2-D byte view (rows, width) at an address with a row stride, handed to
+    register_caches through the (CUDA) array interface; keeps ``owner`` alive."""
+
+    def __init__(self, r: _Rows, device: bool, owner: Any) -> None:
+        d = {"shape": (r.rows, r.width), "typestr": "|i1", "data": (r.ptr, False),
+             "strides": (r.stride, 1), "version": 3}
+        if device:
+            d["stream"] = None  # registration reads no data: no stream to wait for
+            self.__cuda_array_interface__ = d
+        else:
+            self.__array_interface__ = d
+        self._owner = owner
+
+
+@dataclass(frozen=True)
+class _HostTensor:
+    """Where tensor t's host pages are: sub-block j of chunk c at
+    ``ptr + c * chunk_stride + j * sub_stride``, ``page`` bytes each."""
+
+    ptr: int
+    chunk_stride: int
+    sub_stride: int
+    page: int
 
 
 class KVTransferWorker:
@@ -103,50 +144,58 @@ class KVTransferWorker:
 
     ``engine``: the gfd.Engine of the caches' GPU. ``gpu_caches``: per tensor, a 2-D
     ``(num_gpu_blocks, page_bytes)`` byte array on that GPU (torch tensor, DLPack or CUDA array
-    interface object). ``groups``: per KV-cache group, the indices of its tensors.
-    ``blocks_per_chunk``: GPU blocks per host chunk. ``num_chunks``: host chunks per tensor.
+    interface object; a row stride larger than the page, as packed layouts have, is kept).
+    ``groups``: per KV-cache group, the indices of its tensors. ``blocks_per_chunk``: GPU
+    blocks per host chunk. ``num_chunks``: host chunks per tensor.
 
-    ``host_caches``: per tensor, a ``(num_chunks, page_bytes * blocks_per_chunk)`` host byte
-    array to use; None: the worker allocates them, in one :class:`gfd.HostPool` (huge pages, the
-    GPU's NUMA node, pinned) with ``host_memory="pool"``, or as pinned torch tensors with
-    ``host_memory="torch"`` (what vLLM's CPU worker allocates).
+    ``host_caches``: per tensor, a ``(num_chunks, blocks_per_chunk * host_page)`` host byte
+    array to use, with any row stride (vLLM's shared region gives views whose rows are a whole
+    region row apart); sub-block j of a chunk is columns ``[j * host_page, (j + 1) * host_page)``.
+    None: the worker allocates them, in one :class:`gfd.HostPool` (huge pages, the GPU's NUMA
+    node, pinned) with ``host_memory="pool"``, or as pinned torch tensors with
+    ``host_memory="torch"``; ``host_page`` is then the GPU page.
 
-    ``host_layout``: ``"tensor"`` (vLLM's: one host array per tensor, a chunk's pages of that
-    tensor together) or ``"block"`` (one host array of ``num_chunks * blocks_per_chunk`` rows,
-    a row holding one GPU block's page of every tensor side by side: a job's host side is then
-    one contiguous run per block, which the copy engine reads in place, with no CPU copy; and where the GPU tensors are views of one allocation at a
+    ``host_layout`` (host memory the worker allocates): ``"tensor"`` (vLLM's: one host array per
+    tensor, a chunk's pages of that tensor together) or ``"block"`` (one host array of
+    ``num_chunks * blocks_per_chunk`` rows, a row holding one GPU block's page of every tensor
+    side by side: a job's host side is then one contiguous run per block, which the copy engine
+    reads in place, with no CPU copy; where the GPU tensors are views of one allocation at a
     constant stride, as vLLM 0.33 makes them, each block of a job is one 2D copy, see
-    EngineOptions::strided_min_rows). Only with host memory the worker allocates.
+    EngineOptions::strided_min_rows).
 
     ``copy_bytes``: per tensor, the bytes of a page that a job moves (a page's unpadded size;
-    None: the whole page).
+    None: the whole page). ``fragments``: per tensor, None or a list of ``(gpu_offset,
+    host_offset, size)``: the page's bytes at ``gpu_offset`` are those at ``host_offset`` of the
+    host page (vLLM's canonical layout: this rank's share of a parallelism-free page); None:
+    ``(0, 0, copy_bytes[t])``. ``writers``: per tensor, None or ``(num_writers, writer_index)``:
+    ranks holding identical bytes take turns, a store writing host page p (``chunk *
+    blocks_per_chunk + sub-block``) only where ``p % num_writers == writer_index``.
     """
 
     def __init__(self, engine: Engine, gpu_caches: Sequence[Any], groups: Sequence[Sequence[int]],
                  blocks_per_chunk: int, num_chunks: int, *, host_caches: Optional[Sequence[Any]] = None,
                  host_memory: str = "pool", host_layout: str = "tensor",
-                 copy_bytes: Optional[Sequence[int]] = None) -> None:
+                 copy_bytes: Optional[Sequence[int]] = None, fragments: Optional[Sequence[Any]] = None,
+                 writers: Optional[Sequence[Any]] = None) -> None:
         fn = "KVTransferWorker"
         if not isinstance(engine, Engine):
             raise _type_error(f"{fn}: engine: expected a gfd.Engine, got {type(engine).__name__}")
         self._engine = engine
+        self._closed = True  # until the end of construction
         self._bpc = _gfd._int(blocks_per_chunk, f"{fn}: blocks_per_chunk", 1, _MAX_ROWS)
         self._num_chunks = _gfd._int(num_chunks, f"{fn}: num_chunks", 1, _MAX_ROWS // self._bpc)
-        self._gpu = _list(gpu_caches, f"{fn}: gpu_caches")
-        if not self._gpu:
+        self._gpu_objects = _list(gpu_caches, f"{fn}: gpu_caches")
+        if not self._gpu_objects:
             raise _error(f"{fn}: gpu_caches: no tensor given")
-        self._pages = [_row_bytes(t, f"{fn}: gpu_caches[{i}]") for i, t in enumerate(self._gpu)]
-        self._gpu_blocks = min(_rows_of(t) for t in self._gpu)
-        if copy_bytes is None:
-            self._copy = list(self._pages)
-        else:
-            self._copy = [_gfd._int(b, f"{fn}: copy_bytes[{t}]", 1, p)
-                          for t, (b, p) in enumerate(zip(_list(copy_bytes, f"{fn}: copy_bytes"), self._pages))]
-            if len(self._copy) != len(self._gpu) or len(copy_bytes) != len(self._gpu):
-                raise _error(f"{fn}: copy_bytes: {len(copy_bytes)} sizes for {len(self._gpu)} GPU tensors")
+        n = len(self._gpu_objects)
+        self._gpu = [_rows(t, f"{fn}: gpu_caches[{i}]") for i, t in enumerate(self._gpu_objects)]
+        self._pages = [g.width for g in self._gpu]
+        self._gpu_blocks = min(g.rows for g in self._gpu)
+        copy = self._pages if copy_bytes is None else _per_tensor(copy_bytes, n, f"{fn}: copy_bytes")
+        self._copy = [_gfd._int(b, f"{fn}: copy_bytes[{t}]", 1, p) for t, (b, p) in enumerate(zip(copy, self._pages))]
         self._groups = []
         for g, members in enumerate(_list(groups, f"{fn}: groups")):
-            m = [_gfd._int(t, f"{fn}: groups[{g}][{i}]", 0, len(self._gpu) - 1)
+            m = [_gfd._int(t, f"{fn}: groups[{g}][{i}]", 0, n - 1)
                  for i, t in enumerate(_list(members, f"{fn}: groups[{g}]"))]
             if len(set(m)) != len(m):
                 raise _error(f"{fn}: groups[{g}]: a tensor is listed twice")
@@ -159,60 +208,91 @@ class KVTransferWorker:
                 raise _type_error(f"{fn}: {name}: expected one of {allowed}, got {type(value).__name__}")
             if value not in allowed:
                 raise _error(f"{fn}: {name}: expected one of {allowed}, got {value!r}")
+        self._writers = [(1, 0)] * n if writers is None else \
+            [_writer(w, f"{fn}: writers[{t}]") for t, w in enumerate(_per_tensor(writers, n, f"{fn}: writers"))]
         rows = self._num_chunks * self._bpc  # both checked above: the product fits an int64 id
-        if rows * sum(self._pages) > _MAX_HOST_BYTES:
-            raise _error(f"{fn}: num_chunks: {self._num_chunks} chunks of {self._bpc} blocks of "
-                         f"{sum(self._pages)} bytes is more host memory than a worker takes")
-        self._torch = _torch_for(self._gpu[0])
+        self._torch = _torch_for(self._gpu_objects[0])
         self._pools: List[HostPool] = []  # the HostPools the worker allocated
+        self._keep: list = []             # the host arrays the views below point into
         self._layout = host_layout
-        if host_layout == "block":
-            if host_caches is not None:
-                raise _error("host_layout: 'block' allocates its own host memory; host_caches must be None")
-            self._host = None
-            whole = self._allocate(host_memory, (rows, sum(self._pages)))
-            self._host_block = whole
-            offsets = np.cumsum([0] + self._pages[:-1]).tolist()
-            self._rows = [_columns(whole, o, p) for o, p in zip(offsets, self._pages)]
-        elif host_layout == "tensor":
-            if host_caches is None:
-                host_caches = [self._allocate(host_memory, (self._num_chunks, p * self._bpc)) for p in self._pages]
-            self._host = _list(host_caches, f"{fn}: host_caches")
-            self._host_block = None
-            if len(self._host) != len(self._gpu):
-                raise _error(f"{fn}: host_caches: {len(self._host)} arrays for {len(self._gpu)} GPU tensors")
-            for t, h in enumerate(self._host):
-                want = (self._num_chunks, self._pages[t] * self._bpc)
-                got = _shape_of(h, f"{fn}: host_caches[{t}]")
-                if got != want or _row_bytes(h, f"{fn}: host_caches[{t}]") != want[1]:
-                    raise _error(f"{fn}: host_caches[{t}]: expected {want[0]} x {want[1]} bytes, got shape {got}")
-            self._rows = [_as_rows(h, p, rows) for h, p in zip(self._host, self._pages)]
-        # One set of (host sub-block rows, GPU rows) pairs per distinct tensor list; groups with
-        # the same tensors share theirs (and their rows go in one transfer).
+        if host_caches is not None and host_layout == "block":
+            raise _error(f"{fn}: host_layout: 'block' allocates its own host memory; host_caches must be None")
+        if host_caches is None:
+            if rows * sum(self._pages) > _MAX_HOST_BYTES:
+                raise _error(f"{fn}: num_chunks: {self._num_chunks} chunks of {self._bpc} blocks of "
+                             f"{sum(self._pages)} bytes is more host memory than a worker takes")
+            self._hosts = self._allocate_hosts(host_memory, host_layout, rows)
+            self._tensor_arrays = None if host_layout == "block" else list(self._keep)
+        else:
+            given = _list(host_caches, f"{fn}: host_caches")
+            if len(given) != n:
+                raise _error(f"{fn}: host_caches: {len(given)} arrays for {n} GPU tensors")
+            self._hosts = []
+            for t, h in enumerate(given):
+                r = _rows(h, f"{fn}: host_caches[{t}]")
+                if fragments is None or _per_tensor(fragments, n, f"{fn}: fragments")[t] is None:
+                    want = f"{self._pages[t] * self._bpc} bytes"  # whole GPU pages
+                    fits = r.width == self._pages[t] * self._bpc
+                else:
+                    want = f"a multiple of {self._bpc} bytes (blocks_per_chunk host pages)"
+                    fits = r.width % self._bpc == 0 and r.width > 0
+                if r.rows != self._num_chunks or not fits:
+                    raise _error(f"{fn}: host_caches[{t}]: expected {self._num_chunks} rows of {want}, "
+                                 f"got {r.rows} x {r.width}")
+                page = r.width // self._bpc
+                self._hosts.append(_HostTensor(r.ptr, r.stride, page, page))
+                self._keep.append(h)
+            self._tensor_arrays = list(given)
+        self._fragments = []
+        for t in range(n):
+            f = None if fragments is None else _per_tensor(fragments, n, f"{fn}: fragments")[t]
+            self._fragments.append(_fragments(f, self._copy[t], self._pages[t], self._hosts[t].page,
+                                              f"{fn}: fragments[{t}]"))
+            if f is None and self._copy[t] > self._hosts[t].page:
+                raise _error(f"{fn}: host_caches[{t}]: host pages of {self._hosts[t].page} bytes hold less than "
+                             f"the {self._copy[t]} bytes a job moves of a GPU page")
+        # The cache sets: per group, its tensors split by writer rotation; a split whose host
+        # pages are one constant stride apart (chunk stride = blocks_per_chunk sub-blocks) is one
+        # set whose host ids are page ids, any other (vLLM's region, a chunk's pages of each
+        # tensor side by side in a rank's cell) one set per sub-block position, ids chunk ids.
+        # Groups with the same tensors share their sets (and a job's rows go in one transfer).
         self._sets: dict = {}
-        self._group_set: List[Optional[tuple]] = []
+        self._plans: List[list] = []
         for members in self._groups:
-            key = tuple(sorted(members))
-            if key and key not in self._sets:
-                hosts = [self._rows[t][:, :self._copy[t]] for t in key]
-                gpus = [self._gpu[t] if self._copy[t] == self._pages[t] else _first_bytes(self._gpu[t], self._copy[t], t)
-                        for t in key]
-                self._sets[key] = engine.register_caches(hosts, gpus)
-            self._group_set.append(key if key else None)
-        self._one_set = len(self._sets) == 1
+            by_writer: dict = {}
+            for t in sorted(members):
+                by_writer.setdefault(self._writers[t], []).append(t)
+            plan = []
+            for w, ts in by_writer.items():
+                ts = tuple(ts)
+                flat = all(self._hosts[t].chunk_stride == self._bpc * self._hosts[t].sub_stride for t in ts)
+                for j in ([None] if flat else range(self._bpc)):
+                    if (ts, w, j) not in self._sets:
+                        self._sets[(ts, w, j)] = self._register(ts, j)
+                plan.append((ts, w, flat))
+            self._plans.append(plan)
         self._bytes_per_row = {k: s.bytes_per_id for k, s in self._sets.items()}
         stream = self._new_stream
         self._lanes = {"store": _Lane(stream()), "load": _Lane(stream()), "expedited": _Lane(stream())}
         self._by_id: dict = {}
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._queue: "collections.deque[_Job]" = collections.deque()
+        self._issued = threading.Condition(self._lock)
         self._events: list = []
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=f"gfd-kv-worker-{engine.device}", daemon=True)
-        self._thread.start()
 
     # -- setup ---------------------------------------------------------------------------------
+
+    def _allocate_hosts(self, kind: str, layout: str, rows: int) -> List[_HostTensor]:
+        if layout == "block":
+            whole = self._allocate(kind, (rows, sum(self._pages)))
+            r = _rows(whole, "host memory")
+            offsets = np.cumsum([0] + self._pages[:-1]).tolist()
+            return [_HostTensor(r.ptr + o, self._bpc * r.stride, r.stride, p) for o, p in zip(offsets, self._pages)]
+        out = []
+        for p in self._pages:
+            r = _rows(self._allocate(kind, (self._num_chunks, p * self._bpc)), "host memory")
+            out.append(_HostTensor(r.ptr, r.stride, p, p))
+        return out
 
     def _allocate(self, kind: str, shape: tuple) -> Any:
         """One pinned host byte array of ``shape``: in a HostPool of its own (``"pool"``: huge
@@ -220,39 +300,74 @@ class KVTransferWorker:
         if kind == "pool":
             if getattr(self._engine, "_emulated", False):
                 from . import testing  # the emulated device registers its own pinned memory
-                return np.asarray(testing.pinned_buffer(self._engine, shape, "int8"))
-            pool = HostPool(max(shape[0] * shape[1], 1), device=self._engine.device)
-            self._pools.append(pool)
-            view = pool.view(shape, "int8", 0)
-            return self._torch.from_dlpack(view) if self._torch is not None else np.asarray(view)
-        if kind == "torch":
+                out = np.asarray(testing.pinned_buffer(self._engine, shape, "int8"))
+            else:
+                pool = HostPool(max(shape[0] * shape[1], 1), device=self._engine.device)
+                self._pools.append(pool)
+                out = np.asarray(pool.view(shape, "int8", 0))
+        else:
             torch = self._torch or sys.modules.get("torch")
             if torch is None:
                 raise _error("host_memory: 'torch' needs torch")
-            return torch.zeros(shape, dtype=torch.int8, pin_memory=True)
-        raise _error(f"host_memory: expected 'pool' or 'torch', got {kind!r}")
+            out = torch.zeros(shape, dtype=torch.int8, pin_memory=True)
+        self._keep.append(out)
+        return out
+
+    def _register(self, tensors: tuple, j: Optional[int]) -> Any:
+        """One cache set of ``tensors``' fragments: host rows are page ids (``j`` None) or the
+        chunks' sub-block ``j``."""
+        hosts, gpus = [], []
+        for t in tensors:
+            h, g = self._hosts[t], self._gpu[t]
+            if j is None:
+                base, rows, stride = h.ptr, self._num_chunks * self._bpc, h.sub_stride
+            else:
+                base, rows, stride = h.ptr + j * h.sub_stride, self._num_chunks, h.chunk_stride
+            for go, ho, size in self._fragments[t]:
+                hosts.append(_View(_Rows(base + ho, rows, size, stride), False, self._keep))
+                gpus.append(_View(_Rows(g.ptr + go, g.rows, size, g.stride), True, self._gpu_objects[t]))
+        return self._engine.register_caches(hosts, gpus)
 
     def _new_stream(self) -> Any:
         if self._torch is not None:
             return self._torch.cuda.Stream(device=self._engine.device)
         return None  # the emulated device's stand-in for a stream
 
-    @property
-    def host_caches(self) -> list:
-        """Per tensor, the ``(num_chunks, page_bytes * blocks_per_chunk)`` host array (the
-        "tensor" layout; the "block" layout has no such arrays: see :meth:`host_rows`)."""
-        if self._host is None:
-            raise _error("host_caches: the 'block' layout keeps one array (host_rows gives each tensor's view)")
-        return list(self._host)
+    def host_pages(self, tensor: int) -> np.ndarray:
+        """Tensor ``tensor``'s host pages as a numpy view ``(num_chunks, blocks_per_chunk,
+        host_page)``: ``[c, j]`` is sub-block j of chunk c."""
+        h = self._hosts[_gfd._int(tensor, "host_pages: tensor", 0, len(self._hosts) - 1)]
+        return np.lib.stride_tricks.as_strided(self._span(h), (self._num_chunks, self._bpc, h.page),
+                                               (h.chunk_stride, h.sub_stride, 1))
 
     def host_rows(self, tensor: int) -> Any:
-        """Tensor ``tensor``'s host pages as ``(num_chunks * blocks_per_chunk, page_bytes)``
-        rows (a view; row ``chunk * blocks_per_chunk + j`` is sub-block j of that chunk), in
-        either layout."""
-        return self._rows[tensor]
+        """Tensor ``tensor``'s host pages as ``(num_chunks * blocks_per_chunk, host_page)`` rows
+        (a view, a torch tensor where the GPU caches are torch's; row ``chunk *
+        blocks_per_chunk + j`` is sub-block j of that chunk). Only where a chunk's pages are one
+        constant stride from the next chunk's (see :meth:`host_pages` for any layout)."""
+        h = self._hosts[_gfd._int(tensor, "host_rows: tensor", 0, len(self._hosts) - 1)]
+        if h.chunk_stride != self._bpc * h.sub_stride:
+            raise _error(f"host_rows: tensor {tensor}'s host pages are not one stride apart across chunks; "
+                         "host_pages gives them as (chunks, blocks_per_chunk, page)")
+        rows = np.lib.stride_tricks.as_strided(self._span(h), (self._num_chunks * self._bpc, h.page), (h.sub_stride, 1))
+        return self._torch.from_numpy(rows) if self._torch is not None else rows
+
+    def _span(self, h: _HostTensor) -> np.ndarray:
+        span = (self._num_chunks - 1) * h.chunk_stride + (self._bpc - 1) * h.sub_stride + h.page
+        return np.ctypeslib.as_array((ctypes.c_int8 * span).from_address(h.ptr))
+
+    @property
+    def host_caches(self) -> list:
+        """Per tensor, the ``(num_chunks, page_bytes * blocks_per_chunk)`` host array (given, or
+        allocated in the "tensor" layout; the "block" layout has no such arrays: see
+        :meth:`host_rows`)."""
+        if self._tensor_arrays is None:
+            raise _error("host_caches: the 'block' layout keeps one array (host_rows gives each tensor's view)")
+        return list(self._tensor_arrays)
 
     @property
     def host_layout(self) -> str:
+        """``"block"`` or ``"tensor"``."""
         return self._layout
 
     # -- jobs ----------------------------------------------------------------------------------
@@ -260,24 +375,30 @@ class KVTransferWorker:
     def submit(self, job_id: int, to_device: bool, chunk_ids: Any, gpu_block_ids: Any,
                group_sizes: Optional[Sequence[int]] = None, block_indices: Optional[Sequence[int]] = None,
                expedited: bool = False) -> bool:
-        """Queues one job: host chunks ``chunk_ids`` to GPU blocks ``gpu_block_ids``
+        """Issues one job: host chunks ``chunk_ids`` to GPU blocks ``gpu_block_ids``
         (``to_device``) or back. ``group_sizes[g]`` GPU blocks belong to group g, in order
         (None: one group, all of them); the chunks follow in the same order, each group's first
-        starting ``block_indices[g] % blocks_per_chunk`` sub-blocks in. Returns True once queued.
+        starting ``block_indices[g] % blocks_per_chunk`` sub-blocks in. Returns True.
 
-        Checked in the call, before anything is queued (a :class:`gfd.InvalidArgument` or
+        The job's transfers are enqueued before this returns, after the work queued so far on
+        the caller's current stream (the lane's stream waits for it), on a stream of the
+        worker's per direction (jobs of one direction complete in order; expedited loads have
+        their own): no thread stands between the call and the copy engine. The GIL is released
+        while gfd plans and enqueues. Never waits for data.
+
+        Checked in the call, before anything is enqueued (a :class:`gfd.InvalidArgument` or
         :class:`gfd.InvalidType` naming the argument): every argument's type (integers only:
         Python ints or numpy/torch integer arrays and scalars, no bool or float), every chunk id
         below ``num_chunks``, every GPU block id below the GPU caches' blocks, the group sizes
         (non-negative, summing to the GPU block ids given) and the chunks they use. What only
         the transfer checks (a GPU block or host sub-block given twice as a destination) makes
-        the job fail: :meth:`get_finished` reports it with ``success=False``, nothing moved.
-        Never waits for data.
+        the job fail: :meth:`get_finished` reports it with ``success=False``.
         """
         if self._closed:
             raise _error("submit: the worker is shut down", code="shutdown")
-        # Every argument checked here, before anything is queued: integers only (bool and float
-        # rejected, also inside lists), every id in range, so that no later arithmetic can wrap.
+        # Every argument checked here, before anything is enqueued: integers only (bool and
+        # float rejected, also inside lists), every id in range, so that no later arithmetic
+        # can wrap.
         job_id = _gfd._int(job_id, "submit: job_id", -(1 << 63), (1 << 63) - 1)
         to_device = _flag(to_device, "submit: to_device")
         expedited = _flag(expedited, "submit: expedited")
@@ -301,111 +422,90 @@ class KVTransferWorker:
         if sum(group_sizes) != len(blocks):
             raise _error(f"submit: group_sizes: the sizes sum to {sum(group_sizes)}, gpu_block_ids has "
                          f"{len(blocks)} blocks")
-        # Only the shape of the job is checked further here; the submitter thread builds the
-        # ids, so that the caller is back at once.
-        slices = []  # (set key, first chunk, chunks, first block, blocks, skip)
+        slices = []  # (group, first chunk, chunks, first block, blocks, skip)
         c0 = b0 = 0
-        total = 0
-        for g, (n, first) in enumerate(zip(group_sizes, block_indices)):
-            if n == 0:
+        for g, (count, first) in enumerate(zip(group_sizes, block_indices)):
+            if count == 0:
                 continue
             skip = first % self._bpc
-            used = -(-(n + skip) // self._bpc)
+            used = -(-(count + skip) // self._bpc)
             if c0 + used > len(chunks):
                 raise _error(f"submit: chunk_ids: group {g} needs {used} chunks from position {c0}, "
                              f"{len(chunks)} given")
-            key = self._group_set[g]
-            if key is None:
+            if not self._groups[g]:
                 raise _error(f"submit: group_sizes: group {g} has blocks but no tensors")
-            slices.append((key, c0, used, b0, n, skip))
-            total += n * self._bytes_per_row[key]
+            slices.append((g, c0, used, b0, count, skip))
             c0 += used
-            b0 += n
+            b0 += count
         if c0 != len(chunks):
             raise _error(f"submit: chunk_ids: {len(chunks)} chunks given, the groups use {c0}")
-        lane = self._lanes["store" if not to_device else "expedited" if expedited else "load"]
-        job = _Job(job_id, lane, bool(to_device), chunks, blocks, slices, total)
         with self._lock:
             if job_id in self._by_id:
                 raise _error(f"submit: job {job_id} is already in flight")
-        job.ready = self._mark_caller_stream()
+        parts = self._parts(to_device, chunks, blocks, slices)
+        lane = self._lanes["store" if not to_device else "expedited" if expedited else "load"]
+        job = _Job(job_id, lane, sum(len(src) * self._bytes_per_row[k] for k, src, _ in parts))
         job.t0 = time.perf_counter()
         with self._lock:
             if job_id in self._by_id:  # submitted meanwhile from another thread
-                if job.ready is not None:
-                    self._events.append(job.ready)
                 raise _error(f"submit: job {job_id} is already in flight")
             self._by_id[job_id] = job
             lane.jobs.append(job)
-            self._queue.append(job)
-            self._wake.notify()
+        self._issue(job, to_device, parts)
+        with self._lock:
+            job.issued = True
+            self._issued.notify_all()
         return True
 
-    def _mark_caller_stream(self) -> Any:
-        """An event recorded on the caller's current stream: the job starts after it."""
-        if self._torch is None:
-            return None
-        torch = self._torch
-        ev = self._events.pop() if self._events else torch.cuda.Event(enable_timing=False)
-        ev.record(torch.cuda.current_stream(self._engine.device))
-        return ev
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                while not self._queue and not self._closed:
-                    self._wake.wait()
-                if not self._queue:
-                    return
-                # Expedited loads first: they are waited on within the step.
-                job = next((j for j in self._queue if j.lane is self._lanes["expedited"]), None) or self._queue[0]
-                self._queue.remove(job)
-            self._submit(job)
-            with self._lock:
-                job.submitted = True
-                self._wake.notify_all()
-
-    def _submit(self, job: _Job) -> None:
-        torch = self._torch
-        stream = job.lane.stream
-        try:
-            if torch is not None:
-                stream.wait_event(job.ready)
-                job.start_event = torch.cuda.Event(enable_timing=True)
-                job.start_event.record(stream)
-            job.transfers = []
-            for caches, src, dst in self._parts(job):
-                job.transfers.append(self._engine.copy_blocks(
-                    caches, Direction.TO_DEVICE if job.to_device else Direction.TO_HOST, src, dst, stream=stream))
-            if torch is not None:
-                job.end_event = torch.cuda.Event(enable_timing=True)
-                job.end_event.record(stream)
-        except BaseException as e:  # noqa: BLE001 - reported as a failed job
-            job.error = e
-        finally:
-            if torch is not None and job.ready is not None:
-                self._events.append(job.ready)
-                job.ready = None
-
-    def _parts(self, job: _Job) -> list:
-        """The job's transfers: (CacheSet, source ids, destination ids) per set of tensors, the
-        rows of every group on that set concatenated."""
+    def _parts(self, to_device: bool, chunks: np.ndarray, blocks: np.ndarray, slices: list) -> list:
+        """The job's transfers: (set key, source ids, destination ids) per cache set, the rows of
+        every group on that set concatenated; a store leaves out the pages another rank writes."""
         rows: dict = {}
-        for key, c0, used, b0, n, skip in job.slices:
-            host = host_block_ids(job.chunks[c0:c0 + used], self._bpc, n, skip)
-            rows.setdefault(key, []).append((host, job.blocks[b0:b0 + n]))
+        for g, c0, used, b0, count, skip in slices:
+            host = host_block_ids(chunks[c0:c0 + used], self._bpc, count, skip)
+            gpu = blocks[b0:b0 + count]
+            for ts, w, flat in self._plans[g]:
+                h, d = host, gpu
+                if not to_device and w[0] > 1:
+                    mine = h % w[0] == w[1]
+                    h, d = h[mine], d[mine]
+                if flat:
+                    rows.setdefault((ts, w, None), []).append((h, d))
+                    continue
+                sub, chunk = h % self._bpc, h // self._bpc
+                for j in range(self._bpc):
+                    at = sub == j
+                    if at.any():
+                        rows.setdefault((ts, w, j), []).append((chunk[at], d[at]))
         parts = []
         for key, r in rows.items():
             host = r[0][0] if len(r) == 1 else np.concatenate([x[0] for x in r])
             gpu = r[0][1] if len(r) == 1 else np.concatenate([x[1] for x in r])
-            src, dst = (host, gpu) if job.to_device else (gpu, host)
-            parts.append((self._sets[key], np.ascontiguousarray(src), np.ascontiguousarray(dst)))
+            if len(host):
+                src, dst = (host, gpu) if to_device else (gpu, host)
+                parts.append((key, np.ascontiguousarray(src), np.ascontiguousarray(dst)))
         return parts
 
-    def _finished(self, job: _Job) -> bool:
-        # A job whose later part failed to submit is done only once its earlier parts are: until
-        # then they still read or write its blocks.
-        return job.submitted and all(t.done() for t in job.transfers or [])
+    def _issue(self, job: _Job, to_device: bool, parts: list) -> None:
+        """Enqueues the job's transfers on its lane's stream, after the caller's current stream."""
+        torch = self._torch
+        stream = job.lane.stream
+        try:
+            if torch is not None:
+                stream.wait_stream(torch.cuda.current_stream(self._engine.device))
+                job.start_event = self._event()
+                job.start_event.record(stream)
+            direction = Direction.TO_DEVICE if to_device else Direction.TO_HOST
+            for key, src, dst in parts:
+                job.transfers.append(self._engine.copy_blocks(self._sets[key], direction, src, dst, stream=stream))
+            if torch is not None:
+                job.end_event = self._event()
+                job.end_event.record(stream)
+        except BaseException as e:  # noqa: BLE001 - reported as a failed job
+            job.error = e
+
+    def _event(self) -> Any:
+        return self._events.pop() if self._events else self._torch.cuda.Event(enable_timing=True)
 
     def _result(self, job: _Job) -> JobResult:
         err = job.error
@@ -421,6 +521,7 @@ class KVTransferWorker:
                 seconds = job.start_event.elapsed_time(job.end_event) * 1e-3
             except Exception:  # noqa: BLE001 - a failed device: no time
                 seconds = time.perf_counter() - job.t0
+            self._events += [job.start_event, job.end_event]
         else:
             seconds = (job.t1 or time.perf_counter()) - job.t0
         return JobResult(job.job_id, err is None, job.bytes if err is None else 0, seconds, err)
@@ -430,12 +531,12 @@ class KVTransferWorker:
         out = []
         with self._lock:
             for lane in self._lanes.values():
-                while lane.jobs and self._finished(lane.jobs[0]):
+                while lane.jobs and lane.jobs[0].issued and all(t.done() for t in lane.jobs[0].transfers):
                     job = lane.jobs.popleft()
                     job.t1 = time.perf_counter()
                     del self._by_id[job.job_id]
                     out.append(job)
-        return [self._result(j) for j in out]
+            return [self._result(j) for j in out]
 
     def wait(self, job_ids: Iterable[int]) -> None:
         """Blocks until every job of ``job_ids`` still in flight is done (ids not in flight are
@@ -443,29 +544,25 @@ class KVTransferWorker:
         for job_id in job_ids:
             with self._lock:
                 job = self._by_id.get(job_id)
-                if job is None:
-                    continue
-                while not job.submitted:
-                    self._wake.wait()
-            for t in job.transfers or []:
+                while job is not None and not job.issued:
+                    self._issued.wait()
+            for t in job.transfers if job is not None else ():
                 try:
                     t.wait()
                 except Error:
                     pass  # reported by get_finished
 
     def shutdown(self) -> None:
-        """Submits what is queued, waits for every job in flight and stops the submitter
-        thread. Idempotent; results not collected are dropped."""
+        """Waits for every job in flight. Idempotent; results not collected are dropped."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._wake.notify_all()
-        self._thread.join()
-        with self._lock:
+            while any(not j.issued for lane in self._lanes.values() for j in lane.jobs):
+                self._issued.wait()
             jobs = [j for lane in self._lanes.values() for j in lane.jobs]
         for job in jobs:
-            for t in job.transfers or []:
+            for t in job.transfers:
                 try:
                     t.wait()
                 except Error:
@@ -522,67 +619,77 @@ def _interface(t: Any) -> Optional[dict]:
     return None
 
 
-def _shape_of(t: Any, name: str) -> tuple:
-    shape = getattr(t, "shape", None)
-    if shape is None:
+def _rows(t: Any, name: str) -> _Rows:
+    """A 2-D byte array's address, rows, row bytes and row stride: a torch tensor, a gfd.Buffer,
+    or an object with the CUDA array interface or the array interface (numpy); its rows must
+    be contiguous."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(t, torch.Tensor):
+        shape, item = tuple(t.shape), t.element_size()
+        strides = tuple(s * item for s in t.stride())
+        ptr = t.data_ptr()
+    elif isinstance(t, _gfd.Buffer) and _interface(t) is None:
+        shape, item = tuple(t.shape), t.itemsize
+        strides = (shape[1] * item, item) if len(shape) == 2 else ()
+        ptr = t.ptr
+    else:
         d = _interface(t)
-        shape = d.get("shape") if d is not None else None
-    if shape is None:
-        raise _type_error(f"{name}: expected a 2-D array or tensor, got {type(t).__name__}")
-    return tuple(_gfd._int(d, f"{name}: shape[{i}]", 0, (1 << 63) - 1) for i, d in enumerate(shape))
-
-
-def _rows_of(t: Any) -> int:
-    return _shape_of(t, "gpu_caches")[0]
-
-
-def _row_bytes(t: Any, name: str) -> int:
-    shape = _shape_of(t, name)
+        if d is None:
+            raise _type_error(f"{name}: expected a torch tensor, a gfd.Buffer or an object with the (CUDA) "
+                              f"array interface, got {type(t).__name__}")
+        shape = tuple(d.get("shape", ()))
+        try:
+            item = int(np.dtype(d.get("typestr")).itemsize)
+        except (TypeError, ValueError) as e:
+            raise _type_error(f"{name}: cannot tell its element type ({d.get('typestr')!r})") from e
+        strides = d.get("strides") or ((shape[1] * item, item) if len(shape) == 2 else ())
+        ptr = int(d["data"][0])
     if len(shape) != 2:
         raise _error(f"{name}: expected a 2-D (blocks, bytes) array, got shape {shape}")
-    item = _itemsize(t, name)
     if item != 1:
         raise _error(f"{name}: expected a byte array (int8 or uint8), got {item}-byte elements")
-    return shape[1]
+    rows, width = (_gfd._int(x, f"{name}: shape[{i}]", 0, (1 << 62)) for i, x in enumerate(shape))
+    if width > 1 and strides[1] != 1:
+        raise _error(f"{name}: the bytes of a row must be contiguous (strides {strides})")
+    stride = int(strides[0]) if rows > 1 else width
+    if stride < width:
+        raise _error(f"{name}: rows of {width} bytes overlap (row stride {stride})")
+    return _Rows(ptr, rows, width, stride)
 
 
-def _itemsize(t: Any, name: str) -> int:
-    """Bytes per element: the tensor's own ``itemsize`` or ``dtype``, else the typestr of its
-    (CUDA) array interface, which an object need not mirror in a ``dtype`` attribute."""
-    size = getattr(t, "itemsize", None)
-    if isinstance(size, int) and not isinstance(size, bool):
-        return size
-    dtype = getattr(t, "dtype", None)
-    size = getattr(dtype, "itemsize", None)
-    if isinstance(size, int) and not isinstance(size, bool):
-        return size
-    d = _interface(t)
-    typestr = d.get("typestr") if d is not None else None
-    if typestr is None and dtype is not None:
-        typestr = str(dtype)
-    try:
-        return int(np.dtype(typestr).itemsize)
-    except (TypeError, ValueError) as e:
-        raise _type_error(f"{name}: cannot tell its element type ({typestr!r})") from e
+def _per_tensor(value: Any, n: int, name: str) -> list:
+    out = _list(value, name)
+    if len(out) != n:
+        raise _error(f"{name}: {len(out)} entries for {n} GPU tensors")
+    return out
 
 
-def _first_bytes(t: Any, n: int, index: int) -> Any:
-    """The first ``n`` bytes of every row of a 2-D device array (a view)."""
-    if not hasattr(t, "__getitem__"):
-        raise _error(f"copy_bytes[{index}]: moving part of a page needs a tensor that can be sliced "
-                     f"(a torch tensor); gpu_caches[{index}] is a {type(t).__name__}")
-    return t[:, :n]
+def _writer(value: Any, name: str) -> tuple:
+    """(num_writers, writer_index); None: (1, 0), this rank writes every page."""
+    if value is None:
+        return (1, 0)
+    pair = _list(value, name)
+    if len(pair) != 2:
+        raise _error(f"{name}: expected (num_writers, writer_index), got {len(pair)} values")
+    count = _gfd._int(pair[0], f"{name}: num_writers", 1, 1 << 20)
+    return (count, _gfd._int(pair[1], f"{name}: writer_index", 0, count - 1))
 
 
-def _columns(whole: Any, offset: int, width: int) -> Any:
-    """Columns [offset, offset + width) of every row of a 2-D byte array (a strided view)."""
-    return whole[:, offset:offset + width]
-
-
-def _as_rows(host: Any, page: int, rows: int) -> Any:
-    """The host cache ``(chunks, page * bpc)`` as ``rows`` compact rows of ``page`` bytes (a view
-    of the same memory: torch's view, else numpy's reshape of the array it sees)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(host, torch.Tensor):
-        return host.view(rows, page)
-    return np.asarray(host).reshape(rows, page)
+def _fragments(value: Any, copy: int, gpu_page: int, host_page: int, name: str) -> list:
+    """(gpu_offset, host_offset, size) triples, each inside its page on both sides."""
+    if value is None:
+        return [(0, 0, copy)]
+    out = []
+    for i, f in enumerate(_list(value, name)):
+        triple = _list(f, f"{name}[{i}]")
+        if len(triple) != 3:
+            raise _error(f"{name}[{i}]: expected (gpu_offset, host_offset, size), got {len(triple)} values")
+        size = _gfd._int(triple[2], f"{name}[{i}]: size", 1, gpu_page)
+        if size > host_page:
+            raise _error(f"{name}[{i}]: size: {size} bytes do not fit a host page of {host_page}")
+        go = _gfd._int(triple[0], f"{name}[{i}]: gpu_offset", 0, gpu_page - size)
+        ho = _gfd._int(triple[1], f"{name}[{i}]: host_offset", 0, host_page - size)
+        out.append((go, ho, size))
+    if not out:
+        raise _error(f"{name}: no fragment given")
+    return out

@@ -41,6 +41,65 @@ def emulated_engine(copy_delay_us: int = 0, ordinal: int = 0, fault: str = "", *
     return Engine._wrap(_t.emulated_engine(options, copy_delay_us, ordinal, fault))
 
 
+#: The environment variable that puts gfd's runtime integrations (gfd.vllm) on the emulated
+#: device: "1", or comma-separated settings of :func:`emulated_engine`
+#: ("copy_delay_us=2000,fault=copy_d2h"). Unset, empty or "0": the GPU.
+EMULATED_DEVICE_VARIABLE = "GFD_EMULATED_DEVICE"
+
+
+def emulated_device_settings() -> Optional[dict]:
+    """GFD_EMULATED_DEVICE as :func:`emulated_engine`'s keyword arguments, or None where it is
+    unset, empty or "0". Raises :class:`gfd.InvalidArgument` naming the variable for a setting
+    that is not ``copy_delay_us=<int>`` or ``fault=<operation>``."""
+    import os
+    from . import _error
+    value = os.environ.get(EMULATED_DEVICE_VARIABLE, "").strip()
+    if value in ("", "0"):
+        return None
+    out: dict = {}
+    if value == "1":
+        return out
+    for item in value.split(","):
+        key, sep, v = item.strip().partition("=")
+        if key == "copy_delay_us" and sep and v.isdigit():
+            out[key] = int(v)
+        elif key == "fault" and sep and v:
+            out[key] = v
+        else:
+            raise _error(f"{EMULATED_DEVICE_VARIABLE}={value!r}: {item.strip()!r} is not a setting "
+                         "(\"1\", or copy_delay_us=<microseconds> and fault=<operation>, comma-separated)")
+    return out
+
+
+class AdoptedMemory:
+    """Host memory that the emulated device serves as its own device memory (see
+    :func:`adopt_device_memory`), until :meth:`release`."""
+
+    def __init__(self, engine: Engine, ptr: int, nbytes: int, owner: Any) -> None:
+        _t.adopt_device_memory(engine._core, ptr, nbytes)
+        self._engine, self.ptr, self.nbytes, self._owner = engine, ptr, nbytes, owner
+
+    def release(self) -> None:
+        if self._engine is not None:
+            _t.release_device_memory(self._engine._core, self.ptr)
+            self._engine = self._owner = None
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def adopt_device_memory(engine: Engine, ptr: int, nbytes: int, owner: Any = None) -> AdoptedMemory:
+    """Makes ``nbytes`` of host memory at ``ptr`` device memory of the emulated ``engine``'s
+    device until the returned object is released: a runtime that runs without a GPU keeps its
+    "GPU" caches in host memory (CPU tensors), and the emulated device then takes them as the
+    device side of :meth:`gfd.Engine.register_caches`. ``owner`` (the tensor, say) is kept
+    alive meanwhile. The range must not overlap memory the emulated device already knows."""
+    return AdoptedMemory(engine, ptr, nbytes, owner)
+
+
 def device_buffer(engine: Engine, shape: Any, dtype: Any = "uint8") -> _gfd.Buffer:
     """Device memory of the engine's GPU as a gfd.Buffer (DLPack device: CUDA). On the emulated
     device it also has __array_interface__, so numpy.asarray shows the "device" bytes."""

@@ -82,6 +82,13 @@ class EmulatedDevice final : public Device {
   void write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) override;
   void delay_async(std::uint32_t microseconds, StreamHandle s) override;
 
+  // Takes [p, p + bytes), memory the caller owns, as this device's memory until
+  // release_device_memory(p): a runtime that runs without a GPU allocates its "GPU" caches in
+  // host memory, and the emulated device then serves them as it serves its own allocations.
+  // Throws gfd::Error(kInvalidArgument) where the range overlaps memory already known here.
+  void adopt_device_memory(void* p, std::size_t bytes);
+  void release_device_memory(void* p) noexcept;
+
   // Leaves the sticky error state of an injected fault (a fresh context, as it were).
   void clear_fault();
   // The injected fault's message, or "" when none is in force.

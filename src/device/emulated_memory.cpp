@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
 
 #include <sys/mman.h>
 
@@ -99,6 +100,28 @@ void EmulatedDevice::free_device(void* p) noexcept {
     registry().erase(it);
   }
   munmap(p, device_reservation(bytes));
+}
+
+void EmulatedDevice::adopt_device_memory(void* p, std::size_t bytes) {
+  const auto api = api_call();
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  if (p == nullptr || bytes == 0 || a > UINTPTR_MAX - bytes)
+    throw Error(ErrorCode::kInvalidArgument, "emulated device: adopting " + std::to_string(bytes) +
+                                                 " bytes at " + std::to_string(a) + ": not a memory range");
+  std::unique_lock lk(registry_mutex());
+  auto& r = registry();
+  auto it = r.lower_bound(a);
+  const bool after = it != r.end() && it->first < a + bytes;
+  const bool before = it != r.begin() && std::prev(it)->second.end > a;
+  if (after || before)
+    throw Error(ErrorCode::kInvalidArgument,
+                "emulated device: the range to adopt overlaps device or pinned memory already known to it");
+  r[a] = {a + bytes, PointerKind::kDevice, ordinal_};
+}
+
+void EmulatedDevice::release_device_memory(void* p) noexcept {
+  std::unique_lock lk(registry_mutex());
+  registry().erase(reinterpret_cast<std::uintptr_t>(p));
 }
 
 void EmulatedDevice::register_host(void* p, std::size_t bytes) {
