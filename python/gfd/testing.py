@@ -76,13 +76,14 @@ class AdoptedMemory:
     :func:`adopt_device_memory`), until :meth:`release`."""
 
     def __init__(self, engine: Engine, ptr: int, nbytes: int, owner: Any) -> None:
-        _t.adopt_device_memory(engine._core, ptr, nbytes)
-        self._engine, self.ptr, self.nbytes, self._owner = engine, ptr, nbytes, owner
+        self._release = _t.adopt_device_memory(engine._core, ptr, nbytes)
+        self.ptr, self.nbytes, self._owner = ptr, nbytes, owner
 
     def release(self) -> None:
-        if self._engine is not None:
-            _t.release_device_memory(self._engine._core, self.ptr)
-            self._engine = self._owner = None
+        """Gives the memory back to the host (also after the engine has closed). Idempotent."""
+        if self._release is not None:
+            self._release()
+            self._release = self._owner = None
 
     def __del__(self) -> None:
         try:

@@ -1,4 +1,4 @@
-"""gfd inside vLLM: an offloading spec that vLLM's ``OffloadingConnector`` loads by configuration.
+"""gfd inside vLLM: offloading specs that vLLM's ``OffloadingConnector`` loads by configuration.
 
 ::
 
@@ -6,32 +6,40 @@
       "kv_connector_extra_config":{"spec_name":"GfdOffloadingSpec","spec_module_path":"gfd.vllm",
       "cpu_bytes_to_use":68719476736}}'
 
-The spec is vLLM's CPU spec on the scheduler side (sizing, manager, load and store specs, all
-unchanged); its worker moves every job as ONE gfd transfer of all the job's (block, layer) pages on
-caches registered once (:class:`gfd.kv_worker.KVTransferWorker`, which holds the logic and does not
-import vLLM). Keys of ``kv_connector_extra_config`` read here, beside the CPU spec's own
-(``cpu_bytes_to_use``, ``eviction_policy``, ...):
+``GfdOffloadingSpec`` is vLLM's CPU spec and ``GfdTieringOffloadingSpec`` vLLM's tiering spec
+(``secondary_tiers``: ``fs``, ``obj``, ``p2p`` or out-of-tree tiers below the CPU tier), each with
+gfd's worker for the GPU hop. Everything else is vLLM's, unchanged: sizing, the scheduler-side
+manager, eviction, the secondary tiers, and the host memory itself: the worker moves blocks
+between the GPU caches and vLLM's ``SharedOffloadRegion`` (one mmap region per engine, pinned by
+vLLM, each rank's cell or the shared canonical area), registered with gfd once. So vLLM's modes
+work as they do with vLLM's own worker: one host copy of a pure-MLA model under TP
+(``replicated_layout``: vLLM's connector lets rank 0 write), ``canonical_layout`` (pages free of
+the parallel layout; each rank moves its share as fragments, ranks holding identical bytes taking
+turns to write them), hybrid groups, packed layouts (one region per block). Each job is issued in
+the ``submit_load`` / ``submit_store`` call (:class:`gfd.kv_worker.KVTransferWorker`).
+
+Keys of ``kv_connector_extra_config`` read here, beside vLLM's own (``cpu_bytes_to_use``,
+``block_size``, ``eviction_policy``, ``secondary_tiers``, ``canonical_layout``, ...):
 
 - ``gfd_options``: a dict of gfd.Engine options (see ``gfd.option_names``), applied over the
   GFD_* environment variables.
-- ``gfd_host_memory``: ``"pool"`` (default: gfd.HostPools, huge pages on the GPU's NUMA node,
-  pinned) or ``"torch"`` (pinned torch tensors, as vLLM's CPU worker allocates).
-- ``gfd_host_layout``: ``"block"`` (a host row holds one GPU block's page of every tensor side
-  by side, so a job's host side is one contiguous run per block, which the copy engine moves in
-  place with no CPU copy) or ``"tensor"`` (vLLM's CPU layout, one
-  host array per tensor). Default: ``"block"`` up to 64 GiB of host memory per worker (one
-  pinned allocation), ``"tensor"`` above. With vLLM 0.33's GPU caches (every layer in one
-  allocation at a constant stride) each block of a job is then one 2D copy of all its layers:
-  on the H200 32 KiB pages loaded at 89% of the line rate and 8 KiB pages at 74%, with no SM
-  (vLLM's own path: 36% and 6%; docs/performance.md).
+- ``gfd_host_memory``: ``"vllm"`` (default: vLLM's shared region) or ``"pool"`` (gfd's own
+  per-rank memory, huge pages on the GPU's NUMA node: no sharing between ranks, so no
+  ``replicated_layout``, ``canonical_layout`` or tiering; ``gfd_host_layout`` ``"block"`` (default)
+  or ``"tensor"`` picks its layout).
 
-The only module of the package that imports vLLM.
+Without a GPU (a CI job checking a configuration), ``GFD_EMULATED_DEVICE=1`` runs the worker on
+gfd's emulated device: vLLM's KV caches, CPU tensors there, serve as the emulated GPU's memory,
+and every transfer goes through gfd's whole pipeline (see :mod:`gfd.testing`).
+
+The only module of the package that imports vLLM; written against vLLM 0.33.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
+import vllm
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     GPULoadStoreSpec,
@@ -39,24 +47,41 @@ from vllm.v1.kv_offload.base import (
     OffloadingWorker,
     TransferResult,
 )
+from vllm.v1.kv_offload.config import OffloadingConfig
+from vllm.v1.kv_offload.cpu import spec as _cpu_spec
+from vllm.v1.kv_offload.cpu.gpu_worker import pin_mmap_region
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+from vllm.utils.torch_utils import PIN_MEMORY
 
-from . import Engine
+from . import Engine, _error, testing
 from .kv_worker import KVTransferWorker
 
-__all__ = ["GfdOffloadingSpec", "GfdOffloadingWorker", "engine_factory"]
+__all__ = ["GfdOffloadingSpec", "GfdTieringOffloadingSpec", "GfdOffloadingWorker"]
+
+_HOST_MEMORY = ("vllm", "pool")
 
 
-def _default_engine(device: int, options: dict) -> Engine:
-    return Engine.from_env(device=device, **options)
+def _host_memory(extra: Any) -> str:
+    value = (extra or {}).get("gfd_host_memory", "vllm")
+    if value not in _HOST_MEMORY:
+        raise _error(f"kv_connector_extra_config: gfd_host_memory: expected one of {_HOST_MEMORY}, got {value!r}")
+    return value
 
 
-#: The largest host memory the default "block" layout takes as one pinned allocation.
-_MAX_BLOCK_LAYOUT_BYTES = 64 << 30
+def _needs(module: Any, name: str) -> Any:
+    """A name of vLLM's that the worker builds on, or a clear error naming it and the version."""
+    value = getattr(module, name, None)
+    if value is None:
+        raise _error(f"gfd.vllm: vLLM {vllm.__version__} has no {getattr(module, '__name__', module)}.{name}; "
+                     "gfd.vllm is written against vLLM 0.33")
+    return value
 
-#: Makes the worker's engine from (device, gfd_options). Replaceable (tests put the emulated
-#: device behind it).
-engine_factory: Callable[[int, dict], Engine] = _default_engine
+
+def _torch() -> Any:
+    import sys
+    return sys.modules.get("torch")
 
 
 def _block_rows(tensor: Any, page: int) -> Any:
@@ -69,11 +94,6 @@ def _block_rows(tensor: Any, page: int) -> Any:
     return tensor  # a DLPack or CUDA-array-interface object: 2-D (blocks, page) bytes already
 
 
-def _torch() -> Any:
-    import sys
-    return sys.modules.get("torch")
-
-
 def _device_of(tensor: Any) -> int:
     torch = _torch()
     if torch is not None and isinstance(tensor, torch.Tensor) and tensor.is_cuda:
@@ -81,25 +101,96 @@ def _device_of(tensor: Any) -> int:
     return 0
 
 
-class GfdOffloadingWorker(OffloadingWorker):
-    """vLLM's worker contract on a :class:`KVTransferWorker`: submit_store / submit_load queue one
-    gfd transfer and return at once; get_finished reports the done ones."""
+def _engine(device: int, options: dict, gpu: list) -> tuple:
+    """The worker's engine, and the host memory the emulated device adopted (GFD_EMULATED_DEVICE:
+    vLLM's "GPU" caches are CPU tensors there)."""
+    emulated = testing.emulated_device_settings()
+    if emulated is None:
+        return Engine.from_env(device=device, **options), []
+    engine = testing.emulated_engine(**emulated, **options)
+    adopted, seen = [], set()
+    torch = _torch()
+    try:
+        for t in gpu:
+            if torch is None or not isinstance(t, torch.Tensor) or t.is_cuda:
+                continue
+            storage = t.untyped_storage()
+            if storage.data_ptr() in seen or testing.pointer_kind(engine, t.data_ptr()) == "device":
+                continue
+            seen.add(storage.data_ptr())
+            adopted.append(testing.adopt_device_memory(engine, storage.data_ptr(), storage.nbytes(), storage))
+    except BaseException:
+        for a in adopted:
+            a.release()
+        engine.close()
+        raise
+    return engine, adopted
 
-    def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_chunks: int,
-                 extra_config: Optional[dict] = None) -> None:
-        extra = dict(extra_config or {})
+
+def _mappings(kv_caches: CanonicalKVCaches) -> list:
+    """Per tensor, the canonical mapping of its refs (every ref of a tensor must have the same),
+    or a clear refusal where vLLM could not certify a layer."""
+    per_tensor: list = [None] * len(kv_caches.tensors)
+    for refs in kv_caches.group_data_refs:
+        for r in refs:
+            if r.mapping is None:
+                raise _error("kv_connector_extra_config: canonical_layout: vLLM could not certify this KV cache "
+                             "layout for canonical pages (the offload workers must be exactly the TP group; "
+                             "packed and cross-layer layouts are not supported); remove canonical_layout")
+            m = per_tensor[r.tensor_idx]
+            if m is not None and m != r.mapping:
+                raise _error(f"kv_connector_extra_config: canonical_layout: layers sharing KV tensor {r.tensor_idx} "
+                             "map its pages differently; remove canonical_layout")
+            per_tensor[r.tensor_idx] = r.mapping
+    return per_tensor
+
+
+def _fragments(mapping: Any) -> list:
+    """A mapping's runs unrolled into (gpu_offset, host_offset, size), fragments contiguous on
+    both sides merged."""
+    out: list = []
+    for run in mapping.runs:
+        for i in range(run.num_fragments):
+            go, ho = run.local_offset + i * run.local_stride, run.canonical_offset + i * run.canonical_stride
+            if out and out[-1][0] + out[-1][2] == go and out[-1][1] + out[-1][2] == ho:
+                out[-1] = (out[-1][0], out[-1][1], out[-1][2] + run.fragment_size)
+            else:
+                out.append((go, ho, run.fragment_size))
+    return out
+
+
+def _region(spec: CPUOffloadingSpec) -> SharedOffloadRegion:
+    """vLLM's shared region for this rank, made as vLLM's own spec makes it for its worker."""
+    cfg = spec.config
+    rank = 0 if spec.replicated_layout else cfg.parallel.rank
+    common = dict(num_chunks=spec.num_chunks, rank=rank, kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
+                  cpu_page_size=spec.cpu_page_size_per_worker)
+    if isinstance(spec, TieringOffloadingSpec):
+        # The scheduler made the region (its secondary tiers read it); the worker joins it.
+        return SharedOffloadRegion(engine_id=cfg.engine_id, **common)
+    shard = (cfg.parallel.rank, cfg.parallel.world_size) if spec.replicated_layout else None
+    return SharedOffloadRegion(engine_id=cfg.engine_id, barrier=_needs(_cpu_spec, "_all_workers_barrier"),
+                               num_segments=_needs(_cpu_spec, "_REGION_SEGMENTS"), populate_shard=shard, **common)
+
+
+class GfdOffloadingWorker(OffloadingWorker):
+    """vLLM's worker contract on a :class:`KVTransferWorker`: submit_store / submit_load issue
+    one job in the call and return; get_finished reports the done ones."""
+
+    def __init__(self, spec: CPUOffloadingSpec, kv_caches: CanonicalKVCaches) -> None:
+        extra = dict(spec.extra_config)
         options = dict(extra.get("gfd_options") or {})
-        host_memory = str(extra.get("gfd_host_memory", "pool"))
+        host_memory = _host_memory(extra)
+        canonical = bool(spec.config.canonical_layout)
+        bpc, chunks = spec.blocks_per_chunk, spec.num_chunks
+        if chunks <= 0:
+            raise _error(f"kv_connector_extra_config: cpu_bytes_to_use: {extra.get('cpu_bytes_to_use')} bytes hold "
+                         f"no chunk of {spec.kv_bytes_per_chunk} bytes")
+        if canonical and host_memory != "vllm":
+            raise _error("kv_connector_extra_config: canonical_layout needs vLLM's shared region; "
+                         "gfd_host_memory 'pool' keeps per-rank memory (remove one of the two)")
         tensors = [_block_rows(t.tensor, t.page_size_bytes) for t in kv_caches.tensors]
-        host_layout = extra.get("gfd_host_layout")
-        if host_layout is None:
-            # The block layout is one pinned allocation of every tensor's pages; above
-            # _MAX_BLOCK_LAYOUT_BYTES (vLLM registers host memory in pieces no larger, to stay
-            # clear of driver limits) the per-tensor layout keeps each allocation small.
-            total = num_chunks * blocks_per_chunk * sum(int(t.page_size_bytes) for t in kv_caches.tensors)
-            host_layout = "block" if total <= _MAX_BLOCK_LAYOUT_BYTES else "tensor"
-        host_layout = str(host_layout)
-        groups = [[r.tensor_idx for r in refs] for refs in kv_caches.group_data_refs]
+        groups = [sorted({r.tensor_idx for r in refs}) for refs in kv_caches.group_data_refs]
         # A job moves each page's unpadded bytes (what vLLM's worker copies); a tensor shared by
         # several layers moves the most any of them uses.
         copy = [0] * len(tensors)
@@ -107,23 +198,46 @@ class GfdOffloadingWorker(OffloadingWorker):
             for r in refs:
                 copy[r.tensor_idx] = max(copy[r.tensor_idx], int(r.page_size_bytes))
         copy = [c if c > 0 else int(t.page_size_bytes) for c, t in zip(copy, kv_caches.tensors)]
-        self.engine = engine_factory(_device_of(tensors[0]) if tensors else 0, options)
+        self._region: Optional[SharedOffloadRegion] = None
+        self.engine, self._adopted = _engine(_device_of(tensors[0]) if tensors else 0, options, tensors)
         try:
-            self.core = KVTransferWorker(self.engine, tensors, [sorted(set(g)) for g in groups],
-                                         blocks_per_chunk, num_chunks, host_memory=host_memory,
-                                         host_layout=host_layout, copy_bytes=copy)
+            if host_memory == "pool":
+                layout = str(extra.get("gfd_host_layout", "block"))
+                self.core = KVTransferWorker(self.engine, tensors, groups, bpc, chunks, host_memory="pool",
+                                             host_layout=layout, copy_bytes=copy)
+                return
+            mappings = _mappings(kv_caches) if canonical else [None] * len(tensors)
+            if canonical and isinstance(spec, TieringOffloadingSpec):
+                _needs(spec, "_validate_canonical_refs")(kv_caches)  # records portability for the tiers
+            self._region = _region(spec)
+            if PIN_MEMORY and not self.engine._emulated:
+                pin_mmap_region(self._region, worker_slot_only=not canonical)  # as vLLM's worker pins it
+            if canonical:
+                hosts = [self._region.create_next_canonical_view(m.canonical_page_size_bytes * bpc) for m in mappings]
+                fragments = [_fragments(m) for m in mappings]
+                writers = [(m.num_writers, m.writer_index) for m in mappings]
+            else:
+                hosts = [self._region.create_next_worker_view(t.page_size_bytes * bpc) for t in kv_caches.tensors]
+                fragments = writers = None
+            self.core = KVTransferWorker(self.engine, tensors, groups, bpc, chunks, host_caches=hosts,
+                                         copy_bytes=copy, fragments=fragments, writers=writers)
         except BaseException:
-            self.engine.close()
+            self._release()
             raise
 
+    @property
+    def region(self) -> Optional[SharedOffloadRegion]:
+        """vLLM's shared region the worker moves blocks to and from (None with ``"pool"``)."""
+        return self._region
+
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
-        """GPU -> CPU, after the work queued so far on the current stream. Does not block."""
+        """GPU -> CPU, after the work queued so far on the current stream. Enqueued in the call."""
         return self.core.submit(job_id, False, dst_spec.block_ids, src_spec.block_ids,
                                 src_spec.group_sizes, src_spec.block_indices)
 
     def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
                     expedited: bool = False) -> bool:
-        """CPU -> GPU, after the work queued so far on the current stream. Does not block."""
+        """CPU -> GPU, after the work queued so far on the current stream. Enqueued in the call."""
         return self.core.submit(job_id, True, src_spec.block_ids, dst_spec.block_ids,
                                 dst_spec.group_sizes, dst_spec.block_indices, expedited=expedited)
 
@@ -136,22 +250,46 @@ class GfdOffloadingWorker(OffloadingWorker):
 
     def shutdown(self) -> None:
         try:
-            self.core.shutdown()
+            core = getattr(self, "core", None)
+            if core is not None:
+                core.shutdown()
         finally:
-            self.engine.close()
+            self._release()
+
+    def _release(self) -> None:
+        self.engine.close()  # waits for every transfer: the adopted memory is then free to go
+        for a in self._adopted:
+            a.release()
+        self._adopted = []
+        if self._region is not None:
+            self._region.cleanup()
+            self._region = None
 
 
-class GfdOffloadingSpec(CPUOffloadingSpec):
-    """vLLM's CPU offloading spec with gfd's worker: ``spec_name`` GfdOffloadingSpec,
-    ``spec_module_path`` gfd.vllm."""
+class _GfdWorker:
+    """gfd's worker under one of vLLM's specs (a mixin placed before the spec)."""
 
     def _uses_shared_region(self) -> bool:
-        # The worker allocates its host caches itself (a HostPool or pinned tensors, one copy
-        # per worker): no shared mmap region, so no single-copy (replicated) layout either.
-        return False
+        return _host_memory(self.extra_config) == "vllm"
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if self._worker is None:
-            self._worker = GfdOffloadingWorker(kv_caches, self.blocks_per_chunk, self.num_chunks,
-                                               dict(self.extra_config))
+            self._worker = GfdOffloadingWorker(self, kv_caches)
         return self._worker
+
+
+class GfdOffloadingSpec(_GfdWorker, CPUOffloadingSpec):
+    """vLLM's CPU offloading spec with gfd's worker: ``spec_name`` GfdOffloadingSpec,
+    ``spec_module_path`` gfd.vllm."""
+
+
+class GfdTieringOffloadingSpec(_GfdWorker, TieringOffloadingSpec):
+    """vLLM's tiering spec (a CPU primary tier and vLLM's secondary tiers below it) with gfd's
+    worker for the GPU hop: ``spec_name`` GfdTieringOffloadingSpec, ``spec_module_path``
+    gfd.vllm."""
+
+    def __init__(self, config: OffloadingConfig) -> None:
+        if _host_memory(config.extra_config) != "vllm":
+            raise _error("kv_connector_extra_config: gfd_host_memory: the secondary tiers read vLLM's shared "
+                         "region; GfdTieringOffloadingSpec takes only 'vllm'")
+        super().__init__(config)

@@ -112,13 +112,10 @@ void register_testing(py::module_& m, py::class_<PyEngine>& engine_class) {
     if (!h->emulated) bad_argument("adopt_device_memory: the engine is not on the emulated device");
     const std::uint64_t p = address(ptr, "adopt_device_memory: ptr");
     const std::uint64_t n = uint_arg(bytes, "adopt_device_memory: nbytes", UINTPTR_MAX);
-    static_cast<detail::EmulatedDevice&>(device_of(*h)).adopt_device_memory(reinterpret_cast<void*>(p), n);
-  });
-  t.def("release_device_memory", [](PyEngine& e, py::handle ptr) {
-    auto h = e.holder();
-    if (!h->emulated) bad_argument("release_device_memory: the engine is not on the emulated device");
-    const std::uint64_t p = address(ptr, "release_device_memory: ptr");
-    static_cast<detail::EmulatedDevice&>(device_of(*h)).release_device_memory(reinterpret_cast<void*>(p));
+    auto dev = std::static_pointer_cast<detail::EmulatedDevice>(device_ptr(*h));
+    dev->adopt_device_memory(reinterpret_cast<void*>(p), n);
+    // The release holds the device, not the engine: it works after the engine has closed.
+    return py::cpp_function([dev, p] { dev->release_device_memory(reinterpret_cast<void*>(p)); });
   });
   t.def("create_stream", [](PyEngine& e) {
     auto h = e.holder();

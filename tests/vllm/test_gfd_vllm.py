@@ -53,6 +53,7 @@ from vllm.v1.kv_offload.base import (CanonicalKVCaches, CanonicalKVCacheTensor, 
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 
+import gfd  # noqa: E402
 import gfd.vllm as gfd_vllm  # noqa: E402 - an error, never a skip: the package under test
 from gfd import testing  # noqa: E402
 
@@ -72,9 +73,9 @@ SMALL = dict(staging_bytes=1 << 20, slot_bytes=256 << 10, first_chunk_bytes=64 <
              gather_threads=2, copy_streams=2, spin_us=20)
 
 
-def config_json(extra):
+def config_json(extra, spec="GfdOffloadingSpec"):
     return json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-                       "kv_connector_extra_config": {"spec_name": "GfdOffloadingSpec", "spec_module_path": "gfd.vllm",
+                       "kv_connector_extra_config": {"spec_name": spec, "spec_module_path": "gfd.vllm",
                                                      "cpu_bytes_to_use": CPU_BYTES, **extra}})
 
 
@@ -85,9 +86,9 @@ def model_dir(tmp_path_factory):
     return d
 
 
-def vllm_config(model_dir, extra):
+def vllm_config(model_dir, extra, spec="GfdOffloadingSpec"):
     # As vLLM's CLI parses --kv-transfer-config (EngineArgs: TypeAdapter(...).validate_json).
-    kv = TypeAdapter(KVTransferConfig).validate_json(config_json(extra))
+    kv = TypeAdapter(KVTransferConfig).validate_json(config_json(extra, spec))
     model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=128)
     return VllmConfig(model_config=model, device_config=DeviceConfig("cpu"),
                       cache_config=CacheConfig(block_size=TOKENS), kv_transfer_config=kv)
@@ -107,19 +108,27 @@ def kv_cache_config(topology):
                          kv_cache_groups=groups)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def world(tmp_path_factory):
+    """vLLM's world group of this one worker process (gloo), as vLLM's worker sets it up: the
+    CPU spec's shared region waits on it."""
+    from vllm.distributed import parallel_state as ps
+    if ps._WORLD is None:
+        init = f"file://{tmp_path_factory.mktemp('dist')}/init"
+        ps.init_distributed_environment(world_size=1, rank=0, distributed_init_method=init, local_rank=0,
+                                        backend="gloo")
+    yield
+
+
 class Stack:
-    """One OffloadingConnector per role, as vLLM builds them, the worker's caches registered."""
+    """One OffloadingConnector per role, as vLLM builds them, the worker's caches registered
+    through vLLM's register_kv_caches: CPU tensors, which gfd's emulated device
+    (GFD_EMULATED_DEVICE) serves as GPU memory."""
 
-    def __init__(self, model_dir, monkeypatch, topology="one_group", extra=None, **engine_options):
-        self.engine = testing.emulated_engine(**{**SMALL, **engine_options})
-        self.factory_calls = []
-
-        def factory(device, options):
-            self.factory_calls.append((device, dict(options)))
-            return self.engine
-
-        monkeypatch.setattr(gfd_vllm, "engine_factory", factory)
-        self.vllm_config = vllm_config(model_dir, dict(extra or {}))
+    def __init__(self, model_dir, monkeypatch, topology="one_group", extra=None, emulated="1", spec="GfdOffloadingSpec"):
+        monkeypatch.setenv("GFD_EMULATED_DEVICE", emulated)
+        extra = {"gfd_options": SMALL, **dict(extra or {})}
+        self.vllm_config = vllm_config(model_dir, extra, spec)
         kcc = kv_cache_config(topology)
         self.scheduler = KVConnectorFactory.create_connector(self.vllm_config, KVConnectorRole.SCHEDULER, kcc)
         self.conn = KVConnectorFactory.create_connector(self.vllm_config, KVConnectorRole.WORKER, kcc)
@@ -127,33 +136,28 @@ class Stack:
         self.spec = self.conn.connector_worker.spec
         self.bpc = self.spec.blocks_per_chunk
         rng = np.random.default_rng(7)
-        self.bufs = [testing.device_buffer(self.engine, (NUM_BLOCKS, PAGE), "int8") for _ in range(2)]
-        self.gpu = [np.asarray(b) for b in self.bufs]
+        # The KV caches as vLLM's GPU model runner lays them out: per tensor (B, 2, H, N, C)
+        # fp16 views of one byte allocation; hybrid: layer i of each group on tensor i.
+        self.gpu_tensors = [torch.empty((NUM_BLOCKS, PAGE), dtype=torch.int8) for _ in range(2)]
+        self.gpu = [t.numpy() for t in self.gpu_tensors]
         for g in self.gpu:
             g[:] = rng.integers(-128, 128, g.shape, dtype=np.int8)
-        # vLLM's register_kv_caches on (B, H, N, C) fp16 views; hybrid: layer i of each group on tensor i.
-        views = [torch.from_numpy(g).view(torch.float16).view(NUM_BLOCKS, 2, TOKENS, 32) for g in self.gpu]
+        views = [t.view(torch.float16).view(NUM_BLOCKS, 2, TOKENS, 2, 16) for t in self.gpu_tensors]
         layer_views = {name: views[t] for g in kcc.kv_cache_groups for t, name in enumerate(g.layer_names)}
-        worker = self.conn.connector_worker
-        captured = []
-        worker._init_worker = captured.append
         self.conn.register_kv_caches(layer_views)
-        del worker._init_worker
-        (canonical,) = captured
-        by_address = {g.ctypes.data: b for g, b in zip(self.gpu, self.bufs)}
-        tensors = []
-        for t in canonical.tensors:
-            assert t.tensor.dtype == torch.int8 and tuple(t.tensor.shape) == (NUM_BLOCKS, PAGE)
-            assert t.tensor.stride() == (PAGE, 1) and t.page_size_bytes == PAGE
-            tensors.append(CanonicalKVCacheTensor(by_address[t.tensor.data_ptr()], t.page_size_bytes))
-        self.groups = [sorted({r.tensor_idx for r in refs}) for refs in canonical.group_data_refs]
-        worker._init_worker(CanonicalKVCaches(tensors, canonical.group_data_refs))  # spec.get_worker
-        self.worker = worker.worker
+        self.worker = self.conn.connector_worker.worker
         assert isinstance(self.worker, gfd_vllm.GfdOffloadingWorker)
-        # Per tensor, the host pages as (chunks * bpc, page) rows (row c * bpc + j: sub-block j of chunk c).
-        self.host = [np.asarray(self.worker.core.host_rows(t)) for t in range(len(tensors))]
+        self.engine = self.worker.engine
+        assert self.engine._emulated
+        self.groups = [list(g) for g in self.worker.core._groups]
+        # Per tensor, the host pages as (chunks, bpc, page): [c, j] is sub-block j of chunk c.
+        self.host = [self.worker.core.host_pages(t) for t in range(len(self.gpu))]
         self.ctx = ReqContext(req_id="req-0")
         self.manager.on_new_request(self.ctx)
+
+    def host_page(self, t, row):
+        """Host page ``row`` (chunk * bpc + sub-block) of tensor t."""
+        return self.host[t][row // self.bpc, row % self.bpc]
 
     def step(self, load_jobs=None, store_jobs=None, flush=None):
         """One engine step of the worker side, in the model runner's order."""
@@ -199,9 +203,10 @@ class Stack:
         return keys, gpu, cpu, rows
 
     def expect_host(self, rows, before):
+        """``before`` (per tensor, a copy of the host pages) with a store of ``rows`` applied."""
         for g, b, row in rows:
             for t in self.groups[g]:
-                before[t][row] = self.gpu[t][b]
+                before[t][row // self.bpc, row % self.bpc] = self.gpu[t][b]
         return before
 
 
@@ -248,13 +253,23 @@ def test_config_resolves_to_the_gfd_spec_in_both_roles(model_dir, extra, bpc):
     assert (wspec.blocks_per_chunk, wspec.num_chunks) == (bpc, spec.num_chunks)
 
 
-@pytest.mark.parametrize("layout", ["tensor", "block"])
+HOST_MEMORY = {"region": {}, "pool-block": {"gfd_host_memory": "pool"},
+               "pool-tensor": {"gfd_host_memory": "pool", "gfd_host_layout": "tensor"}}
+
+
+@pytest.mark.parametrize("memory", list(HOST_MEMORY))
 @pytest.mark.parametrize("topology", ["one_group", "hybrid"])
 @pytest.mark.parametrize("extra", [{}, {"block_size": 4 * TOKENS}], ids=["bpc1", "bpc4"])
-def test_store_then_load_back_through_the_connector(model_dir, monkeypatch, topology, extra, layout):
-    s = Stack(model_dir, monkeypatch, topology,
-              {**extra, "gfd_options": {"gather_threads": 2}, "gfd_host_layout": layout})
-    assert s.factory_calls == [(0, {"gather_threads": 2})] and s.worker.core.host_layout == layout
+def test_store_then_load_back_through_the_connector(model_dir, monkeypatch, topology, extra, memory):
+    s = Stack(model_dir, monkeypatch, topology, {**extra, **HOST_MEMORY[memory]})
+    if memory == "region":  # the host pages are vLLM's region: this rank's cell of each row
+        region = s.worker.region
+        assert region is not None and s.worker.core.host_layout == "tensor"
+        base = region.base_tensor.data_ptr()
+        assert s.host[0].ctypes.data == base and s.host[0].strides[0] == region._row_stride
+        assert s.host[1].ctypes.data == base + PAGE * s.bpc
+    else:
+        assert s.worker.region is None
     assert s.groups == [[0, 1]] * (2 if topology == "hybrid" else 1)
     stores, loads, store_ranges, load_ranges = tables_for(s, np.random.default_rng(s.bpc))
     keys, gpu_spec, cpu_spec, rows = s.job(stores, store_ranges, store=True)
@@ -277,7 +292,7 @@ def test_store_then_load_back_through_the_connector(model_dir, monkeypatch, topo
     expect = [g.copy() for g in s.gpu]
     for g, b, row in rows:
         for t in s.groups[g]:
-            expect[t][b] = s.host[t][row]
+            expect[t][b] = s.host_page(t, row)
     recving, meta = s.step(load_jobs={2: TransferJob("req-0", cpu_spec, gpu_spec)})
     s.worker.wait({2})
     recving2, meta2 = s.step()
@@ -299,7 +314,7 @@ def test_store_then_load_back_through_the_connector(model_dir, monkeypatch, topo
 
 def test_jobs_in_flight_then_done(model_dir, monkeypatch):
     delay = 200_000  # us per emulated copy: a job stays in flight at least that long
-    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, copy_delay_us=delay)
+    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, emulated=f"copy_delay_us={delay}")
     stores = tables_for(s, np.random.default_rng(3))[0]
     first = s.job(stores, [(0, 4)], store=True, salt="x")
     second = s.job(stores, [(4, 12)], store=True, salt="y")
@@ -319,12 +334,12 @@ def test_jobs_in_flight_then_done(model_dir, monkeypatch):
     assert s.worker.get_finished() == []  # each result once
     for g, b, row in first[3] + second[3]:
         for t in s.groups[g]:
-            assert np.array_equal(s.host[t][row], s.gpu[t][b]), f"host cache {t}, row {row}"
+            assert np.array_equal(s.host_page(t, row), s.gpu[t][b]), f"host cache {t}, row {row}"
     s.worker.shutdown()
 
 
 def test_sync_load_is_expedited_and_waited_within_the_step(model_dir, monkeypatch):
-    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, copy_delay_us=50_000)
+    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, emulated="copy_delay_us=50000")
     stores, loads, store_ranges, load_ranges = tables_for(s, np.random.default_rng(4))
     keys, gpu_spec, cpu_spec, rows = s.job(stores, store_ranges, store=True)
     assert s.step(flush={1}, store_jobs={1: TransferJob("req-0", gpu_spec, cpu_spec)})[1].completed_jobs == {1: 1}
@@ -336,13 +351,13 @@ def test_sync_load_is_expedited_and_waited_within_the_step(model_dir, monkeypatc
     assert meta.completed_jobs == {5: 1} and not recving
     for g, b, row in rows:
         for t in s.groups[g]:
-            assert np.array_equal(s.gpu[t][b], s.host[t][row])
+            assert np.array_equal(s.gpu[t][b], s.host_page(t, row))
     s.conn.shutdown()
 
 
 @pytest.mark.parametrize("fault", ["copy_d2h", "copy_h2d"])
 def test_device_fault_is_a_failed_job(model_dir, monkeypatch, fault):
-    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, fault=fault)
+    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, emulated=f"fault={fault}")
     stores, loads, store_ranges, load_ranges = tables_for(s, np.random.default_rng(5))
     keys, gpu_spec, cpu_spec, _ = s.job(stores, store_ranges, store=True)
     assert s.worker.submit_store(1, gpu_spec, cpu_spec) is True  # never raises for a device fault
@@ -365,11 +380,12 @@ def test_device_fault_is_a_failed_job(model_dir, monkeypatch, fault):
 
 
 def test_shutdown_with_jobs_in_flight(model_dir, monkeypatch):
-    s = Stack(model_dir, monkeypatch, "one_group", {}, copy_delay_us=100_000)
+    s = Stack(model_dir, monkeypatch, "one_group", {}, emulated="copy_delay_us=100000")
     stores = tables_for(s, np.random.default_rng(6))[0]
     jobs = [s.job(stores, [(p, p + 1)], store=True, salt=f"s{p}") for p in range(3)]
     for j, (_, gpu_spec, cpu_spec, _) in enumerate(jobs):
         assert s.worker.submit_store(j, gpu_spec, cpu_spec)
+    keep = s.worker.region.base_tensor  # keeps vLLM's region mapped after shutdown, to read it
     th = threading.Thread(target=s.conn.shutdown, daemon=True)  # the connector's: the worker's
     th.start()
     th.join(120)  # a guard against a hang only
@@ -379,15 +395,15 @@ def test_shutdown_with_jobs_in_flight(model_dir, monkeypatch):
     for _, _, _, rows in jobs:
         for _, b, row in rows:
             for t in s.groups[0]:
-                assert np.array_equal(s.host[t][row], s.gpu[t][b])
+                assert np.array_equal(s.host_page(t, row), s.gpu[t][b])
     s.worker.shutdown()  # idempotent
+    del keep
 
 
-@pytest.mark.parametrize("limit,layout", [(1 << 40, "block"), (1, "tensor")])
-def test_default_host_layout_is_block_up_to_the_allocation_limit(model_dir, monkeypatch, limit, layout):
-    """Without gfd_host_layout the worker lays host memory out block-major (one pinned
-    allocation) up to gfd.vllm's limit, vLLM's per-tensor way above it."""
-    monkeypatch.setattr(gfd_vllm, "_MAX_BLOCK_LAYOUT_BYTES", limit)
-    s = Stack(model_dir, monkeypatch, "one_group", {})
-    assert s.worker.core.host_layout == layout
-    s.worker.shutdown()
+def test_unsupported_combinations_are_refused_naming_the_key(model_dir, monkeypatch):
+    with pytest.raises(gfd.Error, match="gfd_host_memory: expected one of \\('vllm', 'pool'\\), got 'mmap'"):
+        Stack(model_dir, monkeypatch, "one_group", {"gfd_host_memory": "mmap"})
+    with pytest.raises(gfd.Error, match="canonical_layout needs vLLM's shared region"):
+        Stack(model_dir, monkeypatch, "one_group", {"gfd_host_memory": "pool", "canonical_layout": True})
+    with pytest.raises(gfd.Error, match="GfdTieringOffloadingSpec takes only 'vllm'"):
+        Stack(model_dir, monkeypatch, "one_group", {"gfd_host_memory": "pool"}, spec="GfdTieringOffloadingSpec")
