@@ -21,6 +21,7 @@ GFD_REQUIRE_VLLM=1: without vLLM this module then fails instead of skipping.
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 
@@ -48,8 +49,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config  # noqa: E402
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,  # noqa: E402
                                         KVCacheTensor, SlidingWindowSpec)
-from vllm.v1.kv_offload.base import (CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec,  # noqa: E402
-                                     LookupResult, ReqContext, TransferResult, make_offload_key)
+from vllm.v1.kv_offload.base import (GPULoadStoreSpec, LookupResult, ReqContext,  # noqa: E402
+                                     ScheduleEndContext, TransferResult, make_offload_key)
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 
@@ -407,3 +408,97 @@ def test_unsupported_combinations_are_refused_naming_the_key(model_dir, monkeypa
         Stack(model_dir, monkeypatch, "one_group", {"gfd_host_memory": "pool", "canonical_layout": True})
     with pytest.raises(gfd.Error, match="GfdTieringOffloadingSpec takes only 'vllm'"):
         Stack(model_dir, monkeypatch, "one_group", {"gfd_host_memory": "pool"}, spec="GfdTieringOffloadingSpec")
+
+
+def test_a_job_reaches_gfd_within_the_submit_call(model_dir, monkeypatch):
+    """No thread stands between submit_store / submit_load and gfd: the transfer is enqueued
+    when the call returns, though no other thread could have run meanwhile (the switch interval
+    is far longer than the test, so a caller busy in Python keeps the interpreter)."""
+    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, emulated="copy_delay_us=20000")
+    stores, loads, store_ranges, load_ranges = tables_for(s, np.random.default_rng(8))
+    keys, gpu_spec, cpu_spec, rows = s.job(stores, store_ranges, store=True)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        before = s.engine.stats()["transfers"]
+        assert s.worker.submit_store(1, gpu_spec, cpu_spec) is True
+        after = s.engine.stats()["transfers"]
+    finally:
+        sys.setswitchinterval(interval)
+    assert after > before, "the store was not enqueued by the time submit_store returned"
+    s.worker.wait({1})
+    assert [(r.job_id, r.success) for r in s.worker.get_finished()] == [(1, True)]
+    with s.manager.lock:
+        s.manager.complete_store(keys, s.ctx)
+    _, gpu_spec, cpu_spec, rows = s.job(loads, load_ranges, store=False)
+    sys.setswitchinterval(1000.0)
+    try:
+        before = s.engine.stats()["transfers"]
+        assert s.worker.submit_load(2, cpu_spec, gpu_spec) is True
+        after = s.engine.stats()["transfers"]
+    finally:
+        sys.setswitchinterval(interval)
+    assert after > before, "the load was not enqueued by the time submit_load returned"
+    s.worker.wait({2})
+    assert [(r.job_id, r.success) for r in s.worker.get_finished()] == [(2, True)]
+    for g, b, row in rows:
+        for t in s.groups[g]:
+            assert np.array_equal(s.gpu[t][b], s.host_page(t, row))
+    s.conn.shutdown()
+
+
+def poll(condition, what, manager=None, limit=60.0):
+    """Runs scheduler steps (on_schedule_end) until ``condition()``; a hang guard, not a time
+    threshold."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        if manager is not None:
+            with manager.lock:
+                manager.on_schedule_end(ScheduleEndContext((), ()))
+        assert time.monotonic() < deadline, f"{what}: nothing after {limit} s"
+        time.sleep(0.005)
+
+
+def test_fs_tier_below_gfds_cpu_tier_round_trip(model_dir, monkeypatch, tmp_path):
+    """GfdTieringOffloadingSpec with vLLM's fs tier: one instance stores through gfd into vLLM's
+    region, vLLM's tier writes the chunks to files; a second instance, its CPU tier empty,
+    finds them there, vLLM promotes them into its region, and gfd loads them onto its GPU."""
+    tiers = {"secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path / "kv"), "n_read_threads": 2,
+                                  "n_write_threads": 2}]}
+    a = Stack(model_dir, monkeypatch, "one_group", tiers, spec="GfdTieringOffloadingSpec")
+    assert isinstance(a.spec, gfd_vllm.GfdTieringOffloadingSpec) and a.worker.region is not None
+    n = 3 * a.bpc
+    table = [int(b) for b in np.random.default_rng(9).permutation(np.arange(1, NUM_BLOCKS))[:2 * n]]
+    keys, gpu_spec, cpu_spec, rows = a.job([table[:n]], [(0, n)], store=True)
+    assert a.step(flush={1}, store_jobs={1: TransferJob("req-0", gpu_spec, cpu_spec)})[1].completed_jobs == {1: 1}
+    stored = {p: table[p] for p in range(n)}
+    with a.manager.lock:
+        a.manager.complete_store(keys, a.ctx)
+        a.manager.on_request_finished(a.ctx)
+    files = lambda: sum(1 for p in (tmp_path / "kv").rglob("*") if p.is_file())  # noqa: E731
+    poll(lambda: files() >= len(keys) and not a.manager.has_pending_work(), "the fs tier's writes", a.manager)
+    original = [g.copy() for g in a.gpu]
+    a.conn.shutdown()
+    a.scheduler.shutdown()
+
+    b = Stack(model_dir, monkeypatch, "one_group", tiers, spec="GfdTieringOffloadingSpec")
+    for g in b.gpu:
+        g[:] = 0
+    with b.manager.lock:
+        first = [b.manager.lookup(k, b.ctx) for k in keys]
+    assert all(r is not LookupResult.HIT for r in first), "the second instance's CPU tier is not empty"
+
+    def promoted():
+        with b.manager.lock:
+            return all(b.manager.lookup(k, b.ctx) is LookupResult.HIT for k in keys)
+    poll(promoted, "the promotion from the fs tier", b.manager)
+    _, gpu_spec, cpu_spec, rows = b.job([table[n:]], [(0, n)], store=False)
+    recving, meta = b.step(load_jobs={2: TransferJob("req-0", cpu_spec, gpu_spec)})
+    b.worker.wait({2})
+    recving2, meta2 = b.step()
+    assert recving | recving2 == {"req-0"}
+    for p in range(n):
+        for t in b.groups[0]:
+            assert np.array_equal(b.gpu[t][table[n + p]], original[t][stored[p]]), f"position {p}, tensor {t}"
+    b.conn.shutdown()
+    b.scheduler.shutdown()
