@@ -254,7 +254,7 @@ def test_config_resolves_to_the_gfd_spec_in_both_roles(model_dir, extra, bpc):
     assert (wspec.blocks_per_chunk, wspec.num_chunks) == (bpc, spec.num_chunks)
 
 
-HOST_MEMORY = {"region": {}, "pool-block": {"gfd_host_memory": "pool"},
+HOST_MEMORY = {"region": {}, "canonical": {"canonical_layout": True}, "pool-block": {"gfd_host_memory": "pool"},
                "pool-tensor": {"gfd_host_memory": "pool", "gfd_host_layout": "tensor"}}
 
 
@@ -269,6 +269,10 @@ def test_store_then_load_back_through_the_connector(model_dir, monkeypatch, topo
         base = region.base_tensor.data_ptr()
         assert s.host[0].ctypes.data == base and s.host[0].strides[0] == region._row_stride
         assert s.host[1].ctypes.data == base + PAGE * s.bpc
+    elif memory == "canonical":  # vLLM's derived mapping: pages in the shared canonical area
+        # One rank: the canonical page is the local page, its runs merged into one fragment.
+        assert s.worker.core._fragments == [[(0, 0, PAGE)]] * 2 and s.worker.core._writers == [(1, 0)] * 2
+        assert s.host[0].ctypes.data == s.worker.region.base_tensor.data_ptr()
     else:
         assert s.worker.region is None
     assert s.groups == [[0, 1]] * (2 if topology == "hybrid" else 1)
@@ -502,3 +506,125 @@ def test_fs_tier_below_gfds_cpu_tier_round_trip(model_dir, monkeypatch, tmp_path
             assert np.array_equal(b.gpu[t][table[n + p]], original[t][stored[p]]), f"position {p}, tensor {t}"
     b.conn.shutdown()
     b.scheduler.shutdown()
+
+
+def _rank(rank, mode, model_dir, init, engine_id, out):
+    """One worker process of a world of 2 (spawned): vLLM's gloo world group, the spec built from
+    vLLM's offloading config of this rank, gfd's worker on the emulated device. Each rank
+    stores its own GPU content (rank-specific bytes) to chunks 0..2, then, after a barrier, checks
+    the whole shared region: ``cells``: every rank's cell holds that rank's pages; ``replicated``
+    (pure-MLA, canonical pages, one copy): page p written once, by rank p % 2. Puts "ok" or
+    the error in ``out``."""
+    try:
+        import dataclasses
+        os.environ["GFD_EMULATED_DEVICE"] = "1"
+        from vllm.distributed import parallel_state as ps
+        from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor,
+                                             CanonicalPageMapping, CopyRun)
+        from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+        ps.init_distributed_environment(world_size=2, rank=rank, distributed_init_method=init, local_rank=rank,
+                                        backend="gloo")
+        extra = {"engine_id": engine_id}
+        if mode == "replicated":
+            extra["canonical_layout"] = True
+        kv = json.loads(config_json({"gfd_options": SMALL, **extra}))
+        kv["engine_id"] = engine_id
+        vc = VllmConfig(model_config=ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=128),
+                        device_config=DeviceConfig("cpu"), cache_config=CacheConfig(block_size=TOKENS),
+                        kv_transfer_config=TypeAdapter(KVTransferConfig).validate_python(kv))
+        oc = build_offloading_config(vc, kv_cache_config("one_group"))
+        oc = dataclasses.replace(oc, parallel=dataclasses.replace(oc.parallel, rank=rank, world_size=2, tp_size=2),
+                                 replicated_layout=mode == "replicated", canonical_layout=mode == "replicated")
+        spec = OffloadingSpecFactory.create_spec(oc)
+        gpu = [torch.full((NUM_BLOCKS, PAGE), 0, dtype=torch.int8) for _ in range(2)]
+        for t, g in enumerate(gpu):  # byte value: who wrote it, which tensor, which block
+            g[:] = (torch.arange(NUM_BLOCKS, dtype=torch.int8)[:, None] + 16 * t + 64 * rank)
+        if mode == "replicated":  # the MLA latent: the whole page is canonical, ranks take turns
+            mapping = CanonicalPageMapping(PAGE, PAGE, (CopyRun(0, 0, PAGE, 1, PAGE, PAGE),), 2, rank, True)
+        else:
+            mapping = None
+        refs = [[CanonicalKVCacheRef(t, PAGE, mapping) for t in range(2)]]
+        worker = spec.get_worker(CanonicalKVCaches([CanonicalKVCacheTensor(g, PAGE) for g in gpu], refs))
+        blocks = [5, 9, 13]
+        worker.submit_store(1, GPULoadStoreSpec(blocks, group_sizes=[3], block_indices=[0]),
+                            CPULoadStoreSpec([0, 1, 2]))
+        worker.wait({1})
+        (r,) = worker.get_finished()
+        assert r.success, r
+        ps.get_world_group().barrier()  # both ranks' stores are in the region
+        region = worker.region
+        base = region.base_tensor.numpy()
+        row = region._row_stride
+        for c, b in enumerate(blocks):
+            for t in range(2):
+                if mode == "cells":
+                    for owner in range(2):  # each rank's cell: its tensors' pages side by side
+                        at = c * row + owner * region.cpu_page_size + t * PAGE
+                        want = (b + 16 * t + 64 * owner) & 0xFF
+                        assert (base[at:at + PAGE].view(np.uint8) == want).all(), (mode, c, t, owner)
+                else:  # one copy, canonical area from the row's start; page c written by rank c % 2
+                    at = c * row + t * PAGE
+                    want = (b + 16 * t + 64 * (c % 2)) & 0xFF
+                    assert (base[at:at + PAGE].view(np.uint8) == want).all(), (mode, c, t)
+        ps.get_world_group().barrier()
+        worker.shutdown()
+        out.put((rank, "ok"))
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        import traceback
+        out.put((rank, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+@pytest.mark.parametrize("mode", ["cells", "replicated"])
+def test_two_ranks_share_vllms_region(model_dir, tmp_path, mode):
+    """World size 2 (two processes, as vLLM's TP workers are): ``cells``: one region, each rank
+    its own cell of every row; ``replicated`` with canonical pages: one copy, the ranks taking
+    turns to write it (vLLM's writer rotation)."""
+    import multiprocessing
+    import uuid
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    init = f"file://{tmp_path}/init"
+    engine_id = f"gfd-test-{uuid.uuid4().hex}"
+    procs = [ctx.Process(target=_rank, args=(r, mode, model_dir, init, engine_id, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = {}
+    for _ in procs:
+        rank, status = out.get(timeout=300)  # a hang guard only
+        results[rank] = status
+    for p in procs:
+        p.join(60)
+    assert results == {0: "ok", 1: "ok"}, results
+
+
+def test_packed_layout_one_region_per_block(model_dir, monkeypatch):
+    """A packed layout (DeepSeek-V4: every layer of a block interleaved in one region, its block
+    stride larger than any layer's page) reaches the worker as vLLM hands it over: one tensor of
+    whole blocks, every group referring to it. Stored and loaded back byte for byte."""
+    from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
+    from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+    monkeypatch.setenv("GFD_EMULATED_DEVICE", "1")
+    vc = vllm_config(model_dir, {"gfd_options": SMALL, "block_size": 2 * TOKENS})
+    spec = OffloadingSpecFactory.create_spec(build_offloading_config(vc, kv_cache_config("one_group")))
+    block = 2 * PAGE  # the packed block: both layers' pages
+    whole = torch.empty((NUM_BLOCKS, block), dtype=torch.int8)
+    gpu = whole.numpy()
+    gpu[:] = np.random.default_rng(10).integers(-128, 128, gpu.shape, dtype=np.int8)
+    worker = spec.get_worker(CanonicalKVCaches([CanonicalKVCacheTensor(whole, block)],
+                                               [[CanonicalKVCacheRef(0, block)]]))
+    host = worker.core.host_pages(0)
+    assert host.shape[1:] == (2, block)
+    blocks = [7, 3, 30, 12]  # chunks 4 and 1, two blocks each
+    assert worker.submit_store(1, GPULoadStoreSpec(blocks, group_sizes=[4], block_indices=[0]),
+                               CPULoadStoreSpec([4, 1]))
+    worker.wait({1})
+    assert [r.success for r in worker.get_finished()] == [True]
+    for i, b in enumerate(blocks):
+        assert np.array_equal(host[[4, 1][i // 2], i % 2], gpu[b])
+    back = [40, 41, 42]  # from the second sub-block of chunk 4 on
+    assert worker.submit_load(2, CPULoadStoreSpec([4, 1]), GPULoadStoreSpec(back, group_sizes=[3], block_indices=[1]))
+    worker.wait({2})
+    assert [r.success for r in worker.get_finished()] == [True]
+    for b, src in zip(back, blocks[1:]):
+        assert np.array_equal(gpu[b], gpu[src])
+    worker.shutdown()
