@@ -113,7 +113,7 @@ if has pool; then
 fi
 if has vllm; then
   for r in $(seq "$RUNS"); do
-    step "vllm_$r" 150 "$PY" -m gfd.bench_vllm --pages 8K,32K --blocks 64 --gpu-alloc one --host-layout block
+    step "vllm_$r" 240 "$PY" -m gfd.bench_vllm --pages 8K,32K --blocks 64 --gpu-alloc one --host-layout block,region
   done
 fi
 if has latency; then

@@ -102,6 +102,18 @@ def gpu_caches(torch, tensors: int, gpu_blocks: int, page: int, alloc: str = "on
     return [buf[t * layer:(t + 1) * layer].view(gpu_blocks, page) for t in range(tensors)]
 
 
+def region_views(torch, tensors: int, page: int, bpc: int, num_chunks: int) -> list:
+    """Host caches laid out as vLLM 0.33's SharedOffloadRegion lays out one rank's (world size 1):
+    one pinned allocation of ``num_chunks`` rows, a row being the rank's cell (every tensor's
+    ``bpc`` pages of the chunk, tensor after tensor) padded to 4 KiB; per tensor an int8
+    ``[num_chunks, page * bpc]`` view whose rows are a whole row apart. (vLLM maps /dev/shm and
+    registers it with cudaHostRegister; here it is a pinned torch allocation: 4 KiB pages both.)"""
+    cell = tensors * page * bpc
+    row = -(-cell // 4096) * 4096
+    base = torch.empty(num_chunks * row, dtype=torch.int8, pin_memory=True)
+    return [torch.as_strided(base, (num_chunks, page * bpc), (row, 1), t * page * bpc) for t in range(tensors)]
+
+
 def run_case(torch, engine: Engine, tensors: int, page: int, blocks: int, bpc: int, host_bytes: int,
              reps: int, warmup: int, host_memory: str, direction: str, host_layout: str = "tensor",
              trace: bool = False, gpu_alloc: str = "one") -> List[dict]:
@@ -109,8 +121,15 @@ def run_case(torch, engine: Engine, tensors: int, page: int, blocks: int, bpc: i
     num_chunks = max(blocks, host_bytes // (tensors * chunk_bytes))
     gpu_blocks = max(2 * blocks * bpc, 1024)
     gpu = gpu_caches(torch, tensors, gpu_blocks, page, gpu_alloc)
-    w = KVTransferWorker(engine, gpu, [list(range(tensors))], bpc, num_chunks, host_memory=host_memory,
-                         host_layout=host_layout)
+    if host_layout == "region":
+        w = KVTransferWorker(engine, gpu, [list(range(tensors))], bpc, num_chunks,
+                             host_caches=region_views(torch, tensors, page, bpc, num_chunks))
+    else:
+        w = KVTransferWorker(engine, gpu, [list(range(tensors))], bpc, num_chunks, host_memory=host_memory,
+                             host_layout=host_layout)
+    if host_layout == "region" and bpc > 1:
+        raise SystemExit("bench_vllm: --host-layout region measures --blocks-per-chunk 1 (vLLM's copy path "
+                         "reproduced here reads host pages as rows)")
     host_rows = [w.host_rows(t) for t in range(tensors)]
     host_rows = [h if isinstance(h, torch.Tensor) else torch.from_numpy(h) for h in host_rows]
     _fill(torch, gpu, 1)
@@ -210,7 +229,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--host-memory", default="pool", help="pool, torch or both (comma list)")
     ap.add_argument("--directions", default="h2d,d2h")
-    ap.add_argument("--host-layout", default="tensor,block", help="tensor (vLLM's), block, or both")
+    ap.add_argument("--host-layout", default="tensor,block",
+                    help="tensor (vLLM's per-tensor arrays), block, region (vLLM's shared region), comma list")
     ap.add_argument("--gpu-alloc", default="one", help="one (vLLM 0.33's single backing allocation) or separate")
     ap.add_argument("--csv", default="")
     ap.add_argument("--trace", action="store_true", help="print the timeline of one timed gfd job per case")
