@@ -240,7 +240,8 @@ class KVTransferWorker:
                     raise _error(f"{fn}: host_caches[{t}]: expected {self._num_chunks} rows of {want}, "
                                  f"got {r.rows} x {r.width}")
                 page = r.width // self._bpc
-                self._hosts.append(_HostTensor(r.ptr, r.stride, page, page))
+                # One page per chunk: the chunks are the pages, one stride apart whatever it is.
+                self._hosts.append(_HostTensor(r.ptr, r.stride, page if self._bpc > 1 else r.stride, page))
                 self._keep.append(h)
             self._tensor_arrays = list(given)
         self._fragments = []

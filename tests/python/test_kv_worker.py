@@ -402,3 +402,181 @@ def test_cuda_array_interface_caches_without_dtype(engine):
             assert np.array_equal(host_rows(w)[t][3], g[5])
     finally:
         w.shutdown()
+
+
+class DeviceRows:
+    """Host memory handed to gfd as a (rows, width) device array (CUDA array interface), as a
+    runtime without a GPU hands over its "GPU" caches once the emulated device adopted them."""
+
+    def __init__(self, array):
+        self.array = array
+        self.__cuda_array_interface__ = {"shape": array.shape, "typestr": "|i1", "strides": array.strides,
+                                         "data": (array.ctypes.data, False), "version": 3}
+
+
+def test_adopted_host_memory_serves_as_the_emulated_gpus_memory(engine):
+    gpu = np.random.default_rng(1).integers(-128, 128, (16, 4096), dtype=np.int8)
+    host = testing.pinned_buffer(engine, (8, 4096), "int8")
+    assert testing.pointer_kind(engine, gpu.ctypes.data) == "pageable"
+    adopted = testing.adopt_device_memory(engine, gpu.ctypes.data, gpu.nbytes, gpu)
+    try:
+        assert testing.pointer_kind(engine, gpu.ctypes.data) == "device"
+        with pytest.raises(gfd.Error, match="overlaps device or pinned memory already known"):
+            testing.adopt_device_memory(engine, gpu.ctypes.data + 4096, 4096)
+        caches = engine.register_caches([host], [DeviceRows(gpu)])
+        engine.copy_blocks(caches, "to_host", [3, 9], [0, 1]).wait()
+        assert np.array_equal(np.asarray(host)[:2], gpu[[3, 9]])
+    finally:
+        adopted.release()
+        adopted.release()  # idempotent
+    assert testing.pointer_kind(engine, gpu.ctypes.data) == "pageable"
+    with pytest.raises(gfd.Error, match="device"):
+        engine.register_caches([host], [DeviceRows(gpu)])
+
+
+@pytest.mark.parametrize("value,settings", [("", None), ("0", None), ("1", {}),
+                                            ("copy_delay_us=5,fault=copy_d2h", {"copy_delay_us": 5, "fault": "copy_d2h"})])
+def test_emulated_device_variable(monkeypatch, value, settings):
+    monkeypatch.setenv("GFD_EMULATED_DEVICE", value)
+    assert testing.emulated_device_settings() == settings
+
+
+@pytest.mark.parametrize("value", ["yes", "copy_delay_us=fast", "speed=3"])
+def test_emulated_device_variable_rejects_what_it_cannot_read(monkeypatch, value):
+    monkeypatch.setenv("GFD_EMULATED_DEVICE", value)
+    with pytest.raises(gfd.Error, match="GFD_EMULATED_DEVICE="):
+        testing.emulated_device_settings()
+
+
+def region(engine, chunks, row):
+    """A host region of ``chunks`` rows of ``row`` bytes (pinned), zeroed, and its bytes."""
+    buf = testing.pinned_buffer(engine, (chunks, row), "int8")
+    a = np.asarray(buf)
+    a[:] = 0
+    return buf, a
+
+
+def cell_views(a, page, bpc, tensors, offset):
+    """Per tensor, an int8 (chunks, bpc * page) view of the region whose rows are a region row
+    apart: a rank's cell at ``offset``, each tensor's pages of a chunk side by side (vLLM's
+    SharedOffloadRegion layout)."""
+    return [np.lib.stride_tricks.as_strided(a[:, offset + t * bpc * page:], (a.shape[0], bpc * page), a.strides)
+            for t in range(tensors)]
+
+
+@pytest.mark.parametrize("bpc", [1, 3])
+def test_ranks_cells_in_one_region_with_any_row_stride(engine, bpc):
+    """Two ranks' workers on one region: each moves its own cell of every row (a chunk's
+    sub-blocks are not one stride from the next chunk's when bpc > 1: one set per position)."""
+    page, tensors, chunks = 1024, 2, 6
+    cell = tensors * bpc * page
+    buf, a = region(engine, chunks, 2 * cell + 4096)  # padded rows, as the region aligns them
+    ranks = []
+    for r in range(2):
+        bufs, gpu = device_caches(engine, (page,) * tensors, seed=10 + r)
+        w = KVTransferWorker(engine, bufs, [[0, 1]], bpc, chunks, host_caches=cell_views(a, page, bpc, tensors, r * cell))
+        ranks.append((w, gpu))
+    try:
+        blocks = [4, 17, 2, 9, 11][:2 * bpc if bpc > 1 else 2]
+        skip = 1 if bpc > 1 else 0
+        chunk_ids = [5, 0] if bpc > 1 else [5, 0]
+        for r, (w, gpu) in enumerate(ranks):
+            n = len(blocks) if bpc == 1 else min(len(blocks), 2 * bpc - skip)
+            assert run(w, 1, False, chunk_ids, blocks[:n], [n], [skip]).success
+            pages = host_block_ids(np.array(chunk_ids), bpc, n, skip)
+            for b, p in zip(blocks[:n], pages):
+                for t in range(tensors):
+                    c, j = divmod(int(p), bpc)
+                    at = r * cell + t * bpc * page + j * page
+                    assert np.array_equal(a[c, at:at + page], gpu[t][b]), (r, b, t)
+            assert np.array_equal(w.host_pages(0)[5, skip], gpu[0][blocks[0]])
+            # And back, into other blocks.
+            back = [20, 21, 22, 23, 1][:n]
+            assert run(w, 2, True, chunk_ids, back, [n], [skip]).success
+            for b, src in zip(back, blocks[:n]):
+                assert all(np.array_equal(gpu[t][b], gpu[t][src]) for t in range(tensors))
+        assert not a[:, 2 * cell:].any(), "the rows' padding was written"
+        with pytest.raises(gfd.Error, match="not one stride apart") if bpc > 1 else _nothing():
+            ranks[0][0].host_rows(0)
+    finally:
+        for w, _ in ranks:
+            w.shutdown()
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_fragments_and_writer_rotation_on_a_shared_canonical_page(engine):
+    """Two ranks' head shards of one canonical page (vLLM's canonical layout): rank r's page is
+    4 token rows, each going to its half of the canonical token row; a store moves only those
+    fragments, a load brings them back. Replicated pages (writers (2, r)): page p is written by
+    rank p % 2 alone."""
+    page, chunks, bpc = 1024, 4, 2
+    row_bytes = page // 4                      # one token's heads of this rank
+    canon = 2 * page                           # the canonical page: both ranks' heads
+    buf, a = region(engine, chunks, canon * bpc + 4096)
+    views = [a[:, :canon * bpc]]
+    ranks = []
+    for r in range(2):
+        bufs, gpu = device_caches(engine, (page,), seed=20 + r)
+        frags = [(i * row_bytes, i * 2 * row_bytes + r * row_bytes, row_bytes) for i in range(4)]
+        w = KVTransferWorker(engine, bufs, [[0]], bpc, chunks, host_caches=views, fragments=[frags])
+        ranks.append((w, gpu))
+    try:
+        for r, (w, gpu) in enumerate(ranks):
+            assert run(w, 1, False, [2, 3], [6, 7, 8, 9]).success  # pages 4..7
+        for p, b in zip(range(4, 8), [6, 7, 8, 9]):
+            c, j = divmod(p, bpc)
+            got = a[c, j * canon:(j + 1) * canon].reshape(4, 2, row_bytes)  # token, rank, bytes
+            for r, (_, gpu) in enumerate(ranks):
+                assert np.array_equal(got[:, r], gpu[0][b].reshape(4, row_bytes)), (p, r)
+        for r, (w, gpu) in enumerate(ranks):
+            assert run(w, 2, True, [2, 3], [10, 11, 12, 13]).success
+            assert all(np.array_equal(gpu[0][d], gpu[0][s]) for d, s in zip([10, 11, 12, 13], [6, 7, 8, 9]))
+    finally:
+        for w, _ in ranks:
+            w.shutdown()
+    # Replicated: every rank holds the same bytes; page p is written by rank p % 2 only.
+    a[:] = 0
+    ranks = []
+    for r in range(2):
+        bufs, gpu = device_caches(engine, (page,), seed=30 + r)
+        w = KVTransferWorker(engine, bufs, [[0]], bpc, chunks, host_caches=[a[:, :page * bpc]], writers=[(2, r)])
+        ranks.append((w, gpu))
+    try:
+        results = [run(w, 1, False, [0, 1, 2], [1, 2, 3, 4, 5], [5], [1]) for w, _ in ranks]
+        assert all(x.success for x in results)
+        assert [x.bytes for x in results] == [2 * page, 3 * page]  # pages 2, 4 and 1, 3, 5
+        for p, b in zip(range(1, 6), [1, 2, 3, 4, 5]):
+            c, j = divmod(p, bpc)
+            assert np.array_equal(a[c, j * page:(j + 1) * page], ranks[p % 2][1][0][b]), p
+        # A load reads every page, whoever wrote it.
+        w, gpu = ranks[0]
+        assert run(w, 2, True, [0, 1, 2], [10, 11, 12, 13, 14], [5], [1]).success
+        for p, b in zip(range(1, 6), [10, 11, 12, 13, 14]):
+            assert np.array_equal(gpu[0][b], ranks[p % 2][1][0][p]), p
+    finally:
+        for w, _ in ranks:
+            w.shutdown()
+
+
+def test_bad_fragments_and_writers_name_the_argument(engine):
+    bufs, _ = device_caches(engine, (1024,))
+    hosts = [np.asarray(testing.pinned_buffer(engine, (4, 2048), "int8"))]
+
+    def bad(match, **kw):
+        with pytest.raises((gfd.Error, TypeError), match=match):
+            KVTransferWorker(engine, bufs, [[0]], 1, 4, host_caches=hosts, **kw)
+    bad(r"fragments\[0\]\[0\]: expected \(gpu_offset, host_offset, size\), got 2 values", fragments=[[(0, 0)]])
+    bad(r"fragments\[0\]\[0\]: gpu_offset: 1000 is out of range \[0, 924\]", fragments=[[(1000, 0, 100)]])
+    bad(r"fragments\[0\]\[0\]: host_offset: 2000 is out of range \[0, 1948\]", fragments=[[(0, 2000, 100)]])
+    bad(r"fragments\[0\]: no fragment given", fragments=[[]])
+    bad("fragments: 2 entries for 1 GPU tensors", fragments=[None, None])
+    bad(r"writers\[0\]: writer_index: 2 is out of range \[0, 1\]", writers=[(2, 2)])
+    bad(r"writers\[0\]: num_writers: 0 is out of range", writers=[(0, 0)])
+    bad(r"host_caches\[0\]: expected 4 rows of 1024 bytes, got 4 x 2048")
