@@ -127,22 +127,28 @@ def _engine(device: int, options: dict, gpu: list) -> tuple:
     return engine, adopted
 
 
-def _mappings(kv_caches: CanonicalKVCaches) -> list:
-    """Per tensor, the canonical mapping of its refs (every ref of a tensor must have the same),
-    or a clear refusal where vLLM could not certify a layer."""
-    per_tensor: list = [None] * len(kv_caches.tensors)
+def _canonical(kv_caches: CanonicalKVCaches) -> tuple:
+    """The canonical layout as the worker takes it: one entry per (tensor, mapping) pair, since
+    layers of different groups sharing a tensor (a hybrid model's attention and Mamba layers) map
+    its pages each their own way. Returns (tensor of each entry, mapping of each entry, the
+    groups as entry indices), or a clear refusal where vLLM could not certify a layer."""
+    entries: dict = {}
+    tensor_of, mapping_of, groups = [], [], []
     for refs in kv_caches.group_data_refs:
+        members = []
         for r in refs:
             if r.mapping is None:
                 raise _error("kv_connector_extra_config: canonical_layout: vLLM could not certify this KV cache "
                              "layout for canonical pages (the offload workers must be exactly the TP group; "
                              "packed and cross-layer layouts are not supported); remove canonical_layout")
-            m = per_tensor[r.tensor_idx]
-            if m is not None and m != r.mapping:
-                raise _error(f"kv_connector_extra_config: canonical_layout: layers sharing KV tensor {r.tensor_idx} "
-                             "map its pages differently; remove canonical_layout")
-            per_tensor[r.tensor_idx] = r.mapping
-    return per_tensor
+            key = (r.tensor_idx, r.mapping)
+            if key not in entries:
+                entries[key] = len(tensor_of)
+                tensor_of.append(r.tensor_idx)
+                mapping_of.append(r.mapping)
+            members.append(entries[key])
+        groups.append(sorted(set(members)))
+    return tensor_of, mapping_of, groups
 
 
 def _fragments(mapping: Any) -> list:
@@ -191,6 +197,7 @@ class GfdOffloadingWorker(OffloadingWorker):
                          "gfd_host_memory 'pool' keeps per-rank memory (remove one of the two)")
         tensors = [_block_rows(t.tensor, t.page_size_bytes) for t in kv_caches.tensors]
         groups = [sorted({r.tensor_idx for r in refs}) for refs in kv_caches.group_data_refs]
+        self.groups = [list(g) for g in groups]  # per KV-cache group, its tensors (indices into kv_caches)
         # A job moves each page's unpadded bytes (what vLLM's worker copies); a tensor shared by
         # several layers moves the most any of them uses.
         copy = [0] * len(tensors)
@@ -206,16 +213,23 @@ class GfdOffloadingWorker(OffloadingWorker):
                 self.core = KVTransferWorker(self.engine, tensors, groups, bpc, chunks, host_memory="pool",
                                              host_layout=layout, copy_bytes=copy)
                 return
-            mappings = _mappings(kv_caches) if canonical else [None] * len(tensors)
+            if canonical:
+                tensor_of, mapping_of, groups = _canonical(kv_caches)
             if canonical and isinstance(spec, TieringOffloadingSpec):
                 _needs(spec, "_validate_canonical_refs")(kv_caches)  # records portability for the tiers
             self._region = _region(spec)
             if PIN_MEMORY and not self.engine._emulated:
                 pin_mmap_region(self._region, worker_slot_only=not canonical)  # as vLLM's worker pins it
             if canonical:
-                hosts = [self._region.create_next_canonical_view(m.canonical_page_size_bytes * bpc) for m in mappings]
-                fragments = [_fragments(m) for m in mappings]
-                writers = [(m.num_writers, m.writer_index) for m in mappings]
+                # A tensor's canonical page holds the largest page any of its layers maps into.
+                widest = [max((m.canonical_page_size_bytes for t2, m in zip(tensor_of, mapping_of) if t2 == t),
+                              default=int(kv_caches.tensors[t].page_size_bytes)) for t in range(len(tensors))]
+                views = [self._region.create_next_canonical_view(w * bpc) for w in widest]
+                hosts = [views[t] for t in tensor_of]
+                tensors = [tensors[t] for t in tensor_of]
+                copy = [copy[t] for t in tensor_of]
+                fragments = [_fragments(m) for m in mapping_of]
+                writers = [(m.num_writers, m.writer_index) for m in mapping_of]
             else:
                 hosts = [self._region.create_next_worker_view(t.page_size_bytes * bpc) for t in kv_caches.tensors]
                 fragments = writers = None

@@ -48,7 +48,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # 
     OffloadingConnectorMetadata, TransferJob)
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config  # noqa: E402
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,  # noqa: E402
-                                        KVCacheTensor, SlidingWindowSpec)
+                                        KVCacheTensor, MambaSpec, SlidingWindowSpec)
 from vllm.v1.kv_offload.base import (GPULoadStoreSpec, LookupResult, ReqContext,  # noqa: E402
                                      ScheduleEndContext, TransferResult, make_offload_key)
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
@@ -66,6 +66,7 @@ LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
 TOKENS = 16  # per GPU block
 ATTN = FullAttentionSpec(block_size=TOKENS, num_kv_heads=2, head_size=16, dtype=torch.float16)
 SWA = SlidingWindowSpec(block_size=TOKENS, num_kv_heads=2, head_size=16, dtype=torch.float16, sliding_window=32)
+MAMBA = MambaSpec(block_size=TOKENS, shapes=((512,), (512,)), dtypes=(torch.float16, torch.float16))
 PAGE = ATTN.page_size_bytes  # 2 heads x 16 tokens x (16 + 16) x 2 bytes = 2048
 NUM_BLOCKS = 48
 CPU_BYTES = 1 << 20
@@ -103,8 +104,10 @@ def kv_cache_config(topology):
                              block_stride=PAGE)
     if topology == "one_group":
         groups = [KVCacheGroupSpec(LAYERS[:2], ATTN)]
-    else:
+    elif topology == "hybrid":
         groups = [KVCacheGroupSpec([LAYERS[0], LAYERS[2]], ATTN), KVCacheGroupSpec([LAYERS[1], LAYERS[3]], SWA)]
+    else:  # "mamba": full attention beside Mamba state pages of the same size
+        groups = [KVCacheGroupSpec([LAYERS[0], LAYERS[2]], ATTN), KVCacheGroupSpec([LAYERS[1], LAYERS[3]], MAMBA)]
     return KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[tensor(g.layer_names) for g in groups],
                          kv_cache_groups=groups)
 
@@ -150,7 +153,7 @@ class Stack:
         assert isinstance(self.worker, gfd_vllm.GfdOffloadingWorker)
         self.engine = self.worker.engine
         assert self.engine._emulated
-        self.groups = [list(g) for g in self.worker.core._groups]
+        self.groups = self.worker.groups
         # Per tensor, the host pages as (chunks, bpc, page): [c, j] is sub-block j of chunk c.
         self.host = [self.worker.core.host_pages(t) for t in range(len(self.gpu))]
         self.ctx = ReqContext(req_id="req-0")
@@ -259,7 +262,7 @@ HOST_MEMORY = {"region": {}, "canonical": {"canonical_layout": True}, "pool-bloc
 
 
 @pytest.mark.parametrize("memory", list(HOST_MEMORY))
-@pytest.mark.parametrize("topology", ["one_group", "hybrid"])
+@pytest.mark.parametrize("topology", ["one_group", "hybrid", "mamba"])
 @pytest.mark.parametrize("extra", [{}, {"block_size": 4 * TOKENS}], ids=["bpc1", "bpc4"])
 def test_store_then_load_back_through_the_connector(model_dir, monkeypatch, topology, extra, memory):
     s = Stack(model_dir, monkeypatch, topology, {**extra, **HOST_MEMORY[memory]})
@@ -270,12 +273,15 @@ def test_store_then_load_back_through_the_connector(model_dir, monkeypatch, topo
         assert s.host[0].ctypes.data == base and s.host[0].strides[0] == region._row_stride
         assert s.host[1].ctypes.data == base + PAGE * s.bpc
     elif memory == "canonical":  # vLLM's derived mapping: pages in the shared canonical area
-        # One rank: the canonical page is the local page, its runs merged into one fragment.
-        assert s.worker.core._fragments == [[(0, 0, PAGE)]] * 2 and s.worker.core._writers == [(1, 0)] * 2
+        # One rank: the canonical page is the local page, its runs merged into one fragment (an
+        # entry per tensor and mapping: a Mamba layer's differs from the attention layer's).
+        core = s.worker.core
+        assert len(core._fragments) == (2 if topology != "mamba" else 4)
+        assert all(f == [(0, 0, PAGE)] for f in core._fragments) and set(core._writers) == {(1, 0)}
         assert s.host[0].ctypes.data == s.worker.region.base_tensor.data_ptr()
     else:
         assert s.worker.region is None
-    assert s.groups == [[0, 1]] * (2 if topology == "hybrid" else 1)
+    assert s.groups == [[0, 1]] * (1 if topology == "one_group" else 2)
     stores, loads, store_ranges, load_ranges = tables_for(s, np.random.default_rng(s.bpc))
     keys, gpu_spec, cpu_spec, rows = s.job(stores, store_ranges, store=True)
     original = [g.copy() for g in s.gpu]
