@@ -58,6 +58,9 @@
   X(pageable_cache_ms, Int, "GFD_PAGEABLE_CACHE_MS",                                                       \
     "How long a 2 MiB host region seen pageable is remembered, in ms (0..3600000).")                    \
   X(check_overlaps, Flag, "GFD_CHECK_OVERLAPS", "Reject a transfer whose destination ranges overlap.")   \
+  X(stream_ordered_to_host, Flag, "GFD_STREAM_ORDERED_TO_HOST",                                            \
+    "Device to host: work queued on the caller's stream afterwards waits until every byte is in host "   \
+    "memory (an event recorded there acknowledges the copy), not only for the DMAs.")                    \
   X(backend, BackendName, "GFD_BACKEND",                                                                   \
     "How transfers are carried out: gather, batch_async, per_block or zero_copy_kernel.")
 

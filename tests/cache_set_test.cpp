@@ -518,6 +518,40 @@ TEST_P(CacheSetTest, SmallTransfersPlannedFromIds) {
   EXPECT_EQ(tuning_stats(engine).id_planned_transfers, 6u);
 }
 
+// stream_ordered_to_host: an event recorded on the caller's stream right after a swap-out of
+// staged (scattered, small) blocks fires only once every byte is in host memory, so a runtime
+// that acknowledges copies by stream events (SGLang's HiCache) reads whole pages. The handle is
+// not waited on before the bytes are checked.
+TEST_P(CacheSetTest, StreamOrderedToHostAnEventAfterTheCallSeesEveryByte) {
+  // 16 MB a transfer in a ring that holds it: the call returns before the placing is done.
+  constexpr std::size_t kPairs = 4, kBytes = 4096, kBlocks = 1024, kHostBlocks = 1024, kMoved = 1024;
+  Caches c(*td_, kPairs, kBlocks, kHostBlocks, kBytes, true, false);
+  EngineOptions o = small_options();
+  o.staging_bytes = 32 << 20;
+  o.slot_bytes = 1 << 20;
+  o.stream_ordered_to_host = true;
+  Engine engine = td_->make_engine(o);
+  const CacheSet set = engine.register_caches(c.list);
+  detail::Device& d = *td_->device;
+  const detail::EventHandle after = d.create_event(false);
+  for (std::uint64_t round = 0; round < 4; ++round) {
+    const auto src = distinct(kMoved, kBlocks, 60 + round), dst = distinct(kMoved, kHostBlocks, 70 + round);
+    for (const auto b : dst)
+      for (std::size_t p = 0; p < kPairs; ++p) std::memset(c.host_block(p, b), 0, kBytes);
+    Transfer t = engine.copy_blocks(set, Direction::kToHost, src, dst, td_->cuda_stream());
+    d.record_event(after, td_->stream);
+    d.event_sync(after);
+    // The last rows first: the gather threads place them last.
+    for (std::size_t i = kMoved; i-- > 0;)
+      for (std::size_t p = kPairs; p-- > 0;)
+        ASSERT_EQ(std::memcmp(c.host_block(p, dst[i]), c.device_block(p, src[i]).data(), kBytes), 0)
+            << "round " << round << " pair " << p << " row " << i << ": the stream went on before the bytes";
+    t.wait();
+  }
+  EXPECT_GT(engine.stats().chunks, 0u);  // staged: placed by the gather threads, not by DMAs alone
+  d.destroy_event(after);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, CacheSetTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
                          [](const auto& info) { return to_string(info.param); });
 

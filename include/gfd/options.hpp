@@ -67,6 +67,11 @@ struct EngineOptions {
   int pageable_cache_ms = 100;
   /// Reject a transfer whose destination ranges overlap. Default true.
   bool check_overlaps = true;
+  /// Device to host: work queued on the caller's stream after a transfer waits until every
+  /// byte is in host memory, not only until its DMAs are done (the gather threads place staged
+  /// bytes after them), so that an event recorded there acknowledges the copy. The stream then
+  /// also waits for the placing. Default false.
+  bool stream_ordered_to_host = false;
   /// How transfers are carried out. Default kGather.
   Backend backend = Backend::kGather;
 

@@ -43,6 +43,10 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::opt
   }
   const Plan& p = t->plan;
   std::exception_ptr rejected;
+  // Stream-ordered: host_left holds one more until the submitter has added every chunk and
+  // set the flag, so that no placing thread sees zero before.
+  const bool ordered = ctx.options.stream_ordered_to_host;
+  if (ordered) t->host_left.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard lk(p_.lock);
     p_.lanes.begin(*t, r.stream);
@@ -131,6 +135,18 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::opt
     p_.lanes.finalize(*t);
   }
   Counters::add(ctx.counters.plan_ns, plan_ns);
+  // Stream-ordered with staged chunks: the caller's stream waits on a flag that the thread
+  // placing the last bytes writes (where the device cannot wait on host memory, the call waits
+  // for the transfer instead). A rejected transfer needs none: nothing reaches host memory.
+  HostFlags::Flag flag;
+  const bool staged = !p.chunks.empty();
+  const bool by_flag = ordered && staged && !rejected && ctx.device->supports_wait_value();
+  if (by_flag) {
+    flag = ctx.host_flags.take();
+    t->host_flag = flag.addr;
+    t->host_flag_value = flag.value;
+  }
+  if (ordered && t->host_left.fetch_sub(1, std::memory_order_acq_rel) == 1) placed_all(*t);
   if (rejected) {
     // Nothing reaches host memory, but DMAs already enqueued read the (valid) device blocks
     // planned first: later work on the caller's stream must not free or change them under it.
@@ -140,7 +156,21 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::opt
   Counters::add(ctx.counters.chunks, p.chunks.size());
   p_.queue.try_issue();
   t->join_stream(r.stream);
+  if (by_flag) {
+    try {
+      ctx.device->wait_value_geq(flag.addr, flag.value, r.stream);
+    } catch (...) {
+      t->fail(std::current_exception());
+    }
+  } else if (ordered && staged) {
+    t->wait();
+  }
   return t;
+}
+
+void GatherToHost::placed_all(TransferState& t) {
+  if (t.host_flag != nullptr) t.ctx->host_flags.signal({t.host_flag, t.host_flag_value});
+  t.host_left.notify_all();
 }
 
 void GatherToHost::enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vector<Item*>* held, bool valid) {
@@ -312,7 +342,7 @@ void GatherToHost::chunk_done(Item& item) {
   TransferState& t = *item.t;
   s.state.store(t.failure() ? Slot::kIssued : Slot::kFree, std::memory_order_release);
   s.state.notify_all();
-  if (t.host_left.fetch_sub(1, std::memory_order_acq_rel) == 1) t.host_left.notify_all();
+  if (t.host_left.fetch_sub(1, std::memory_order_acq_rel) == 1) placed_all(t);
 }
 
 }  // namespace gfd::detail

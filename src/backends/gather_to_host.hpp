@@ -30,6 +30,8 @@ class GatherToHost final : public ItemHandler {
   Claim claimable(Item& item, bool may_poll) override;
   void run_piece(Item& item, std::uint32_t piece) override;
   void chunk_done(Item& item) override;
+  // Every staged chunk of `t` is placed: writes its stream-ordered flag, wakes its waiters.
+  static void placed_all(TransferState& t);
   void issue(Item&) override {}  // each chunk's DMA is enqueued at submission
 
  private:

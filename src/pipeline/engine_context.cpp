@@ -1,6 +1,10 @@
 #include "pipeline/engine_context.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "gfd/error.hpp"
 
 #include "sync.hpp"
 
@@ -9,6 +13,44 @@ namespace gfd::detail {
 EventPool::~EventPool() {
   EventHandle e = nullptr;
   while (free_.pop(e)) device_.destroy_event(e);
+}
+
+HostFlags::~HostFlags() {
+  if (flags_ == nullptr) return;
+  device_.unregister_host(flags_);
+  std::free(flags_);
+}
+
+HostFlags::Flag HostFlags::take() {
+  std::unique_lock lk(mutex_);
+  if (flags_ == nullptr) {
+    const std::size_t bytes = kFlags * kWords * sizeof(std::uint64_t);
+    void* f = nullptr;
+    if (posix_memalign(&f, 4096, bytes) != 0) throw Error(ErrorCode::kSystem, "out of memory for completion flags");
+    std::memset(f, 0, bytes);
+    try {
+      device_.register_host(f, bytes);
+    } catch (...) {
+      std::free(f);
+      throw;
+    }
+    flags_ = static_cast<std::uint64_t*>(f);
+    free_.resize(kFlags);
+    for (std::uint32_t i = 0; i < kFlags; ++i) free_[i] = kFlags - 1 - i;
+  }
+  freed_.wait(lk, [&] { return !free_.empty(); });
+  const std::uint32_t i = free_.back();
+  free_.pop_back();
+  return {flags_ + i * kWords, next_value_++};
+}
+
+void HostFlags::signal(const Flag& f) {
+  device_.signal_value(f.addr, f.value);
+  {
+    std::lock_guard lk(mutex_);
+    free_.push_back(static_cast<std::uint32_t>((f.addr - flags_) / kWords));
+  }
+  freed_.notify_one();
 }
 
 EventHandle EventPool::get() {
@@ -95,7 +137,8 @@ EngineContext::EngineContext(const EngineOptions& resolved, const Tuning& t, std
       plan_config(staged_config(resolved, t, device->ordinal())),
       events(*device),
       tracer(*device),
-      pageable(static_cast<std::uint32_t>(resolved.pageable_cache_ms)) {}
+      pageable(static_cast<std::uint32_t>(resolved.pageable_cache_ms)),
+      host_flags(*device) {}
 
 Plan EngineContext::plan(std::span<const BlockCopy> blocks, const PlanConfig& config, std::uint32_t id,
                          std::optional<std::uint64_t> bytes) {

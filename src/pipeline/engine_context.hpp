@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -39,6 +40,36 @@ class EventPool {
 
 // Plans are recycled: a transfer's plan returns here when its handle goes away, so that steady
 // traffic allocates (and page-faults) nothing.
+// Completion flags in pinned host memory that streams wait on (Device::wait_value_geq): a
+// device-to-host transfer ordered on its caller's stream takes one, the thread that places its
+// last staged bytes writes the value it was given, and the caller's stream goes on past that.
+// Values only grow, so a flag is reused as soon as it is written: a stream still waiting for an
+// older value is released by any newer one, and a newer one is only written after the older.
+class HostFlags {
+ public:
+  explicit HostFlags(Device& d) : device_(d) {}
+  ~HostFlags();
+  HostFlags(const HostFlags&) = delete;
+  HostFlags& operator=(const HostFlags&) = delete;
+  struct Flag {
+    std::uint64_t* addr = nullptr;
+    std::uint64_t value = 0;
+  };
+  // A free flag and the value to write to it; waits while every flag is taken.
+  Flag take();
+  // Writes the flag's value (from any thread, no driver call) and frees the flag.
+  void signal(const Flag& f);
+
+ private:
+  static constexpr std::size_t kFlags = 1024, kWords = 8;  // a flag per cache line
+  Device& device_;
+  std::mutex mutex_;
+  std::condition_variable freed_;
+  std::uint64_t* flags_ = nullptr;  // registered with the device; allocated at first use
+  std::vector<std::uint32_t> free_;
+  std::uint64_t next_value_ = 1;
+};
+
 class PlanPool {
  public:
   Plan take();
@@ -85,6 +116,7 @@ struct EngineContext {
   Tracer tracer;
   Counters counters;
   PageableCache pageable;  // pageable host regions, across transfers
+  HostFlags host_flags;    // stream-ordered device-to-host completion
 };
 
 }  // namespace gfd::detail

@@ -64,8 +64,13 @@ struct TransferState {
   EventHandle trace_start = nullptr;
   std::uint64_t trace_start_ns = 0;
   std::vector<std::pair<std::uint32_t, EventHandle>> trace_dma;
-  // Device to host through staging: chunks whose bytes the gather threads have yet to place.
+  // Device to host through staging: chunks whose bytes the gather threads have yet to place
+  // (plus one while the submitter may still add chunks, where the transfer is stream-ordered).
   std::atomic<std::uint32_t> host_left{0};
+  // Stream-ordered device to host (EngineOptions::stream_ordered_to_host): the flag the
+  // caller's stream waits on, written with this value once host_left reaches zero.
+  std::uint64_t* host_flag = nullptr;
+  std::uint64_t host_flag_value = 0;
   // Device to host, planned while its first DMAs run: placing waits for kValid; kRejected drops
   // the chunks (a bad block was found after some were enqueued).
   enum PlanState : int { kPlanning, kValid, kRejected };
