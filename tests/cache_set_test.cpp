@@ -552,6 +552,59 @@ TEST_P(CacheSetTest, StreamOrderedToHostAnEventAfterTheCallSeesEveryByte) {
   d.destroy_event(after);
 }
 
+// Several sets in one call (a model's layers, each its K and V): issued in order on the stream,
+// after_each(k) between them, so that an event recorded there is layer k's: once it fires, that
+// layer's blocks are on the device whatever the later layers do. Bad ids are named before
+// anything moves.
+TEST_P(CacheSetTest, LayersInOneCallCompleteInOrderWithAnEventEach) {
+  constexpr std::size_t kLayers = 4, kBytes = 4096, kBlocks = 64, kMoved = 48;
+  std::vector<std::unique_ptr<Caches>> layers;
+  std::vector<CacheSet> sets;
+  EngineOptions o = small_options();
+  Engine engine = td_->make_engine(o);
+  for (std::size_t l = 0; l < kLayers; ++l) {
+    layers.push_back(std::make_unique<Caches>(*td_, 2, kBlocks, kBlocks, kBytes, true, false));
+    fill_random(layers.back()->host.data(), layers.back()->host.size(), 500 + l);
+    sets.push_back(engine.register_caches(layers.back()->list));
+  }
+  detail::Device& d = *td_->device;
+  std::vector<detail::EventHandle> events;
+  for (std::size_t l = 0; l < kLayers; ++l) events.push_back(d.create_event(false));
+  const auto src = distinct(kMoved, kBlocks, 81), dst = distinct(kMoved, kBlocks, 82);
+  std::vector<std::size_t> called;
+  std::vector<Transfer> ts = engine.copy_blocks(sets, Direction::kToDevice, src, dst, td_->cuda_stream(),
+                                                [&](std::size_t k) {
+                                                  called.push_back(k);
+                                                  d.record_event(events[k], td_->stream);
+                                                });
+  ASSERT_EQ(ts.size(), kLayers);
+  EXPECT_EQ(called, (std::vector<std::size_t>{0, 1, 2, 3}));
+  for (std::size_t l = 0; l < kLayers; ++l) {
+    d.event_sync(events[l]);
+    EXPECT_TRUE(ts[l].done()) << "layer " << l << "'s event fired before its transfer was done";
+    for (std::size_t p = 0; p < 2; ++p)
+      for (std::size_t i = 0; i < kMoved; ++i)
+        ASSERT_EQ(std::memcmp(layers[l]->device_block(p, dst[i]).data(), layers[l]->host_block(p, src[i]), kBytes), 0)
+            << "layer " << l << " pair " << p << " row " << i;
+  }
+  for (auto& t : ts) t.wait();
+  for (auto e : events) d.destroy_event(e);
+
+  // A set with fewer blocks bounds the ids of all; nothing is enqueued.
+  Caches small(*td_, 2, 16, 16, kBytes, true, false);
+  std::vector<CacheSet> mixed = sets;
+  mixed.push_back(engine.register_caches(small.list));
+  const std::uint64_t before = engine.stats().transfers;
+  const auto [msg, block] = rejection([&] {
+    (void)engine.copy_blocks(mixed, Direction::kToDevice, std::vector<std::int64_t>{3, 20},
+                             std::vector<std::int64_t>{1, 2}, td_->cuda_stream());
+  });
+  EXPECT_NE(msg.find("src_ids[1] (block 20 -> 2): source block 20 is out of range (set 4's host caches have 16 blocks)"),
+            std::string::npos) << msg;
+  EXPECT_EQ(block, 1u);
+  EXPECT_EQ(engine.stats().transfers, before);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, CacheSetTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
                          [](const auto& info) { return to_string(info.param); });
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -143,6 +144,17 @@ class Engine {
   /// message names the argument, before anything moves. `caches` must come from this engine.
   [[nodiscard]] Transfer copy_blocks(const CacheSet& caches, Direction direction, const BlockIds& src_ids,
                                      const BlockIds& dst_ids, cudaStream_t stream);
+
+  /// One transfer per set of `sets`, each of block `src_ids[i]` to block `dst_ids[i]` of every
+  /// pair of that set, issued in order on `stream`: set k's transfer starts after set k - 1's
+  /// has completed, so the sets complete in order (a model's layers, say: the forward pass may
+  /// wait for layer l alone). `after_each(k)`, if given, runs once set k's transfer is enqueued
+  /// and before set k + 1's (a runtime records its per-layer event on `stream` there). The ids
+  /// are checked against every set before anything is enqueued; otherwise as copy_blocks.
+  [[nodiscard]] std::vector<Transfer> copy_blocks(std::span<const CacheSet> sets, Direction direction,
+                                                  const BlockIds& src_ids, const BlockIds& dst_ids,
+                                                  cudaStream_t stream,
+                                                  const std::function<void(std::size_t)>& after_each = {});
 
   /// Counters since creation.
   EngineStats stats() const;

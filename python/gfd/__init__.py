@@ -379,8 +379,8 @@ class Engine:
         devices, device_names = _names("device", device)
         return CacheSet(self, self._core.register_caches(hosts, devices, host_names, device_names))
 
-    def copy_blocks(self, caches: "CacheSet", direction: Any, src_ids: Any, dst_ids: Any,
-                    stream: Any = None) -> Transfer:
+    def copy_blocks(self, caches: Any, direction: Any, src_ids: Any, dst_ids: Any,
+                    stream: Any = None, after_each: Any = None) -> Any:
         """One transfer on a registered :class:`CacheSet`: block ``src_ids[i]`` to block
         ``dst_ids[i]`` of every pair, for every i. ``direction``: :attr:`Direction.TO_DEVICE`
         (or ``"to_device"``: ``src_ids`` index the host tensors) or :attr:`Direction.TO_HOST`
@@ -390,13 +390,32 @@ class Engine:
         Ordered on ``stream`` (default: torch's current stream); the call checks the ids (in
         range, no destination id twice; a bad one raises :class:`gfd.InvalidArgument` whose
         ``.block`` is its position i) and returns once every DMA is enqueued.
+
+        ``caches`` may be a list of CacheSets (a model's layers, say): then one transfer per set
+        with the same ids, issued in order on ``stream`` in this one call, each starting after
+        the previous one has completed, so that the sets complete in order; ``after_each(k)`` is
+        called once set k's transfer is enqueued and before the next (record layer k's event on
+        ``stream`` there: the forward pass may wait for layer k alone). Returns the list of
+        Transfers. Every id is checked against every set before anything moves.
         """
         _prune_orphans()
+        s = self._stream(stream)
+        if isinstance(caches, (list, tuple)):
+            for i, c in enumerate(caches):
+                if not isinstance(c, CacheSet):
+                    raise _type_error(f"copy_blocks: caches[{i}]: expected a gfd.CacheSet, got {type(c).__name__}")
+                if c._engine is not self:
+                    raise _error(f"copy_blocks: caches[{i}]: a CacheSet made by another engine's register_caches")
+            if after_each is not None and not callable(after_each):
+                raise _type_error(f"copy_blocks: after_each: expected a callable, got {type(after_each).__name__}")
+            ts = self._core.copy_blocks_sets([c._set for c in caches], direction, src_ids, dst_ids, s, after_each)
+            return [Transfer(t, (c, src_ids, dst_ids)) for t, c in zip(ts, caches)]
+        if after_each is not None:
+            raise _error("copy_blocks: after_each: only with a list of CacheSets")
         if not isinstance(caches, CacheSet):
             raise _type_error(f"copy_blocks: caches: expected a gfd.CacheSet, got {type(caches).__name__}")
         if caches._engine is not self:
             raise _error("copy_blocks: caches: a CacheSet made by another engine's register_caches")
-        s = self._stream(stream)
         t = self._core.copy_blocks(caches._set, direction, src_ids, dst_ids, s)
         return Transfer(t, (caches, src_ids, dst_ids))
 

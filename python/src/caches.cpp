@@ -196,4 +196,63 @@ std::unique_ptr<PyTransfer> copy_on_set(EngineHolder& h, const PyCacheSet& set, 
   return out;
 }
 
+py::list copy_on_sets(EngineHolder& h, const std::vector<std::shared_ptr<PyCacheSet>>& sets, Direction dir,
+                      py::handle src_ids, py::handle dst_ids, cudaStream_t stream, py::handle after_each) {
+  const std::string fn = "copy_blocks";
+  if (sets.empty()) bad_argument(fn + ": caches: an empty list of CacheSets");
+  IntArray a = int_array(src_ids, fn + ": src_ids", false);
+  IntArray b = int_array(dst_ids, fn + ": dst_ids", false);
+  if (a.ndim != 1) bad_argument(fn + ": src_ids must be 1-D, got " + std::to_string(a.ndim) + " dimensions");
+  if (b.ndim != 1) bad_argument(fn + ": dst_ids must be 1-D, got " + std::to_string(b.ndim) + " dimensions");
+  if (a.rows() != b.rows())
+    bad_argument(fn + ": src_ids has " + std::to_string(a.rows()) + " ids, dst_ids " + std::to_string(b.rows()));
+  const bool to_device = dir == Direction::kToDevice;
+  std::size_t src_limit = SIZE_MAX, dst_limit = SIZE_MAX;
+  std::vector<CacheSet> list;
+  for (const auto& s : sets) {
+    if (s->engine != &h) bad_argument(fn + ": caches: a CacheSet of another engine");
+    list.push_back(s->set);
+    src_limit = std::min(src_limit, to_device ? s->set.host_blocks() : s->set.device_blocks());
+    dst_limit = std::min(dst_limit, to_device ? s->set.device_blocks() : s->set.host_blocks());
+  }
+  const char* src_side = to_device ? "the smallest set's host caches have" : "the smallest set's device caches have";
+  const char* dst_side = to_device ? "the smallest set's device caches have" : "the smallest set's host caches have";
+  if (a.rows() > dst_limit)
+    bad_argument(fn + ": dst_ids: " + std::to_string(a.rows()) + " ids, but " + dst_side + " " +
+                 std::to_string(dst_limit) + " blocks (each is written at most once per transfer)");
+  std::vector<Transfer> ts;
+  std::exception_ptr raised;  // the first exception of after_each: later ones are not called
+  if (a.rows() != 0) {
+    std::vector<std::int64_t> src_copy, dst_copy;
+    const BlockIds s = block_ids(a, src_limit, src_side, src_copy);
+    const BlockIds d = block_ids(b, dst_limit, dst_side, dst_copy);
+    std::function<void(std::size_t)> each;
+    if (!after_each.is_none())
+      each = [&](std::size_t k) {
+        if (raised) return;
+        py::gil_scoped_acquire gil;
+        try {
+          after_each(k);
+        } catch (...) {
+          raised = std::current_exception();
+        }
+      };
+    try {
+      py::gil_scoped_release nogil;
+      ts = h.engine->copy_blocks(list, dir, s, d, stream, each);
+    } catch (const Error& e) {
+      throw Error(e.code(), e.what(), e.block());
+    }
+  }
+  if (raised) std::rethrow_exception(raised);
+  py::list out;
+  for (auto& t : ts) {
+    auto p = std::make_unique<PyTransfer>(std::move(t));
+    for (const IntArray* x : {&a, &b})
+      if (x->owner) p->keep.append(x->owner);
+    out.append(py::cast(std::move(p)));
+  }
+  return out;
+}
+
 }  // namespace gfd::python

@@ -138,6 +138,9 @@ class PyEngine {
   // Engine.copy_blocks(caches, direction, src_ids, dst_ids, stream).
   std::unique_ptr<PyTransfer> copy_blocks(const PyCacheSet& set, Direction dir, py::handle src_ids,
                                           py::handle dst_ids, py::handle stream);
+  // Engine.copy_blocks([caches, ...], direction, src_ids, dst_ids, stream, after_each).
+  py::list copy_blocks_sets(const std::vector<std::shared_ptr<PyCacheSet>>& sets, Direction dir, py::handle src_ids,
+                            py::handle dst_ids, py::handle stream, py::handle after_each);
 
  private:
   std::shared_ptr<EngineHolder> holder_;
@@ -154,6 +157,11 @@ std::shared_ptr<PyCacheSet> register_tensors(EngineHolder& h, const py::sequence
 // One transfer on `set`: block src_ids[i] to block dst_ids[i] of every pair.
 std::unique_ptr<PyTransfer> copy_on_set(EngineHolder& h, const PyCacheSet& set, Direction dir, py::handle src_ids,
                                         py::handle dst_ids, cudaStream_t stream);
+
+// One transfer per set of `sets`, issued in order on `stream` (Engine::copy_blocks over sets),
+// `after_each(k)` called (GIL held) once set k's is enqueued. Returns the transfers.
+py::list copy_on_sets(EngineHolder& h, const std::vector<std::shared_ptr<PyCacheSet>>& sets, Direction dir,
+                      py::handle src_ids, py::handle dst_ids, cudaStream_t stream, py::handle after_each);
 
 // The testing submodule (testing.cpp).
 void register_testing(py::module_& m, py::class_<PyEngine>& engine_class);

@@ -140,6 +140,12 @@ std::unique_ptr<PyTransfer> PyEngine::copy_blocks(const PyCacheSet& set, Directi
   return copy_on_set(*h, set, dir, src_ids, dst_ids, stream_of(*h, stream, "copy_blocks"));
 }
 
+py::list PyEngine::copy_blocks_sets(const std::vector<std::shared_ptr<PyCacheSet>>& sets, Direction dir,
+                                   py::handle src_ids, py::handle dst_ids, py::handle stream, py::handle after_each) {
+  auto h = holder();
+  return copy_on_sets(*h, sets, dir, src_ids, dst_ids, stream_of(*h, stream, "copy_blocks"), after_each);
+}
+
 }  // namespace gfd::python
 
 using namespace gfd;
@@ -230,6 +236,10 @@ PYBIND11_MODULE(_gfd, m) {
       .def("copy_blocks", [](PyEngine& e, const PyCacheSet& set, py::handle direction, py::handle s, py::handle d,
                              py::handle st) {
         return e.copy_blocks(set, direction_arg(direction, "copy_blocks: direction"), s, d, st);
+      })
+      .def("copy_blocks_sets", [](PyEngine& e, const std::vector<std::shared_ptr<PyCacheSet>>& sets,
+                                  py::handle direction, py::handle s, py::handle d, py::handle st, py::handle each) {
+        return e.copy_blocks_sets(sets, direction_arg(direction, "copy_blocks: direction"), s, d, st, each);
       });
 
   py::class_<PyCacheSet, std::shared_ptr<PyCacheSet>>(m, "_CacheSet")

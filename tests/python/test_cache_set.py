@@ -94,3 +94,70 @@ def test_register_errors(engine):
     expect_error(r"register_caches: host\[1\] overlaps host\[0\]", engine.register_caches, [hs[0], hs[0]], ds)
     h16, d16, _, _ = caches(engine, 8, 8, (1024,), "float16")
     expect_error(r"device has dtype float16, host uint8", engine.register_caches, hs[0], d16)
+
+
+def test_layers_in_one_call_in_order(engine):
+    """A list of CacheSets (a model's layers): one transfer each, issued in order in one call,
+    after_each(k) between them (where a runtime records layer k's event)."""
+    hs, ds, hv, dv = layers(engine, 4, seed=40)
+    sets = [engine.register_caches([h], [d]) for h, d in zip(hs, ds)]
+    called = []
+    before = engine.stats()["transfers"]
+
+    def after(k):
+        called.append((k, engine.stats()["transfers"] - before))  # set k's transfer is enqueued
+    ts = engine.copy_blocks(sets, "to_device", [3, 20, 9], [0, 7, 15], after_each=after)
+    assert called == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert len(ts) == 4 and all(isinstance(t, gfd.Transfer) for t in ts)
+    for t in ts:
+        t.wait()
+    for h, d in zip(hv, dv):
+        assert (d[[0, 7, 15]] == h[[3, 20, 9]]).all()
+    # Out, without a callback.
+    for t in engine.copy_blocks(sets, gfd.Direction.TO_HOST, [0, 7], [1, 2]):
+        t.wait()
+    for h, d in zip(hv, dv):
+        assert (h[[1, 2]] == d[[0, 7]]).all()
+
+
+def test_layers_in_one_call_bad_input(engine):
+    hs, ds, hv, dv = layers(engine, 2, seed=50)
+    sets = [engine.register_caches([h], [d]) for h, d in zip(hs, ds)]
+    small = layers(engine, 1, host_blocks=4, dev_blocks=4, seed=60)
+    sets.append(engine.register_caches(small[0], small[1]))
+    before = engine.stats()["transfers"]
+    with pytest.raises(gfd.InvalidArgument, match=r"src_ids\[1\]: 9 is out of range \(the smallest set's host caches "
+                                                  r"have 4 blocks\)"):
+        engine.copy_blocks(sets, "to_device", [0, 9], [0, 1])
+    with pytest.raises(gfd.InvalidArgument, match=r"src_ids\[1\] \(block 9 -> 1\): source block 9 is out of range "
+                                                  r"\(set 2's host caches have 4 blocks\)"):
+        engine.copy_blocks(sets, "to_device", np.array([0, 9]), np.array([0, 1]))  # read in place: the engine checks
+    with pytest.raises(gfd.InvalidArgument, match="empty list"):
+        engine.copy_blocks([], "to_device", [0], [0])
+    with pytest.raises(gfd.InvalidType, match=r"caches\[1\]: expected a gfd.CacheSet, got int"):
+        engine.copy_blocks([sets[0], 3], "to_device", [0], [0])
+    with pytest.raises(gfd.InvalidType, match="after_each: expected a callable"):
+        engine.copy_blocks(sets[:2], "to_device", [0], [0], after_each=5)
+    with pytest.raises(gfd.InvalidArgument, match="only with a list"):
+        engine.copy_blocks(sets[0], "to_device", [0], [0], after_each=print)
+    assert engine.stats()["transfers"] == before  # nothing moved
+
+    # An exception in after_each: every set's transfer is still issued, the first error raised,
+    # no later callback called.
+    called = []
+
+    def boom(k):
+        called.append(k)
+        raise RuntimeError(f"layer {k}")
+    with pytest.raises(RuntimeError, match="layer 0"):
+        engine.copy_blocks(sets[:2], "to_device", [1], [2], after_each=boom)
+    assert called == [0] and engine.stats()["transfers"] == before + 2
+    testing.stream_sync(engine)
+
+
+def test_stream_ordered_to_host_option():
+    e = testing.emulated_engine(stream_ordered_to_host=True)
+    try:
+        assert e.options()["stream_ordered_to_host"] is True
+    finally:
+        e.close()
