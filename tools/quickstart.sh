@@ -24,6 +24,8 @@ usage: tools/quickstart.sh bench [gfd_benchmark args...]
            3. gfd.vllm's tests against the real vLLM package, installed into the same
               environment when missing (tools/vllm_test.sh; the first time about 9 GB and
               several minutes, with pip's progress shown)
+           4. gfd.sglang's tests against the real SGLang package, installed into an environment
+              of its own on top of that one (tools/sglang_test.sh; the first time about 300 MB)
   skips  lists the tests that the last ctest run in BUILD_DIR (default: build) skipped, grouped
          by reason (6 names per reason; --all names every one)
 
@@ -159,15 +161,20 @@ case "$cmd" in
     step "running gfd.vllm's tests against vLLM (tools/vllm_test.sh)"
     vrc=0
     BUILD_DIR=build run "$ROOT/tools/vllm_test.sh" || vrc=$?
+    step "running gfd.sglang's tests against SGLang (tools/sglang_test.sh)"
+    src=0
+    BUILD_DIR=build run "$ROOT/tools/sglang_test.sh" || src=$?
     echo
-    if [ "$rc" -eq 0 ] && [ "$prc" -eq 0 ] && [ "$vrc" -eq 0 ]; then
+    if [ "$rc" -eq 0 ] && [ "$prc" -eq 0 ] && [ "$vrc" -eq 0 ] && [ "$src" -eq 0 ]; then
       echo "quickstart: all tests passed"
     else
       [ "$rc" -eq 0 ] || echo "quickstart: ctest failed (exit status $rc)" >&2
       [ "$prc" -eq 0 ] || echo "quickstart: the Python suite failed (exit status $prc)" >&2
       [ "$vrc" -eq 0 ] || echo "quickstart: the vLLM suite failed (exit status $vrc)" >&2
+      [ "$src" -eq 0 ] || echo "quickstart: the SGLang suite failed (exit status $src)" >&2
       [ "$rc" -ne 0 ] || rc=$prc
       [ "$rc" -ne 0 ] || rc=$vrc
+      [ "$rc" -ne 0 ] || rc=$src
     fi
     exit "$rc"
     ;;
