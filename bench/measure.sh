@@ -10,6 +10,9 @@
 #            random blocks; three runs each (about 2 minutes)
 #   vllm     gfd.vllm's offloading worker against vLLM's own copy path, three runs (3 minutes;
 #            vLLM itself is not needed)
+#   sglang   HiCache's loads and write-backs as gfd.sglang makes them against SGLang's direct
+#            and kernel paths, three runs, and one beside back-to-back bf16 matmuls (SGLang itself
+#            is not needed; about 5 minutes)
 #   latency  16, 64 and 256 blocks of 4 KB, every backend, three runs (under a minute)
 # Keep each call under 9 minutes: e.g. `bench/measure.sh paged load`, then
 # `bench/measure.sh pool vllm latency`.
@@ -27,7 +30,7 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-ALL="paged load pool vllm latency"
+ALL="paged load pool vllm sglang latency"
 CASES=${*:-$ALL}
 for c in $CASES; do
   case " $ALL " in *" $c "*) ;; *) echo "measure: unknown case '$c' (cases: $ALL)" >&2; exit 2 ;; esac
@@ -115,6 +118,12 @@ if has vllm; then
   for r in $(seq "$RUNS"); do
     step "vllm_$r" 240 "$PY" -m gfd.bench_vllm --pages 8K,32K --blocks 64 --gpu-alloc one --host-layout block,region
   done
+fi
+if has sglang; then
+  for r in $(seq "$RUNS"); do
+    step "sglang_$r" 240 "$PY" -m gfd.bench_sglang --reps 10
+  done
+  step sglang_load_1 240 "$PY" -m gfd.bench_sglang --reps 5 --layouts layer_first --load matmul
 fi
 if has latency; then
   for r in $(seq "$RUNS"); do

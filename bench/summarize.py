@@ -5,7 +5,7 @@
 
 DIR holds the CSVs of one bench/measure.sh call, or is its $OUT (default ./bench-out), whose
 measure-<cases>.tgz archives are read together; FILE.tgz is one such archive. CASE names the
-tables to print (paged, load, pool, vllm, latency; default: every case whose CSVs are there).
+tables to print (paged, load, pool, vllm, sglang, latency; default: every case whose CSVs are there).
 Each table is Markdown in the layout of docs/performance.md, so that a new run's figures replace
 the old ones there as they are. Ratios are to the contiguous pinned DMA of the same bytes in the
 same run; where a case ran several times, a cell lists every run ("62.8 / 60.2 / 57.3%") or the
@@ -20,7 +20,7 @@ import sys
 import tarfile
 import tempfile
 
-CASES = ("paged", "load", "pool", "vllm", "latency")
+CASES = ("paged", "load", "pool", "vllm", "sglang", "latency")
 
 
 def read(path):
@@ -265,18 +265,44 @@ def vllm(d):
         return []
     body = []
     pages = sorted({int(r["page"]) for rows in rs for r in rows}, reverse=True)
+    layouts = [x for x in ("block", "region") if any(r["host_layout"] == x for rows in rs for r in rows)]
     for direction, job in (("h2d", "load"), ("d2h", "store")):
-        for p in pages:
-            m = dict(direction=direction, page=str(p), host_layout="block")
-            g = col(rs, "ratio_p50", method="gfd", **m)
-            if not any(v is not None for v in g):
-                continue
-            body.append([size_label(p).replace("KB", "KiB"), job, pct(g), gbps(col(rs, "gbps_p50", method="gfd", **m)),
-                         us_range(col(rs, "submit_us_p50", method="gfd", **m)),
-                         pct(col(rs, "ratio_p50", method="vllm_batch", **m)),
-                         us_range(col(rs, "submit_us_p50", method="vllm_batch", **m))])
-    return [table(["page", "job", "gfd", "gfd GB/s (median)", "submit", "vLLM's batch path (same runs)",
+        for layout in layouts:
+            for p in pages:
+                m = dict(direction=direction, page=str(p), host_layout=layout)
+                g = col(rs, "ratio_p50", method="gfd", **m)
+                if not any(v is not None for v in g):
+                    continue
+                body.append([size_label(p).replace("KB", "KiB"), job, layout, pct(g),
+                             gbps(col(rs, "gbps_p50", method="gfd", **m)),
+                             us_range(col(rs, "submit_us_p50", method="gfd", **m)),
+                             pct(col(rs, "ratio_p50", method="vllm_batch", **m)),
+                             us_range(col(rs, "submit_us_p50", method="vllm_batch", **m))])
+    return [table(["page", "job", "host layout", "gfd", "gfd GB/s (median)", "submit", "vLLM's batch path (same runs)",
                    "its submit"], body)]
+
+
+def sglang(d):
+    rs = runs(d, "sglang_[0-9]*.csv")
+    loaded = runs(d, "sglang_load_*.csv")
+    if not rs:
+        return []
+    body = []
+    for model in ("llama3-8b", "mla"):
+        for layout in ("layer_first", "page_first_direct"):
+            for direction in ("load", "write_back"):
+                for method in ("gfd", "direct", "kernel"):
+                    m = dict(model=model, layout=layout, direction=direction, method=method)
+                    g = col(rs, "ratio_p50", **m)
+                    if not any(v is not None for v in g):
+                        continue
+                    slow = [v for v in col(loaded, "matmul_slowdown", **m) if v is not None] if loaded else []
+                    body.append([model, layout, direction.replace("_", "-"), method, pct(g),
+                                 gbps(col(rs, "gbps_p50", **m)), us_range(col(rs, "layer0_us_p50", **m)),
+                                 us_range(col(rs, "call_us_p50", **m)),
+                                 f"{100 * statistics.median(slow):+.1f}%" if slow else "-"])
+    return [table(["model", "host layout", "batch", "method", "ratio to the line rate", "GB/s (median)",
+                   "layer 0 usable after", "scheduler thread", "matmul slowdown"], body)]
 
 
 def latency(d):

@@ -117,13 +117,16 @@ def test_summarize_reads_the_hosts_driver_call_speed(tmp_path):
     assert "host-only: no GPU was used" in out and "median of" not in out, out
 
 
-def test_bench_vllm_says_what_is_missing():
+@pytest.mark.parametrize("module", ["gfd.bench_vllm", "gfd.bench_sglang"])
+def test_runtime_benches_say_what_is_missing(module):
     try:
         import torch
         if torch.cuda.is_available():
             pytest.skip("this machine has torch with a GPU: the benchmark would run")
     except ImportError:
         pass
-    r = subprocess.run([sys.executable, "-m", "gfd.bench_vllm"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "needs" in r.stderr and ("pip install torch" in r.stderr or "sees none" in r.stderr), r.stderr
+    assert "needs" in r.stderr and ("torch" in r.stderr or "sees none" in r.stderr), r.stderr
+    h = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    assert h.returncode == 0 and "usage: python -m " + module in h.stdout, h.stdout + h.stderr
