@@ -36,6 +36,7 @@ import inspect
 import logging
 import os
 import threading
+import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -155,8 +156,7 @@ class _Plan:
 
 
 _lock = threading.RLock()  # _plans holds it while _make_plan makes the engine
-_plans_by_pool: Dict[tuple, Optional[_Plan]] = {}
-_engines: Dict[int, tuple] = {}
+_engines: Dict[int, tuple] = {}  # per GPU (-1: the emulated device): the engine, the memory it adopted
 
 
 def _plans(l2: Any, transfers: list) -> Optional[List[_Plan]]:
@@ -167,16 +167,19 @@ def _plans(l2: Any, transfers: list) -> Optional[List[_Plan]]:
     for t in transfers:
         if t.layer_mapper is not None or t.is_draft:
             return None
-        key = (id(t.host_pool), id(t.device_pool))
         with _lock:
-            if key not in _plans_by_pool:
+            # Kept on the host pool: a plan lives and dies with the memory it registered.
+            made = getattr(t.host_pool, "_gfd_plan", None)
+            if made is None or made[0] is not t.device_pool:
                 try:
-                    _plans_by_pool[key] = _make_plan(t.host_pool, t.device_pool)
+                    plan = _make_plan(t.host_pool, t.device_pool)
                 except Exception as e:  # noqa: BLE001 - not covered: SGLang's own path
                     logger.warning("gfd.sglang: %s: %s; this pool keeps SGLang's transfer path",
                                    type(t.host_pool).__name__, e)
-                    _plans_by_pool[key] = None
-            plan = _plans_by_pool[key]
+                    plan = None
+                made = (t.device_pool, plan)
+                t.host_pool._gfd_plan = made
+            plan = made[1]
         if plan is None:
             return None
         out.append(plan)
@@ -274,7 +277,7 @@ def _make_plan(host: Any, device: Any) -> _Plan:
     else:
         raise _error("only MHATokenToKVPoolHost and MLATokenToKVPoolHost are covered")
     engine = _engine_for([d for pairs in layers.values() for _, d in pairs])
-    keep = [host]
+    keep = [weakref.proxy(host)]  # the plan is kept on the host pool itself: no cycle
 
     def views(pairs: list) -> tuple:
         hs = [View(r, False, keep) for r, _ in pairs]
