@@ -117,6 +117,7 @@ fi
 if has vllm; then
   for r in $(seq "$RUNS"); do
     step "vllm_$r" 240 "$PY" -m gfd.bench_vllm --pages 8K,32K --blocks 64 --gpu-alloc one --host-layout block,region
+    step "vllm_busy_$r" 120 "$PY" -m gfd.bench_vllm --pages 32K --blocks 64 --gpu-alloc one --host-layout region --busy-thread
   done
 fi
 if has sglang; then

@@ -260,7 +260,8 @@ def pool(d):
 
 
 def vllm(d):
-    rs = runs(d, "vllm_*.csv")
+    rs = runs(d, "vllm_[0-9]*.csv")
+    busy = runs(d, "vllm_busy_*.csv")
     if not rs:
         return []
     body = []
@@ -278,8 +279,16 @@ def vllm(d):
                              us_range(col(rs, "submit_us_p50", method="gfd", **m)),
                              pct(col(rs, "ratio_p50", method="vllm_batch", **m)),
                              us_range(col(rs, "submit_us_p50", method="vllm_batch", **m))])
-    return [table(["page", "job", "host layout", "gfd", "gfd GB/s (median)", "submit", "vLLM's batch path (same runs)",
-                   "its submit"], body)]
+    out = [table(["page", "job", "host layout", "gfd", "gfd GB/s (median)", "submit", "vLLM's batch path (same runs)",
+                  "its submit"], body)]
+    if busy:
+        rows = []
+        for direction, job in (("h2d", "load"), ("d2h", "store")):
+            m = dict(direction=direction, host_layout="region")
+            rows.append([job, us_range(col(busy, "submit_us_p50", method="gfd", **m)), pct(col(busy, "ratio_p50", method="gfd", **m)),
+                         us_range(col(busy, "submit_us_p50", method="vllm_batch", **m))])
+        out.append(table(["job (another Python thread busy)", "gfd submit", "gfd", "vLLM's submit"], rows))
+    return out
 
 
 def sglang(d):

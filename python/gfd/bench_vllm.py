@@ -19,6 +19,8 @@ The GPU tensors are laid out as vLLM 0.33 allocates them for its offloading conn
 ``l * layer stride + g * page``, the LBHNC layout the connector asks for), or as one allocation
 per tensor (``--gpu-alloc separate``, as earlier vLLM releases did).
 
+``--busy-thread`` keeps another Python thread busy meanwhile, as a serving process's other threads
+may be (the submit time then includes taking the GIL back after gfd's call released it).
 P50 and the spread over ``--reps`` timed jobs after warm-up; every method's bytes verified once
 per configuration against a numpy reference. "submit us": how long the call blocks its caller
 (P50: gfd's ``submit``; vLLM's descriptor build and batch call). Needs torch and a CUDA GPU.
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from typing import List, Optional
 
@@ -234,6 +237,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--gpu-alloc", default="one", help="one (vLLM 0.33's single backing allocation) or separate")
     ap.add_argument("--csv", default="")
     ap.add_argument("--trace", action="store_true", help="print the timeline of one timed gfd job per case")
+    ap.add_argument("--busy-thread", action="store_true",
+                    help="keep another Python thread busy (a pure-Python loop) during the runs, as a serving "
+                         "process's other threads are: the submit times then include taking the GIL back")
     a = ap.parse_args(argv)
     try:
         import torch
@@ -250,12 +256,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     engine = Engine.from_env(device=torch.cuda.current_device())  # GFD_* variables apply (A/B runs)
     rows = []
+    stop = threading.Event()
+    if a.busy_thread:
+        def spin() -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+        threading.Thread(target=spin, daemon=True).start()
     for hm in a.host_memory.split(","):
         for layout in a.host_layout.split(","):
             for page in a.pages:
                 for d in a.directions.split(","):
                     rows += run_case(torch, engine, a.tensors, page, a.blocks, a.blocks_per_chunk, a.host_bytes,
                                      a.reps, a.warmup, hm, d, layout, a.trace, a.gpu_alloc)
+    stop.set()
     engine.close()
     keys = list(rows[0].keys())
     if a.csv:
