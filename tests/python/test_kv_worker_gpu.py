@@ -179,3 +179,77 @@ def test_torch_host_memory_and_many_jobs_in_flight(engine):
             assert torch.equal(h.view(128, page)[:64], g[:64].cpu()), f"tensor {t}"
     finally:
         w.shutdown()
+
+
+def _region(tensors, page, bpc, num_chunks):
+    """vLLM's SharedOffloadRegion of one rank rebuilt: pinned rows of every tensor's bpc pages of a
+    chunk side by side (padded to 4 KiB), per tensor an int8 (chunks, page * bpc) view whose rows
+    are a region row apart; and the address of page id i (chunk i // bpc, sub-block i % bpc) of
+    tensor t, as vLLM's compute_sub_block_ptrs computes it."""
+    row = -(-tensors * page * bpc // 4096) * 4096
+    base = torch.zeros(num_chunks * row, dtype=torch.int8, pin_memory=True)
+    views = [torch.as_strided(base, (num_chunks, page * bpc), (row, 1), t * page * bpc) for t in range(tensors)]
+
+    def addr(t, ids):
+        ids = ids.astype(np.uint64)
+        return (np.uint64(base.data_ptr()) + ids // np.uint64(bpc) * np.uint64(row) + np.uint64(t * page * bpc)
+                + ids % np.uint64(bpc) * np.uint64(page))
+    return base, views, addr
+
+
+def _batch(engine, to_device, host_addr, gpu, host_ids, gpu_ids, page, stream):
+    """vLLM's copy path on given host addresses: a descriptor per (block, tensor), one batched DMA."""
+    src, dst = [], []
+    for t, g in enumerate(gpu):
+        hp = host_addr(t, host_ids)
+        gp = np.uint64(g.data_ptr()) + gpu_ids.astype(np.uint64) * np.uint64(g.stride(0))
+        src.append(hp if to_device else gp)
+        dst.append(gp if to_device else hp)
+    src = np.concatenate(src).astype(np.uint64)
+    dst = np.concatenate(dst).astype(np.uint64)
+    sizes = np.full(len(src), page, np.uint64)
+    testing.memcpy_batch(engine, dst.ctypes.data, src.ctypes.data, sizes.ctypes.data, len(sizes), to_device,
+                          int(stream.cuda_stream))
+    stream.synchronize()
+
+
+@pytest.mark.parametrize("bpc", [1, 4])
+def test_worker_on_vllms_shared_region_matches_vllm_copy_path(engine, bpc):
+    """The worker on vLLM's shared-region layout (what gfd.vllm hands it): stores and loads
+    byte-identical to vLLM's own copy path on a second region, both directions."""
+    tensors, page, gpu_blocks, num_chunks, blocks = 16, 8 << 10, 256, 64, 48
+    gpu = _gpu_caches(tensors, gpu_blocks, page, "one")
+    base, views, addr = _region(tensors, page, bpc, num_chunks)
+    ref_base, _, ref_addr = _region(tensors, page, bpc, num_chunks)
+    w = KVTransferWorker(engine, gpu, [list(range(tensors))], bpc, num_chunks, host_caches=views)
+    rng = np.random.default_rng(9)
+    side = torch.cuda.Stream()
+    try:
+        skip = 1 if bpc > 1 else 0
+        gids = rng.choice(gpu_blocks, blocks, replace=False).astype(np.int64)
+        chunks = rng.choice(num_chunks, -(-(blocks + skip) // bpc), replace=False).astype(np.int64)
+        hids = host_block_ids(chunks, bpc, blocks, skip)
+        w.submit(1, False, chunks, gids, [blocks], [skip])
+        r = _wait_job(w, 1)
+        assert r.success and r.bytes == blocks * tensors * page, r
+        torch.cuda.synchronize()
+        _batch(engine, False, ref_addr, gpu, hids, gids, page, side)
+        assert torch.equal(base, ref_base), "store: the region differs from vLLM's copy path"
+
+        gids2 = rng.choice(gpu_blocks, blocks, replace=False).astype(np.int64)
+        ref_gpu = [g.clone() for g in gpu]
+        gsel2 = torch.from_numpy(gids2).cuda()
+        for g in gpu:
+            g[gsel2] = 0
+        for g in ref_gpu:
+            g[gsel2] = 0
+        torch.cuda.synchronize()
+        w.submit(2, True, chunks, gids2, [blocks], [skip])
+        r = _wait_job(w, 2)
+        assert r.success, r
+        torch.cuda.synchronize()
+        _batch(engine, True, ref_addr, ref_gpu, hids, gids2, page, side)
+        for t, (g, ref) in enumerate(zip(gpu, ref_gpu)):
+            assert torch.equal(g, ref), f"load: GPU tensor {t} differs from vLLM's copy path"
+    finally:
+        w.shutdown()
