@@ -221,14 +221,10 @@ def _engine_for(device_buffers: list) -> Engine:
                 engine = Engine.from_env(device=index, stream_ordered_to_host=True)
             else:
                 engine = testing.emulated_engine(**emulated, stream_ordered_to_host=True)
-            adopted = {}
+            adopted = []
             _engines[index] = (engine, adopted)
         if engine._emulated:
-            for b in device_buffers:
-                storage = b.untyped_storage()
-                if storage.data_ptr() not in adopted and testing.pointer_kind(engine, b.data_ptr()) != "device":
-                    adopted[storage.data_ptr()] = testing.adopt_device_memory(engine, storage.data_ptr(),
-                                                                              storage.nbytes(), storage)
+            adopted += testing.adopt_tensors(engine, device_buffers)  # kept: the pools live as long
     return engine
 
 

@@ -101,6 +101,28 @@ def adopt_device_memory(engine: Engine, ptr: int, nbytes: int, owner: Any = None
     return AdoptedMemory(engine, ptr, nbytes, owner)
 
 
+def adopt_tensors(engine: Engine, tensors: Any) -> list:
+    """Adopts (:func:`adopt_device_memory`) the whole storage of each CPU torch tensor of
+    ``tensors`` that the emulated device does not know yet, once per storage: a runtime's "GPU"
+    caches on a machine without a GPU. Returns the adopted memory (release each when done)."""
+    import sys
+    torch = sys.modules.get("torch")
+    out: list = []
+    try:
+        for t in tensors:
+            if torch is None or not isinstance(t, torch.Tensor) or t.is_cuda:
+                continue
+            storage = t.untyped_storage()
+            if any(a.ptr == storage.data_ptr() for a in out) or pointer_kind(engine, t.data_ptr()) == "device":
+                continue
+            out.append(adopt_device_memory(engine, storage.data_ptr(), storage.nbytes(), storage))
+    except BaseException:
+        for a in out:
+            a.release()
+        raise
+    return out
+
+
 def device_buffer(engine: Engine, shape: Any, dtype: Any = "uint8") -> _gfd.Buffer:
     """Device memory of the engine's GPU as a gfd.Buffer (DLPack device: CUDA). On the emulated
     device it also has __array_interface__, so numpy.asarray shows the "device" bytes."""

@@ -108,23 +108,11 @@ def _engine(device: int, options: dict, gpu: list) -> tuple:
     if emulated is None:
         return Engine.from_env(device=device, **options), []
     engine = testing.emulated_engine(**emulated, **options)
-    adopted, seen = [], set()
-    torch = _torch()
     try:
-        for t in gpu:
-            if torch is None or not isinstance(t, torch.Tensor) or t.is_cuda:
-                continue
-            storage = t.untyped_storage()
-            if storage.data_ptr() in seen or testing.pointer_kind(engine, t.data_ptr()) == "device":
-                continue
-            seen.add(storage.data_ptr())
-            adopted.append(testing.adopt_device_memory(engine, storage.data_ptr(), storage.nbytes(), storage))
+        return engine, testing.adopt_tensors(engine, gpu)
     except BaseException:
-        for a in adopted:
-            a.release()
         engine.close()
         raise
-    return engine, adopted
 
 
 def _canonical(kv_caches: CanonicalKVCaches) -> tuple:
