@@ -159,9 +159,19 @@ _lock = threading.RLock()  # _plans holds it while _make_plan makes the engine
 _engines: Dict[int, tuple] = {}  # per GPU (-1: the emulated device): the engine, the memory it adopted
 
 
+_warned: set = set()
+
+
 def _plans(l2: Any, transfers: list) -> Optional[List[_Plan]]:
     """gfd's plan of each transfer, or None where any of them is not covered (SGLang's way)."""
-    if getattr(l2, "io_backend", None) != "direct" or not transfers:
+    backend = getattr(l2, "io_backend", None)
+    if backend != "direct":
+        if backend not in _warned:
+            _warned.add(backend)
+            logger.warning("gfd.sglang: --hicache-io-backend %s stays SGLang's; gfd carries the direct io backend "
+                           "(--hicache-io-backend direct)", backend)
+        return None
+    if not transfers:
         return None
     out = []
     for t in transfers:

@@ -163,7 +163,7 @@ def test_write_back_then_load_layer_by_layer(plugins, kind, layout):
                 assert same(dev_layer(layer, part)[d * P:(d + 1) * P], host_page(host, layer, h, kind, part))
 
 
-def test_what_is_not_covered_goes_sglangs_way(plugins, monkeypatch):
+def test_what_is_not_covered_goes_sglangs_way(plugins, monkeypatch, caplog):
     """A transfer of a pool gfd does not cover (a layer mapper here; likewise other pools,
     layouts, io backends or token runs that are not whole pages) reaches the pool's own methods
     unchanged."""
@@ -180,8 +180,10 @@ def test_what_is_not_covered_goes_sglangs_way(plugins, monkeypatch):
     l2.submit_host_to_device([mapped], transfer_layer_id_max=2)
     partial = L2Transfer(host, dev, tokens([1])[:5], tokens([2])[:5])  # not whole pages
     l2.submit_device_to_host([partial])
-    l2k = L2TransferEngine("kernel")  # another io backend
-    l2k.submit_device_to_host([L2Transfer(host, dev, tokens([1]), tokens([2]))])
+    l2k = L2TransferEngine("kernel")  # another io backend: said once in the log
+    with caplog.at_level("WARNING", logger="gfd.sglang"):
+        l2k.submit_device_to_host([L2Transfer(host, dev, tokens([1]), tokens([2]))])
+    assert "--hicache-io-backend kernel stays SGLang's" in caplog.text
     assert seen == [("load", 0), ("load", 1), ("backup",), ("backup",)]
     assert gfd_engine().stats()["transfers"] == before
 
