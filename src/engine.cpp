@@ -101,8 +101,8 @@ std::vector<Transfer> Engine::copy_blocks(std::span<const CacheSet> sets, Direct
     if (d < dst_limit) dst_limit = d, dst_set = k;
   }
   if (src_ids.count != dst_ids.count)
-    throw Error(ErrorCode::kInvalidArgument, "copy_blocks: " + std::to_string(src_ids.count) + " src_ids but " +
-                                                 std::to_string(dst_ids.count) + " dst_ids");
+    throw Error(ErrorCode::kInvalidArgument,
+                std::to_string(src_ids.count) + " src_ids but " + std::to_string(dst_ids.count) + " dst_ids");
   const char* src_side = to_device ? "host" : "device";
   const char* dst_side = to_device ? "device" : "host";
   for (std::size_t i = 0; i < src_ids.count && !sets.empty(); ++i) {
@@ -110,7 +110,7 @@ std::vector<Transfer> Engine::copy_blocks(std::span<const CacheSet> sets, Direct
     auto bad = [&](const char* name, const char* what, std::int64_t v, const char* side, std::size_t k,
                    std::uint64_t n) {
       throw Error(ErrorCode::kInvalidArgument,
-                  "copy_blocks: " + std::string(name) + "[" + std::to_string(i) + "] (block " + std::to_string(s) +
+                  std::string(name) + "[" + std::to_string(i) + "] (block " + std::to_string(s) +
                       " -> " + std::to_string(t) + "): " + what + " block " + std::to_string(v) +
                       (v < 0 ? std::string(" is negative")
                              : " is out of range (set " + std::to_string(k) + "'s " + side + " caches have " +

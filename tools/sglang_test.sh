@@ -24,6 +24,7 @@ die() { echo "sglang_test: ERROR: $*" >&2; exit 1; }
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+. "$ROOT/tools/suite_lib.sh"
 BASE_PY=${PYTHON:-python3}
 VERSION=${SGLANG_VERSION:-0.5.23}
 BUILD_DIR=${BUILD_DIR:-build}
@@ -32,14 +33,7 @@ SVENV=${GFD_SGLANG_VENV:-$ROOT/build/sglang-venv}
 EXTRA=(ipython gguf)
 export PYTHONDONTWRITEBYTECODE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
-if [ -f "$BUILD_DIR/CMakeCache.txt" ] && grep -q '^GFD_BUILD_PYTHON:BOOL=ON' "$BUILD_DIR/CMakeCache.txt"; then
-  cmake --build "$BUILD_DIR" --target gfd_python_files > /dev/null ||
-    die "copying python/gfd into $BUILD_DIR failed (cmake --build $BUILD_DIR --target gfd_python_files)"
-fi
-pkg=$(cd "$BUILD_DIR/python" 2> /dev/null && pwd) || pkg=
-ext=$(ls "$pkg"/gfd/_gfd*.so 2> /dev/null | head -1 || true)
-[ -n "$pkg" ] && [ -f "$pkg/gfd/__init__.py" ] && [ -n "$ext" ] ||
-  die "no built gfd package in $BUILD_DIR/python: build it first (BUILD_DIR=$BUILD_DIR tools/python_test.sh)"
+built_package "$BUILD_DIR"
 
 VENV=$(PYTHON=$BASE_PY "$ROOT/tools/python_test.sh" --venv) || exit 1
 VPY="$VENV/bin/python"
@@ -72,13 +66,4 @@ if [ "$have" != "$VERSION" ]; then
 fi
 say "sglang $have, package: $pkg/gfd"
 
-say "running pytest on tests/sglang"
-rc=0
-GFD_REQUIRE_SGLANG=1 PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" \
-  "$SPY" -m pytest -p no:cacheprovider -q -ra "$ROOT/tests/sglang" "$@" || rc=$?
-if [ "$rc" -eq 5 ]; then
-  echo "sglang_test: ERROR: pytest collected no tests" >&2
-  exit 1
-fi
-if [ "$rc" -eq 0 ]; then say "all SGLang tests passed"; else say "pytest failed (exit status $rc)" >&2; fi
-exit "$rc"
+run_suite SGLang "$SPY" "$ROOT/tests/sglang" GFD_REQUIRE_SGLANG "$@"

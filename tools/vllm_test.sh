@@ -26,6 +26,7 @@ die() { echo "vllm_test: ERROR: $*" >&2; exit 1; }
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+. "$ROOT/tools/suite_lib.sh"
 BASE_PY=${PYTHON:-python3}
 VENV=${GFD_VENV:-$ROOT/build/venv}
 VERSION=${VLLM_VERSION:-0.33.0}
@@ -34,14 +35,7 @@ export PYTHONDONTWRITEBYTECODE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # The package under test, as built (tools/python_test.sh builds it); its pure-Python files are
 # copied again from python/gfd when it is a CMake build (target gfd_python_files: no compiling).
-if [ -f "$BUILD_DIR/CMakeCache.txt" ] && grep -q '^GFD_BUILD_PYTHON:BOOL=ON' "$BUILD_DIR/CMakeCache.txt"; then
-  cmake --build "$BUILD_DIR" --target gfd_python_files > /dev/null ||
-    die "copying python/gfd into $BUILD_DIR failed (cmake --build $BUILD_DIR --target gfd_python_files)"
-fi
-pkg=$(cd "$BUILD_DIR/python" 2> /dev/null && pwd) || pkg=
-ext=$(ls "$pkg"/gfd/_gfd*.so 2> /dev/null | head -1 || true)
-[ -n "$pkg" ] && [ -f "$pkg/gfd/__init__.py" ] && [ -n "$ext" ] ||
-  die "no built gfd package in $BUILD_DIR/python: build it first (BUILD_DIR=$BUILD_DIR tools/python_test.sh)"
+built_package "$BUILD_DIR"
 
 if [ "${GFD_PYTHON:-venv}" = system ]; then
   VPY=$(command -v "$BASE_PY") || die "no '$BASE_PY' on PATH"
@@ -85,13 +79,4 @@ fi
 "$VPY" -c 'import pytest' > /dev/null 2>&1 || "$VPY" -m pip install pytest || die "no pytest for $VPY"
 say "vllm $have, package: $pkg/gfd"
 
-say "running pytest on tests/vllm"
-rc=0
-GFD_REQUIRE_VLLM=1 PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" \
-  "$VPY" -m pytest -p no:cacheprovider -q -ra "$ROOT/tests/vllm" "$@" || rc=$?
-if [ "$rc" -eq 5 ]; then
-  echo "vllm_test: ERROR: pytest collected no tests" >&2
-  exit 1
-fi
-if [ "$rc" -eq 0 ]; then say "all vLLM tests passed"; else say "pytest failed (exit status $rc)" >&2; fi
-exit "$rc"
+run_suite vLLM "$VPY" "$ROOT/tests/vllm" GFD_REQUIRE_VLLM "$@"

@@ -14,3 +14,14 @@ def fmt_size(n: int) -> str:
         if n >= 1 << shift and n % (1 << shift) == 0:
             return f"{n >> shift} {unit}iB"
     return f"{n} B"
+
+
+def write_csv(path: str, rows: List[dict]) -> None:
+    """The rows as CSV, the first row's keys as the header (nothing where ``path`` is empty)."""
+    if not path or not rows:
+        return
+    keys = list(rows[0].keys())
+    with open(path, "w") as f:
+        f.write(",".join(keys) + "\n")
+        for r in rows:
+            f.write(",".join(str(r[k]) for k in keys) + "\n")

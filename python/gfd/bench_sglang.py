@@ -35,7 +35,7 @@ from typing import List, Optional
 import numpy as np
 
 from . import Engine
-from ._bench_util import fmt_size, percentile
+from ._bench_util import fmt_size, percentile, write_csv
 from .bench_paged import parse_size
 
 MODELS = {"llama3-8b": (32, (8, 128), 2), "mla": (61, (1, 576), 1)}  # layers, per-token shape, K/V parts
@@ -274,12 +274,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for layout in a.layouts.split(","):
             for d in a.directions.split(","):
                 rows += run_case(torch, a, model, layout, d)
-    keys = list(rows[0].keys())
-    if a.csv:
-        with open(a.csv, "w") as f:
-            f.write(",".join(keys) + "\n")
-            for r in rows:
-                f.write(",".join(str(r[k]) for k in keys) + "\n")
+    write_csv(a.csv, rows)
     print(f"{'model':>9} {'layout':>17} {'dir':>10} {'method':>7} {'page':>8} {'GB/s p50':>9} {'min-max':>13} "
           f"{'ratio':>6} {'layer0 us':>9} {'call us':>8} {'matmul':>7}")
     for r in rows:

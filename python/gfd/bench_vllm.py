@@ -39,7 +39,7 @@ from typing import List, Optional
 import numpy as np
 
 from . import Engine, testing
-from ._bench_util import fmt_size, percentile
+from ._bench_util import fmt_size, percentile, write_csv
 from .bench_paged import parse_size, size_list
 from .kv_worker import KVTransferWorker, host_block_ids
 
@@ -271,12 +271,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                      a.reps, a.warmup, hm, d, layout, a.trace, a.gpu_alloc)
     stop.set()
     engine.close()
-    keys = list(rows[0].keys())
-    if a.csv:
-        with open(a.csv, "w") as f:
-            f.write(",".join(keys) + "\n")
-            for r in rows:
-                f.write(",".join(str(r[k]) for k in keys) + "\n")
+    write_csv(a.csv, rows)
     print(f"{'host':>5} {'layout':>6} {'page':>6} {'dir':>4} {'method':>10} {'GB/s p50':>9} {'min-max':>13} {'ratio':>6} {'submit us':>9}")
     for r in rows:
         print(f"{r['host_memory']:>5} {r['host_layout']:>6} {fmt_size(r['page']):>6} {r['direction']:>4} {r['method']:>10} "

@@ -159,73 +159,83 @@ std::shared_ptr<PyCacheSet> register_tensors(EngineHolder& h, const py::sequence
   return out;
 }
 
-std::unique_ptr<PyTransfer> copy_on_set(EngineHolder& h, const PyCacheSet& set, Direction dir, py::handle src_ids,
-                                        py::handle dst_ids, cudaStream_t stream) {
+namespace {
+
+// The ids of a copy_blocks call, checked (1-D, as many of each, no more than the destination's
+// `dst_limit` blocks) and read as the engine reads them (block_ids), against the fewest blocks
+// the sets have per side.
+struct CallIds {
+  IntArray a, b;
+  std::vector<std::int64_t> src_copy, dst_copy;
+  BlockIds src, dst;
+  std::size_t rows() const { return a.rows(); }
+  // The id arrays stay alive with the transfer.
+  void keep_in(PyTransfer& t) const {
+    for (const IntArray* x : {&a, &b})
+      if (x->owner) t.keep.append(x->owner);
+  }
+};
+
+void read_ids(CallIds& c, py::handle src_ids, py::handle dst_ids, bool to_device, std::size_t src_limit,
+              std::size_t dst_limit, const std::string& sides) {
   const std::string fn = "copy_blocks";
-  IntArray a = int_array(src_ids, fn + ": src_ids", false);
-  IntArray b = int_array(dst_ids, fn + ": dst_ids", false);
-  if (a.ndim != 1) bad_argument(fn + ": src_ids must be 1-D, got " + std::to_string(a.ndim) + " dimensions");
-  if (b.ndim != 1) bad_argument(fn + ": dst_ids must be 1-D, got " + std::to_string(b.ndim) + " dimensions");
-  if (a.rows() != b.rows())
-    bad_argument(fn + ": src_ids has " + std::to_string(a.rows()) + " ids, dst_ids " + std::to_string(b.rows()));
-  const bool to_device = dir == Direction::kToDevice;
-  const std::size_t src_limit = to_device ? set.set.host_blocks() : set.set.device_blocks();
-  const std::size_t dst_limit = to_device ? set.set.device_blocks() : set.set.host_blocks();
-  const char* src_side = to_device ? "the host caches have" : "the device caches have";
-  const char* dst_side = to_device ? "the device caches have" : "the host caches have";
+  c.a = int_array(src_ids, fn + ": src_ids", false);
+  c.b = int_array(dst_ids, fn + ": dst_ids", false);
+  if (c.a.ndim != 1) bad_argument(fn + ": src_ids must be 1-D, got " + std::to_string(c.a.ndim) + " dimensions");
+  if (c.b.ndim != 1) bad_argument(fn + ": dst_ids must be 1-D, got " + std::to_string(c.b.ndim) + " dimensions");
+  if (c.a.rows() != c.b.rows())
+    bad_argument(fn + ": src_ids has " + std::to_string(c.a.rows()) + " ids, dst_ids " + std::to_string(c.b.rows()));
+  const std::string src_side = sides + (to_device ? "host caches have" : "device caches have");
+  const std::string dst_side = sides + (to_device ? "device caches have" : "host caches have");
   // Cheap first: a destination block is written at most once per transfer, so more ids than
   // destination blocks cannot be valid, whatever they are (no work in proportion to them).
-  if (a.rows() > dst_limit)
-    bad_argument(fn + ": dst_ids: " + std::to_string(a.rows()) + " ids, but " + dst_side + " " +
+  if (c.a.rows() > dst_limit)
+    bad_argument(fn + ": dst_ids: " + std::to_string(c.a.rows()) + " ids, but " + dst_side + " " +
                  std::to_string(dst_limit) + " blocks (each is written at most once per transfer)");
+  if (c.a.rows() == 0) return;
+  c.src = block_ids(c.a, src_limit, src_side, c.src_copy);
+  c.dst = block_ids(c.b, dst_limit, dst_side, c.dst_copy);
+}
+
+}  // namespace
+
+std::unique_ptr<PyTransfer> copy_on_set(EngineHolder& h, const PyCacheSet& set, Direction dir, py::handle src_ids,
+                                        py::handle dst_ids, cudaStream_t stream) {
+  const bool to_device = dir == Direction::kToDevice;
+  CallIds ids;
+  read_ids(ids, src_ids, dst_ids, to_device, to_device ? set.set.host_blocks() : set.set.device_blocks(),
+           to_device ? set.set.device_blocks() : set.set.host_blocks(), "the ");
   Transfer t;
-  if (a.rows() != 0) {
-    std::vector<std::int64_t> src_copy, dst_copy;
-    const BlockIds s = block_ids(a, src_limit, src_side, src_copy);
-    const BlockIds d = block_ids(b, dst_limit, dst_side, dst_copy);
+  if (ids.rows() != 0) {
     try {
       py::gil_scoped_release nogil;
-      t = h.engine->copy_blocks(set.set, dir, s, d, stream);
+      t = h.engine->copy_blocks(set.set, dir, ids.src, ids.dst, stream);
     } catch (const Error& e) {
-      throw Error(e.code(), fn + ": " + e.what(), e.block());
+      throw Error(e.code(), std::string("copy_blocks: ") + e.what(), e.block());
     }
   }
   auto out = std::make_unique<PyTransfer>(std::move(t));
-  for (const IntArray* x : {&a, &b})
-    if (x->owner) out->keep.append(x->owner);
+  ids.keep_in(*out);
   return out;
 }
 
 py::list copy_on_sets(EngineHolder& h, const std::vector<std::shared_ptr<PyCacheSet>>& sets, Direction dir,
                       py::handle src_ids, py::handle dst_ids, cudaStream_t stream, py::handle after_each) {
-  const std::string fn = "copy_blocks";
-  if (sets.empty()) bad_argument(fn + ": caches: an empty list of CacheSets");
-  IntArray a = int_array(src_ids, fn + ": src_ids", false);
-  IntArray b = int_array(dst_ids, fn + ": dst_ids", false);
-  if (a.ndim != 1) bad_argument(fn + ": src_ids must be 1-D, got " + std::to_string(a.ndim) + " dimensions");
-  if (b.ndim != 1) bad_argument(fn + ": dst_ids must be 1-D, got " + std::to_string(b.ndim) + " dimensions");
-  if (a.rows() != b.rows())
-    bad_argument(fn + ": src_ids has " + std::to_string(a.rows()) + " ids, dst_ids " + std::to_string(b.rows()));
+  if (sets.empty()) bad_argument("copy_blocks: caches: an empty list of CacheSets");
   const bool to_device = dir == Direction::kToDevice;
   std::size_t src_limit = SIZE_MAX, dst_limit = SIZE_MAX;
   std::vector<CacheSet> list;
   for (const auto& s : sets) {
-    if (s->engine != &h) bad_argument(fn + ": caches: a CacheSet of another engine");
+    if (s->engine != &h) bad_argument("copy_blocks: caches: a CacheSet of another engine");
     list.push_back(s->set);
     src_limit = std::min(src_limit, to_device ? s->set.host_blocks() : s->set.device_blocks());
     dst_limit = std::min(dst_limit, to_device ? s->set.device_blocks() : s->set.host_blocks());
   }
-  const char* src_side = to_device ? "the smallest set's host caches have" : "the smallest set's device caches have";
-  const char* dst_side = to_device ? "the smallest set's device caches have" : "the smallest set's host caches have";
-  if (a.rows() > dst_limit)
-    bad_argument(fn + ": dst_ids: " + std::to_string(a.rows()) + " ids, but " + dst_side + " " +
-                 std::to_string(dst_limit) + " blocks (each is written at most once per transfer)");
+  CallIds ids;
+  read_ids(ids, src_ids, dst_ids, to_device, src_limit, dst_limit, "the smallest set's ");
   std::vector<Transfer> ts;
   std::exception_ptr raised;  // the first exception of after_each: later ones are not called
-  if (a.rows() != 0) {
-    std::vector<std::int64_t> src_copy, dst_copy;
-    const BlockIds s = block_ids(a, src_limit, src_side, src_copy);
-    const BlockIds d = block_ids(b, dst_limit, dst_side, dst_copy);
+  if (ids.rows() != 0) {
     std::function<void(std::size_t)> each;
     if (!after_each.is_none())
       each = [&](std::size_t k) {
@@ -239,17 +249,16 @@ py::list copy_on_sets(EngineHolder& h, const std::vector<std::shared_ptr<PyCache
       };
     try {
       py::gil_scoped_release nogil;
-      ts = h.engine->copy_blocks(list, dir, s, d, stream, each);
+      ts = h.engine->copy_blocks(list, dir, ids.src, ids.dst, stream, each);
     } catch (const Error& e) {
-      throw Error(e.code(), e.what(), e.block());
+      throw Error(e.code(), std::string("copy_blocks: ") + e.what(), e.block());
     }
   }
   if (raised) std::rethrow_exception(raised);
   py::list out;
   for (auto& t : ts) {
     auto p = std::make_unique<PyTransfer>(std::move(t));
-    for (const IntArray* x : {&a, &b})
-      if (x->owner) p->keep.append(x->owner);
+    ids.keep_in(*p);
     out.append(py::cast(std::move(p)));
   }
   return out;

@@ -36,11 +36,18 @@ def _random(shape, seed):
 
 
 def _vllm_copy(engine, to_device, host_rows, gpu, host_ids, gpu_ids, page, stream):
-    """vLLM's CPUOffloadingWorker copy: a descriptor per (block, tensor), one batched DMA."""
-    n = len(gpu_ids)
+    """vLLM's CPUOffloadingWorker copy on (rows, page) host arrays."""
+    def addr(t, ids):
+        h = host_rows[t]
+        return np.uint64(h.data_ptr()) + ids.astype(np.uint64) * np.uint64(h.stride(0))
+    _batch(engine, to_device, addr, gpu, host_ids, gpu_ids, page, stream)
+
+
+def _batch(engine, to_device, host_addr, gpu, host_ids, gpu_ids, page, stream):
+    """vLLM's copy path on given host addresses: a descriptor per (block, tensor), one batched DMA."""
     src, dst = [], []
-    for h, g in zip(host_rows, gpu):
-        hp = np.uint64(h.data_ptr()) + host_ids.astype(np.uint64) * np.uint64(h.stride(0))
+    for t, g in enumerate(gpu):
+        hp = host_addr(t, host_ids)
         gp = np.uint64(g.data_ptr()) + gpu_ids.astype(np.uint64) * np.uint64(g.stride(0))
         src.append(hp if to_device else gp)
         dst.append(gp if to_device else hp)
@@ -50,7 +57,6 @@ def _vllm_copy(engine, to_device, host_rows, gpu, host_ids, gpu_ids, page, strea
     testing.memcpy_batch(engine, dst.ctypes.data, src.ctypes.data, sizes.ctypes.data, len(sizes), to_device,
                           int(stream.cuda_stream))
     stream.synchronize()
-    assert len(src) == n * len(gpu)
 
 
 def _wait_job(w, job_id):
@@ -195,22 +201,6 @@ def _region(tensors, page, bpc, num_chunks):
         return (np.uint64(base.data_ptr()) + ids // np.uint64(bpc) * np.uint64(row) + np.uint64(t * page * bpc)
                 + ids % np.uint64(bpc) * np.uint64(page))
     return base, views, addr
-
-
-def _batch(engine, to_device, host_addr, gpu, host_ids, gpu_ids, page, stream):
-    """vLLM's copy path on given host addresses: a descriptor per (block, tensor), one batched DMA."""
-    src, dst = [], []
-    for t, g in enumerate(gpu):
-        hp = host_addr(t, host_ids)
-        gp = np.uint64(g.data_ptr()) + gpu_ids.astype(np.uint64) * np.uint64(g.stride(0))
-        src.append(hp if to_device else gp)
-        dst.append(gp if to_device else hp)
-    src = np.concatenate(src).astype(np.uint64)
-    dst = np.concatenate(dst).astype(np.uint64)
-    sizes = np.full(len(src), page, np.uint64)
-    testing.memcpy_batch(engine, dst.ctypes.data, src.ctypes.data, sizes.ctypes.data, len(sizes), to_device,
-                          int(stream.cuda_stream))
-    stream.synchronize()
 
 
 @pytest.mark.parametrize("bpc", [1, 4])

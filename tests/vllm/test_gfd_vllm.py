@@ -420,6 +420,20 @@ def test_unsupported_combinations_are_refused_naming_the_key(model_dir, monkeypa
         Stack(model_dir, monkeypatch, "one_group", {"gfd_host_memory": "pool"}, spec="GfdTieringOffloadingSpec")
 
 
+def enqueued_within(engine, call):
+    """Whether ``call`` (a submission, which returns True) had its transfer reach gfd by the time
+    it returned, with no other thread able to run meanwhile (a switch interval far longer than
+    the test: a caller busy in Python keeps the interpreter)."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        before = engine.stats()["transfers"]
+        assert call() is True
+        return engine.stats()["transfers"] > before
+    finally:
+        sys.setswitchinterval(interval)
+
+
 def test_a_job_reaches_gfd_within_the_submit_call(model_dir, monkeypatch):
     """No thread stands between submit_store / submit_load and gfd: the transfer is enqueued
     when the call returns, though no other thread could have run meanwhile (the switch interval
@@ -427,28 +441,15 @@ def test_a_job_reaches_gfd_within_the_submit_call(model_dir, monkeypatch):
     s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, emulated="copy_delay_us=20000")
     stores, loads, store_ranges, load_ranges = tables_for(s, np.random.default_rng(8))
     keys, gpu_spec, cpu_spec, rows = s.job(stores, store_ranges, store=True)
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1000.0)
-    try:
-        before = s.engine.stats()["transfers"]
-        assert s.worker.submit_store(1, gpu_spec, cpu_spec) is True
-        after = s.engine.stats()["transfers"]
-    finally:
-        sys.setswitchinterval(interval)
-    assert after > before, "the store was not enqueued by the time submit_store returned"
+    assert enqueued_within(s.engine, lambda: s.worker.submit_store(1, gpu_spec, cpu_spec)), \
+        "the store was not enqueued by the time submit_store returned"
     s.worker.wait({1})
     assert [(r.job_id, r.success) for r in s.worker.get_finished()] == [(1, True)]
     with s.manager.lock:
         s.manager.complete_store(keys, s.ctx)
     _, gpu_spec, cpu_spec, rows = s.job(loads, load_ranges, store=False)
-    sys.setswitchinterval(1000.0)
-    try:
-        before = s.engine.stats()["transfers"]
-        assert s.worker.submit_load(2, cpu_spec, gpu_spec) is True
-        after = s.engine.stats()["transfers"]
-    finally:
-        sys.setswitchinterval(interval)
-    assert after > before, "the load was not enqueued by the time submit_load returned"
+    assert enqueued_within(s.engine, lambda: s.worker.submit_load(2, cpu_spec, gpu_spec)), \
+        "the load was not enqueued by the time submit_load returned"
     s.worker.wait({2})
     assert [(r.job_id, r.success) for r in s.worker.get_finished()] == [(2, True)]
     for g, b, row in rows:
