@@ -57,7 +57,8 @@ def _uva_kernel():
             src = tl.load(src_addrs + job).to(tl.pointer_type(tl.int64))
             dst = tl.load(dst_addrs + job).to(tl.pointer_type(tl.int64))
             for start in range(0, WORDS, CHUNK):
-                tl.store(dst + start + offsets, tl.load(src + start + offsets))
+                mask = start + offsets < WORDS
+                tl.store(dst + start + offsets, tl.load(src + start + offsets, mask=mask), mask=mask)
             job += step
     return copy_pages
 
