@@ -20,7 +20,9 @@ The GPU tensors are laid out as vLLM 0.33 allocates them for its offloading conn
 per tensor (``--gpu-alloc separate``, as earlier vLLM releases did).
 
 ``--busy-thread`` keeps another Python thread busy meanwhile, as a serving process's other threads
-may be (the submit time then includes taking the GIL back after gfd's call released it).
+may be: the submit time then includes taking the GIL back each time a call released it (a switch
+interval, 5 ms by default, for each). Read only the submit times of such a run: its GB/s also
+time the GIL's hand-overs between the timing events, and the contiguous DMA's drop as much.
 P50 and the spread over ``--reps`` timed jobs after warm-up; every method's bytes verified once
 per configuration against a numpy reference. "submit us": how long the call blocks its caller
 (P50: gfd's ``submit``; vLLM's descriptor build and batch call). Needs torch and a CUDA GPU.
