@@ -102,7 +102,7 @@ def col(all_runs, key, **match):
     out = []
     for rows in all_runs:
         r = one(rows, **match)
-        out.append(num(r[key]) if r else None)
+        out.append(num(r.get(key)) if r else None)
     return out
 
 
@@ -310,10 +310,12 @@ def sglang(d):
                     slow = [v for v in col(loaded, "matmul_slowdown", **m) if v is not None] if loaded else []
                     body.append([model, layout, direction.replace("_", "-"), method, pct(g),
                                  gbps(col(rs, "gbps_p50", **m)), us_range(col(rs, "layer0_us_p50", **m)),
+                                 us_range(col(rs, "layer0_enqueued_us_p50", **m)),
                                  us_range(col(rs, "call_us_p50", **m)),
                                  f"{100 * statistics.median(slow):+.1f}%" if slow else "-"])
     return [table(["model", "host layout", "batch", "method", "ratio to the line rate", "GB/s (median)",
-                   "layer 0 usable after", "scheduler thread", "matmul slowdown"], body)]
+                   "layer 0 usable after", "layer 0 enqueued after", "scheduler thread",
+                   "matmul slowdown"], body)]
 
 
 def latency(d):

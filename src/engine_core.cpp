@@ -118,7 +118,7 @@ CacheSet EngineCore::register_caches(std::span<const CachePair> pairs, std::vect
 
 Transfer EngineCore::submit_blocks(const CacheSet& caches, Direction d, const BlockIds& src,
                                    const BlockIds& dst, StreamHandle stream, std::string_view src_name,
-                                   std::string_view dst_name) {
+                                   std::string_view dst_name, bool lead) {
   gate_.enter("copy_blocks");
   Leave leave{gate_};
   const CacheSetState& set = CacheSetState::of(caches, this);
@@ -130,7 +130,7 @@ Transfer EngineCore::submit_blocks(const CacheSet& caches, Direction d, const Bl
     set.build_runs(d, src, dst, runs, src_name, dst_name);
     Counters::add(ctx_->counters.plan_ns, ns_since(t0));
     const ScopedCurrentDevice current(*ctx_->device);
-    return submit_runs(runs, src.count * set.pairs.size(), stream, d);
+    return submit_runs(runs, src.count * set.pairs.size(), stream, d, lead);
   }
   if (takes_id_ops(set, d)) {
     // The ids checked and kept; the chunks are cut and the copies made later (plan_from_ids).
@@ -141,6 +141,7 @@ Transfer EngineCore::submit_blocks(const CacheSet& caches, Direction d, const Bl
     if (taken) {
       Request r{{}, stream, d, 0, nullptr};
       r.id_ops = &ops;
+      r.lead = lead;
       const ScopedCurrentDevice current(*ctx_->device);
       return dispatch(r, ops.rows * ops.pairs.size());
     }
@@ -154,7 +155,7 @@ Transfer EngineCore::submit_blocks(const CacheSet& caches, Direction d, const Bl
   const PlanTrust trust{pinned.data(), set.all_pinned, set.one_allocation};
   const ScopedCurrentDevice current(*ctx_->device);
   try {
-    return submit_request(blocks, stream, d, &trust);
+    return submit_request(blocks, stream, d, &trust, lead);
   } catch (const Error& e) {
     // A block the backend refuses (pageable host memory for a backend that needs it pinned) is
     // entry p * rows + i of the list: reported as row i, naming the pair.
@@ -190,16 +191,19 @@ bool EngineCore::takes_id_ops(const CacheSetState& set, Direction d) const {
 }
 
 Transfer EngineCore::submit_runs(std::span<const StridedCopy> runs, std::size_t blocks, StreamHandle stream,
-                                 Direction direction) {
+                                 Direction direction, bool lead) {
   Request r{{}, stream, direction, 0, nullptr};
   r.runs = runs;
   r.run_blocks = blocks;
+  r.lead = lead;
   return dispatch(r, blocks);
 }
 
 Transfer EngineCore::submit_request(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction,
-                                    const PlanTrust* trust) {
-  return dispatch(Request{blocks, stream, direction, 0, trust}, blocks.size());
+                                    const PlanTrust* trust, bool lead) {
+  Request r{blocks, stream, direction, 0, trust};
+  r.lead = lead;
+  return dispatch(r, blocks.size());
 }
 
 Transfer EngineCore::dispatch(Request r, std::size_t blocks) {

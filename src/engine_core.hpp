@@ -58,10 +58,11 @@ class EngineCore {
   CacheSet register_caches(std::span<const CachePair> pairs, std::vector<std::string> labels = {},
                            std::string_view call = "register_caches",
                            CacheSetState::Sides overlaps = CacheSetState::Sides::kBoth);
-  // Engine::copy_blocks; `src_name` / `dst_name` name the id arguments in messages.
+  // Engine::copy_blocks; `src_name` / `dst_name` name the id arguments in messages; `lead` as
+  // Request::lead.
   Transfer submit_blocks(const CacheSet& caches, Direction direction, const BlockIds& src,
                          const BlockIds& dst, StreamHandle stream, std::string_view src_name = "src_ids",
-                         std::string_view dst_name = "dst_ids");
+                         std::string_view dst_name = "dst_ids", bool lead = true);
   EngineStats stats() const;
   const EngineOptions& options() const { return ctx_->options; }
   // The mechanisms in force (resolved for the device and backend) and their counters.
@@ -85,11 +86,11 @@ class EngineCore {
   // Whether a transfer on `set` one way may be planned from its ids (Tuning::plan_from_ids).
   bool takes_id_ops(const CacheSetState& set, Direction d) const;
   Transfer submit_runs(std::span<const StridedCopy> runs, std::size_t blocks, StreamHandle stream,
-                       Direction direction);
+                       Direction direction, bool lead);
   // Numbers the request, hands it to the backend and counts it (`blocks` of them).
   Transfer dispatch(Request r, std::size_t blocks);
   Transfer submit_request(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction,
-                          const PlanTrust* trust);
+                          const PlanTrust* trust, bool lead = true);
 
   std::shared_ptr<EngineContext> ctx_;
   std::vector<int> cpus_;

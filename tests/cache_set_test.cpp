@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -603,6 +604,54 @@ TEST_P(CacheSetTest, LayersInOneCallCompleteInOrderWithAnEventEach) {
             std::string::npos) << msg;
   EXPECT_EQ(block, 1u);
   EXPECT_EQ(engine.stats().transfers, before);
+}
+
+// Layers of blocks that all go to the copy engine as they are (a layered load of 64 KiB pages):
+// each layer on the caller's stream, nothing staged; the first layer's copies in short driver
+// calls that grow (8, 16, 32, then the rest), so that the copy engine starts on its first pages
+// while the rest are enqueued; every later layer's in one call, as they queue behind it. The
+// same on the way back, one layer in one call. Every byte checked.
+TEST(CacheSetDirect, LargeBlocksGoAsTheyAreTheFirstLayerInGrowingBatches) {
+  std::atomic<int> batches{0};
+  detail::EmulatedDeviceOptions emu;
+  emu.fault = [&](const char* op) {
+    if (std::strcmp(op, "copy_batch") == 0) batches.fetch_add(1);
+    return false;
+  };
+  auto td = open_test_device(DeviceKind::kEmulated, 0, emu);
+  ASSERT_NE(td, nullptr);
+  constexpr std::size_t kLayers = 3, kBytes = 64 << 10, kBlocks = 96, kMoved = 64;
+  EngineOptions o = small_options();
+  o.direct_min_bytes = o.direct_min_bytes_to_host = kBytes;
+  Engine engine = td->make_engine(o);
+  std::vector<std::unique_ptr<Caches>> layers;
+  std::vector<CacheSet> sets;
+  for (std::size_t l = 0; l < kLayers; ++l) {
+    layers.push_back(std::make_unique<Caches>(*td, 2, kBlocks, kBlocks, kBytes, true, false));
+    fill_random(layers.back()->host.data(), layers.back()->host.size(), 900 + l);
+    sets.push_back(engine.register_caches(layers.back()->list));
+  }
+  const auto src = distinct(kMoved, kBlocks, 91), dst = distinct(kMoved, kBlocks, 92);
+  for (auto& t : engine.copy_blocks(sets, Direction::kToDevice, src, dst, td->cuda_stream())) t.wait();
+  // 128 copies a layer: 8 + 16 + 32 + 72 for the first, one call for each later one.
+  EXPECT_EQ(batches.load(), 4 + static_cast<int>(kLayers) - 1);
+  for (std::size_t l = 0; l < kLayers; ++l)
+    for (std::size_t p = 0; p < 2; ++p)
+      for (std::size_t i = 0; i < kMoved; ++i)
+        ASSERT_EQ(std::memcmp(layers[l]->device_block(p, dst[i]).data(), layers[l]->host_block(p, src[i]), kBytes), 0)
+            << "layer " << l << " pair " << p << " row " << i;
+
+  batches = 0;
+  const auto back = distinct(kMoved, kBlocks, 93);
+  engine.copy_blocks(sets[1], Direction::kToHost, dst, back, td->cuda_stream()).wait();
+  EXPECT_EQ(batches.load(), 4);
+  for (std::size_t p = 0; p < 2; ++p)
+    for (std::size_t i = 0; i < kMoved; ++i)
+      ASSERT_EQ(std::memcmp(layers[1]->host_block(p, back[i]), layers[1]->device_block(p, dst[i]).data(), kBytes), 0)
+          << "write-back pair " << p << " row " << i;
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.chunks, 0u);  // nothing staged
+  EXPECT_EQ(st.direct_copies, (kLayers + 1) * 2 * kMoved);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, CacheSetTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),

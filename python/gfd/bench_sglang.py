@@ -20,8 +20,9 @@ reverse. Methods, each in the same run on the same pools:
 
 Reported per method (P50 and spread of ``--reps`` timed batches): GB/s and its ratio to the
 line rate; "layer 0": the time from the batch's start on the stream until layer 0's event (the
-first layer the forward pass can use); "call us": how long the calls hold the scheduler's thread
-for the whole batch. With ``--load matmul`` each method also runs beside back-to-back bf16
+first layer the forward pass can use); "enq us": from the first call until layer 0's copies are
+enqueued (the host's share of "layer 0"); "call us": how long the calls hold the scheduler's
+thread for the whole batch. With ``--load matmul`` each method also runs beside back-to-back bf16
 matmuls on another stream, and the matmuls' slowdown is reported. Every method's bytes are
 verified once per configuration. Needs torch with CUDA (and Triton for ``kernel``).
 """
@@ -140,8 +141,15 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
     rows = []
 
     def batch(method: str, hp: np.ndarray, dp: np.ndarray) -> tuple:
-        """One batch on ``stream``: (start event, per-layer events, seconds the calls took)."""
+        """One batch on ``stream``: (start event, per-layer events, seconds the calls took,
+        seconds until layer 0's copies were enqueued)."""
         events = [torch.cuda.Event(enable_timing=True) for _ in range(L)]
+        first = []  # perf_counter() once layer 0 is enqueued
+
+        def record(k: int) -> None:
+            events[k].record(stream)
+            if k == 0:
+                first.append(time.perf_counter())
         addresses = []
         if method == "kernel":  # built and on the GPU before the batch, outside the timed calls
             addresses = [(part, pools.addresses(part, hp, dp, to_device))
@@ -152,36 +160,35 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
         t0 = time.perf_counter()
         if method == "gfd":
             if to_device:
-                gfd_engine.copy_blocks(per_layer, "to_device", hp, dp, stream=stream,
-                                       after_each=lambda k: events[k].record(stream))
+                gfd_engine.copy_blocks(per_layer, "to_device", hp, dp, stream=stream, after_each=record)
             else:
                 gfd_engine.copy_blocks(every, "to_host", dp, hp, stream=stream)
-                for e in events:
-                    e.record(stream)
+                for k in range(L):
+                    record(k)
         elif method == "direct":  # loads per layer from Python, a write-back all layers in one call
             if to_device:
                 for layer in range(L):
                     direct_engine.copy_blocks(direct_sets[layer], "to_device", hp, dp, stream=stream)
-                    events[layer].record(stream)
+                    record(layer)
             else:
                 direct_engine.copy_blocks(direct_every, "to_host", dp, hp, stream=stream)
-                for e in events:
-                    e.record(stream)
+                for k in range(L):
+                    record(k)
         elif method == "kernel":  # the same, a launch per layer or one for all
             with torch.cuda.stream(stream):
                 for part, (src, dst) in addresses:
                     kernel(src, dst, len(src), pools.page_bytes // 8)
                     for layer in part:
-                        events[layer].record(stream)
+                        record(layer)
         else:  # dma
             with torch.cuda.stream(stream):
                 if to_device:
                     dma_dev.copy_(dma_host, non_blocking=True)
                 else:
                     dma_host.copy_(dma_dev, non_blocking=True)
-                for e in events:
-                    e.record(stream)
-        return start, events, time.perf_counter() - t0
+                for k in range(L):
+                    record(k)
+        return start, events, time.perf_counter() - t0, first[0] - t0
 
     def verify(method: str, hp: np.ndarray, dp: np.ndarray) -> None:
         hi, di = torch.from_numpy(hp), torch.from_numpy(dp).cuda()
@@ -209,12 +216,12 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
         matmuls(10)  # cuBLAS's first calls pick their kernels: not part of the idle time
         idle_mm = matmuls(args.matmuls)
     for method in ["dma"] + [m for m in args.methods if m != "dma"]:
-        rates, first, calls, slow = [], [], [], []
+        rates, first, enqueued, calls, slow = [], [], [], [], []
         for rep in range(args.warmup + args.reps):
             hp = rng.choice(pools.host_pages, args.pages, replace=False).astype(np.int64)
             dp = rng.choice(pools.device_pages, args.pages, replace=False).astype(np.int64)
             torch.cuda.synchronize()
-            start, events, call = batch(method, hp, dp)
+            start, events, call, issued = batch(method, hp, dp)
             events[-1].synchronize()
             if method != "dma" and rep == args.warmup - 1:
                 verify(method, hp, dp)
@@ -223,6 +230,7 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
             rates.append(batch_bytes / (start.elapsed_time(events[-1]) * 1e-3) / 1e9)
             first.append(start.elapsed_time(events[0]) * 1e3)
             calls.append(call * 1e6)
+            enqueued.append(issued * 1e6)
         if args.load == "matmul":
             # Beside the model: the method's batches back to back while the matmuls run.
             torch.cuda.synchronize()
@@ -237,12 +245,13 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
             while not b1.query():
                 hp = rng.choice(pools.host_pages, args.pages, replace=False).astype(np.int64)
                 dp = rng.choice(pools.device_pages, args.pages, replace=False).astype(np.int64)
-                _, events, _ = batch(method, hp, dp)
+                _, events, _, _ = batch(method, hp, dp)
                 events[-1].synchronize()
             slow.append(b0.elapsed_time(b1) * 1e-3 / idle_mm - 1)
         rows.append(dict(model=model, layout=layout, direction=direction, method=method, page=pools.page_bytes,
                          pages=args.pages, layers=L, gbps_p50=percentile(rates, 0.5), gbps_min=min(rates),
-                         gbps_max=max(rates), layer0_us_p50=percentile(first, 0.5), call_us_p50=percentile(calls, 0.5),
+                         gbps_max=max(rates), layer0_us_p50=percentile(first, 0.5),
+                         layer0_enqueued_us_p50=percentile(enqueued, 0.5), call_us_p50=percentile(calls, 0.5),
                          matmul_slowdown=slow[0] if slow else float("nan")))
     line = rows[0]["gbps_p50"]
     for r in rows:
@@ -285,11 +294,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 rows += run_case(torch, a, model, layout, d)
     write_csv(a.csv, rows)
     print(f"{'model':>9} {'layout':>17} {'dir':>10} {'method':>7} {'page':>8} {'GB/s p50':>9} {'min-max':>13} "
-          f"{'ratio':>6} {'layer0 us':>9} {'call us':>8} {'matmul':>7}")
+          f"{'ratio':>6} {'layer0 us':>9} {'enq us':>7} {'call us':>8} {'matmul':>7}")
     for r in rows:
         print(f"{r['model']:>9} {r['layout']:>17} {r['direction']:>10} {r['method']:>7} {fmt_size(r['page']):>8} "
               f"{r['gbps_p50']:9.1f} {r['gbps_min']:6.1f}-{r['gbps_max']:<6.1f} {100 * r['ratio_p50']:5.1f}% "
-              f"{r['layer0_us_p50']:9.0f} {r['call_us_p50']:8.0f} {100 * r['matmul_slowdown']:+6.1f}%")
+              f"{r['layer0_us_p50']:9.0f} {r['layer0_enqueued_us_p50']:7.0f} {r['call_us_p50']:8.0f} {100 * r['matmul_slowdown']:+6.1f}%")
     return 0
 
 

@@ -56,6 +56,11 @@ struct Request {
   // staged, pinned host caches; `blocks` then empty): only to the gather backend, which plans it
   // with plan_from_ids.
   const IdOps* id_ops = nullptr;
+  // Direct copies on the caller's stream start with short driver calls (CopyLanes::
+  // submit_directs_on's `lead`), so that the copy engine starts on the first blocks while the
+  // rest are enqueued. False for a set after the first of one multi-set call: its copies queue
+  // behind the earlier sets' anyway, so one driver call for them all costs the caller least.
+  bool lead = true;
 };
 
 class BackendImpl {

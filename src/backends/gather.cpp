@@ -43,6 +43,17 @@ StagingPipeline::~StagingPipeline() { pool.reset(); }
 
 namespace {
 
+// The size from which a block goes to the copy engine as it is, one way (SIZE_MAX: never).
+std::size_t direct_min(const EngineContext& ctx, Direction d) {
+  PlanConfig c = ctx.plan_config;
+  c.direction = d;
+  return c.direct_min();
+}
+
+bool all_at_least(std::span<const BlockCopy> blocks, std::size_t bytes) {
+  return std::all_of(blocks.begin(), blocks.end(), [bytes](const BlockCopy& b) { return b.bytes >= bytes; });
+}
+
 class GatherBackend final : public BackendImpl {
  public:
   explicit GatherBackend(const BackendSetup& setup)
@@ -60,24 +71,31 @@ class GatherBackend final : public BackendImpl {
     // planned in one pass (plan_one_run) and never uses the pool; one that is not wakes it with
     // its first staged chunk.
     const bool strided = several && may_be_strided(r.blocks, ctx.plan_config);
+    const bool to_host = r.direction == Direction::kToHost;
+    // A CacheSet's transfer of at most one batch of blocks that all go to the copy engine as
+    // they are (pinned host caches, every block of at least direct_min_bytes: a layer's pages
+    // in a layered load, say) stages nothing: planned whole and moved on the caller's stream,
+    // with no pool to wake, no lanes to join and no cross-stream waits on the GPU.
+    const bool all_direct = several && !strided && r.trust != nullptr && r.trust->all_pinned &&
+                            r.blocks.size() <= CopyLanes::kGroup && all_at_least(r.blocks, direct_min(ctx, r.direction));
     // Wake parked gather threads first: they are back and spinning by the time planning has
     // produced pieces (a futex wake-up costs tens of microseconds, planning about as much).
-    if (!strided && !r.blocks.empty() &&
+    if (!strided && !all_direct && !r.blocks.empty() &&
         r.blocks.size() * std::min<std::size_t>(r.blocks[0].bytes, 1u << 30) > o.inline_gather_bytes) {
       pipe_.queue.wake_for_transfer();
       ctx.tracer.record(r.id, TraceEvent::kStage, TraceEvent::kPoolWoken, 0);
     }
-    const bool to_host = r.direction == Direction::kToHost;
     // Summed once, handed on to planning (a strided list's planning sums it where it needs to).
     const std::optional<std::uint64_t> bytes = strided ? std::nullopt : std::optional(total_bytes(r.blocks));
     // Device to host, too large for the kernel: planned a stretch at a time, with the DMAs of
     // the chunks planned first already running (only placing the bytes waits for the whole
     // list to be valid).
-    if (to_host && several && !strided && *bytes > o.kernel_max_bytes) return to_host_.submit(r, nullptr, *bytes);
+    if (to_host && several && !strided && !all_direct && *bytes > o.kernel_max_bytes)
+      return to_host_.submit(r, nullptr, *bytes);
     // Host to device, too large for the kernel and for gathering on this thread alone: checked
     // whole, then packed while the first chunks are gathered.
     // A transfer of one first chunk or less is planned whole (one chunk: submit_one_chunk).
-    if (!to_host && several && !strided && *bytes > o.kernel_max_bytes && *bytes > o.inline_gather_bytes &&
+    if (!to_host && several && !strided && !all_direct && *bytes > o.kernel_max_bytes && *bytes > o.inline_gather_bytes &&
         *bytes > ctx.plan_config.first_chunk_bytes)
       return to_device_.submit_planning(r, *bytes);
     PlanConfig cfg = ctx.plan_config;
@@ -95,7 +113,7 @@ class GatherBackend final : public BackendImpl {
       // Nothing staged, at most one batch of direct copies: all on the caller's stream.
       std::lock_guard lk(pipe_.lock);
       ctx.tracer.begin_transfer(*t, r.stream);
-      pipe_.lanes.submit_directs_on(*t, r.stream);
+      pipe_.lanes.submit_directs_on(*t, r.stream, r.lead);
     } else if (to_host) to_host_.submit(r, t);
     else to_device_.submit(t, r.stream);
     return t;
@@ -113,7 +131,7 @@ class GatherBackend final : public BackendImpl {
     for (const StridedCopy& c : r.runs) p.total_bytes += c.width * c.rows;
     std::lock_guard lk(pipe_.lock);
     ctx.tracer.begin_transfer(*t, r.stream);
-    pipe_.lanes.submit_directs_on(*t, r.stream);
+    pipe_.lanes.submit_directs_on(*t, r.stream, r.lead);
     return t;
   }
 

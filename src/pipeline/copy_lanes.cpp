@@ -56,13 +56,13 @@ StreamHandle CopyLanes::lane(TransferState& t, std::uint32_t lane) {
   return s;
 }
 
-void CopyLanes::enqueue_directs(TransferState& t, std::optional<StreamHandle> on) {
-  enqueue_direct_copies(t, 0, t.plan.direct.size(), on);
+void CopyLanes::enqueue_directs(TransferState& t, std::optional<StreamHandle> on, std::size_t first) {
+  enqueue_direct_copies(t, 0, t.plan.direct.size(), on, first);
   enqueue_runs(t, on);
 }
 
 void CopyLanes::enqueue_direct_copies(TransferState& t, std::size_t from, std::size_t to,
-                                      std::optional<StreamHandle> on) {
+                                      std::optional<StreamHandle> on, std::size_t first) {
   // (`on` may be the legacy default stream, a null handle.)
   const std::vector<DirectCopy>& direct = t.plan.direct;
   // Groups of kGroup copies alternate between the host-to-device lanes, so that the copy
@@ -72,8 +72,13 @@ void CopyLanes::enqueue_direct_copies(TransferState& t, std::size_t from, std::s
   thread_local std::vector<void*> dsts;
   thread_local std::vector<const void*> srcs;
   thread_local std::vector<std::size_t> sizes;
-  for (std::size_t i = from; i < to; i += kGroup) {
-    const std::size_t n = std::min(kGroup, to - i);
+  std::size_t group = std::clamp<std::size_t>(first, 1, kGroup);
+  for (std::size_t i = from, n = 0; i < to; i += n, group = std::min(2 * group, kGroup)) {
+    // A group of `group` copies, the next of twice as many; a rest shorter than that next group
+    // goes with this one where one call takes both.
+    const std::size_t left = to - i;
+    n = std::min(group, left);
+    if (left - n < 2 * group && left <= kGroup) n = left;
     dsts.resize(n);
     srcs.resize(n);
     sizes.resize(n);
@@ -110,7 +115,7 @@ void CopyLanes::enqueue_runs(TransferState& t, std::optional<StreamHandle> on) {
   }
 }
 
-void CopyLanes::submit_directs_on(TransferState& t, StreamHandle stream) {
+void CopyLanes::submit_directs_on(TransferState& t, StreamHandle stream, bool lead) {
   if (stream == nullptr) {
     try {
       begin(t, stream);
@@ -123,7 +128,7 @@ void CopyLanes::submit_directs_on(TransferState& t, StreamHandle stream) {
     return;
   }
   try {
-    enqueue_directs(t, stream);
+    enqueue_directs(t, stream, lead ? kLead : kGroup);
     device_.record_event(t.done_event, stream);
   } catch (...) {
     t.fail(std::current_exception());

@@ -49,12 +49,13 @@ class CopyLanes {
   // in cudaMemcpyBatchAsync calls: one driver call per group instead of one per block, which is
   // what makes 64 KB-256 KB blocks cheaper straight than staged; then its constant-stride runs,
   // each one 2D copy, in cudaMemcpy3DBatchAsync groups. On the lanes, or all on `on` where given.
-  void enqueue_directs(TransferState& t, std::optional<StreamHandle> on = std::nullopt);
+  // `first`: copies in the first driver call (later calls double it, up to kGroup).
+  void enqueue_directs(TransferState& t, std::optional<StreamHandle> on = std::nullopt, std::size_t first = kGroup);
   // Its direct copies [from, to) alone: host to device on the direct lanes where the plan stages
   // blocks too (a submitter enqueues them stretch by stretch as it packs), on the host-to-device
   // lanes in turn otherwise; device to host on its lane.
   void enqueue_direct_copies(TransferState& t, std::size_t from, std::size_t to,
-                             std::optional<StreamHandle> on = std::nullopt);
+                             std::optional<StreamHandle> on = std::nullopt, std::size_t first = kGroup);
   // Its constant-stride runs alone.
   void enqueue_runs(TransferState& t, std::optional<StreamHandle> on = std::nullopt);
   // A transfer with nothing staged (its plan only direct copies and runs) on the caller's
@@ -65,7 +66,12 @@ class CopyLanes {
   // back to it, as before this path existed: on the H200 the caller's-stream path failed a test
   // on the null stream (tests/python/test_gpu.py, not diagnosed), and that stream serialises
   // with every other anyway.
-  void submit_directs_on(TransferState& t, StreamHandle stream);
+  // `lead` (Request::lead): the first driver call enqueues kLead copies, the next ones twice as
+  // many each, so that the copy engine starts on the first blocks while the rest are enqueued
+  // (cudaMemcpyBatchAsync costs the caller about 0.5 us a copy, and its copies start once the
+  // call returns; a 128 KiB block takes the link about 2.4 us).
+  void submit_directs_on(TransferState& t, StreamHandle stream, bool lead = false);
+  static constexpr std::size_t kLead = 8;
   // Chunk `index` from slot `s` to the device: with `wait`, behind a wait on the slot's flag
   // reaching `flag_value` (set by the thread that finishes gathering the chunk); scattered
   // destinations go through the slot's device twin and the scatter kernel, or, where the ring
