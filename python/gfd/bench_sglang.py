@@ -144,12 +144,12 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
         """One batch on ``stream``: (start event, per-layer events, seconds the calls took,
         seconds until layer 0's copies were enqueued)."""
         events = [torch.cuda.Event(enable_timing=True) for _ in range(L)]
-        first = []  # perf_counter() once layer 0 is enqueued
+        layer0_at = []  # perf_counter() once layer 0 is enqueued
 
         def record(k: int) -> None:
             events[k].record(stream)
             if k == 0:
-                first.append(time.perf_counter())
+                layer0_at.append(time.perf_counter())
         addresses = []
         if method == "kernel":  # built and on the GPU before the batch, outside the timed calls
             addresses = [(part, pools.addresses(part, hp, dp, to_device))
@@ -188,7 +188,7 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
                     dma_host.copy_(dma_dev, non_blocking=True)
                 for k in range(L):
                     record(k)
-        return start, events, time.perf_counter() - t0, first[0] - t0
+        return start, events, time.perf_counter() - t0, layer0_at[0] - t0
 
     def verify(method: str, hp: np.ndarray, dp: np.ndarray) -> None:
         hi, di = torch.from_numpy(hp), torch.from_numpy(dp).cuda()
