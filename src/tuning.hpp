@@ -44,6 +44,14 @@ struct Tuning {
   // (on an H200 every split measured slower than staging them all).
   std::size_t direct_split_min_bytes = 0;
   int direct_split_percent = 0;
+  // A CacheSet transfer given as 2D runs (one per id: every layer's page of a block) whose host
+  // side is contiguous in each run and whose rows are at most bounce_max_width bytes goes
+  // through the staging ring's device twin: each run crosses the link as one 1D DMA and a
+  // device-to-device 2D copy on another stream spreads its rows. The copy engine moves short
+  // rows across PCIe well below the link rate (2D copies of 8 KiB rows 41-43 GB/s on an H100
+  // whose link moves 55) but device to device at 130 GB/s and more; no SM is used.
+  bool bounce_runs = true;
+  std::size_t bounce_max_width = std::size_t{32} << 10;
 
   // Throws gfd::Error(kInvalidArgument) naming the field when one is outside its limits.
   void validate() const;
@@ -58,6 +66,7 @@ struct TuningStats {
   std::uint64_t slots_deferred = 0;        // slots whose wait was left to the gather threads
   std::uint64_t host_direct_chunks = 0;    // chunks read in place from host memory
   std::uint64_t id_planned_transfers = 0;  // CacheSet transfers planned from their ids
+  std::uint64_t bounced_runs = 0;          // 2D runs moved through the device twin (bounce_runs)
   double dma_seconds = 0;                  // copy-engine time of timed DMAs (time_dmas)
 };
 

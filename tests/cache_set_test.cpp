@@ -356,6 +356,107 @@ TEST_P(CacheSetTest, LayersOfOneAllocationMoveAsOne2DCopyPerId) {
   }
 }
 
+// Short rows (16 layers x 8 KB pages of one device allocation, each id's host pages side by
+// side) go through the staging ring's device twin: one DMA per run across the link, a 2D copy
+// on the device spreads its rows. 20 ids through a ring of 4 slots of 2 runs each: the two
+// slots a transfer takes are reused five times each. Every byte checked both ways, against the
+// same transfers moved as plain 2D copies (bounce_runs off).
+TEST_P(CacheSetTest, ShortRowsBounceThroughTheDeviceTwinEveryByteBothWays) {
+  constexpr std::size_t kLayers = 16, kBytes = 8 << 10, kBlocks = 48, kHostBlocks = 40, kMoved = 20;
+  DeviceBuffer dev(*td_->device, kLayers * kBlocks * kBytes);
+  HostBuffer init(*td_->device, dev.size(), true);
+  fill_random(init.data(), init.size(), 43);
+  for (const bool bounce : {true, false}) {
+    SCOPED_TRACE(bounce ? "bounced" : "plain 2D copies");
+    td_->device->copy_h2d(dev.data(), init.data(), init.size(), td_->stream);
+    td_->device->stream_sync(td_->stream);
+    HostBuffer host(*td_->device, kLayers * kHostBlocks * kBytes, true);
+    std::memset(host.data(), 0, host.size());
+    std::vector<CachePair> list;
+    for (std::size_t l = 0; l < kLayers; ++l) {
+      CachePair q;
+      q.device = {dev.data() + l * kBlocks * kBytes, kBlocks, kBytes, 0};
+      q.host = BlockArray{host.data() + l * kBytes, kHostBlocks, kBytes, kLayers * kBytes};
+      list.push_back(q);
+    }
+    auto host_page = [&](std::size_t l, std::size_t b) { return host.data() + (b * kLayers + l) * kBytes; };
+    detail::Tuning tuning;
+    tuning.bounce_runs = bounce;
+    EngineOptions o = small_options();
+    o.strided_min_bytes = kLayers * kBytes;  // one 128 KiB run per id (the default asks 512K)
+    Engine engine = td_->make_engine(o, tuning);
+    const CacheSet set = engine.register_caches(list);
+    const auto out_src = distinct(kMoved, kBlocks, 15), out_dst = distinct(kMoved, kHostBlocks, 16);
+    engine.copy_blocks(set, Direction::kToHost, out_src, out_dst, td_->cuda_stream()).wait();
+    EXPECT_EQ(engine.stats().strided_copies, kMoved);
+    EXPECT_EQ(tuning_stats(engine).bounced_runs, bounce ? kMoved : 0u);
+    for (std::size_t l = 0; l < kLayers; ++l)
+      for (std::size_t i = 0; i < kMoved; ++i)
+        ASSERT_EQ(std::memcmp(host_page(l, out_dst[i]), init.data() + (l * kBlocks + out_src[i]) * kBytes, kBytes), 0)
+            << "swap-out layer " << l << " row " << i;
+    // Back in, to other device blocks; the caller's stream sees them once the call returns.
+    const auto in_dst = distinct(kMoved, kBlocks, 17);
+    (void)engine.copy_blocks(set, Direction::kToDevice, out_dst, in_dst, td_->cuda_stream());
+    td_->device->stream_sync(td_->stream);
+    EXPECT_EQ(engine.stats().strided_copies, 2 * kMoved);
+    EXPECT_EQ(tuning_stats(engine).bounced_runs, bounce ? 2 * kMoved : 0u);
+    EXPECT_EQ(engine.stats().chunks, 0u) << "nothing staged";
+    const auto now = td_->read(dev.data(), dev.size());
+    for (std::size_t l = 0; l < kLayers; ++l)
+      for (std::size_t b = 0; b < kBlocks; ++b) {
+        const auto at = std::find(in_dst.begin(), in_dst.end(), static_cast<std::int64_t>(b));
+        const std::byte* want = at == in_dst.end() ? init.data() + (l * kBlocks + b) * kBytes
+                                                   : host_page(l, out_dst[at - in_dst.begin()]);
+        ASSERT_EQ(std::memcmp(now.data() + (l * kBlocks + b) * kBytes, want, kBytes), 0)
+            << "layer " << l << " device block " << b;
+      }
+  }
+}
+
+// A transfer that finds the ring's next slot still in use moves its runs as plain 2D copies,
+// without waiting: three loads queued behind a stream held by a host flag, each of 4 runs (two
+// slots of the ring's four); the third finds the first's slots not yet free. Every byte checked
+// once the flag lets the stream go.
+TEST_P(CacheSetTest, ABounceThatFindsTheRingBusyMovesItsRunsAsTheyAre) {
+  if (!td_->device->supports_wait_value()) GTEST_SKIP() << "the device has no stream memory operations";
+  constexpr std::size_t kLayers = 16, kBytes = 8 << 10, kBlocks = 16, kHostBlocks = 16, kIds = 4;
+  DeviceBuffer dev(*td_->device, kLayers * kBlocks * kBytes);
+  HostBuffer host(*td_->device, kLayers * kHostBlocks * kBytes, true);
+  fill_random(host.data(), host.size(), 44);
+  HostBuffer flag(*td_->device, 4096, true);
+  std::memset(flag.data(), 0, flag.size());
+  std::vector<CachePair> list;
+  for (std::size_t l = 0; l < kLayers; ++l) {
+    CachePair q;
+    q.device = {dev.data() + l * kBlocks * kBytes, kBlocks, kBytes, 0};
+    q.host = BlockArray{host.data() + l * kBytes, kHostBlocks, kBytes, kLayers * kBytes};
+    list.push_back(q);
+  }
+  EngineOptions o = small_options();
+  o.strided_min_bytes = kLayers * kBytes;
+  Engine engine = td_->make_engine(o);
+  const CacheSet set = engine.register_caches(list);
+  auto* go = reinterpret_cast<std::uint64_t*>(flag.data());
+  td_->device->wait_value_geq(go, 1, td_->stream);
+  std::vector<Transfer> loads;
+  for (std::size_t k = 0; k < 3; ++k) {
+    std::vector<std::int64_t> ids(kIds);
+    std::iota(ids.begin(), ids.end(), static_cast<std::int64_t>(4 * k));
+    loads.push_back(engine.copy_blocks(set, Direction::kToDevice, ids, ids, td_->cuda_stream()));
+  }
+  EXPECT_EQ(tuning_stats(engine).bounced_runs, 2 * kIds) << "the third load did not wait for a slot";
+  EXPECT_EQ(engine.stats().strided_copies, 3 * kIds);
+  td_->device->signal_value(go, 1);
+  for (Transfer& t : loads) t.wait();
+  td_->device->stream_sync(td_->stream);
+  const auto now = td_->read(dev.data(), dev.size());
+  for (std::size_t l = 0; l < kLayers; ++l)
+    for (std::size_t b = 0; b < 3 * kIds; ++b)
+      ASSERT_EQ(std::memcmp(now.data() + (l * kBlocks + b) * kBytes, host.data() + (b * kLayers + l) * kBytes, kBytes),
+                0)
+          << "layer " << l << " block " << b;
+}
+
 // Two device arrays of separate allocations (a layer's K and V tensors), host rows side by side:
 // any two arrays lie at "one pitch", but a 2D copy may not span two allocations, so each id's
 // pair of 256 KB pages is staged, not one 2D copy (on a GPU the driver would refuse it).

@@ -131,8 +131,22 @@ class GatherBackend final : public BackendImpl {
     for (const StridedCopy& c : r.runs) p.total_bytes += c.width * c.rows;
     std::lock_guard lk(pipe_.lock);
     ctx.tracer.begin_transfer(*t, r.stream);
-    pipe_.lanes.submit_directs_on(*t, r.stream, r.lead);
+    if (!bounces(r) || !pipe_.lanes.submit_bounced(*t, r.stream, pipe_.ring))
+      pipe_.lanes.submit_directs_on(*t, r.stream, r.lead);
     return t;
+  }
+
+  // Whether runs go through the staging ring's device twin (Tuning::bounce_runs): rows short
+  // enough that the link moves them slower than whole DMAs, the host side of each run one
+  // contiguous stretch no larger than a slot, a stream of the caller's own.
+  bool bounces(const Request& r) const {
+    const Tuning& tu = pipe_.ctx->tuning;
+    if (!tu.bounce_runs || r.stream == nullptr) return false;
+    const bool to_host = r.direction == Direction::kToHost;
+    return std::all_of(r.runs.begin(), r.runs.end(), [&](const StridedCopy& c) {
+      const std::uint64_t host_pitch = to_host ? c.dpitch : c.spitch;
+      return c.width <= tu.bounce_max_width && host_pitch == c.width && c.width * c.rows <= pipe_.ring.slot_bytes();
+    });
   }
 
   // A CacheSet's transfer as its checked ids: planned by arithmetic (plan_from_ids); the gather

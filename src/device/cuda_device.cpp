@@ -247,42 +247,16 @@ class CudaDevice final : public Device {
                                      static_cast<cudaStream_t>(s)));
   }
   void copy_2d_batch(const Copy2D* copies, std::size_t count, bool to_host, StreamHandle s) override {
-    if (count == 1 || !batch_3d_) {
+    if (count == 1 || !batch_3d_ || !batch_2d(copies, count, !to_host, to_host, s))
       Device::copy_2d_batch(copies, count, to_host, s);
-      return;
-    }
-    if (count == 0) return;
-    // One op per copy: pointer operands, rows of `width` bytes at the operand's pitch (its row
-    // length: one byte per element), one layer. Sources in stream order, as copy_batch.
-    thread_local std::vector<cudaMemcpy3DBatchOp> ops;
-    ops.assign(count, cudaMemcpy3DBatchOp{});
+  }
+  void copy_2d_on_device(const Copy2D* copies, std::size_t count, StreamHandle s) override {
+    if (count > 1 && batch_3d_ && batch_2d(copies, count, false, false, s)) return;
     for (std::size_t i = 0; i < count; ++i) {
       const Copy2D& c = copies[i];
-      cudaMemcpy3DBatchOp& op = ops[i];
-      op.src.type = cudaMemcpyOperandTypePointer;
-      op.src.op.ptr.ptr = const_cast<void*>(c.src);
-      op.src.op.ptr.rowLength = c.spitch;
-      op.src.op.ptr.locHint.type = to_host ? cudaMemLocationTypeDevice : cudaMemLocationTypeHost;
-      op.src.op.ptr.locHint.id = to_host ? ordinal_ : 0;
-      op.dst.type = cudaMemcpyOperandTypePointer;
-      op.dst.op.ptr.ptr = c.dst;
-      op.dst.op.ptr.rowLength = c.dpitch;
-      op.dst.op.ptr.locHint.type = to_host ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
-      op.dst.op.ptr.locHint.id = to_host ? 0 : ordinal_;
-      op.extent.width = c.width;
-      op.extent.height = c.rows;
-      op.extent.depth = 1;
-      op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      GFD_CUDA_CHECK(cudaMemcpy2DAsync(c.dst, c.dpitch, c.src, c.spitch, c.width, c.rows,
+                                       cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(s)));
     }
-    const cudaError_t e = cudaMemcpy3DBatchAsync(count, ops.data(), 0, static_cast<cudaStream_t>(s));
-    if (e == cudaErrorNotSupported || e == cudaErrorCallRequiresNewerDriver) {
-      // An older driver: one 2D copy at a time from now on.
-      (void)cudaGetLastError();
-      batch_3d_ = false;
-      Device::copy_2d_batch(copies, count, to_host, s);
-      return;
-    }
-    if (e != cudaSuccess) throw_cuda_error(e, "cudaMemcpy3DBatchAsync", GFD_SOURCE_FILE_, __LINE__);
   }
   void copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
                   std::size_t count, bool to_host, StreamHandle s) override {
@@ -346,6 +320,40 @@ class CudaDevice final : public Device {
   int prio_low_ = 0, prio_high_ = 0;
   bool host_pointers_usable_ = false;
   bool wait_value_ = false;
+  // `count` 2D copies in one cudaMemcpy3DBatchAsync; false (nothing enqueued) where the driver
+  // lacks it, which then stays off.
+  bool batch_2d(const Copy2D* copies, std::size_t count, bool src_host, bool dst_host, StreamHandle s) {
+    // One op per copy: pointer operands, rows of `width` bytes at the operand's pitch (its row
+    // length: one byte per element), one layer. Sources in stream order, as copy_batch.
+    thread_local std::vector<cudaMemcpy3DBatchOp> ops;
+    ops.assign(count, cudaMemcpy3DBatchOp{});
+    const auto operand = [&](cudaMemcpy3DOperand& o, const void* p, std::size_t pitch, bool host) {
+      o.type = cudaMemcpyOperandTypePointer;
+      o.op.ptr.ptr = const_cast<void*>(p);
+      o.op.ptr.rowLength = pitch;
+      o.op.ptr.locHint.type = host ? cudaMemLocationTypeHost : cudaMemLocationTypeDevice;
+      o.op.ptr.locHint.id = host ? 0 : ordinal_;
+    };
+    for (std::size_t i = 0; i < count; ++i) {
+      const Copy2D& c = copies[i];
+      cudaMemcpy3DBatchOp& op = ops[i];
+      operand(op.src, c.src, c.spitch, src_host);
+      operand(op.dst, c.dst, c.dpitch, dst_host);
+      op.extent.width = c.width;
+      op.extent.height = c.rows;
+      op.extent.depth = 1;
+      op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    }
+    const cudaError_t e = cudaMemcpy3DBatchAsync(count, ops.data(), 0, static_cast<cudaStream_t>(s));
+    if (e == cudaErrorNotSupported || e == cudaErrorCallRequiresNewerDriver) {
+      // An older driver: one 2D copy at a time from now on.
+      (void)cudaGetLastError();
+      batch_3d_ = false;
+      return false;
+    }
+    if (e != cudaSuccess) throw_cuda_error(e, "cudaMemcpy3DBatchAsync", GFD_SOURCE_FILE_, __LINE__);
+    return true;
+  }
   std::atomic<bool> batch_3d_{true};  // cudaMemcpy3DBatchAsync works here (false after cudaErrorNotSupported)
 };
 

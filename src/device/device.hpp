@@ -166,6 +166,9 @@ class Device {
       copy_2d(c.dst, c.dpitch, c.src, c.spitch, c.width, c.rows, to_host, s);
     }
   }
+  // `count` 2D copies within this device's memory, in any order among themselves, by the copy
+  // engine (no SM); the array is read during the call only.
+  virtual void copy_2d_on_device(const Copy2D* copies, std::size_t count, StreamHandle s) = 0;
   // Copies `count` entries (in pinned host memory) with the zero-copy kernel.
   virtual void zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, StreamHandle s) = 0;
   // Whether kernels may read pinned host memory at its host address (zero_copy needs it).

@@ -68,6 +68,7 @@ class EmulatedDevice final : public Device {
                std::size_t rows, bool to_host, StreamHandle s) override;
   void copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
                   std::size_t count, bool to_host, StreamHandle s) override;
+  void copy_2d_on_device(const Copy2D* copies, std::size_t count, StreamHandle s) override;
   void place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t max_blocks,
              std::uint32_t* counter, StreamHandle s) override;
   void gather(const ScatterEntry* entries, std::uint32_t count, void* staging,

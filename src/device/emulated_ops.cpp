@@ -81,6 +81,17 @@ void EmulatedDevice::copy_2d(void* dst, std::size_t dpitch, const void* src, std
   });
 }
 
+void EmulatedDevice::copy_2d_on_device(const Copy2D* copies, std::size_t count, StreamHandle s) {
+  // Taken during the call, as copy_batch's arrays.
+  std::vector<Copy2D> list(copies, copies + count);
+  enqueue_data(s, "copy_2d_on_device", [list = std::move(list)] {
+    for (const Copy2D& c : list)
+      for (std::size_t r = 0; r < c.rows; ++r)
+        std::memcpy(static_cast<std::byte*>(c.dst) + r * c.dpitch,
+                    static_cast<const std::byte*>(c.src) + r * c.spitch, c.width);
+  });
+}
+
 void EmulatedDevice::copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
                                 std::size_t count, bool, StreamHandle s) {
   // Like CUDA, take the arrays during the call: the caller may reuse them at once.

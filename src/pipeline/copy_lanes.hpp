@@ -74,6 +74,17 @@ class CopyLanes {
   // 505-587 us, three runs each).
   void submit_directs_on(TransferState& t, StreamHandle stream, bool lead = false);
   static constexpr std::size_t kLead = 8;
+  // A transfer of 2D runs whose host side is contiguous in each run (Tuning::bounce_runs),
+  // through the device twins of staging slots taken from `ring` without waiting (up to
+  // kBounceSlots, at most half the ring): host to device, each slot's runs cross the link in one
+  // cudaMemcpyBatchAsync on the caller's `stream` (not the legacy default stream) and a
+  // device-to-device 2D copy per run on a lane spreads their rows; device to host the other
+  // way round. The slots are reused in turn, each use ordered on the GPU after the last (no
+  // waiting here), and they are free again once the transfer's work on them has run. The done
+  // event goes on `stream`, which waits for the lane. False, with nothing enqueued, where no
+  // slot is free now (the caller moves the runs as they are).
+  bool submit_bounced(TransferState& t, StreamHandle stream, SlotRing& ring);
+  static constexpr std::size_t kBounceSlots = 8;
   // Chunk `index` from slot `s` to the device: with `wait`, behind a wait on the slot's flag
   // reaching `flag_value` (set by the thread that finishes gathering the chunk); scattered
   // destinations go through the slot's device twin and the scatter kernel, or, where the ring

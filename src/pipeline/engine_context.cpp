@@ -107,6 +107,7 @@ void Counters::fill(TuningStats& st) const {
   st.slots_deferred = slots_deferred.load();
   st.host_direct_chunks = host_direct.load();
   st.id_planned_transfers = id_planned.load();
+  st.bounced_runs = bounced.load();
   st.dma_seconds = dma_ms.load() * 1e-3;
 }
 

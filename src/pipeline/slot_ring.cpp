@@ -212,6 +212,26 @@ std::uint32_t SlotRing::acquire(std::uint64_t* free_at) {
   return idx;
 }
 
+std::optional<std::uint32_t> SlotRing::try_acquire() {
+  const auto idx = static_cast<std::uint32_t>(next_ % slots_.size());
+  Slot& s = slots_[idx];
+  const int st = s.state.load(std::memory_order_acquire);
+  if (st == Slot::kGathering) return std::nullopt;
+  if (st == Slot::kIssued) {
+    try {
+      if (s.by_flag ? !PlacedWait::reached(s, s.placed_value) : !device_.event_done(s.done)) return std::nullopt;
+      account(s);
+    } catch (...) {
+      // As wait_free: a failed DMA's transfer reports it, and the slot is free.
+      s.timed = false;
+    }
+  }
+  s.by_flag = false;
+  s.state.store(Slot::kGathering, std::memory_order_relaxed);
+  ++next_;
+  return idx;
+}
+
 void SlotRing::account_finished() {
   for (Slot& s : slots_) {
     if (s.state.load(std::memory_order_acquire) != Slot::kIssued || !s.timed) continue;

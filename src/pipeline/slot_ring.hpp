@@ -18,6 +18,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -102,6 +103,9 @@ class SlotRing {
   // (0 where the slot was free or waited for): whoever writes into the slot waits for that
   // value first (PlacedWait), so the submitter does not.
   std::uint32_t acquire(std::uint64_t* free_at = nullptr);
+  // The next slot in ring order if it is free now (its last chunk's work has completed), else
+  // nothing: no waiting. Caller holds the submission lock. The slot is kGathering on return.
+  std::optional<std::uint32_t> try_acquire();
   // Adds the DMA time of slots that finished but were not reused yet to the stats (caller holds
   // the submission lock).
   void account_finished();
