@@ -356,6 +356,20 @@ TEST_P(CacheSetTest, LayersOfOneAllocationMoveAsOne2DCopyPerId) {
   }
 }
 
+// One device allocation of `layers` arrays of `blocks` pages, layer after layer; host rows of
+// `host_blocks` blocks, each holding its page of every layer side by side.
+std::vector<CachePair> block_major_caches(std::byte* dev, std::byte* host, std::size_t layers, std::size_t blocks,
+                                          std::size_t host_blocks, std::size_t bytes) {
+  std::vector<CachePair> list;
+  for (std::size_t l = 0; l < layers; ++l) {
+    CachePair q;
+    q.device = {dev + l * blocks * bytes, blocks, bytes, 0};
+    q.host = BlockArray{host + l * bytes, host_blocks, bytes, layers * bytes};
+    list.push_back(q);
+  }
+  return list;
+}
+
 // Short rows (16 layers x 8 KB pages of one device allocation, each id's host pages side by
 // side) go through the staging ring's device twin: one DMA per run across the link, a 2D copy
 // on the device spreads its rows. 20 ids through a ring of 4 slots of 2 runs each: the two
@@ -372,13 +386,7 @@ TEST_P(CacheSetTest, ShortRowsBounceThroughTheDeviceTwinEveryByteBothWays) {
     td_->device->stream_sync(td_->stream);
     HostBuffer host(*td_->device, kLayers * kHostBlocks * kBytes, true);
     std::memset(host.data(), 0, host.size());
-    std::vector<CachePair> list;
-    for (std::size_t l = 0; l < kLayers; ++l) {
-      CachePair q;
-      q.device = {dev.data() + l * kBlocks * kBytes, kBlocks, kBytes, 0};
-      q.host = BlockArray{host.data() + l * kBytes, kHostBlocks, kBytes, kLayers * kBytes};
-      list.push_back(q);
-    }
+    const auto list = block_major_caches(dev.data(), host.data(), kLayers, kBlocks, kHostBlocks, kBytes);
     auto host_page = [&](std::size_t l, std::size_t b) { return host.data() + (b * kLayers + l) * kBytes; };
     detail::Tuning tuning;
     tuning.bounce_runs = bounce;
@@ -425,13 +433,7 @@ TEST_P(CacheSetTest, ABounceThatFindsTheRingBusyMovesItsRunsAsTheyAre) {
   fill_random(host.data(), host.size(), 44);
   HostBuffer flag(*td_->device, 4096, true);
   std::memset(flag.data(), 0, flag.size());
-  std::vector<CachePair> list;
-  for (std::size_t l = 0; l < kLayers; ++l) {
-    CachePair q;
-    q.device = {dev.data() + l * kBlocks * kBytes, kBlocks, kBytes, 0};
-    q.host = BlockArray{host.data() + l * kBytes, kHostBlocks, kBytes, kLayers * kBytes};
-    list.push_back(q);
-  }
+  const auto list = block_major_caches(dev.data(), host.data(), kLayers, kBlocks, kHostBlocks, kBytes);
   EngineOptions o = small_options();
   o.strided_min_bytes = kLayers * kBytes;
   Engine engine = td_->make_engine(o);
