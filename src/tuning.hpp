@@ -45,15 +45,19 @@ struct Tuning {
   std::size_t direct_split_min_bytes = 0;
   int direct_split_percent = 0;
   // A CacheSet transfer given as 2D runs (one per id: every layer's page of a block) whose host
-  // side is contiguous in each run and whose rows are at most bounce_max_width bytes goes
-  // through the staging ring's device twin: each run crosses the link as one 1D DMA and a
+  // side is contiguous in each run and whose rows are at most bounce_max_load_width bytes (to
+  // the device) or bounce_max_store_width bytes (to the host) goes through the staging ring's
+  // device twin: each run crosses the link as one 1D DMA and a
   // device-to-device 2D copy on another stream spreads its rows; no SM is used. The copy engine
   // moves short rows across PCIe below the link rate: vLLM's jobs of 64 layers' 8 KiB pages ran
   // at 75-77% of the link as plain 2D copies and 85-88% this way, 16 KiB at 85-87% and 89-90%,
-  // 32 KiB loads even (about 90%) and stores 89% and 92-93% (python -m gfd.bench_vllm on an
-  // H100, three runs each); the price is a second copy submission per run in the call.
+  // 32 KiB stores 89% and 92-93%, but 32 KiB loads 90.6-90.8% and 90.0-90.3% (python -m
+  // gfd.bench_vllm on an H100, three runs each). The price is a second copy submission per run
+  // in the call (a 64-block job's submit 150-260 us plain, 370-540 us bounced), so loads of
+  // 32 KiB rows, which gain nothing, stay plain.
   bool bounce_runs = true;
-  std::size_t bounce_max_width = std::size_t{32} << 10;
+  std::size_t bounce_max_load_width = std::size_t{16} << 10;
+  std::size_t bounce_max_store_width = std::size_t{32} << 10;
 
   // Throws gfd::Error(kInvalidArgument) naming the field when one is outside its limits.
   void validate() const;

@@ -421,6 +421,45 @@ TEST_P(CacheSetTest, ShortRowsBounceThroughTheDeviceTwinEveryByteBothWays) {
   }
 }
 
+// Rows of 32 KiB bounce on the way to host memory only: a load of such rows gains nothing from
+// the detour (bounce_max_load_width) and goes as plain 2D copies. Bytes checked both ways.
+TEST_P(CacheSetTest, RowsOfThirtyTwoKiBBounceOnTheWayOutOnly) {
+  constexpr std::size_t kLayers = 8, kBytes = 32 << 10, kBlocks = 12, kHostBlocks = 10, kMoved = 5;
+  DeviceBuffer dev(*td_->device, kLayers * kBlocks * kBytes);
+  HostBuffer init(*td_->device, dev.size(), true);
+  fill_random(init.data(), init.size(), 45);
+  td_->device->copy_h2d(dev.data(), init.data(), init.size(), td_->stream);
+  td_->device->stream_sync(td_->stream);
+  HostBuffer host(*td_->device, kLayers * kHostBlocks * kBytes, true);
+  std::memset(host.data(), 0, host.size());
+  EngineOptions o = small_options();
+  o.strided_min_bytes = kLayers * kBytes;  // one 256 KiB run per id, a slot's worth
+  Engine engine = td_->make_engine(o);
+  const CacheSet set =
+      engine.register_caches(block_major_caches(dev.data(), host.data(), kLayers, kBlocks, kHostBlocks, kBytes));
+  const auto out_src = distinct(kMoved, kBlocks, 18), out_dst = distinct(kMoved, kHostBlocks, 19);
+  engine.copy_blocks(set, Direction::kToHost, out_src, out_dst, td_->cuda_stream()).wait();
+  EXPECT_EQ(tuning_stats(engine).bounced_runs, kMoved);
+  for (std::size_t l = 0; l < kLayers; ++l)
+    for (std::size_t i = 0; i < kMoved; ++i)
+      ASSERT_EQ(std::memcmp(host.data() + (out_dst[i] * kLayers + l) * kBytes,
+                            init.data() + (l * kBlocks + out_src[i]) * kBytes, kBytes),
+                0)
+          << "swap-out layer " << l << " row " << i;
+  const auto in_dst = distinct(kMoved, kBlocks, 20);
+  (void)engine.copy_blocks(set, Direction::kToDevice, out_dst, in_dst, td_->cuda_stream());
+  td_->device->stream_sync(td_->stream);
+  EXPECT_EQ(engine.stats().strided_copies, 2 * kMoved);
+  EXPECT_EQ(tuning_stats(engine).bounced_runs, kMoved) << "a load of 32 KiB rows went through the device";
+  const auto now = td_->read(dev.data(), dev.size());
+  for (std::size_t l = 0; l < kLayers; ++l)
+    for (std::size_t i = 0; i < kMoved; ++i)
+      ASSERT_EQ(std::memcmp(now.data() + (l * kBlocks + in_dst[i]) * kBytes,
+                            host.data() + (out_dst[i] * kLayers + l) * kBytes, kBytes),
+                0)
+          << "swap-in layer " << l << " row " << i;
+}
+
 // A transfer that finds the ring's next slot still in use moves its runs as plain 2D copies,
 // without waiting: three loads queued behind a stream held by a host flag, each of 4 runs (two
 // slots of the ring's four); the third finds the first's slots not yet free. Every byte checked

@@ -143,9 +143,10 @@ class GatherBackend final : public BackendImpl {
     const Tuning& tu = pipe_.ctx->tuning;
     if (!tu.bounce_runs || r.stream == nullptr) return false;
     const bool to_host = r.direction == Direction::kToHost;
+    const std::size_t max_width = to_host ? tu.bounce_max_store_width : tu.bounce_max_load_width;
     return std::all_of(r.runs.begin(), r.runs.end(), [&](const StridedCopy& c) {
       const std::uint64_t host_pitch = to_host ? c.dpitch : c.spitch;
-      return c.width <= tu.bounce_max_width && host_pitch == c.width && c.width * c.rows <= pipe_.ring.slot_bytes();
+      return c.width <= max_width && host_pitch == c.width && c.width * c.rows <= pipe_.ring.slot_bytes();
     });
   }
 
