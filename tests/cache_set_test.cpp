@@ -15,6 +15,13 @@
 namespace gfd::test {
 namespace {
 
+// Fills `init` with random bytes from `seed` and device memory at `dev` with the same.
+void fill_device_random(TestDevice& td, std::byte* dev, HostBuffer& init, std::uint64_t seed) {
+  fill_random(init.data(), init.size(), seed);
+  td.device->copy_h2d(dev, init.data(), init.size(), td.stream);
+  td.device->stream_sync(td.stream);
+}
+
 // `pairs` device arrays of `blocks` blocks (separate allocations, as a runtime's per-layer
 // tensors) and host arrays of `host_blocks` blocks, either one allocation each or, with
 // `page_first`, interleaved in one allocation (block b of pair p at (b * pairs + p) * bytes).
@@ -27,9 +34,7 @@ struct Caches {
     for (std::size_t p = 0; p < pairs; ++p) {
       dev.push_back(std::make_unique<DeviceBuffer>(*td.device, blocks * bytes));
       HostBuffer init(*td.device, blocks * bytes, true);
-      fill_random(init.data(), init.size(), 100 + p);
-      td.device->copy_h2d(dev.back()->data(), init.data(), init.size(), td.stream);
-      td.device->stream_sync(td.stream);
+      fill_device_random(td, dev.back()->data(), init, 100 + p);
       CachePair q;
       q.device = {dev.back()->data(), blocks, bytes, 0};
       q.host = page_first ? BlockArray{host.data() + p * bytes, host_blocks, bytes, pairs * bytes}
@@ -299,9 +304,7 @@ TEST_P(CacheSetTest, LayersOfOneAllocationMoveAsOne2DCopyPerId) {
   DeviceBuffer dev(*td_->device, kLayers * kBlocks * kBytes);
   {
     HostBuffer init(*td_->device, dev.size(), true);
-    fill_random(init.data(), init.size(), 41);
-    td_->device->copy_h2d(dev.data(), init.data(), init.size(), td_->stream);
-    td_->device->stream_sync(td_->stream);
+    fill_device_random(*td_, dev.data(), init, 41);
   }
   for (const bool by_block : {true, false}) {
     SCOPED_TRACE(by_block ? "host rows by block" : "host arrays by layer");
@@ -427,9 +430,7 @@ TEST_P(CacheSetTest, RowsOfThirtyTwoKiBBounceOnTheWayOutOnly) {
   constexpr std::size_t kLayers = 8, kBytes = 32 << 10, kBlocks = 12, kHostBlocks = 10, kMoved = 5;
   DeviceBuffer dev(*td_->device, kLayers * kBlocks * kBytes);
   HostBuffer init(*td_->device, dev.size(), true);
-  fill_random(init.data(), init.size(), 45);
-  td_->device->copy_h2d(dev.data(), init.data(), init.size(), td_->stream);
-  td_->device->stream_sync(td_->stream);
+  fill_device_random(*td_, dev.data(), init, 45);
   HostBuffer host(*td_->device, kLayers * kHostBlocks * kBytes, true);
   std::memset(host.data(), 0, host.size());
   EngineOptions o = small_options();
