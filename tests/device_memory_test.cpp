@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -110,6 +112,47 @@ TEST_P(DeviceMemoryTest, DeviceMemoryNeverSharesA2MiBRegionWithPageableHostMemor
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
   }
+}
+
+// cudaFree waits for the whole device, so a buffer freed while copies into it are still queued
+// is unmapped only after they ran; the emulated device does the same (a test or a runtime's CI
+// that drops its buffers with transfers in flight must not see them copy into unmapped pages).
+// Pinned host memory unregistered with copies from it queued: on the emulated device, too, they
+// run first.
+TEST_P(DeviceMemoryTest, FreeingMemoryWaitsForTheCopiesQueuedOnIt) {
+  if (GetParam() == DeviceKind::kCuda) {
+    const std::string why = cuda_skip_reason();
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
+  detail::EmulatedDeviceOptions emu;
+  emu.copy_delay = std::chrono::milliseconds(20);  // the copies are still queued at the free
+  auto td = open_test_device(GetParam(), 0, emu);
+  detail::Device& dev = *td->device;
+  constexpr std::size_t kBytes = 64 << 20;
+  std::vector<std::byte> host(kBytes, std::byte{7});
+  dev.register_host(host.data(), kBytes);
+  const detail::StreamHandle s = dev.create_stream();
+  const detail::EventHandle done = dev.create_event(false);
+  for (int round = 0; round < 2; ++round) {
+    void* p = dev.alloc_device(kBytes);
+    for (int i = 0; i < 4; ++i) dev.copy_h2d(p, host.data(), kBytes, s);
+    dev.record_event(done, s);
+    if (round == 0) {
+      dev.free_device(p);
+      EXPECT_TRUE(dev.event_done(done)) << "free_device returned before the copies into the buffer ran";
+    } else {
+      if (GetParam() == DeviceKind::kEmulated) {
+        dev.unregister_host(host.data());
+        EXPECT_TRUE(dev.event_done(done)) << "unregister_host returned before the copies from the memory ran";
+      } else {
+        dev.stream_sync(s);
+        dev.unregister_host(host.data());
+      }
+      dev.free_device(p);
+    }
+  }
+  dev.destroy_event(done);
+  dev.destroy_stream(s);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceMemoryTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),

@@ -85,12 +85,13 @@ void* EmulatedDevice::alloc_device(std::size_t bytes) {
 
 void EmulatedDevice::free_device(void* p) noexcept {
   if (p == nullptr) return;
-  // As cuMemFree was seen to: no other call of the device starts until every stream has run dry.
+  // As cudaFree does: the memory goes once every stream has run dry (work still queued may use
+  // it; a process that frees its buffers with transfers in flight must not have them copy into
+  // unmapped pages). With free_waits_for_device, as cuMemFree was seen to, no other call of the
+  // device starts meanwhile either.
   std::unique_lock<std::shared_mutex> api;
-  if (options_.free_waits_for_device) {
-    api = driver_lock();
-    drain_all_streams();
-  }
+  if (options_.free_waits_for_device) api = driver_lock();
+  drain_all_streams();
   std::size_t bytes = 0;
   {
     std::unique_lock lk(registry_mutex());
@@ -137,6 +138,9 @@ void EmulatedDevice::register_host(void* p, std::size_t bytes) {
 
 void EmulatedDevice::unregister_host(void* p) noexcept {
   const auto api = api_call();
+  // The memory is unmapped after this (HostPool, a runtime's pinned pool): queued copies that
+  // read or write it run first.
+  drain_all_streams();
   std::unique_lock lk(registry_mutex());
   registry().erase(reinterpret_cast<std::uintptr_t>(p));
 }

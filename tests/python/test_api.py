@@ -137,6 +137,28 @@ def test_engines_are_closed_at_exit():
     assert r.stdout.strip() == "ok"
 
 
+def test_buffers_dropped_with_copies_in_flight_at_exit():
+    # Blocks large enough to go to the copy engine as they are, queued on a stream of the
+    # caller's behind slow emulated copies; the script ends without waiting and its buffers go in
+    # whatever order the interpreter drops them: as with cudaFree, a buffer is unmapped only once
+    # the copies queued on it ran, and the process exits cleanly.
+    code = (
+        "import numpy as np\n"
+        "from gfd import testing as T\n"
+        "e = T.emulated_engine(copy_delay_us=2000)\n"
+        "s = T.create_stream(e)\n"
+        "hosts = [T.pinned_buffer(e, (4, 1 << 20)) for _ in range(4)]\n"
+        "devs = [T.device_buffer(e, (4, 1 << 20)) for _ in range(4)]\n"
+        "sets = [e.register_caches([h], [d]) for h, d in zip(hosts, devs)]\n"
+        "e.copy_blocks(sets, 'to_device', [0, 1, 2, 3], [3, 2, 1, 0], stream=s)\n"
+        "print('ok')\n"
+    )
+    r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
 def test_cpus_option_places_the_gather_threads():
     with testing.emulated_engine(**small_options(cpus="0")) as e:
         assert e.options()["cpus"] == "0"
