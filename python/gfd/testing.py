@@ -80,7 +80,8 @@ class AdoptedMemory:
         self.ptr, self.nbytes, self._owner = ptr, nbytes, owner
 
     def release(self) -> None:
-        """Gives the memory back to the host (also after the engine has closed). Idempotent."""
+        """Gives the memory back to the host (also after the engine has closed), once the copies
+        queued on the emulated device have run, as ``cudaFree`` waits for the GPU. Idempotent."""
         if self._release is not None:
             self._release()
             self._release = self._owner = None

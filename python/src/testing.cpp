@@ -115,7 +115,10 @@ void register_testing(py::module_& m, py::class_<PyEngine>& engine_class) {
     auto dev = std::static_pointer_cast<detail::EmulatedDevice>(device_ptr(*h));
     dev->adopt_device_memory(reinterpret_cast<void*>(p), n);
     // The release holds the device, not the engine: it works after the engine has closed.
-    return py::cpp_function([dev, p] { dev->release_device_memory(reinterpret_cast<void*>(p)); });
+    return py::cpp_function([dev, p] {
+      py::gil_scoped_release nogil;  // waits for the copies queued on the memory
+      dev->release_device_memory(reinterpret_cast<void*>(p));
+    });
   });
   t.def("create_stream", [](PyEngine& e) {
     auto h = e.holder();

@@ -86,6 +86,7 @@ class EmulatedDevice final : public Device {
   // Takes [p, p + bytes), memory the caller owns, as this device's memory until
   // release_device_memory(p): a runtime that runs without a GPU allocates its "GPU" caches in
   // host memory, and the emulated device then serves them as it serves its own allocations.
+  // The release, like free_device, returns once the copies queued on the device have run.
   // Throws gfd::Error(kInvalidArgument) where the range overlaps memory already known here.
   void adopt_device_memory(void* p, std::size_t bytes);
   void release_device_memory(void* p) noexcept;

@@ -121,6 +121,8 @@ void EmulatedDevice::adopt_device_memory(void* p, std::size_t bytes) {
 }
 
 void EmulatedDevice::release_device_memory(void* p) noexcept {
+  // Its owner frees it next: as with free_device, the copies queued on it run first.
+  drain_all_streams();
   std::unique_lock lk(registry_mutex());
   registry().erase(reinterpret_cast<std::uintptr_t>(p));
 }

@@ -434,6 +434,22 @@ def test_adopted_host_memory_serves_as_the_emulated_gpus_memory(engine):
         engine.register_caches([host], [DeviceRows(gpu)])
 
 
+def test_releasing_adopted_memory_waits_for_the_copies_queued_on_it():
+    # As cudaFree does: once release() returns, its owner may free the memory, so the copies
+    # into it that were still queued (slow emulated copies on a stream of the caller's) have run.
+    with testing.emulated_engine(copy_delay_us=20000) as e:
+        gpu = np.zeros((4, 1 << 20), dtype=np.int8)
+        host = testing.pinned_buffer(e, (4, 1 << 20), "int8")
+        np.asarray(host)[:] = np.arange(1, 5, dtype=np.int8)[:, None]
+        adopted = testing.adopt_device_memory(e, gpu.ctypes.data, gpu.nbytes, gpu)
+        s = testing.create_stream(e)
+        caches = e.register_caches([host], [DeviceRows(gpu)])
+        e.copy_blocks(caches, "to_device", [0, 1, 2, 3], [3, 2, 1, 0], stream=s)
+        adopted.release()
+        assert np.array_equal(gpu[:, 0], [4, 3, 2, 1])
+        testing.destroy_stream(e, s)
+
+
 @pytest.mark.parametrize("value,settings", [("", None), ("0", None), ("1", {}),
                                             ("copy_delay_us=5,fault=copy_d2h", {"copy_delay_us": 5, "fault": "copy_d2h"})])
 def test_emulated_device_variable(monkeypatch, value, settings):
