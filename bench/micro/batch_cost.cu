@@ -68,7 +68,7 @@ bool measure(std::size_t page, std::size_t calls, std::size_t per, bool to_host,
   std::iota(d.begin(), d.end(), 0);
   std::vector<void*> dsts(n);
   std::vector<const void*> srcs(n);
-  const std::vector<std::size_t> sizes(per, page);
+  std::vector<std::size_t> sizes(per, page);  // the calls take non-const arrays
   const cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
 
   cudaMemcpyAttributes hints{};
@@ -79,7 +79,7 @@ bool measure(std::size_t page, std::size_t calls, std::size_t per, bool to_host,
   plain.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
   cudaMemcpyAttributes any_order = hints;
   any_order.srcAccessOrder = cudaMemcpySrcAccessOrderAny;
-  const std::vector<cudaMemcpyAttributes> hints_each(per, hints), plain_each(per, plain);
+  std::vector<cudaMemcpyAttributes> hints_each(per, hints), plain_each(per, plain);
   std::vector<std::size_t> idx(per);
   std::iota(idx.begin(), idx.end(), 0);
   std::size_t zero = 0;
@@ -102,11 +102,11 @@ bool measure(std::size_t page, std::size_t calls, std::size_t per, bool to_host,
       for (std::size_t c = 0; c < calls; ++c) {
         void** dd = dsts.data() + c * per;
         const void** ss = srcs.data() + c * per;
-        std::size_t* sz = const_cast<std::size_t*>(sizes.data());
+        std::size_t* sz = sizes.data();
         switch (v) {
-          case 0: check(cudaMemcpyBatchAsync(dd, ss, sz, per, const_cast<cudaMemcpyAttributes*>(hints_each.data()), idx.data(), per, s), "batch"); break;
+          case 0: check(cudaMemcpyBatchAsync(dd, ss, sz, per, hints_each.data(), idx.data(), per, s), "batch"); break;
           case 1: check(cudaMemcpyBatchAsync(dd, ss, sz, per, &hints, &zero, 1, s), "batch"); break;
-          case 2: check(cudaMemcpyBatchAsync(dd, ss, sz, per, const_cast<cudaMemcpyAttributes*>(plain_each.data()), idx.data(), per, s), "batch"); break;
+          case 2: check(cudaMemcpyBatchAsync(dd, ss, sz, per, plain_each.data(), idx.data(), per, s), "batch"); break;
           case 3: check(cudaMemcpyBatchAsync(dd, ss, sz, per, &plain, &zero, 1, s), "batch"); break;
           case 4: check(cudaMemcpyBatchAsync(dd, ss, sz, per, &any_order, &zero, 1, s), "batch"); break;
           default:
