@@ -351,18 +351,18 @@ class Engine:
         (the gather threads copy meanwhile); work queued on ``stream`` afterwards sees the data. Sources must
         stay unchanged until the transfer is done.
         """
-        _prune_orphans()
         s = self._stream(stream)
         t = self._core.copy_to_device(src_ptrs, dst_ptrs, sizes, s)
+        _prune_orphans()
         return Transfer(t, (src_ptrs, dst_ptrs, sizes))
 
     def copy_to_host(self, src_ptrs: Any, dst_ptrs: Any, sizes: Any, stream: Any = None) -> Transfer:
         """Copies blocks from this engine's GPU (``src_ptrs``) to host memory (``dst_ptrs``),
         after the work already queued on ``stream``; the transfer is done when every byte is in
         host memory. Arguments and validation as for :meth:`copy_to_device`."""
-        _prune_orphans()
         s = self._stream(stream)
         t = self._core.copy_to_host(src_ptrs, dst_ptrs, sizes, s)
+        _prune_orphans()
         return Transfer(t, (src_ptrs, dst_ptrs, sizes))
 
     def register_caches(self, host: Any, device: Any) -> "CacheSet":
@@ -398,17 +398,21 @@ class Engine:
         ``stream`` there: the forward pass may wait for layer k alone). Returns the list of
         Transfers. Every id is checked against every set before anything moves.
         """
-        _prune_orphans()
+        # Done transfers whose handles were dropped are let go after the submission, not before:
+        # a load's first copies are not held up behind the previous batch's bookkeeping.
         s = self._stream(stream)
         if isinstance(caches, (list, tuple)):
+            core_sets = []
             for i, c in enumerate(caches):
                 if not isinstance(c, CacheSet):
                     raise _type_error(f"copy_blocks: caches[{i}]: expected a gfd.CacheSet, got {type(c).__name__}")
                 if c._engine is not self:
                     raise _error(f"copy_blocks: caches[{i}]: a CacheSet made by another engine's register_caches")
+                core_sets.append(c._set)
             if after_each is not None and not callable(after_each):
                 raise _type_error(f"copy_blocks: after_each: expected a callable, got {type(after_each).__name__}")
-            ts = self._core.copy_blocks_sets([c._set for c in caches], direction, src_ids, dst_ids, s, after_each)
+            ts = self._core.copy_blocks_sets(core_sets, direction, src_ids, dst_ids, s, after_each)
+            _prune_orphans()
             return [Transfer(t, (c, src_ids, dst_ids)) for t, c in zip(ts, caches)]
         if after_each is not None:
             raise _error("copy_blocks: after_each: only with a list of CacheSets")
@@ -417,6 +421,7 @@ class Engine:
         if caches._engine is not self:
             raise _error("copy_blocks: caches: a CacheSet made by another engine's register_caches")
         t = self._core.copy_blocks(caches._set, direction, src_ids, dst_ids, s)
+        _prune_orphans()
         return Transfer(t, (caches, src_ids, dst_ids))
 
 

@@ -320,6 +320,28 @@ def test_dropped_handle_still_keeps_tensors_alive(slow_engine):
     assert alive() is None
 
 
+def test_dropped_list_of_transfers_keeps_tensors_alive_until_done(slow_engine):
+    # A list call's handles dropped at once (as a runtime that acknowledges by stream events
+    # does): every set's objects stay until its transfer is done, and a later list call lets
+    # them go.
+    host, dev, hv, dv = caches(slow_engine, 8, 8, (4096,), "uint8")
+    host2, dev2, _, _ = caches(slow_engine, 8, 8, (4096,), "uint8")
+    src = HostCache(host)
+    alive = weakref.ref(src)
+    testing.delay(slow_engine, 300000)
+    sets = [slow_engine.register_caches(src, dev), slow_engine.register_caches(host2, dev2)]
+    slow_engine.copy_blocks(sets, "to_device", list(range(8)), list(range(8)))
+    del src, sets
+    gc.collect()
+    assert alive() is not None, "an abandoned transfer keeps its objects until it is done"
+    other = [slow_engine.register_caches(host2, dev2)]
+    deadline = time.time() + 30
+    while alive() is not None and time.time() < deadline:
+        slow_engine.copy_blocks(other, "to_device", [0], [0]).pop().wait()
+        gc.collect()
+    assert alive() is None, "released by a later submission once done"
+
+
 def test_error_and_done_release(slow_engine):
     host, dev, hv, dv = caches(slow_engine, 8, 8, (4096,), "uint8")
     src = HostCache(host)
