@@ -34,10 +34,12 @@ def runs(directory, pattern):
 
 
 def num(v):
+    """v as a float; None where it is missing or NaN (not measured)."""
     try:
-        return float(v)
+        f = float(v)
     except (TypeError, ValueError):
         return None
+    return None if f != f else f
 
 
 def size_label(n):
@@ -310,11 +312,12 @@ def sglang(d):
                     slow = [v for v in col(loaded, "matmul_slowdown", **m) if v is not None] if loaded else []
                     body.append([model, layout, direction.replace("_", "-"), method, pct(g),
                                  gbps(col(rs, "gbps_p50", **m)), us_range(col(rs, "layer0_us_p50", **m)),
+                                 us_range(col(rs, "layer0_link_us_p50", **m)),
                                  us_range(col(rs, "layer0_enqueued_us_p50", **m)),
                                  us_range(col(rs, "call_us_p50", **m)),
                                  f"{100 * statistics.median(slow):+.1f}%" if slow else "-"])
     return [table(["model", "host layout", "batch", "method", "ratio to the line rate", "GB/s (median)",
-                   "layer 0 usable after", "layer 0 enqueued after", "scheduler thread",
+                   "layer 0 usable after", "layer 0's copies alone", "layer 0 enqueued after", "scheduler thread",
                    "matmul slowdown"], body)]
 
 

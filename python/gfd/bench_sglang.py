@@ -20,11 +20,12 @@ reverse. Methods, each in the same run on the same pools:
 
 Reported per method (P50 and spread of ``--reps`` timed batches): GB/s and its ratio to the
 line rate; "layer 0": the time from the batch's start on the stream until layer 0's event (the
-first layer the forward pass can use); "enq us": from the first call until layer 0's copies are
-enqueued (the host's share of "layer 0"); "call us": how long the calls hold the scheduler's
-thread for the whole batch. With ``--load matmul`` each method also runs beside back-to-back bf16
-matmuls on another stream, and the matmuls' slowdown is reported. Every method's bytes are
-verified once per configuration. Needs torch with CUDA (and Triton for ``kernel``).
+first layer the forward pass can use); "link us": layer 0's copies alone, timed once all of them
+are enqueued (issued behind a GPU spin), so that "layer 0" less "link us" is what the calls add;
+"enq us": from the first call until layer 0's copies are enqueued; "call us": how long the calls
+hold the scheduler's thread for the whole batch. With ``--load matmul`` each method also runs
+beside back-to-back bf16 matmuls on another stream, and the matmuls' slowdown is reported. Every
+method's bytes are verified once per configuration. Needs torch with CUDA (and Triton for ``kernel``).
 """
 
 from __future__ import annotations
@@ -190,6 +191,35 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
                     record(k)
         return start, events, time.perf_counter() - t0, layer0_at[0] - t0
 
+    def layer0_on_link(method: str, hp: np.ndarray, dp: np.ndarray) -> float:
+        """Microseconds layer 0's copies of a load take once every one of them is enqueued: issued
+        behind a GPU spin on ``stream`` and timed from the spin's end to their completion, so the
+        calls' own time is left out (NaN where the calls outlasted the spin)."""
+        if method == "dma" or not to_device:
+            return float("nan")
+        if method == "kernel":
+            src, dst = pools.addresses(range(1), hp, dp, True)
+        torch.cuda.synchronize()
+        spin, begin, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        spin.record(stream)
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(4_000_000)  # GPU clock cycles: about 2 ms
+        begin.record(stream)
+        t0 = time.perf_counter()
+        if method == "gfd":
+            gfd_engine.copy_blocks(per_layer[:1], "to_device", hp, dp, stream=stream)
+        elif method == "direct":
+            direct_engine.copy_blocks(direct_sets[0], "to_device", hp, dp, stream=stream)
+        else:
+            with torch.cuda.stream(stream):
+                kernel(src, dst, len(src), pools.page_bytes // 8)
+        enqueued = time.perf_counter() - t0
+        end.record(stream)
+        end.synchronize()
+        if enqueued * 1e3 >= spin.elapsed_time(begin):
+            return float("nan")
+        return begin.elapsed_time(end) * 1e3
+
     def verify(method: str, hp: np.ndarray, dp: np.ndarray) -> None:
         hi, di = torch.from_numpy(hp), torch.from_numpy(dp).cuda()
         for layer in range(L):
@@ -231,6 +261,12 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
             first.append(start.elapsed_time(events[0]) * 1e3)
             calls.append(call * 1e6)
             enqueued.append(issued * 1e6)
+        on_link = []
+        for _ in range(args.reps if to_device and method != "dma" else 0):
+            hp = rng.choice(pools.host_pages, args.pages, replace=False).astype(np.int64)
+            dp = rng.choice(pools.device_pages, args.pages, replace=False).astype(np.int64)
+            on_link.append(layer0_on_link(method, hp, dp))
+        on_link = [v for v in on_link if v == v]
         if args.load == "matmul":
             # Beside the model: the method's batches back to back while the matmuls run.
             torch.cuda.synchronize()
@@ -251,6 +287,7 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
         rows.append(dict(model=model, layout=layout, direction=direction, method=method, page=pools.page_bytes,
                          pages=args.pages, layers=L, gbps_p50=percentile(rates, 0.5), gbps_min=min(rates),
                          gbps_max=max(rates), layer0_us_p50=percentile(first, 0.5),
+                         layer0_link_us_p50=percentile(on_link, 0.5) if on_link else float("nan"),
                          layer0_enqueued_us_p50=percentile(enqueued, 0.5), call_us_p50=percentile(calls, 0.5),
                          matmul_slowdown=slow[0] if slow else float("nan")))
     line = rows[0]["gbps_p50"]
@@ -294,11 +331,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 rows += run_case(torch, a, model, layout, d)
     write_csv(a.csv, rows)
     print(f"{'model':>9} {'layout':>17} {'dir':>10} {'method':>7} {'page':>8} {'GB/s p50':>9} {'min-max':>13} "
-          f"{'ratio':>6} {'layer0 us':>9} {'enq us':>7} {'call us':>8} {'matmul':>7}")
+          f"{'ratio':>6} {'layer0 us':>9} {'link us':>7} {'enq us':>7} {'call us':>8} {'matmul':>7}")
     for r in rows:
         print(f"{r['model']:>9} {r['layout']:>17} {r['direction']:>10} {r['method']:>7} {fmt_size(r['page']):>8} "
               f"{r['gbps_p50']:9.1f} {r['gbps_min']:6.1f}-{r['gbps_max']:<6.1f} {100 * r['ratio_p50']:5.1f}% "
-              f"{r['layer0_us_p50']:9.0f} {r['layer0_enqueued_us_p50']:7.0f} {r['call_us_p50']:8.0f} {100 * r['matmul_slowdown']:+6.1f}%")
+              f"{r['layer0_us_p50']:9.0f} {r['layer0_link_us_p50']:7.0f} {r['layer0_enqueued_us_p50']:7.0f} {r['call_us_p50']:8.0f} {100 * r['matmul_slowdown']:+6.1f}%")
     return 0
 
 

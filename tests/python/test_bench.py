@@ -117,6 +117,27 @@ def test_summarize_reads_the_hosts_driver_call_speed(tmp_path):
     assert "host-only: no GPU was used" in out and "median of" not in out, out
 
 
+def test_summarize_sglang_table_gives_layer_0_on_the_link_where_measured(tmp_path):
+    # gfd.bench_sglang writes NaN where a figure is not measured (a write-back's layer 0 on the
+    # link): the table says "-" there, and the runs' range where they measured it.
+    script = os.path.join(ROOT, "bench", "summarize.py")
+    head = ("model,layout,direction,method,ratio_p50,gbps_p50,layer0_us_p50,layer0_link_us_p50,"
+            "layer0_enqueued_us_p50,call_us_p50,matmul_slowdown\n")
+    for run, link in ((1, "301.5"), (2, "309.2")):
+        (tmp_path / f"sglang_{run}.csv").write_text(
+            head + f"llama3-8b,layer_first,load,gfd,0.97,53.1,405,{link},148,2270,nan\n"
+                   "llama3-8b,layer_first,write_back,gfd,0.92,50.6,10800,nan,1890,1950,nan\n")
+    r = subprocess.run([sys.executable, script, str(tmp_path), "sglang"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split("|")[3].strip(): [c.strip() for c in line.split("|")[1:-1]]
+            for line in r.stdout.splitlines() if line.startswith("| llama3-8b")}
+    header = next(line for line in r.stdout.splitlines() if "layer 0's copies alone" in line)
+    at = [c.strip() for c in header.split("|")[1:-1]].index("layer 0's copies alone")
+    assert rows["load"][at] == "302 us - 309 us", r.stdout
+    assert rows["write-back"][at] == "-", r.stdout
+
+
 @pytest.mark.parametrize("module", ["gfd.bench_vllm", "gfd.bench_sglang"])
 def test_runtime_benches_say_what_is_missing(module):
     try:
