@@ -335,7 +335,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     for r in rows:
         print(f"{r['model']:>9} {r['layout']:>17} {r['direction']:>10} {r['method']:>7} {fmt_size(r['page']):>8} "
               f"{r['gbps_p50']:9.1f} {r['gbps_min']:6.1f}-{r['gbps_max']:<6.1f} {100 * r['ratio_p50']:5.1f}% "
-              f"{r['layer0_us_p50']:9.0f} {r['layer0_link_us_p50']:7.0f} {r['layer0_enqueued_us_p50']:7.0f} {r['call_us_p50']:8.0f} {100 * r['matmul_slowdown']:+6.1f}%")
+              f"{r['layer0_us_p50']:9.0f} {r['layer0_link_us_p50']:7.0f} {r['layer0_enqueued_us_p50']:7.0f} "
+              f"{r['call_us_p50']:8.0f} {100 * r['matmul_slowdown']:+6.1f}%")
     return 0
 
 
