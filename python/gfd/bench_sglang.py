@@ -194,9 +194,8 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
     def layer0_on_link(method: str, hp: np.ndarray, dp: np.ndarray) -> float:
         """Microseconds layer 0's copies of a load take once every one of them is enqueued: issued
         behind a GPU spin on ``stream`` and timed from the spin's end to their completion, so the
-        calls' own time is left out (NaN where the calls outlasted the spin)."""
-        if method == "dma" or not to_device:
-            return float("nan")
+        calls' own time is left out (NaN where the calls outlasted the spin). Loads by gfd,
+        ``direct`` or ``kernel`` only."""
         if method == "kernel":
             src, dst = pools.addresses(range(1), hp, dp, True)
         torch.cuda.synchronize()
