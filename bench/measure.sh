@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # Measures every figure of docs/performance.md on a GPU machine and prints its tables.
 #   bench/measure.sh [CASE ...]     run at the repository root (or from anywhere)
-# Cases (default: all of them; about 10 minutes in all on an H200 machine):
+# Cases (default: all of them; about 14 minutes in all on the H100 machine of docs/performance.md):
 #   paged    the runtime's call both ways, C++ and Python, three runs each; the ids-per-transfer
-#            sweep both ways, one run (about 3 minutes)
+#            sweep both ways, one run (about 2.5 minutes)
 #   load     the runtime's call at every block size with every peer, idle and beside
-#            back-to-back bf16 matmuls, both ways, one run; Python under the same load (2 minutes)
+#            back-to-back bf16 matmuls, both ways, one run; Python under the same load (1.5 minutes)
 #   pool     one pool of 2048 random 4 KB blocks, every backend; the strided layout against
-#            random blocks; three runs each (about 2 minutes)
-#   vllm     gfd.vllm's offloading worker against vLLM's own copy path, three runs (3 minutes;
-#            vLLM itself is not needed)
+#            random blocks; three runs each (under a minute)
+#   vllm     gfd.vllm's offloading worker against vLLM's own copy path, three runs (about 7
+#            minutes; vLLM itself is not needed)
 #   sglang   HiCache's loads and write-backs as gfd.sglang makes them against SGLang's direct
 #            and kernel paths, three runs, and one beside back-to-back bf16 matmuls (SGLang itself
-#            is not needed; about 5 minutes)
+#            is not needed; about 2 minutes)
 #   latency  16, 64 and 256 blocks of 4 KB, every backend, three runs (under a minute)
 # Keep each call under 9 minutes: e.g. `bench/measure.sh paged load`, then
-# `bench/measure.sh pool vllm latency`.
+# `bench/measure.sh pool latency sglang`, then `bench/measure.sh vllm`.
 # It builds $BUILD_DIR first when needed (as bench/gpu_check.sh does: Release, Python on). Each
 # command's log and CSV go to a work folder, packed after every step into
 # $OUT/measure-<cases>.tgz; the tables go to $OUT/measure-<cases>.md and are printed last
