@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Measures every figure of docs/performance.md on a GPU machine and prints its tables.
 #   bench/measure.sh [CASE ...]     run at the repository root (or from anywhere)
-# Cases (default: all of them; about 14 minutes in all on the H100 machine of docs/performance.md):
+# Cases (default: all of them; the times are those of their steps on the H100 machine of
+# docs/performance.md):
 #   paged    the runtime's call both ways, C++ and Python, three runs each; the ids-per-transfer
 #            sweep both ways, one run (about 2.5 minutes)
 #   load     the runtime's call at every block size with every peer, idle and beside
 #            back-to-back bf16 matmuls, both ways, one run; Python under the same load (1.5 minutes)
 #   pool     one pool of 2048 random 4 KB blocks, every backend; the strided layout against
 #            random blocks; three runs each (under a minute)
-#   vllm     gfd.vllm's offloading worker against vLLM's own copy path, three runs (about 7
-#            minutes; vLLM itself is not needed)
+#   vllm     gfd.vllm's offloading worker against vLLM's own copy path, three runs (2 minutes
+#            15 s a run; vLLM itself is not needed)
 #   sglang   HiCache's loads and write-backs as gfd.sglang makes them against SGLang's direct
 #            and kernel paths, three runs, and one beside back-to-back bf16 matmuls (SGLang itself
 #            is not needed; about 2 minutes)
