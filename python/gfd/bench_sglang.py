@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -240,6 +240,12 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
         b1.synchronize()
         return b0.elapsed_time(b1) * 1e-3
 
+    def pick() -> Tuple[np.ndarray, np.ndarray]:
+        """A batch's random host and device pages, none twice: cold host pages each batch."""
+        hp = rng.choice(pools.host_pages, args.pages, replace=False).astype(np.int64)
+        dp = rng.choice(pools.device_pages, args.pages, replace=False).astype(np.int64)
+        return hp, dp
+
     idle_mm = None
     if args.load == "matmul":
         matmuls(10)  # cuBLAS's first calls pick their kernels: not part of the idle time
@@ -247,8 +253,7 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
     for method in ["dma"] + [m for m in args.methods if m != "dma"]:
         rates, first, enqueued, calls, slow = [], [], [], [], []
         for rep in range(args.warmup + args.reps):
-            hp = rng.choice(pools.host_pages, args.pages, replace=False).astype(np.int64)
-            dp = rng.choice(pools.device_pages, args.pages, replace=False).astype(np.int64)
+            hp, dp = pick()
             torch.cuda.synchronize()
             start, events, call, issued = batch(method, hp, dp)
             events[-1].synchronize()
@@ -262,8 +267,7 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
             enqueued.append(issued * 1e6)
         on_link = []
         for _ in range(args.reps if to_device and method != "dma" else 0):
-            hp = rng.choice(pools.host_pages, args.pages, replace=False).astype(np.int64)
-            dp = rng.choice(pools.device_pages, args.pages, replace=False).astype(np.int64)
+            hp, dp = pick()
             on_link.append(layer0_on_link(method, hp, dp))
         on_link = [v for v in on_link if v == v]
         if args.load == "matmul":
@@ -278,8 +282,7 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
                     a = (a @ a).clamp_(-1, 1)
                 b1.record(s)
             while not b1.query():
-                hp = rng.choice(pools.host_pages, args.pages, replace=False).astype(np.int64)
-                dp = rng.choice(pools.device_pages, args.pages, replace=False).astype(np.int64)
+                hp, dp = pick()
                 _, events, _, _ = batch(method, hp, dp)
                 events[-1].synchronize()
             slow.append(b0.elapsed_time(b1) * 1e-3 / idle_mm - 1)
