@@ -189,23 +189,81 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
   return CacheSet(std::move(st));
 }
 
-const CacheSetState& CacheSetState::of(const CacheSet& set, const void* owner) {
-  if (!set.state_) bad("copy_blocks: caches is an empty CacheSet (default-constructed)");
+const CacheSetState& CacheSetState::of(const CacheSet& set, const void* owner,
+                                       std::string_view name) {
+  if (!set.state_) bad(std::string(name) + " is an empty CacheSet (default-constructed)");
   if (set.state_->owner != owner)
-    bad("copy_blocks: caches was registered with another engine (GPU " + std::to_string(set.state_->device) +
-        "); register it with this one");
+    bad(std::string(name) + " was registered with another engine (GPU " +
+        std::to_string(set.state_->device) + "); register it with this one");
   return *set.state_;
 }
 
-const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, const BlockIds& dst,
-                                              std::string_view src_name, std::string_view dst_name) const {
-  const bool to_device = d == Direction::kToDevice;
+namespace {
+
+// The one wording of a bad id: "src_ids[5] (block 9 -> 2): source block 9 is out of range
+// (pairs[0].host has 8 blocks)"; `limit` names what bounds the id.
+[[noreturn]] void bad_id(std::string_view name, std::size_t i, std::int64_t s, std::int64_t t,
+                         bool source, std::int64_t v, const std::string& limit,
+                         std::size_t blocks) {
+  bad(name_at(name, i) + " (block " + std::to_string(s) + " -> " + std::to_string(t) +
+          "): " + (source ? "source" : "destination") + " block " + std::to_string(v) +
+          (v < 0 ? std::string(" is negative")
+                 : " is out of range (" + limit + " has " + std::to_string(blocks) + " blocks)"),
+      i);
+}
+
+void check_counts(const BlockIds& src, const BlockIds& dst, std::string_view src_name,
+                  std::string_view dst_name) {
   for (const BlockIds* ids : {&src, &dst})
     if (ids->count != 0 && (ids->data == nullptr || (ids->width != 4 && ids->width != 8)))
       bad(std::string(ids == &src ? src_name : dst_name) + ": ids must be 4- or 8-byte integers");
   if (src.count != dst.count)
     bad(std::string(src_name) + " has " + std::to_string(src.count) + " ids, " + std::string(dst_name) + " " +
         std::to_string(dst.count));
+}
+
+}  // namespace
+
+void CacheSetState::check_sets(std::span<const CacheSet> caches, const void* owner, Direction d,
+                               const BlockIds& src, const BlockIds& dst) {
+  const bool to_device = d == Direction::kToDevice;
+  // The set, and its pair, with the fewest blocks per side.
+  struct Limit {
+    std::size_t blocks = SIZE_MAX, set = 0, pair = 0;
+  } src_limit, dst_limit;
+  for (std::size_t k = 0; k < caches.size(); ++k) {
+    const CacheSetState& s = of(caches[k], owner, name_at("caches", k));
+    const std::size_t host = s.host_blocks, device = s.device_blocks;
+    const std::size_t from = to_device ? host : device, to = to_device ? device : host;
+    if (from < src_limit.blocks)
+      src_limit = {from, k, to_device ? s.host_blocks_pair : s.device_blocks_pair};
+    if (to < dst_limit.blocks)
+      dst_limit = {to, k, to_device ? s.device_blocks_pair : s.host_blocks_pair};
+  }
+  check_counts(src, dst, "src_ids", "dst_ids");
+  if (caches.empty()) return;
+  auto label = [&](const Limit& l, bool host) {
+    return name_at("caches", l.set) + "'s " +
+           CacheSetState::of(caches[l.set], owner).label(l.pair, host);
+  };
+  if (src.count > dst_limit.blocks)
+    bad("dst_ids: " + std::to_string(src.count) + " ids, but " + label(dst_limit, !to_device) +
+        " has " + std::to_string(dst_limit.blocks) +
+        " blocks (each is written at most once per transfer)");
+  for (std::size_t i = 0; i < src.count; ++i) {
+    const std::int64_t s = src[i], t = dst[i];
+    if (s < 0 || static_cast<std::uint64_t>(s) >= src_limit.blocks)
+      bad_id("src_ids", i, s, t, true, s, label(src_limit, to_device), src_limit.blocks);
+    if (t < 0 || static_cast<std::uint64_t>(t) >= dst_limit.blocks)
+      bad_id("dst_ids", i, s, t, false, t, label(dst_limit, !to_device), dst_limit.blocks);
+  }
+}
+
+const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, const BlockIds& dst,
+                                              std::string_view src_name,
+                                              std::string_view dst_name) const {
+  const bool to_device = d == Direction::kToDevice;
+  check_counts(src, dst, src_name, dst_name);
   const std::size_t rows = src.count;
   if (rows > UINT32_MAX / 2 / pairs.size())
     bad(name_at(src_name, rows) + ": " + std::to_string(rows) + " ids of " + std::to_string(pairs.size()) +
@@ -240,28 +298,18 @@ const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, 
   } clear{marked};
   for (std::size_t i = 0; i < rows; ++i) {
     const std::int64_t s = src[i], t = dst[i];
-    auto row = [&](std::string_view name) {
-      return name_at(name, i) + " (block " + std::to_string(s) + " -> " + std::to_string(t) + "): ";
-    };
     if (s < 0 || static_cast<std::uint64_t>(s) >= src_limit)
-      bad(row(src_name) + "source block " + std::to_string(s) +
-              (s < 0 ? std::string(" is negative")
-                     : " is out of range (" + label(src_pair, to_device) + " has " + std::to_string(src_limit) +
-                           " blocks)"),
-          i);
+      bad_id(src_name, i, s, t, true, s, label(src_pair, to_device), src_limit);
     if (t < 0 || static_cast<std::uint64_t>(t) >= dst_limit)
-      bad(row(dst_name) + "destination block " + std::to_string(t) +
-              (t < 0 ? std::string(" is negative")
-                     : " is out of range (" + label(dst_pair, !to_device) + " has " + std::to_string(dst_limit) +
-                           " blocks)"),
-          i);
+      bad_id(dst_name, i, s, t, false, t, label(dst_pair, !to_device), dst_limit);
     const auto u = static_cast<std::uint64_t>(t);
     const std::uint64_t bit = std::uint64_t{1} << (u & 63);
     if ((seen[u >> 6] & bit) != 0) {
       std::size_t first = 0;
       while (ids[2 * first + 1] != u) ++first;
-      bad(row(dst_name) + "destination block " + std::to_string(t) + " is also that of " + name_at(dst_name, first) +
-              " (each block is written once per transfer)",
+      bad(name_at(dst_name, i) + " (block " + std::to_string(s) + " -> " + std::to_string(t) +
+              "): destination block " + std::to_string(t) + " is also that of " +
+              name_at(dst_name, first) + " (each block is written once per transfer)",
           i);
     }
     seen[u >> 6] |= bit;

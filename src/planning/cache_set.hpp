@@ -31,8 +31,15 @@ struct CacheSetState {
   static CacheSet make(std::span<const CachePair> pairs, Device& device, const void* owner,
                        std::vector<std::string> labels = {}, std::string_view call = "register_caches",
                        Sides overlaps = Sides::kBoth);
-  // The state behind `set` (throws gfd::Error for an empty set or one of another engine).
-  static const CacheSetState& of(const CacheSet& set, const void* owner);
+  // The state behind `set` (throws gfd::Error for an empty set or one of another engine);
+  // `name` names it in messages ("caches", "caches[3]").
+  static const CacheSetState& of(const CacheSet& set, const void* owner,
+                                 std::string_view name = "caches");
+  // The ids of one transfer per set of `caches` (Engine::copy_blocks over sets), checked before
+  // any is enqueued: every set this engine's, the same count, every id in range of every set
+  // (the fewest blocks any set has, per side). Messages as check_ids', naming the set.
+  static void check_sets(std::span<const CacheSet> caches, const void* owner, Direction d,
+                         const BlockIds& src, const BlockIds& dst);
 
   // The copy list of one transfer: for every pair p and row i, block src[i] of p's source side
   // to block dst[i] of its destination side, at index p * rows + i (i * pairs + p where
