@@ -24,7 +24,7 @@
 #include "gfd/gfd.hpp"
 #include "load_kernel.cuh"
 #include "paged_bench.hpp"
-#include "probe.hpp"
+#include "testkit/testkit.hpp"
 #include "source_pool.hpp"
 #include "stage_only.hpp"
 #include "trace_report.hpp"
@@ -129,7 +129,7 @@ struct BackendEngine {
 
 class Bench {
  public:
-  probe::Device dev;
+  testkit::Device dev;
   cudaStream_t stream = nullptr;
   bool host_only = false, warm = false, trace = false, to_host = false;
   // --layout strided: each transfer's blocks in a row at a pitch of `pitch` blocks (constant-
@@ -221,7 +221,7 @@ class Bench {
       if (!warm && i > 0) refill(b, size, scattered);
       if (i == warmup) {
         cpu0 = process_cpu_seconds();
-        if (traced(be.backend)) probe::start_trace(be.engine, 1 << 20);
+        if (traced(be.backend)) testkit::start_trace(be.engine, 1 << 20);
       }
       const auto t0 = Clock::now();
       std::vector<Transfer> handles;
@@ -248,7 +248,7 @@ class Bench {
     r.threads = be.engine.stats().gather_threads;
     r.cpu_s_per_gb = cpu / (static_cast<double>(n * size) * batch * iters * 1e-9);
     if (traced(be.backend)) {
-      const std::vector<probe::TraceEvent> ev = probe::take_trace(be.engine);
+      const std::vector<testkit::TraceEvent> ev = testkit::take_trace(be.engine);
       if (batch == 1) print_trace(ev, us, n, size, mode, r.backend);
       else std::printf("trace: not with --batch (it needs one transfer per timed repetition)\n");
     }
@@ -473,7 +473,7 @@ void host_load_probe(Bench& b, std::size_t bytes) {
         std::vector<std::byte> a(kBuf, std::byte{1}), c(kBuf);
         while (!stop.load(std::memory_order_relaxed)) {
           for (std::size_t off = 0; off < kBuf && !stop.load(std::memory_order_relaxed); off += 1 << 20) {
-            probe::copy_like_staging(c.data() + off, a.data() + off, 1 << 20, StagingWrites::kStreaming);
+            testkit::copy_like_staging(c.data() + off, a.data() + off, 1 << 20, StagingWrites::kStreaming);
             copied.fetch_add(1 << 20, std::memory_order_relaxed);
           }
         }
@@ -604,17 +604,17 @@ int main(int argc, char** argv) try {
     return m;
   };
 
-  if (probe::cuda_device_count() == 0) {
+  if (testkit::cuda_device_count() == 0) {
     bench.host_only = true;
     std::printf("No CUDA GPU is visible here: measuring the host side only (gather threads into the\n"
                 "real staging ring; the emulated device's 'DMA' is a host memcpy). These figures are\n"
                 "labelled host-only and say nothing about PCIe; only the gather backend is run.\n");
-    bench.dev = probe::Device::emulated(0);
+    bench.dev = testkit::Device::emulated(0);
     backends = {Backend::kGather};
     if (flags.has("under-load"))
       std::printf("--under-load needs a GPU (its load is compute kernels on the SMs): skipped.\n");
   } else {
-    bench.dev = probe::Device::cuda(device);
+    bench.dev = testkit::Device::cuda(device);
   }
 
   // The source pool: several times the L3 (cold sources) and the largest transfer, within RAM. A
@@ -646,7 +646,7 @@ int main(int argc, char** argv) try {
   }
   bench.max_bytes = largest_transfer();
 
-  probe::Device& d = bench.dev;
+  testkit::Device& d = bench.dev;
   d.make_current();
   bench.stream = d.create_stream();
 
@@ -665,7 +665,7 @@ int main(int argc, char** argv) try {
     if (be.backend == Backend::kGather)
       std::printf("engine gather: %d gather threads on CPUs %s, NUMA node %d, ring %s in %s slots, hugepages %s, "
                   "%d copy streams (+1 device to host), first chunk %s, pieces %s, staging writes %s, kernel for <= %s\n",
-                  st.gather_threads, probe::format_cpulist(st.cpus).c_str(), st.numa_node,
+                  st.gather_threads, testkit::format_cpulist(st.cpus).c_str(), st.numa_node,
                   format_size(st.staging_bytes).c_str(), format_size(st.slot_bytes).c_str(),
                   to_string(st.hugepages), o.copy_streams, format_size(o.first_chunk_bytes).c_str(),
                   format_size(o.piece_bytes).c_str(), to_string(st.staging_writes),
@@ -738,7 +738,7 @@ int main(int argc, char** argv) try {
     so.bytes = st.staging_bytes;
     so.device = d.ordinal();
     so.numa_node = st.numa_node >= 0 ? st.numa_node : -2;  // the engine's node, or unbound as its ring
-    bench.stage_buffer = std::make_unique<HostPool>(probe::make_host_pool(d, so));
+    bench.stage_buffer = std::make_unique<HostPool>(testkit::make_host_pool(d, so));
     StageOnly::Config c;
     c.workers = st.gather_threads;
     c.cpus = st.cpus;
@@ -754,7 +754,7 @@ int main(int argc, char** argv) try {
                 "of %s for transfers of one chunk), staging writes %s, %s a %s buffer (hugepages %s, NUMA node %d), "
                 "transfers up to %s by the calling thread alone; no engine, no DMA\n",
                 bench.to_host ? "place" : "gather", bench.stage->threads(), c.workers,
-                c.cpus.empty() ? "(none reported: unpinned)" : probe::format_cpulist(c.cpus).c_str(),
+                c.cpus.empty() ? "(none reported: unpinned)" : testkit::format_cpulist(c.cpus).c_str(),
                 c.caller_copies ? ", + the calling thread, unpinned, as the submitting thread" : "",
                 format_size(c.piece_bytes).c_str(), format_size(c.first_chunk_bytes).c_str(), to_string(c.writes),
                 bench.to_host ? "from" : "into",
@@ -843,7 +843,7 @@ int main(int argc, char** argv) try {
     std::printf("\nengine gather: %llu transfers, %llu chunks (%llu scattered), gather %.3f s CPU, "
                 "planning %.3f s, submit waited %.3f s%s\n",
                 (unsigned long long)st.transfers, (unsigned long long)st.chunks,
-                (unsigned long long)probe::tuning_stats(be.engine).scattered_chunks, st.gather_seconds, st.plan_seconds,
+                (unsigned long long)testkit::tuning_stats(be.engine).scattered_chunks, st.gather_seconds, st.plan_seconds,
                 st.submit_wait_seconds, bench.host_only ? " [host-only]" : "");
   }
 

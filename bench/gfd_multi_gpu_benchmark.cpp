@@ -18,7 +18,7 @@
 
 #include "bench_common.hpp"
 #include "gfd/gfd.hpp"
-#include "probe.hpp"
+#include "testkit/testkit.hpp"
 
 namespace {
 
@@ -44,7 +44,7 @@ const std::map<std::string, std::string> kFlags = {
 // One GPU's side of the benchmark: its device, stream, source pool and destination.
 struct Gpu {
   int ordinal = 0;
-  probe::Device dev;
+  testkit::Device dev;
   cudaStream_t stream = nullptr;
   std::unique_ptr<Pool> pool;
   std::byte* ref_src = nullptr;
@@ -89,7 +89,7 @@ int main(int argc, char** argv) try {
   std::vector<Backend> backends = backends_flag(flags);
 
   // Devices: the CUDA GPUs, or two emulated ones (host-only) where there is none.
-  const bool host_only = probe::cuda_device_count() == 0;
+  const bool host_only = testkit::cuda_device_count() == 0;
   std::vector<int> ordinals;
   if (host_only) {
     std::printf("No CUDA GPU is visible here: two emulated devices stand in (host-only: the gather\n"
@@ -116,7 +116,7 @@ int main(int argc, char** argv) try {
   for (int i = 0; i < all; ++i) {
     Gpu& g = gpus[static_cast<std::size_t>(i)];
     g.ordinal = ordinals[static_cast<std::size_t>(i)];
-    g.dev = host_only ? probe::Device::emulated(i) : probe::Device::cuda(g.ordinal);
+    g.dev = host_only ? testkit::Device::emulated(i) : testkit::Device::cuda(g.ordinal);
   }
   // One group of engines per backend; engines of one backend never share CPUs. GFD_* settings
   // apply to every engine: EngineOptions::from_env() is passed explicitly (a group made with
@@ -134,16 +134,16 @@ int main(int argc, char** argv) try {
 
   // Topology.
   std::printf("topology: %d NUMA node(s); %zu CPUs this process may use\n",
-              probe::numa_nodes(), probe::allowed_cpus().size());
+              testkit::numa_nodes(), testkit::allowed_cpus().size());
   EngineGroup& first = *groups.begin()->second;
   for (int i = 0; i < all; ++i) {
     Gpu& g = gpus[static_cast<std::size_t>(i)];
-    const probe::Locality loc = probe::gpu_locality(g.dev);
+    const testkit::Locality loc = testkit::gpu_locality(g.dev);
     EngineGroup& gather = groups.count(Backend::kGather) ? *groups[Backend::kGather] : first;
     const EngineStats st = gather[static_cast<std::size_t>(i)].stats();
     std::printf("  GPU %d (%s): NUMA node %d, local CPUs %s | gather engine: CPUs %s, %d threads%s, ring on node %d\n",
                 g.ordinal, host_only ? "emulated" : g.dev.pci_bus_id().c_str(), loc.numa_node,
-                probe::format_cpulist(loc.cpus).c_str(), probe::format_cpulist(st.cpus).c_str(),
+                testkit::format_cpulist(loc.cpus).c_str(), testkit::format_cpulist(st.cpus).c_str(),
                 st.gather_threads,
                 st.cpu_sharing > 1 ? (", CPUs split with " + std::to_string(st.cpu_sharing - 1) + " other GPU(s)").c_str()
                                    : "",
@@ -231,7 +231,7 @@ int main(int argc, char** argv) try {
         if (group) {
           const EngineStats st = (*group)[static_cast<std::size_t>(i)].stats();
           r.threads = st.gather_threads;
-          r.cpus = probe::format_cpulist(st.cpus);
+          r.cpus = testkit::format_cpulist(st.cpus);
         }
         rows.push_back(r);
       }

@@ -27,7 +27,7 @@
 #include "bench_common.hpp"
 #include "gfd/gfd.hpp"
 #include "peer_kernels.cuh"
-#include "probe.hpp"
+#include "testkit/testkit.hpp"
 #include "trace_report.hpp"
 
 namespace gfd::bench {
@@ -163,7 +163,7 @@ struct Row {
 // and mmaps registered with it (pinned as far as the engine is concerned).
 class Caches {
  public:
-  Caches(probe::Device& dev, std::size_t tensors, std::size_t host_bytes, std::size_t device_bytes,
+  Caches(testkit::Device& dev, std::size_t tensors, std::size_t host_bytes, std::size_t device_bytes,
          std::size_t ref_bytes)
       : host_bytes(host_bytes), device_bytes(device_bytes), ref_bytes(ref_bytes), dev_(dev) {
     try {
@@ -239,7 +239,7 @@ class Caches {
     device_owned_.clear();
   }
 
-  probe::Device& dev_;
+  testkit::Device& dev_;
   std::vector<std::pair<void*, std::size_t>> host_owned_;
   std::vector<void*> device_owned_;
 };
@@ -445,7 +445,7 @@ class DecodeLoad {
 
 class PagedBench {
  public:
-  probe::Device dev;
+  testkit::Device dev;
   bool host_only = false, warm = false;
   int iters = 20, warmup = 3, stream_priority = 0;
   std::size_t tensors = 0;
@@ -708,7 +708,7 @@ class PagedBench {
       }
       if (load) GFD_BENCH_CUDA(cudaEventRecord(window_from, stream));
       const bool traced = trace && m == Method::kGfd && !load;
-      if (traced) probe::start_trace(*gfd, 1 << 20);
+      if (traced) testkit::start_trace(*gfd, 1 << 20);
       const auto start = Clock::now();
       while (static_cast<int>(us.size()) < iters ||
              (since_us(start) < min_ms * 1e3 && us.size() < 100000)) {
@@ -727,7 +727,7 @@ class PagedBench {
       if (traced) {
         std::printf("trace of gfd, %s %zu ids x %zu tensors x %zu bytes:\n", to_host ? "d2h" : "h2d", c.n, tensors,
                     c.size);
-        print_trace(probe::take_trace(*gfd), us, c.n * tensors, c.size, warm ? "warm" : "cold", "gather");
+        print_trace(testkit::take_trace(*gfd), us, c.n * tensors, c.size, warm ? "warm" : "cold", "gather");
       }
     } catch (...) {
       if (load) load->halt();
@@ -923,19 +923,19 @@ int run_paged_benchmark(int argc, char** argv) {
     throw std::invalid_argument("--under-load=" + flags.get("under-load") + ": the mode is decode");
 
   const int ordinal = static_cast<int>(flags.get_int("device", 0));
-  if (probe::cuda_device_count() == 0) {
+  if (testkit::cuda_device_count() == 0) {
     b.host_only = true;
     std::printf(
         "No CUDA GPU is visible here: host-only. Only gfd runs, on the emulated device (its "
         "device caches are host memory and its 'DMA' a host memcpy); the CUDA peers are "
         "skipped and the figures say nothing about PCIe.\n");
-    b.dev = probe::Device::emulated(0);
+    b.dev = testkit::Device::emulated(0);
     methods = {Method::kGfd};
     if (under_load) std::printf("--under-load needs a GPU (cuBLAS matmuls): skipped.\n");
   } else {
-    b.dev = probe::Device::cuda(ordinal);
+    b.dev = testkit::Device::cuda(ordinal);
   }
-  probe::Device& d = b.dev;
+  testkit::Device& d = b.dev;
   d.make_current();
 
   // The grid: a block-size sweep at 64 blocks and a block-count sweep at 4K (the default), the
@@ -1081,7 +1081,7 @@ int run_paged_benchmark(int argc, char** argv) {
     std::printf(
         "engine gfd (gather, %s): %d gather threads on CPUs %s, NUMA node %d, "
         "ring %s in %s slots, hugepages %s\n",
-        from.c_str(), st.gather_threads, probe::format_cpulist(st.cpus).c_str(), st.numa_node,
+        from.c_str(), st.gather_threads, testkit::format_cpulist(st.cpus).c_str(), st.numa_node,
         format_size(st.staging_bytes).c_str(), format_size(st.slot_bytes).c_str(),
         to_string(st.hugepages));
   }

@@ -99,7 +99,7 @@ std::vector<PoolKind> pool_kinds_flag(const std::string& value) {
   return out;
 }
 
-SourcePool::SourcePool(PoolKind kind, std::size_t bytes, probe::Device& device, bool pinned)
+SourcePool::SourcePool(PoolKind kind, std::size_t bytes, testkit::Device& device, bool pinned)
     : kind_(kind), dev_(device), pinned_(pinned), bytes_(bytes) {
   switch (kind) {
     case PoolKind::kCuda: {
@@ -141,7 +141,7 @@ SourcePool::SourcePool(PoolKind kind, std::size_t bytes, probe::Device& device, 
       o.device = dev_.ordinal();
       o.numa_node = -1;  // the GPU's node (none where the system reports no locality)
       o.register_memory = pinned;
-      host_pool_ = std::make_unique<HostPool>(probe::make_host_pool(dev_, o));
+      host_pool_ = std::make_unique<HostPool>(testkit::make_host_pool(dev_, o));
       data_ = host_pool_->data();
       fill_random(data_, bytes_);
       description_ = std::string("gfd::HostPool, hugepages ") + gfd::to_string(host_pool_->hugepages()) +

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "gfd/gfd.hpp"
-#include "probe.hpp"
+#include "testkit/testkit.hpp"
 
 namespace gfd::bench {
 
@@ -28,7 +28,7 @@ std::vector<PoolKind> pool_kinds_flag(const std::string& value);
 // registered (kCuda is then refused: cudaHostAlloc memory is always pinned).
 class SourcePool {
  public:
-  SourcePool(PoolKind kind, std::size_t bytes, probe::Device& device, bool pinned);
+  SourcePool(PoolKind kind, std::size_t bytes, testkit::Device& device, bool pinned);
   ~SourcePool();
   SourcePool(const SourcePool&) = delete;
   SourcePool& operator=(const SourcePool&) = delete;
@@ -42,7 +42,7 @@ class SourcePool {
 
  private:
   PoolKind kind_;
-  probe::Device& dev_;
+  testkit::Device& dev_;
   bool pinned_;
   std::byte* data_ = nullptr;
   std::size_t bytes_ = 0;

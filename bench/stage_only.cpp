@@ -35,10 +35,10 @@ StageOnly::~StageOnly() {
 }
 
 void StageOnly::copy_piece(std::size_t k) {
-  const probe::StagedBlock* ops = ops_.data() + piece_begin_[k];
+  const testkit::StagedBlock* ops = ops_.data() + piece_begin_[k];
   const std::size_t count = piece_begin_[k + 1] - piece_begin_[k];
-  if (cfg_.to_host) probe::place_like_engine(ops, count, staging_, cfg_.writes);
-  else probe::gather_like_engine(ops, count, staging_, cfg_.writes);
+  if (cfg_.to_host) testkit::place_like_engine(ops, count, staging_, cfg_.writes);
+  else testkit::gather_like_engine(ops, count, staging_, cfg_.writes);
 }
 
 // Claims the next piece of the current run in order, as the engine's threads do (one
@@ -58,7 +58,7 @@ bool StageOnly::claim_and_copy() {
 
 void StageOnly::worker() {
   // As the engine pins each gather thread: to the whole set of its CPUs.
-  if (!probe::pin_current_thread(cfg_.cpus)) pinned_.store(false);
+  if (!testkit::pin_current_thread(cfg_.cpus)) pinned_.store(false);
   while (!stop_.load(std::memory_order_acquire)) {
     if (claim_and_copy()) continue;
     // Idle: spin for spin_us (back-to-back runs pay no wake-up), then park until the claim word
@@ -93,7 +93,7 @@ double StageOnly::run(const std::vector<BlockCopy>& blocks) {
     auto* host = static_cast<std::byte*>(cfg_.to_host ? b.dst : const_cast<void*>(b.src));
     for (std::size_t done = 0; done < b.bytes;) {
       const std::size_t take = std::min(b.bytes - done, piece - fill);
-      probe::StagedBlock op;
+      testkit::StagedBlock op;
       op.src = host + done;
       op.dst = host + done;
       op.slot_offset = (k % slots) * piece + fill;

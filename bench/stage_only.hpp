@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gfd/gfd.hpp"
-#include "probe.hpp"
+#include "testkit/testkit.hpp"
 
 namespace gfd::bench {
 
@@ -62,7 +62,7 @@ class StageOnly {
   Config cfg_;
   std::byte* staging_;
   std::size_t staging_bytes_;
-  std::vector<probe::StagedBlock> ops_;
+  std::vector<testkit::StagedBlock> ops_;
   std::size_t piece_ = 0;  // the last run's piece size
   std::vector<std::uint32_t> piece_begin_;  // ops of piece k: [piece_begin_[k], piece_begin_[k+1])
   std::atomic<std::uint64_t> claim_{0};

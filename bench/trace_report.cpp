@@ -12,9 +12,9 @@
 
 namespace gfd::bench {
 
-void print_trace(const std::vector<probe::TraceEvent>& ev, const std::vector<double>& us, std::size_t n,
+void print_trace(const std::vector<testkit::TraceEvent>& ev, const std::vector<double>& us, std::size_t n,
                  std::size_t size, const std::string& mode, const std::string& backend) {
-  using E = probe::TraceEvent;
+  using E = testkit::TraceEvent;
   std::vector<std::uint32_t> ids;
   for (const E& e : ev)
     if (e.what == E::kSubmit) ids.push_back(e.transfer);

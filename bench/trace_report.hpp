@@ -8,14 +8,14 @@
 #include <string>
 #include <vector>
 
-#include "probe.hpp"
+#include "testkit/testkit.hpp"
 
 namespace gfd::bench {
 
-// `ev`: the trace of a run of timed repetitions (probe::take_trace), one transfer each; `us`:
+// `ev`: the trace of a run of timed repetitions (testkit::take_trace), one transfer each; `us`:
 // their call-to-sync times in the same order. Prints "trace: unusable" when the two do not
 // match (a --batch run, say).
-void print_trace(const std::vector<probe::TraceEvent>& ev, const std::vector<double>& us, std::size_t n,
+void print_trace(const std::vector<testkit::TraceEvent>& ev, const std::vector<double>& us, std::size_t n,
                  std::size_t size, const std::string& mode, const std::string& backend);
 
 }  // namespace gfd::bench

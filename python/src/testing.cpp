@@ -16,8 +16,8 @@
 
 #include "buffers.hpp"
 #include "device/device.hpp"
-#include "device/emulated_device.hpp"
-#include "engine_core.hpp"
+#include "testkit/emulated_device.hpp"
+#include "engine/engine_core.hpp"
 #include "engine_holder.hpp"
 #include "host/host_pool.hpp"
 

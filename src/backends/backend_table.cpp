@@ -4,9 +4,9 @@
 #include <iterator>
 
 #include "backends/backend.hpp"
-#include "backends/copy_calls.hpp"
-#include "backends/gather.hpp"
-#include "backends/zero_copy_kernel.hpp"
+#include "backends/baselines/copy_calls.hpp"
+#include "backends/gather/gather.hpp"
+#include "backends/baselines/zero_copy_kernel.hpp"
 #include "gfd/error.hpp"
 
 namespace gfd::detail {

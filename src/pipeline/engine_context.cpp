@@ -6,7 +6,7 @@
 
 #include "gfd/error.hpp"
 
-#include "sync.hpp"
+#include "common/sync.hpp"
 
 namespace gfd::detail {
 

@@ -18,7 +18,7 @@
 #include "gfd/engine.hpp"
 #include "pipeline/tracer.hpp"
 #include "planning/planner.hpp"
-#include "tuning.hpp"
+#include "common/tuning.hpp"
 
 namespace gfd::detail {
 

@@ -25,7 +25,7 @@
 #include "device/device.hpp"
 #include "host/host_memory.hpp"
 #include "planning/planner.hpp"
-#include "sync.hpp"
+#include "common/sync.hpp"
 
 namespace gfd::detail {
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "device/device.hpp"
-#include "device/emulated_device.hpp"
-#include "engine_core.hpp"
+#include "testkit/emulated_device.hpp"
+#include "engine/engine_core.hpp"
 #include "gfd/gfd.hpp"
 
 namespace gfd::test {

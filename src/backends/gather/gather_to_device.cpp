@@ -1,4 +1,4 @@
-#include "backends/gather_to_device.hpp"
+#include "backends/gather/gather_to_device.hpp"
 
 #include <algorithm>
 #include <mutex>

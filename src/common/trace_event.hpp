@@ -1,4 +1,4 @@
-// One point of an engine trace (tracer.hpp records them; benchmarks read them through probe.hpp
+// One point of an engine trace (tracer.hpp records them; benchmarks read them through testkit/testkit.hpp
 // to find pipeline bubbles).
 #pragma once
 

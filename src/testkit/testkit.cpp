@@ -1,20 +1,20 @@
 // gfd/probe for the benchmarks: the device facade, engines over it and their trace, locality and
 // the staging copy loop, over the library's internals.
-#include "probe.hpp"
+#include "testkit/testkit.hpp"
 
 #include <numa.h>
 
 #include <utility>
 
 #include "device/device.hpp"
-#include "device/emulated_device.hpp"
-#include "engine_core.hpp"
+#include "testkit/emulated_device.hpp"
+#include "engine/engine_core.hpp"
 #include "gfd/error.hpp"
 #include "host/gather_copy.hpp"
 #include "host/host_pool.hpp"
 #include "host/topology.hpp"
 
-namespace gfd::probe {
+namespace gfd::testkit {
 
 namespace {
 detail::StreamHandle handle(cudaStream_t s) { return static_cast<detail::StreamHandle>(s); }
@@ -105,4 +105,4 @@ HostPool make_host_pool(const Device& device, const HostPoolOptions& options) {
   return detail::HostPoolAccess::make(options, device.d_);
 }
 
-}  // namespace gfd::probe
+}  // namespace gfd::testkit

@@ -18,14 +18,14 @@
 #include <vector>
 
 #include "gfd/gfd.hpp"
-#include "trace_event.hpp"
-#include "tuning.hpp"
+#include "common/trace_event.hpp"
+#include "common/tuning.hpp"
 
 namespace gfd::detail {
 class Device;
 }
 
-namespace gfd::probe {
+namespace gfd::testkit {
 
 using TraceEvent = detail::TraceEvent;
 
@@ -117,4 +117,4 @@ void place_like_engine(const StagedBlock* blocks, std::size_t count, const void*
 /// it are concerned) and gets no NUMA locality.
 HostPool make_host_pool(const Device& device, const HostPoolOptions& options);
 
-}  // namespace gfd::probe
+}  // namespace gfd::testkit

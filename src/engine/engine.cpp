@@ -4,7 +4,7 @@
 #include <string>
 
 #include "device/device.hpp"
-#include "engine_core.hpp"
+#include "engine/engine_core.hpp"
 #include "gfd/error.hpp"
 
 namespace gfd {

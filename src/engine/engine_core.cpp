@@ -1,4 +1,4 @@
-#include "engine_core.hpp"
+#include "engine/engine_core.hpp"
 
 #include <algorithm>
 #include <string>
@@ -8,7 +8,7 @@
 #include "host/placement.hpp"
 #include "host/topology.hpp"
 #include "planning/cache_set.hpp"
-#include "sync.hpp"
+#include "common/sync.hpp"
 
 namespace gfd::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include "env.hpp"
+#include "common/env.hpp"
 
 #include <cstdio>
 #include <cstdlib>

@@ -14,7 +14,7 @@
 #include <optional>
 #include <vector>
 
-#include "backends/gather.hpp"
+#include "backends/gather/gather.hpp"
 
 namespace gfd::detail {
 

@@ -13,7 +13,7 @@
 #include "pipeline/copy_lanes.hpp"
 #include "pipeline/slot_ring.hpp"
 #include "pipeline/work_queue.hpp"
-#include "sync.hpp"
+#include "common/sync.hpp"
 
 namespace gfd::detail {
 

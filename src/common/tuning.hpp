@@ -1,7 +1,7 @@
 // Engine settings that are not user options: the pipeline's mechanisms, each on with the setting
 // that measured fastest (docs/performance.md), and still switchable here so that the tests run
 // both branches and the benchmarks can compare them. Only code of this tree sets them
-// (EngineCore::create, probe::Device::make_engine); the public EngineOptions does not carry them.
+// (EngineCore::create, testkit::Device::make_engine); the public EngineOptions does not carry them.
 #pragma once
 
 #include <cstddef>

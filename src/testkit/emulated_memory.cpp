@@ -1,5 +1,5 @@
 // Emulated device memory: the process-wide allocation registry, device allocations, host registration.
-#include "device/emulated_device.hpp"
+#include "testkit/emulated_device.hpp"
 
 #include <algorithm>
 #include <iterator>

@@ -1,4 +1,4 @@
-#include "backends/gather_to_host.hpp"
+#include "backends/gather/gather_to_host.hpp"
 
 #include <algorithm>
 #include <mutex>

@@ -9,7 +9,7 @@
 
 #include "backends/backend.hpp"
 #include "pipeline/slot_ring.hpp"
-#include "sync.hpp"
+#include "common/sync.hpp"
 
 namespace gfd::detail {
 

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "device/device.hpp"
-#include "engine_core.hpp"
+#include "engine/engine_core.hpp"
 #include "gfd/error.hpp"
 #include "host/topology.hpp"
 

@@ -1,4 +1,4 @@
-#include "backends/zero_copy_kernel.hpp"
+#include "backends/baselines/zero_copy_kernel.hpp"
 
 #include <algorithm>
 #include <cstddef>

@@ -9,7 +9,7 @@
 #include <atomic>
 #include <vector>
 
-#include "backends/gather.hpp"
+#include "backends/gather/gather.hpp"
 
 namespace gfd::detail {
 

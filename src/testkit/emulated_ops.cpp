@@ -1,5 +1,5 @@
 // Emulated device operations: copies, scatter/gather and zero-copy "kernels", flag waits, delays.
-#include "device/emulated_device.hpp"
+#include "testkit/emulated_device.hpp"
 
 #include <atomic>
 #include <condition_variable>

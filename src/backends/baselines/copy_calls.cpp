@@ -1,4 +1,4 @@
-#include "backends/copy_calls.hpp"
+#include "backends/baselines/copy_calls.hpp"
 
 #include <vector>
 

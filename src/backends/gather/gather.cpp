@@ -1,13 +1,13 @@
-#include "backends/gather.hpp"
+#include "backends/gather/gather.hpp"
 
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 
-#include "backends/gather_to_device.hpp"
-#include "backends/gather_to_host.hpp"
-#include "backends/zero_copy_kernel.hpp"
+#include "backends/gather/gather_to_device.hpp"
+#include "backends/gather/gather_to_host.hpp"
+#include "backends/baselines/zero_copy_kernel.hpp"
 
 namespace gfd::detail {
 

@@ -10,8 +10,8 @@
 #include "gfd/error.hpp"
 #include "gfd/options.hpp"
 #include "host/topology.hpp"
-#include "option_table.hpp"
-#include "tuning.hpp"
+#include "engine/option_table.hpp"
+#include "common/tuning.hpp"
 
 namespace gfd {
 namespace {

@@ -1,5 +1,5 @@
 // Emulated device core: lifetime, sticky faults, streams (one worker thread each) and events.
-#include "device/emulated_device.hpp"
+#include "testkit/emulated_device.hpp"
 
 #include <condition_variable>
 #include <deque>
