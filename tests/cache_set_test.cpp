@@ -756,7 +756,7 @@ TEST_P(CacheSetTest, LayersInOneCallCompleteInOrderWithAnEventEach) {
 // same on the way back, one layer in one call. Every byte checked.
 TEST(CacheSetDirect, LargeBlocksGoAsTheyAreTheFirstLayerInGrowingBatches) {
   std::atomic<int> batches{0};
-  detail::EmulatedDeviceOptions emu;
+  testkit::EmulatedOptions emu;
   emu.fault = [&](const char* op) {
     if (std::strcmp(op, "copy_batch") == 0) batches.fetch_add(1);
     return false;

@@ -48,17 +48,17 @@ class EngineTest : public ::testing::TestWithParam<std::tuple<DeviceKind, Backen
       if (!why.empty()) GTEST_SKIP() << why;
     }
     // Slow emulated copies widen the windows in which ordering bugs would show.
-    detail::EmulatedDeviceOptions emu;
+    testkit::EmulatedOptions emu;
     emu.copy_delay = std::chrono::microseconds(100);
     td_ = open_test_device(kind(), 0, emu);
     ASSERT_NE(td_, nullptr);
   }
   detail::Device& dev() { return *td_->device; }
   // The driver-lock tests: on the emulated device, frees that wait as the driver's do (no other
-  // call starts until every stream has drained: EmulatedDeviceOptions::free_waits_for_device).
+  // call starts until every stream has drained: testkit::EmulatedOptions::free_waits_for_device).
   void open_lock_modelled_device() {
     if (kind() != DeviceKind::kEmulated) return;
-    detail::EmulatedDeviceOptions emu;
+    testkit::EmulatedOptions emu;
     emu.copy_delay = std::chrono::microseconds(100);
     emu.free_waits_for_device = true;
     td_ = open_test_device(kind(), 0, emu);

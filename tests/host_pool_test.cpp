@@ -23,7 +23,7 @@ class HostPoolTest : public DeviceParamTest {
   // The public constructor on CUDA; the same options over the emulated device otherwise.
   HostPool make(const HostPoolOptions& o) {
     if (GetParam() == DeviceKind::kCuda) return HostPool(o);
-    return detail::HostPoolAccess::make(o, td_->device);
+    return testkit::make_host_pool(td_->facade, o);
   }
   detail::Device& dev() { return *td_->device; }
 };

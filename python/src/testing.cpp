@@ -56,7 +56,7 @@ void register_testing(py::module_& m, py::class_<PyEngine>& engine_class) {
         uint_arg(copy_delay_us, "emulated_engine: copy_delay_us", UINT32_MAX));
     o.device = static_cast<int>(int_arg(ordinal, "emulated_engine: ordinal", 0, 1 << 20));
     auto h = std::make_shared<EngineHolder>();
-    detail::EmulatedDeviceOptions emu;
+    testkit::EmulatedOptions emu;
     emu.copy_delay = std::chrono::microseconds(delay);
     if (!fault.empty()) emu.fault = [fault](const char* op) { return fault == op; };
     auto device = std::make_shared<detail::EmulatedDevice>(o.device, emu);

@@ -65,7 +65,7 @@ struct EmulatedDevice::Impl {
   // fault is reported only once none is left, as on a GPU nothing runs once the error is seen
   // (a slot freed after its failed DMA must not still be read by it).
   int running = 0;
-  // EmulatedDeviceOptions::free_waits_for_device: the driver's lock.
+  // testkit::EmulatedOptions::free_waits_for_device: the driver's lock.
   std::shared_mutex driver;
 };
 
@@ -128,7 +128,7 @@ void EmulatedDevice::enqueue_data(StreamHandle s, const char* what, std::functio
   });
 }
 
-EmulatedDevice::EmulatedDevice(int ordinal, EmulatedDeviceOptions options)
+EmulatedDevice::EmulatedDevice(int ordinal, testkit::EmulatedOptions options)
     : ordinal_(ordinal), options_(options), impl_(std::make_unique<Impl>()) {}
 
 EmulatedDevice::~EmulatedDevice() {

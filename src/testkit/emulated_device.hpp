@@ -11,28 +11,13 @@
 #include <string>
 
 #include "device/device.hpp"
+#include "testkit/emulated_options.hpp"
 
 namespace gfd::detail {
 
-struct EmulatedDeviceOptions {
-  // Each copy or scatter sleeps this long before it runs, to widen race windows in tests.
-  std::chrono::microseconds copy_delay{0};
-  // Fault injection: asked before each data operation runs on a stream ("copy_h2d", "scatter",
-  // "zero_copy", "copy_batch", "gather", ...). Returning true makes it fail as a GPU fault does on
-  // CUDA: nothing is copied and the device is left in a sticky error state in which every later
-  // call and every event query throws gfd::Error(kCuda), until clear_fault().
-  std::function<bool(const char* op)> fault;
-  // Models what the CUDA driver was seen to do when one thread frees device memory (cuMemFree):
-  // it takes a lock that every other driver call waits for, and holds it until the whole device
-  // has drained. With this set, free_device() waits for every stream to run dry while no other
-  // call of this device (an enqueue, an event query, ...) may start; a stream that waits for a
-  // host flag whose writer first needs such a call then deadlocks, as it would on a GPU.
-  bool free_waits_for_device = false;
-};
-
 class EmulatedDevice final : public Device {
  public:
-  explicit EmulatedDevice(int ordinal = 0, EmulatedDeviceOptions options = {});
+  explicit EmulatedDevice(int ordinal = 0, testkit::EmulatedOptions options = {});
   ~EmulatedDevice() override;
 
   int ordinal() const override { return ordinal_; }
@@ -100,7 +85,7 @@ class EmulatedDevice final : public Device {
 
  private:
   void enqueue(StreamHandle s, std::function<void()> op);
-  // The driver lock of EmulatedDeviceOptions::free_waits_for_device: every call holds it shared
+  // The driver lock of testkit::EmulatedOptions::free_waits_for_device: every call holds it shared
   // (or passes it, for calls that then block), free_device() exclusively.
   struct ApiLock {
     std::shared_lock<std::shared_mutex> lk;  // not owning where the option is off
@@ -115,7 +100,7 @@ class EmulatedDevice final : public Device {
   void enqueue_data(StreamHandle s, const char* what, std::function<void()> body);
   void check_sticky() const;
   int ordinal_;
-  EmulatedDeviceOptions options_;
+  testkit::EmulatedOptions options_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,5 +1,5 @@
-// gfd/probe for the benchmarks: the device facade, engines over it and their trace, locality and
-// the staging copy loop, over the library's internals.
+// The test-device facade over the library's internals: the device, engines over it and their
+// trace, locality and the staging copy loop.
 #include "testkit/testkit.hpp"
 
 #include <numa.h>
@@ -28,9 +28,9 @@ Device Device::cuda(int ordinal) {
   return d;
 }
 
-Device Device::emulated(int ordinal) {
+Device Device::emulated(int ordinal, const EmulatedOptions& options) {
   Device d;
-  d.d_ = std::make_shared<detail::EmulatedDevice>(ordinal);
+  d.d_ = std::make_shared<detail::EmulatedDevice>(ordinal, options);
   d.emulated_ = true;
   return d;
 }
@@ -54,6 +54,32 @@ void Device::copy_d2h(void* dst, const void* src, std::size_t bytes, cudaStream_
 void Device::memset_async(void* dst, int value, std::size_t bytes, cudaStream_t s) {
   d_->memset_async(dst, value, bytes, handle(s));
 }
+
+void Device::delay_async(std::uint32_t microseconds, cudaStream_t s) { d_->delay_async(microseconds, handle(s)); }
+
+const char* Device::pointer_kind(const void* p) {
+  switch (d_->query_pointer(p).kind) {
+    case detail::PointerKind::kPageableHost: return "pageable";
+    case detail::PointerKind::kPinnedHost: return "pinned";
+    case detail::PointerKind::kDevice: return "device";
+    case detail::PointerKind::kOtherDevice: return "other_device";
+    case detail::PointerKind::kManaged: return "managed";
+  }
+  return "unknown";
+}
+
+detail::EmulatedDevice& Device::emulator(const char* call) const {
+  if (!emulated_)
+    throw Error(ErrorCode::kInvalidArgument, std::string(call) + ": only the emulated device has it, and this device is a GPU");
+  return static_cast<detail::EmulatedDevice&>(*d_);
+}
+
+void Device::adopt_device_memory(void* p, std::size_t bytes) {
+  emulator("adopt_device_memory").adopt_device_memory(p, bytes);
+}
+void Device::release_device_memory(void* p) { emulator("release_device_memory").release_device_memory(p); }
+void Device::clear_fault() { emulator("clear_fault").clear_fault(); }
+std::string Device::fault_message() const { return emulator("fault_message").fault_message(); }
 
 Engine Device::make_engine(EngineOptions options, const detail::Tuning& tuning) const {
   options.device = d_->ordinal();

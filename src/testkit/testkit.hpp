@@ -1,14 +1,17 @@
-// gfd/probe: the one internal header that benchmarks (bench/) may include besides the public
-// API. It gives them what a user program has no need for:
-//  - a device facade (memory, streams, copies) that is either the CUDA GPU or, on a machine
-//    without one, the host-emulated device ("host-only" mode: the real gather threads and staging
-//    ring, with host memcpys standing in for DMAs);
-//  - engines over that facade, and the engine's trace of one transfer's pipeline;
+// gfd's test-device facade: what the tests, the benchmarks (bench/) and the Python testing module
+// (gfd.testing) need and a user program does not. The benchmarks may include this header and the
+// public API alone. It gives:
+//  - a device (memory, streams, copies) that is either a CUDA GPU or the host-emulated device:
+//    device memory is host memory, streams are threads that keep CUDA's ordering, faults can be
+//    injected (the real gather threads and staging ring run, with host copies standing in for
+//    DMAs);
+//  - engines over that device, with the engine's internal mechanisms set (tuning.hpp), and the
+//    engine's trace of one transfer's pipeline;
 //  - the GPU's locality as gfd sees it, for the benchmarks' topology lines;
 //  - the staging write loop itself, for host-memory load probes and gather-only rates, and the
 //    engine's piece loops (gather into staging, place from it) over a caller's block list;
-//  - gfd::HostPool over this facade (on the emulated device too).
-// Everything here is for measurement; none of it is a stable API.
+//  - gfd::HostPool over this device (on the emulated device too).
+// Everything here is for testing and measurement; none of it is a stable API.
 #pragma once
 
 #include <cstddef>
@@ -20,9 +23,11 @@
 #include "gfd/gfd.hpp"
 #include "common/trace_event.hpp"
 #include "common/tuning.hpp"
+#include "testkit/emulated_options.hpp"
 
 namespace gfd::detail {
 class Device;
+class EmulatedDevice;
 }
 
 namespace gfd::testkit {
@@ -39,7 +44,7 @@ class Device {
   /// The CUDA GPU `ordinal`.
   static Device cuda(int ordinal);
   /// The host-emulated device numbered `ordinal` (device memory is host memory).
-  static Device emulated(int ordinal);
+  static Device emulated(int ordinal, const EmulatedOptions& options = {});
 
   bool emulated() const { return emulated_; }
   int ordinal() const;
@@ -56,12 +61,29 @@ class Device {
   void copy_h2d(void* dst, const void* src, std::size_t bytes, cudaStream_t s);
   void copy_d2h(void* dst, const void* src, std::size_t bytes, cudaStream_t s);
   void memset_async(void* dst, int value, std::size_t bytes, cudaStream_t s);
+  /// Keeps `s` busy for `microseconds` (a kernel that spins on a GPU).
+  void delay_async(std::uint32_t microseconds, cudaStream_t s);
+  /// What `p` is to this device: "pageable", "pinned", "device", "other_device" or "managed".
+  const char* pointer_kind(const void* p);
+  /// Emulated device only: takes [p, p + bytes), memory the caller owns, as device memory until
+  /// release_device_memory(p), which returns once the copies queued on it have run.
+  void adopt_device_memory(void* p, std::size_t bytes);
+  void release_device_memory(void* p);
+  /// Emulated device only: leaves the sticky state of an injected fault; its message ("" when
+  /// none is in force).
+  void clear_fault();
+  std::string fault_message() const;
+  /// The device behind the facade, for the tests of the library's internals.
+  detail::Device& internal() const { return *d_; }
+  const std::shared_ptr<detail::Device>& shared() const { return d_; }
   /// An engine over this device (options.device is ignored; the device's ordinal is used), with
   /// the engine's internal mechanisms set as `tuning` says (tuning.hpp).
   Engine make_engine(EngineOptions options, const detail::Tuning& tuning = {}) const;
 
  private:
   friend HostPool make_host_pool(const Device& device, const HostPoolOptions& options);
+  // The emulated device, or gfd::Error naming `call` on a GPU.
+  detail::EmulatedDevice& emulator(const char* call) const;
   std::shared_ptr<detail::Device> d_;
   bool emulated_ = false;
 };
