@@ -518,38 +518,6 @@ TEST_P(CacheSetTest, ArraysOfSeparateAllocationsAreNotOne2DCopy) {
   EXPECT_EQ(engine.stats().strided_copies, 0u);
 }
 
-// The mid-size split (direct_split_percent): a quarter of the 16 KB swap-ins go straight from
-// pinned memory on the direct lanes, stretch by stretch as the list is packed, the rest staged
-// through a ring smaller than the transfer; every byte checked, both ways (swap-outs never split).
-TEST_P(CacheSetTest, MidSizeSplitMovesEveryByteOnBothPaths) {
-  constexpr std::size_t kPairs = 8, kBytes = 16 << 10, kBlocks = 96, kMoved = 80;
-  Caches c(*td_, kPairs, kBlocks, kBlocks, kBytes, true, false);
-  EngineOptions o = small_options();  // a 1 MiB ring; the transfer is 10 MiB
-  detail::Tuning t;
-  t.direct_split_min_bytes = 8 << 10;
-  t.direct_split_percent = 25;
-  Engine engine = td_->make_engine(o, t);
-  const CacheSet set = engine.register_caches(c.list);
-  const auto src = distinct(kMoved, kBlocks, 11), dst = distinct(kMoved, kBlocks, 12);
-  engine.copy_blocks(set, Direction::kToDevice, src, dst, td_->cuda_stream()).wait();
-  td_->device->stream_sync(td_->stream);
-  const EngineStats st = engine.stats();
-  EXPECT_EQ(st.direct_copies, kPairs * kMoved / 4);
-  EXPECT_GT(st.chunks, 0u) << "the rest staged";
-  for (std::size_t p = 0; p < kPairs; ++p)
-    for (std::size_t i = 0; i < kMoved; ++i)
-      ASSERT_EQ(std::memcmp(c.device_block(p, dst[i]).data(), c.host_block(p, src[i]), kBytes), 0)
-          << "swap-in pair " << p << " row " << i;
-  // Back out to other host blocks: staged as before the split, every byte checked.
-  const auto back = distinct(kMoved, kBlocks, 13);
-  engine.copy_blocks(set, Direction::kToHost, dst, back, td_->cuda_stream()).wait();
-  EXPECT_EQ(engine.stats().direct_copies, kPairs * kMoved / 4);
-  for (std::size_t p = 0; p < kPairs; ++p)
-    for (std::size_t i = 0; i < kMoved; ++i)
-      ASSERT_EQ(std::memcmp(c.host_block(p, back[i]), c.device_block(p, dst[i]).data(), kBytes), 0)
-          << "swap-out pair " << p << " row " << i;
-}
-
 // Planned from the ids (Tuning::plan_from_ids) against listed block by block: the same
 // transfers, one engine each, through a ring smaller than each transfer, both ways, every byte
 // checked; and ids that make most blocks adjacent on both sides of packed arrays keep the listed

@@ -36,14 +36,6 @@ struct Tuning {
   // A CacheSet transfer of equal, staged blocks is planned from its ids by arithmetic, each
   // gather thread making its own piece's copies, instead of a block list planned by the caller.
   bool plan_from_ids = true;
-  // Timing events around each staged host-to-device DMA (TuningStats::dma_seconds). Each costs
-  // the copy engine about 3 us a chunk on an H200, so off.
-  bool time_dmas = false;
-  // Host to device: of the pinned blocks in [direct_split_min_bytes, direct_min_bytes), this
-  // percent goes straight from host memory and the rest is staged. 0: every such block staged
-  // (on an H200 every split measured slower than staging them all).
-  std::size_t direct_split_min_bytes = 0;
-  int direct_split_percent = 0;
   // A CacheSet transfer given as 2D runs (one per id: every layer's page of a block) whose host
   // side is contiguous in each run and whose rows are at most bounce_max_load_width bytes (to
   // the device) or bounce_max_store_width bytes (to the host) goes through the staging ring's
@@ -73,7 +65,6 @@ struct TuningStats {
   std::uint64_t host_direct_chunks = 0;    // chunks read in place from host memory
   std::uint64_t id_planned_transfers = 0;  // CacheSet transfers planned from their ids
   std::uint64_t bounced_runs = 0;          // 2D runs moved through the device twin (bounce_runs)
-  double dma_seconds = 0;                  // copy-engine time of timed DMAs (time_dmas)
 };
 
 }  // namespace gfd::detail

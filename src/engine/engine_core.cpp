@@ -182,8 +182,8 @@ bool EngineCore::takes_id_ops(const CacheSetState& set, Direction d) const {
   PlanConfig c = ctx_->plan_config;
   c.direction = d;
   const std::size_t b = set.block_bytes;
-  // Every block staged: below the direct path's size, and below the mid-size split's.
-  const bool staged = b != 0 && b < c.direct_min() && (!c.splits() || b < c.direct_split_min_bytes);
+  // Every block staged: below the direct path's size.
+  const bool staged = b != 0 && b < c.direct_min();
   // Host arrays side by side make each id's host side one run, which host_direct chunks move in
   // place: those keep the listed path, which finds the runs.
   return ctx_->tuning.plan_from_ids && o.backend == Backend::kGather && set.all_pinned && !set.side_by_side && staged &&

@@ -29,7 +29,6 @@ bool CopyLanes::submit_bounced(TransferState& t, StreamHandle stream, SlotRing& 
   while (taken.size() < want) {
     const std::optional<std::uint32_t> i = ring.try_acquire();
     if (!i) break;
-    ring[*i].timed = false;
     taken.push_back(*i);
   }
   if (taken.empty()) return false;

@@ -2,8 +2,8 @@
 // Host-to-device lanes 0..h2d-1 are taken in turn; then one device-to-host lane (one lane keeps
 // those DMAs in order, as the gather threads place chunks in order, and apart from host-to-device
 // DMAs that may wait on gathering); then one lane where scattered device blocks are packed for
-// it; then two lanes for the direct copies of a transfer that stages blocks too (the mid-size
-// split, or blocks of both sizes), which would otherwise queue behind its chunks' DMAs. A
+// it; then two lanes for the direct copies of a transfer that stages blocks too (a list of
+// blocks of both sizes), which would otherwise queue behind its chunks' DMAs. A
 // transfer's first use of a lane makes the lane wait for the transfer's start event on the
 // caller's stream, so nothing starts before the work the caller queued first.
 #pragma once

@@ -17,7 +17,6 @@ StagingPipeline::StagingPipeline(const BackendSetup& setup)
       ring(*ctx->device, ctx->counters,
            RingConfig{options.staging_bytes / options.slot_bytes, options.slot_bytes, setup.numa_node,
                       /*device_twin=*/true, /*flags=*/ctx->tuning.preissue,
-                      /*timing=*/ctx->tuning.time_dmas,
                       /*placed_flags=*/ctx->tuning.batch_placement && ctx->device->host_pointers_usable(),
                       // Device to host with preissue: a flag in each slot, written once the
                       // chunk's DMA is done (CopyLanes' flag stream), which the gather threads
@@ -194,10 +193,6 @@ class GatherBackend final : public BackendImpl {
   }
 
   void report(EngineStats& st) override {
-    {
-      std::lock_guard lk(pipe_.lock);
-      pipe_.ring.account_finished();
-    }
     st.hugepages = pipe_.ring.hugepages();
     st.staging_bytes = pipe_.ring.bytes();
     st.gather_threads = pipe_.pool ? pipe_.pool->threads() : 0;

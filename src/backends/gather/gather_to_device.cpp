@@ -205,7 +205,7 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
     // closes it is packed, and packing beside 15 gathering threads is slow (60 ns per block on
     // the H200 host), so long stretches left the threads without a chunk to gather.
     // With preissue the direct copies planned so far go out stretch by stretch once the list is
-    // checked (the mid-size split spreads them over the list), so that the copy engine moves them
+    // checked (a list of large and small blocks spreads them over it), so that the copy engine moves them
     // beside the staged chunks rather than after them; a group of at least kGroup / 4 per call.
     std::size_t directs_out = 0;
     auto enqueue_directs_so_far = [&](bool all) {
@@ -387,7 +387,6 @@ void GatherToDevice::issue(Item& item) {
 void GatherToDevice::issue_chunk(Item& item) {
   TransferState& t = *item.t;
   Slot& s = p_.ring[item.slot];
-  s.timed = false;
   try {
     if (!t.failure()) {  // a failed transfer moves nothing more; its slot is free again at once
       p_.lanes.enqueue_to_device(t, item.index, s, false, 0);
