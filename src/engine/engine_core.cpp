@@ -186,7 +186,7 @@ bool EngineCore::takes_id_ops(const CacheSetState& set, Direction d) const {
   const bool staged = b != 0 && b < c.direct_min();
   // Host arrays side by side make each id's host side one run, which host_direct chunks move in
   // place: those keep the listed path, which finds the runs.
-  return ctx_->tuning.plan_from_ids && o.backend == Backend::kGather && set.all_pinned && !set.side_by_side && staged &&
+  return o.backend == Backend::kGather && set.all_pinned && !set.side_by_side && staged &&
          fits_from_ids(b, c);
 }
 

@@ -83,7 +83,7 @@ class EngineCore {
   // A CacheSet transfer as one 2D copy per id (CacheSetState::id_runs), where the gather backend
   // and the run options take it.
   bool takes_id_runs(const CacheSetState& set) const;
-  // Whether a transfer on `set` one way may be planned from its ids (Tuning::plan_from_ids).
+  // Whether a transfer on `set` one way may be planned from its ids (plan_from_ids).
   bool takes_id_ops(const CacheSetState& set, Direction d) const;
   Transfer submit_runs(std::span<const StridedCopy> runs, std::size_t blocks, StreamHandle stream,
                        Direction direction, bool lead);

@@ -243,8 +243,6 @@ void detail::Tuning::validate() const {
     bad("placement_chunks: " + str(placement_chunks) + " is outside 1..32");
   if (placement_blocks < 1 || placement_blocks > 32)
     bad("placement_blocks: " + str(placement_blocks) + " is outside 1..32");
-  if (bounce_runs && (bounce_max_load_width == 0 || bounce_max_store_width == 0))
-    bad("bounce_max_load_width, bounce_max_store_width: 0 with bounce_runs on");
 }
 
 }  // namespace gfd

@@ -1,4 +1,4 @@
-// CopyLanes::submit_bounced: 2D runs through the staging ring's device twin (Tuning::bounce_runs).
+// CopyLanes::submit_bounced: 2D runs through the staging ring's device twin .
 #include <algorithm>
 #include <optional>
 #include <vector>

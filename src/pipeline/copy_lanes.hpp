@@ -74,7 +74,7 @@ class CopyLanes {
   // 505-587 us, three runs each).
   void submit_directs_on(TransferState& t, StreamHandle stream, bool lead = false);
   static constexpr std::size_t kLead = 8;
-  // A transfer of 2D runs whose host side is contiguous in each run (Tuning::bounce_runs),
+  // A transfer of 2D runs whose host side is contiguous in each run 
   // through the device twins of staging slots taken from `ring` without waiting (up to
   // kBounceSlots, at most half the ring): host to device, each slot's runs cross the link in one
   // cudaMemcpyBatchAsync on the caller's `stream` (not the legacy default stream) and a
@@ -85,6 +85,11 @@ class CopyLanes {
   // slot is free now (the caller moves the runs as they are).
   bool submit_bounced(TransferState& t, StreamHandle stream, SlotRing& ring);
   static constexpr std::size_t kBounceSlots = 8;
+  // The widest rows that bounce: the copy engine moves rows of 8-16 KiB across the link well
+  // below its rate and whole DMAs at it; loads of 32 KiB rows gain nothing for the second copy
+  // submission (docs/performance.md, "Design decisions").
+  static constexpr std::size_t kBounceMaxLoadWidth = std::size_t{16} << 10;
+  static constexpr std::size_t kBounceMaxStoreWidth = std::size_t{32} << 10;
   // Chunk `index` from slot `s` to the device: with `wait`, behind a wait on the slot's flag
   // reaching `flag_value` (set by the thread that finishes gathering the chunk); scattered
   // destinations go through the slot's device twin and the scatter kernel, or, where the ring
@@ -109,16 +114,14 @@ class CopyLanes {
   // known valid): the packed runs go straight to their host destinations instead.
   void enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, bool in_place = false);
   // Chunks `index[0..n)` (1..kMaxPlaceChunks, each with scattered device blocks) from the device
-  // into slots `slot[0..n)` with one packing launch for all of them (EngineOptions::
-  // batch_packing): the device-to-host lane waits for that launch once, then each chunk's DMA is
-  // followed by its slot's `done`.
+  // into slots `slot[0..n)` with one packing launch for all of them: the device-to-host lane
+  // waits for that launch once, then each chunk's DMA is followed by its slot's `done`.
+  void enqueue_packed_to_host(TransferState& t, const std::uint32_t* index, Slot* const* slot, std::uint32_t n);
   // Device to host: the slot's DMA flag (Slot::dma_flag, where the ring has them) set to the
   // slot's next value once `s.done` (just recorded) has fired: written on the flag stream, not on
-  // the device-to-host lane, which then carries a DMA and an event per chunk and nothing else.
-  // A stream write on the lane itself cost 16-32 KB transfers to the host 4-5 points of the line
-  // rate on an H200.
+  // the device-to-host lane, which then carries a DMA and an event per chunk and nothing else
+  // (a stream write on the lane itself slowed 16-32 KB transfers to the host).
   void signal_dma_done(Slot& s);
-  void enqueue_packed_to_host(TransferState& t, const std::uint32_t* index, Slot* const* slot, std::uint32_t n);
   // A host_direct chunk's DMAs: each run of its host side to or from its place in the slot's
   // device staging area.
   void copy_runs(const Plan& p, const PlannedChunk& c, Slot& s, bool to_host, StreamHandle l);

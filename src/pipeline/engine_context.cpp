@@ -122,7 +122,6 @@ PlanConfig staged_config(const EngineOptions& o, const Tuning& t, int device) {
   c.direct_min_bytes_to_host = o.direct_min_bytes_to_host;
   c.strided_min_rows = o.strided_min_rows;
   c.strided_min_bytes = o.strided_min_bytes;
-  c.host_direct = t.host_direct;
   c.check_overlaps = o.check_overlaps;
   return c;
 }

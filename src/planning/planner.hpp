@@ -65,9 +65,6 @@ struct PlanConfig {
   // constant pitch goes as one 2D copy (Plan::strided); strided_min_rows < 2 = never.
   std::size_t strided_min_rows = 0;
   std::size_t strided_min_bytes = 0;
-  // Chunks whose pinned host side lies in few long runs are moved in place by the copy engine
-  // (PlannedChunk::host_direct), both directions.
-  bool host_direct = true;
   // Non-null: the blocks are pre-validated (see PlanTrust); lives for the planning call.
   const PlanTrust* trust = nullptr;
 };

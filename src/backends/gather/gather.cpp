@@ -135,14 +135,13 @@ class GatherBackend final : public BackendImpl {
     return t;
   }
 
-  // Whether runs go through the staging ring's device twin (Tuning::bounce_runs): rows short
-  // enough that the link moves them slower than whole DMAs, the host side of each run one
-  // contiguous stretch no larger than a slot, a stream of the caller's own.
+  // Whether runs go through the staging ring's device twin: rows short enough that the link
+  // moves them slower than whole DMAs, the host side of each run one contiguous stretch no
+  // larger than a slot, a stream of the caller's own.
   bool bounces(const Request& r) const {
-    const Tuning& tu = pipe_.ctx->tuning;
-    if (!tu.bounce_runs || r.stream == nullptr) return false;
+    if (r.stream == nullptr) return false;
     const bool to_host = r.direction == Direction::kToHost;
-    const std::size_t max_width = to_host ? tu.bounce_max_store_width : tu.bounce_max_load_width;
+    const std::size_t max_width = to_host ? CopyLanes::kBounceMaxStoreWidth : CopyLanes::kBounceMaxLoadWidth;
     return std::all_of(r.runs.begin(), r.runs.end(), [&](const StridedCopy& c) {
       const std::uint64_t host_pitch = to_host ? c.dpitch : c.spitch;
       return c.width <= max_width && host_pitch == c.width && c.width * c.rows <= pipe_.ring.slot_bytes();

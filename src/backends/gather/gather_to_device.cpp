@@ -278,7 +278,7 @@ Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, ItemH
   // engine writes a host_direct chunk's sources into the slot's device side, unasked), and only
   // where every DMA is enqueued in this call: the placing that frees the slot is then enqueued
   // in it too (at the latest here, or at the transfer's end), before anything that waits for it.
-  const bool may_defer = p_.preissue && p_.ctx->tuning.defer_slot_waits && &handler == this && !c.host_direct;
+  const bool may_defer = p_.preissue && &handler == this && !c.host_direct;
   std::uint64_t free_at = 0;
   const std::uint32_t slot = p_.ring.acquire(may_defer ? &free_at : nullptr);
   Slot& s = p_.ring[slot];

@@ -179,7 +179,7 @@ void GatherToHost::enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vec
   // launch with the next ones; pending chunks go out before any other chunk (the lane's order).
   // The submitter may wait for a slot with chunks pending: the slot it waits for was taken at
   // least half the ring earlier (pack_limit_), by a chunk whose DMA is enqueued.
-  const bool grouped = p_.ctx->tuning.batch_packing && !c.contiguous_device && !(c.host_direct && valid);
+  const bool grouped = !c.contiguous_device && !(c.host_direct && valid);
   if (!grouped) flush_packs(t);
   const std::uint32_t slot = p_.ring.acquire();
   if (c.host_direct && valid) {

@@ -43,7 +43,7 @@ class GatherToHost final : public ItemHandler {
   // The head item's DMA flag is not written yet: every 1 ms of that wait, asks the FaultWatch
   // about the slot's event, and throws the device fault it found (poller only).
   void check_fault(const Item& item, const Slot& s);
-  // Batched packing (Tuning::batch_packing): enqueues the chunks left in pending_ with one
+  // Batched packing: enqueues the chunks left in pending_ with one
   // packing launch, then lets the gather threads poll their `done` events (Item::awaiting_dma).
   // Caller holds the submission lock. On a device error every pending item is made ready (its
   // pieces place nothing) and the error is thrown.
