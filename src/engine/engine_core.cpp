@@ -108,17 +108,15 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
   return submit_request(blocks, stream, direction, nullptr);
 }
 
-CacheSet EngineCore::register_caches(std::span<const CachePair> pairs, std::vector<std::string> labels,
-                                     std::string_view call, CacheSetState::Sides overlaps) {
+CacheSet EngineCore::register_caches(std::span<const CachePair> pairs) {
   gate_.enter("register_caches");
   Leave leave{gate_};
   const ScopedCurrentDevice current(*ctx_->device);
-  return CacheSetState::make(pairs, *ctx_->device, this, std::move(labels), call, overlaps);
+  return CacheSetState::make(pairs, *ctx_->device, this);
 }
 
 Transfer EngineCore::submit_blocks(const CacheSet& caches, Direction d, const BlockIds& src,
-                                   const BlockIds& dst, StreamHandle stream, std::string_view src_name,
-                                   std::string_view dst_name, bool lead) {
+                                   const BlockIds& dst, StreamHandle stream, bool lead) {
   gate_.enter("copy_blocks");
   Leave leave{gate_};
   const CacheSetState& set = CacheSetState::of(caches, this);
@@ -127,7 +125,7 @@ Transfer EngineCore::submit_blocks(const CacheSet& caches, Direction d, const Bl
     // not 10240 blocks to list and then find the runs in).
     thread_local std::vector<StridedCopy> runs;
     const auto t0 = Clock::now();
-    set.build_runs(d, src, dst, runs, src_name, dst_name);
+    set.build_runs(d, src, dst, runs);
     Counters::add(ctx_->counters.plan_ns, ns_since(t0));
     const ScopedCurrentDevice current(*ctx_->device);
     return submit_runs(runs, src.count * set.pairs.size(), stream, d, lead);
@@ -136,7 +134,7 @@ Transfer EngineCore::submit_blocks(const CacheSet& caches, Direction d, const Bl
     // The ids checked and kept; the chunks are cut and the copies made later (plan_from_ids).
     thread_local IdOps ops;
     const auto t0 = Clock::now();
-    const bool taken = set.build_id_ops(d, src, dst, ops, src_name, dst_name);
+    const bool taken = set.build_id_ops(d, src, dst, ops);
     Counters::add(ctx_->counters.plan_ns, ns_since(t0));
     if (taken) {
       Request r{{}, stream, d, 0, nullptr};
@@ -150,7 +148,7 @@ Transfer EngineCore::submit_blocks(const CacheSet& caches, Direction d, const Bl
   thread_local std::vector<BlockCopy> blocks;
   thread_local std::vector<std::uint8_t> pinned;
   const auto t0 = Clock::now();
-  set.build(d, src, dst, blocks, pinned, src_name, dst_name);
+  set.build(d, src, dst, blocks, pinned);
   Counters::add(ctx_->counters.plan_ns, ns_since(t0));
   const PlanTrust trust{pinned.data(), set.all_pinned, set.one_allocation};
   const ScopedCurrentDevice current(*ctx_->device);
@@ -165,7 +163,7 @@ Transfer EngineCore::submit_blocks(const CacheSet& caches, Direction d, const Bl
     const std::size_t i = set.row_major ? e.block() / set.pairs.size() : e.block() % rows;
     throw Error(e.code(),
                 std::string(e.what()) + " [" + set.label(p, d == Direction::kToDevice) + " -> " +
-                    set.label(p, d != Direction::kToDevice) + ", " + name_at(src_name, i) + "]",
+                    set.label(p, d != Direction::kToDevice) + ", " + name_at("src_ids", i) + "]",
                 i);
   }
 }

@@ -53,16 +53,10 @@ class EngineCore {
   EngineCore& operator=(const EngineCore&) = delete;
 
   Transfer submit(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction);
-  // Engine::register_caches; `labels` name each pair's host and device array in messages
-  // (CacheSetState::make).
-  CacheSet register_caches(std::span<const CachePair> pairs, std::vector<std::string> labels = {},
-                           std::string_view call = "register_caches",
-                           CacheSetState::Sides overlaps = CacheSetState::Sides::kBoth);
-  // Engine::copy_blocks; `src_name` / `dst_name` name the id arguments in messages; `lead` as
-  // Request::lead.
+  CacheSet register_caches(std::span<const CachePair> pairs);
+  // Engine::copy_blocks; `lead` as Request::lead.
   Transfer submit_blocks(const CacheSet& caches, Direction direction, const BlockIds& src,
-                         const BlockIds& dst, StreamHandle stream, std::string_view src_name = "src_ids",
-                         std::string_view dst_name = "dst_ids", bool lead = true);
+                         const BlockIds& dst, StreamHandle stream, bool lead = true);
   EngineStats stats() const;
   const EngineOptions& options() const { return ctx_->options; }
   // The mechanisms in force (resolved for the device and backend) and their counters.

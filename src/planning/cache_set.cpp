@@ -57,28 +57,18 @@ bool blocks_overlap(const Extent& a, const Extent& b) {
 
 }  // namespace
 
-std::string name_at(std::string_view name, std::size_t i) {
-  const std::size_t at = name.find('#');
-  if (at == std::string_view::npos) return std::string(name) + "[" + std::to_string(i) + "]";
-  return std::string(name.substr(0, at)) + std::to_string(i) + std::string(name.substr(at + 1));
+std::string name_at(std::string_view name, std::size_t i) { return std::string(name) + "[" + std::to_string(i) + "]"; }
+
+std::string CacheSetState::label(std::size_t pair, bool host) {
+  return "pairs[" + std::to_string(pair) + (host ? "].host" : "].device");
 }
 
-CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, const void* owner,
-                             std::vector<std::string> labels, std::string_view call, Sides overlaps) {
-  const std::string fn(call);
+CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, const void* owner) {
+  const std::string fn = "register_caches";
   auto st = std::make_shared<CacheSetState>();
   st->owner = owner;
   st->device = device.ordinal();
   if (pairs.empty()) bad(fn + ": pairs is empty");
-  if (!labels.empty() && labels.size() != 2 * pairs.size())
-    bad(fn + ": " + std::to_string(labels.size()) + " labels for " + std::to_string(pairs.size()) +
-        " pairs");
-  if (labels.empty())
-    for (std::size_t p = 0; p < pairs.size(); ++p) {
-      labels.push_back("pairs[" + std::to_string(p) + "].host");
-      labels.push_back("pairs[" + std::to_string(p) + "].device");
-    }
-  st->labels = std::move(labels);
   st->pairs.assign(pairs.begin(), pairs.end());
   st->host_pinned.assign(pairs.size(), 0);
   st->host_blocks = st->device_blocks = SIZE_MAX;
@@ -91,7 +81,7 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
     CachePair& q = st->pairs[p];
     for (int side = 0; side < 2; ++side) {
       BlockArray& a = side == 0 ? q.host : q.device;
-      const std::string& name = st->labels[2 * p + side];
+      const std::string name = label(p, side == 0);
       if (a.base == nullptr) bad(fn + ": " + name + ": base is null");
       if (a.blocks == 0) bad(fn + ": " + name + ": has no blocks");
       if (a.block_bytes == 0) bad(fn + ": " + name + ": block_bytes is 0");
@@ -128,12 +118,11 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
         // like pageable memory, which is correct for either.
         st->host_pinned[p] = info.kind == PointerKind::kPinnedHost && within && info.end != 0;
       }
-      if (overlaps == Sides::kBoth || (overlaps == Sides::kHost) == (side == 0))
-        extents.push_back({begin, end, a.stride, a.block_bytes, 2 * p + side});
+      extents.push_back({begin, end, a.stride, a.block_bytes, 2 * p + side});
     }
     if (q.host.block_bytes != q.device.block_bytes)
-      bad(fn + ": " + st->labels[2 * p] + " has blocks of " + std::to_string(q.host.block_bytes) +
-          " bytes, " + st->labels[2 * p + 1] + " of " + std::to_string(q.device.block_bytes));
+      bad(fn + ": " + label(p, true) + " has blocks of " + std::to_string(q.host.block_bytes) + " bytes, " +
+          label(p, false) + " of " + std::to_string(q.device.block_bytes));
     st->all_pinned = st->all_pinned && st->host_pinned[p] != 0;
     if (p == 0) st->block_bytes = q.host.block_bytes;
     else if (st->block_bytes != q.host.block_bytes) st->block_bytes = 0;
@@ -180,12 +169,12 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
   if (both_at_one_pitch && st->one_allocation && st->all_pinned) st->id_runs = {true, host_pitch, device_pitch};
   // No two arrays may share a byte: a transfer writes each destination block once, and a block
   // of one array that is also a block of another would be written twice (or read while written).
-  // A set used one way only needs this of its destination side.
   std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
   for (std::size_t i = 0; i < extents.size(); ++i)
     for (std::size_t j = i + 1; j < extents.size() && extents[j].begin < extents[i].end; ++j)
       if (blocks_overlap(extents[i], extents[j]))
-        bad(fn + ": " + st->labels[extents[j].index] + " overlaps " + st->labels[extents[i].index]);
+        bad(fn + ": " + label(extents[j].index / 2, extents[j].index % 2 == 0) + " overlaps " +
+            label(extents[i].index / 2, extents[i].index % 2 == 0));
   return CacheSet(std::move(st));
 }
 
@@ -197,8 +186,8 @@ const CacheSetState& CacheSetState::of(const CacheSet& set, const void* owner) {
   return *set.state_;
 }
 
-const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, const BlockIds& dst,
-                                              std::string_view src_name, std::string_view dst_name) const {
+const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, const BlockIds& dst) const {
+  constexpr std::string_view src_name = "src_ids", dst_name = "dst_ids";
   const bool to_device = d == Direction::kToDevice;
   for (const BlockIds* ids : {&src, &dst})
     if (ids->count != 0 && (ids->data == nullptr || (ids->width != 4 && ids->width != 8)))
@@ -273,10 +262,9 @@ const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, 
 }
 
 void CacheSetState::build(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<BlockCopy>& out,
-                          std::vector<std::uint8_t>& pinned, std::string_view src_name,
-                          std::string_view dst_name) const {
+                          std::vector<std::uint8_t>& pinned) const {
   const bool to_device = d == Direction::kToDevice;
-  const std::uint64_t* ids = check_ids(d, src, dst, src_name, dst_name);
+  const std::uint64_t* ids = check_ids(d, src, dst);
   const std::size_t rows = src.count;
   out.resize(pairs.size() * rows);
   pinned.resize(out.size());
@@ -303,10 +291,9 @@ void CacheSetState::build(Direction d, const BlockIds& src, const BlockIds& dst,
   }
 }
 
-bool CacheSetState::build_id_ops(Direction d, const BlockIds& src, const BlockIds& dst, IdOps& out,
-                                 std::string_view src_name, std::string_view dst_name) const {
+bool CacheSetState::build_id_ops(Direction d, const BlockIds& src, const BlockIds& dst, IdOps& out) const {
   const bool to_device = d == Direction::kToDevice;
-  const std::uint64_t* ids = check_ids(d, src, dst, src_name, dst_name);
+  const std::uint64_t* ids = check_ids(d, src, dst);
   const std::size_t rows = src.count;
   if (packed_pair && !row_major) {
     std::size_t adjacent = 0;
@@ -327,10 +314,9 @@ bool CacheSetState::build_id_ops(Direction d, const BlockIds& src, const BlockId
   return true;
 }
 
-void CacheSetState::build_runs(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<StridedCopy>& out,
-                               std::string_view src_name, std::string_view dst_name) const {
+void CacheSetState::build_runs(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<StridedCopy>& out) const {
   const bool to_device = d == Direction::kToDevice;
-  const std::uint64_t* ids = check_ids(d, src, dst, src_name, dst_name);
+  const std::uint64_t* ids = check_ids(d, src, dst);
   const BlockArray& from = to_device ? pairs[0].host : pairs[0].device;
   const BlockArray& to = to_device ? pairs[0].device : pairs[0].host;
   const std::uint64_t from_pitch = to_device ? id_runs.host_pitch : id_runs.device_pitch;
