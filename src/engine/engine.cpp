@@ -124,7 +124,7 @@ std::vector<Transfer> Engine::copy_blocks(std::span<const CacheSet> sets, Direct
   std::vector<Transfer> out;
   out.reserve(sets.size());
   for (std::size_t k = 0; k < sets.size(); ++k) {
-    // Set k > 0 queues behind set k - 1 on `stream`: no short first batch (Request::lead).
+    // Set k > 0 queues behind set k - 1 on `stream`: no short first batch (SetRequest::lead).
     out.push_back(detail::EngineCore::of(*this).submit_blocks(sets[k], direction, src_ids, dst_ids, stream, k == 0));
     if (after_each) after_each(k);
   }

@@ -105,7 +105,9 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
   Leave leave{gate_};
   // Every resource below belongs to this engine's GPU; the caller's current device is restored.
   const ScopedCurrentDevice current(*ctx_->device);
-  return submit_request(blocks, stream, direction, nullptr);
+  return dispatch(blocks.size(), [&](std::uint32_t id) {
+    return backend_->submit(Request{blocks, stream, direction, id, nullptr});
+  });
 }
 
 CacheSet EngineCore::register_caches(std::span<const CachePair> pairs) {
@@ -120,100 +122,22 @@ Transfer EngineCore::submit_blocks(const CacheSet& caches, Direction d, const Bl
   gate_.enter("copy_blocks");
   Leave leave{gate_};
   const CacheSetState& set = CacheSetState::of(caches, this);
-  if (takes_id_runs(set)) {
-    // Each id one 2D copy: the list of blocks is never made (64 ids of 160 layers: 64 runs,
-    // not 10240 blocks to list and then find the runs in).
-    thread_local std::vector<StridedCopy> runs;
-    const auto t0 = Clock::now();
-    set.build_runs(d, src, dst, runs);
-    Counters::add(ctx_->counters.plan_ns, ns_since(t0));
-    const ScopedCurrentDevice current(*ctx_->device);
-    return submit_runs(runs, src.count * set.pairs.size(), stream, d, lead);
-  }
-  if (takes_id_ops(set, d)) {
-    // The ids checked and kept; the chunks are cut and the copies made later (plan_from_ids).
-    thread_local IdOps ops;
-    const auto t0 = Clock::now();
-    const bool taken = set.build_id_ops(d, src, dst, ops);
-    Counters::add(ctx_->counters.plan_ns, ns_since(t0));
-    if (taken) {
-      Request r{{}, stream, d, 0, nullptr};
-      r.id_ops = &ops;
-      r.lead = lead;
-      const ScopedCurrentDevice current(*ctx_->device);
-      return dispatch(r, ops.rows * ops.pairs.size());
-    }
-  }
-  // Reused by each thread: the planner copies what it keeps, so the list only lives for the call.
-  thread_local std::vector<BlockCopy> blocks;
-  thread_local std::vector<std::uint8_t> pinned;
-  const auto t0 = Clock::now();
-  set.build(d, src, dst, blocks, pinned);
-  Counters::add(ctx_->counters.plan_ns, ns_since(t0));
-  const PlanTrust trust{pinned.data(), set.all_pinned, set.one_allocation};
   const ScopedCurrentDevice current(*ctx_->device);
-  try {
-    return submit_request(blocks, stream, d, &trust, lead);
-  } catch (const Error& e) {
-    // A block the backend refuses (pageable host memory for a backend that needs it pinned) is
-    // entry p * rows + i of the list: reported as row i, naming the pair.
-    const std::size_t rows = src.count;
-    if (e.block() == kNoBlock || rows == 0 || e.block() >= blocks.size()) throw;
-    const std::size_t p = set.row_major ? e.block() % set.pairs.size() : e.block() / rows;
-    const std::size_t i = set.row_major ? e.block() / set.pairs.size() : e.block() % rows;
-    throw Error(e.code(),
-                std::string(e.what()) + " [" + set.label(p, d == Direction::kToDevice) + " -> " +
-                    set.label(p, d != Direction::kToDevice) + ", " + name_at("src_ids", i) + "]",
-                i);
-  }
+  return dispatch(src.count * set.pairs.size(), [&](std::uint32_t id) {
+    return backend_->submit_set(SetRequest{set, src, dst, stream, d, id, lead});
+  });
 }
 
-bool EngineCore::takes_id_runs(const CacheSetState& set) const {
-  const PlanConfig& c = ctx_->plan_config;
-  return set.id_runs.ok && ctx_->options.backend == Backend::kGather && c.strided_min_rows >= 2 &&
-         set.pairs.size() >= c.strided_min_rows && set.bytes_per_id >= c.strided_min_bytes &&
-         set.id_runs.host_pitch <= kMax2dPitch && set.id_runs.device_pitch <= kMax2dPitch;
-}
-
-bool EngineCore::takes_id_ops(const CacheSetState& set, Direction d) const {
-  const EngineOptions& o = ctx_->options;
-  PlanConfig c = ctx_->plan_config;
-  c.direction = d;
-  const std::size_t b = set.block_bytes;
-  // Every block staged: below the direct path's size.
-  const bool staged = b != 0 && b < c.direct_min();
-  // Host arrays side by side make each id's host side one run, which host_direct chunks move in
-  // place: those keep the listed path, which finds the runs.
-  return o.backend == Backend::kGather && set.all_pinned && !set.side_by_side && staged &&
-         fits_from_ids(b, c);
-}
-
-Transfer EngineCore::submit_runs(std::span<const StridedCopy> runs, std::size_t blocks, StreamHandle stream,
-                                 Direction direction, bool lead) {
-  Request r{{}, stream, direction, 0, nullptr};
-  r.runs = runs;
-  r.run_blocks = blocks;
-  r.lead = lead;
-  return dispatch(r, blocks);
-}
-
-Transfer EngineCore::submit_request(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction,
-                                    const PlanTrust* trust, bool lead) {
-  Request r{blocks, stream, direction, 0, trust};
-  r.lead = lead;
-  return dispatch(r, blocks.size());
-}
-
-Transfer EngineCore::dispatch(Request r, std::size_t blocks) {
-  r.id = next_id_.fetch_add(1, std::memory_order_relaxed);
-  ctx_->tracer.record(r.id, TraceEvent::kSubmit);
-  TransferPtr t = backend_->submit(r);
+Transfer EngineCore::dispatch(std::size_t blocks, const std::function<TransferPtr(std::uint32_t id)>& submit) {
+  const std::uint32_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  ctx_->tracer.record(id, TraceEvent::kSubmit);
+  TransferPtr t = submit(id);
   // Counted once validated (a rejected transfer has thrown by now).
   Counters& c = ctx_->counters;
   Counters::add(c.transfers, 1);
   Counters::add(c.blocks, blocks);
   if (t) Counters::add(c.bytes, t->plan.total_bytes);
-  ctx_->tracer.record(r.id, TraceEvent::kReturn);
+  ctx_->tracer.record(id, TraceEvent::kReturn);
   return Transfer(std::move(t));
 }
 

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -54,7 +55,7 @@ class EngineCore {
 
   Transfer submit(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction);
   CacheSet register_caches(std::span<const CachePair> pairs);
-  // Engine::copy_blocks; `lead` as Request::lead.
+  // Engine::copy_blocks; `lead` as SetRequest::lead.
   Transfer submit_blocks(const CacheSet& caches, Direction direction, const BlockIds& src,
                          const BlockIds& dst, StreamHandle stream, bool lead = true);
   EngineStats stats() const;
@@ -73,18 +74,8 @@ class EngineCore {
 
  private:
   EngineCore(const EngineOptions& options, std::shared_ptr<Device> device, const Tuning& tuning);
-  // submit and submit_blocks: past the gate, with the engine's GPU current.
-  // A CacheSet transfer as one 2D copy per id (CacheSetState::id_runs), where the gather backend
-  // and the run options take it.
-  bool takes_id_runs(const CacheSetState& set) const;
-  // Whether a transfer on `set` one way may be planned from its ids (plan_from_ids).
-  bool takes_id_ops(const CacheSetState& set, Direction d) const;
-  Transfer submit_runs(std::span<const StridedCopy> runs, std::size_t blocks, StreamHandle stream,
-                       Direction direction, bool lead);
-  // Numbers the request, hands it to the backend and counts it (`blocks` of them).
-  Transfer dispatch(Request r, std::size_t blocks);
-  Transfer submit_request(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction,
-                          const PlanTrust* trust, bool lead = true);
+  // Numbers the transfer, hands it to the backend (`submit`) and counts it (`blocks` of them).
+  Transfer dispatch(std::size_t blocks, const std::function<TransferPtr(std::uint32_t id)>& submit);
 
   std::shared_ptr<EngineContext> ctx_;
   std::vector<int> cpus_;

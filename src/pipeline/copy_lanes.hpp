@@ -66,7 +66,7 @@ class CopyLanes {
   // back to it, as before this path existed: on the H200 the caller's-stream path failed a test
   // on the null stream (tests/python/test_gpu.py, not diagnosed), and that stream serialises
   // with every other anyway.
-  // `lead` (Request::lead): the first driver call enqueues kLead copies, the next ones twice as
+  // `lead` (SetRequest::lead): the first driver call enqueues kLead copies, the next ones twice as
   // many each, so that the copy engine starts on the first blocks while the rest are enqueued
   // (on an H100 a cudaMemcpyBatchAsync call took its caller 0.5-1 us a copy, where a 128 KiB
   // block takes the link about 2.4 us; layer 0 of a layered load, 64 such pages for K and for V,

@@ -15,7 +15,8 @@
 #include <boost/lockfree/stack.hpp>
 
 #include "device/device.hpp"
-#include "gfd/engine.hpp"
+#include "gfd/options.hpp"
+#include "gfd/stats.hpp"
 #include "pipeline/tracer.hpp"
 #include "planning/planner.hpp"
 #include "common/tuning.hpp"

@@ -8,7 +8,7 @@ namespace {
 class CopyCalls final : public BackendImpl {
  public:
   CopyCalls(const BackendSetup& setup, const BackendCaps& caps, bool batched)
-      : ctx_(setup.ctx), caps_(caps), batched_(batched) {}
+      : BackendImpl(setup.ctx), caps_(caps), batched_(batched) {}
 
   TransferPtr submit(const Request& r) override {
     PlanConfig cfg = pass_through_config(*ctx_, caps_, r.direction);
@@ -61,7 +61,6 @@ class CopyCalls final : public BackendImpl {
     }
   }
 
-  std::shared_ptr<EngineContext> ctx_;
   BackendCaps caps_;
   bool batched_;
   LiveTransfers live_;

@@ -61,10 +61,10 @@ namespace {
 class ZeroCopyBackend final : public BackendImpl {
  public:
   explicit ZeroCopyBackend(const BackendSetup& setup)
-      : ctx_(setup.ctx),
+      : BackendImpl(setup.ctx),
         ring_(*ctx_->device, ctx_->counters,
               RingConfig{ctx_->options.staging_bytes / ctx_->options.slot_bytes, ctx_->options.slot_bytes,
-                         setup.numa_node, /*device_twin=*/false, /*flags=*/false, /*timing=*/false}),
+                         setup.numa_node, /*device_twin=*/false, /*flags=*/false}),
         kernel_(*ctx_, ring_, lock_) {}
 
   TransferPtr submit(const Request& r) override {
@@ -89,7 +89,6 @@ class ZeroCopyBackend final : public BackendImpl {
   }
 
  private:
-  std::shared_ptr<EngineContext> ctx_;
   FifoMutex lock_;
   SlotRing ring_;
   ZeroCopyKernel kernel_;

@@ -15,13 +15,6 @@ GatherToDevice::GatherToDevice(StagingPipeline& pipe)
 
 void GatherToDevice::submit(const TransferPtr& t, StreamHandle stream) {
   const Plan& p = t->plan;
-  if (p.direct.empty() && p.strided.empty() && p.chunks.size() == 1) {
-    // A tiny transfer is gathered on this thread alone; anything larger by the pool with this
-    // thread (16 x 4 KB on an H200: 19-21 us call to sync against 22-26 us gathered alone).
-    if (p.total_bytes <= p_.options.inline_gather_bytes) submit_inline(*t, stream);
-    else submit_one_chunk(t, stream);
-    return;
-  }
   {
     std::lock_guard lk(p_.lock);
     p_.lanes.begin(*t, stream);

@@ -16,8 +16,14 @@ namespace gfd::detail {
 class GatherToDevice final : public ItemHandler {
  public:
   explicit GatherToDevice(StagingPipeline& pipe);
-  // Enqueues the planned transfer `t`; returns once every DMA is enqueued.
+  // Enqueues the planned transfer `t` on the copy lanes; returns once every DMA is enqueued.
   void submit(const TransferPtr& t, StreamHandle stream);
+  // A one-chunk transfer of at most inline_gather_bytes: gathered here, moved on `stream` with
+  // three driver calls (DMA, slot event, done event) instead of the lanes' seven.
+  void submit_inline(TransferState& t, StreamHandle stream);
+  // A one-chunk transfer larger than that: the pool gathers with this thread, which then moves
+  // it on `stream` (with one chunk there is nothing for the lanes to overlap).
+  void submit_one_chunk(const TransferPtr& t, StreamHandle stream);
   // Plans `r` while its chunks are gathered: packs the list a stretch at a time, and the gather
   // threads start on each chunk as soon as it is packed; every block is checked before the
   // first DMA is enqueued (a bad block throws gfd::Error naming it, and nothing moves). Returns
@@ -35,10 +41,6 @@ class GatherToDevice final : public ItemHandler {
   void issue(Item& item) override;
 
  private:
-  // A one-chunk transfer of at most inline_gather_bytes: gathered here, moved on `stream`.
-  void submit_inline(TransferState& t, StreamHandle stream);
-  // A one-chunk transfer larger than that: the pool gathers, this thread moves it on `stream`.
-  void submit_one_chunk(const TransferPtr& t, StreamHandle stream);
   // Both: the one chunk from slot `s` on `stream`, and the transfer's done event after it.
   void move_on_stream(TransferState& t, Slot& s, StreamHandle stream);
   // Takes the next slot for chunk `k`, writes its scatter entries and hands its pieces to the
