@@ -78,12 +78,12 @@ class GatherToDevice final : public ItemHandler {
   std::atomic<bool> slot_watcher_{false};  // a thread watches the head chunk's slot (claimable)
   std::vector<Item*> items_;  // submit_planning: each chunk's item (under the submission lock)
   // submit_planning: the chunks published before the whole list is checked hold at least this
-  // much (the ramp's first three chunks by default: 1.75 MB). On the H200 the gather threads
-  // then start about 20 us earlier (2048 x 4 KB), but end to end a comparison with the build
-  // order balanced measured no difference beyond the machine's run-to-run spread.
+  // much (the ramp's first three chunks by default: 1.75 MB), so that the gather threads start
+  // while the rest of the list is checked.
   const std::uint64_t early_publish_bytes_;
   // submit_planning: blocks packed at most between two looks for closed chunks to publish.
   static constexpr std::size_t max_stretch_ = 128;
+  class Planning;  // submit_planning's state for one transfer (gather_to_device_planning.cpp)
 };
 
 }  // namespace gfd::detail

@@ -40,6 +40,9 @@ class GatherToHost final : public ItemHandler {
   // `valid`: the transfer is known valid, so a host_direct chunk may write host memory in place.
   void enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vector<Item*>* held, bool valid);
   bool poll_head_dma(Item& item);
+  // After the enqueues: the stream-ordered flag, the caller's stream joined (or, rejected, the
+  // rejection thrown once the stream waits for the DMAs that read device blocks).
+  void join_caller(const Request& r, TransferState& t, std::exception_ptr rejected);
   // The head item's DMA flag is not written yet: every 1 ms of that wait, asks the FaultWatch
   // about the slot's event, and throws the device fault it found (poller only).
   void check_fault(const Item& item, const Slot& s);
@@ -48,6 +51,8 @@ class GatherToHost final : public ItemHandler {
   // Caller holds the submission lock. On a device error every pending item is made ready (its
   // pieces place nothing) and the error is thrown.
   void flush_packs(const TransferPtr& t);
+
+  class Submission;  // submit's enqueues for one transfer (gather_to_host_submit.cpp)
 
   // A chunk published whose packing and DMA wait for flush_packs.
   struct PendingPack {
