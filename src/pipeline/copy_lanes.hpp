@@ -134,6 +134,10 @@ class CopyLanes {
   void drain() noexcept;
 
  private:
+  // submit_bounced: one slot's runs `b` across the link on `stream` and spread (or gathered) on
+  // the device on lane `l`; `reused`: the slot's last runs are waited for first.
+  struct Bounce;
+  void bounce(const Bounce& b, Slot& sl, bool reused, bool to_host, StreamHandle stream, StreamHandle l);
   // Device to host: writes chunk `c`'s pack entries (its device sources) into slot `s` and
   // returns where the packing kernel reads them: the pinned slot over PCIe, or a copy in the
   // slot's device twin (enqueued on pack lane `pk`) where the GPU cannot read host memory.

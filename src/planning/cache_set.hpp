@@ -79,6 +79,9 @@ struct CacheSetState {
   std::size_t host_blocks_pair = 0, device_blocks_pair = 0;  // a pair that has that few
 
  private:
+  // The ids' widths and counts checked (equal, within what one transfer and the destination
+  // side take): no work in proportion to the ids.
+  void check_counts(Direction d, const BlockIds& src, const BlockIds& dst) const;
   // The ids checked (same count, in range, no destination id twice; a bad one throws naming its
   // row), as [src, dst] pairs per row in thread-local storage that lives until the next call.
   const std::uint64_t* check_ids(Direction d, const BlockIds& src, const BlockIds& dst) const;

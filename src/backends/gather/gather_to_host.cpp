@@ -33,21 +33,7 @@ void GatherToHost::enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vec
   const bool grouped = !c.contiguous_device && !(c.host_direct && valid);
   if (!grouped) flush_packs(t);
   const std::uint32_t slot = p_.ring.acquire();
-  if (c.host_direct && valid) {
-    // The copy engine writes the host destinations itself: no piece to place, and the slot is
-    // free again once its DMAs are done (as a host-to-device slot).
-    Item& it = p_.queue.append(Item::Kind::kChunk, this, t, k, slot, true);
-    Slot& s = p_.ring[slot];
-    try {
-      s.issue([&] { p_.lanes.enqueue_to_host(*t, k, s, true); });
-    } catch (...) {
-      p_.queue.publish_empty(it);
-      throw;
-    }
-    p_.queue.publish_empty(it);
-    p_.ctx->tracer.record(t->id, TraceEvent::kChunkPublished, k, 0);
-    return;
-  }
+  if (c.host_direct && valid) return enqueue_in_place(t, k, slot);
   // A plan made from ids: the chunk's ops, which the pack kernel's entries and then the pieces
   // that place the bytes read, are made now.
   if (ops_to_make(t->plan, c)) make_ops(t->plan, c.op_begin, c.op_end, c.op_begin);
@@ -86,6 +72,21 @@ void GatherToHost::enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vec
   }
   p_.queue.publish_for_pool(it, pieces, k == 0);
   p_.ctx->tracer.record(t->id, TraceEvent::kChunkPublished, k, pieces);
+}
+
+void GatherToHost::enqueue_in_place(const TransferPtr& t, std::uint32_t k, std::uint32_t slot) {
+  // The copy engine writes the host destinations itself: no piece to place, and the slot is
+  // free again once its DMAs are done (as a host-to-device slot).
+  Item& it = p_.queue.append(Item::Kind::kChunk, this, t, k, slot, true);
+  Slot& s = p_.ring[slot];
+  try {
+    s.issue([&] { p_.lanes.enqueue_to_host(*t, k, s, true); });
+  } catch (...) {
+    p_.queue.publish_empty(it);
+    throw;
+  }
+  p_.queue.publish_empty(it);
+  p_.ctx->tracer.record(t->id, TraceEvent::kChunkPublished, k, 0);
 }
 
 void GatherToHost::flush_packs(const TransferPtr& t) {

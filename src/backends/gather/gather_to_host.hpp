@@ -39,6 +39,9 @@ class GatherToHost final : public ItemHandler {
   // holds the submission lock). Items enqueued while the transfer is planned go into `held`.
   // `valid`: the transfer is known valid, so a host_direct chunk may write host memory in place.
   void enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vector<Item*>* held, bool valid);
+  // A host_direct chunk of a transfer known valid, in slot `slot`: its DMAs write the host
+  // destinations in place.
+  void enqueue_in_place(const TransferPtr& t, std::uint32_t k, std::uint32_t slot);
   bool poll_head_dma(Item& item);
   // After the enqueues: the stream-ordered flag, the caller's stream joined (or, rejected, the
   // rejection thrown once the stream waits for the DMAs that read device blocks).
