@@ -12,7 +12,7 @@
 # on PATH (never with the system's site-packages), with pytest, numpy, pybind11 and hypothesis
 # installed there by pip when missing; tools/vllm_test.sh adds vLLM to the same environment.
 # Where pip cannot reach PyPI (a GPU machine without network), the script says so and uses the
-# interpreter itself when it has those packages (as the GPU machine's python3 with torch does).
+# interpreter itself when it has those packages (as a GPU machine's python3 with torch may).
 # Environment:
 #   GFD_VENV    the virtual environment (default: $ROOT/build/venv)
 #   GFD_PYTHON  "venv" (default) or "system": use PYTHON itself, no virtual environment
