@@ -61,7 +61,7 @@ SECONDS=0
 tools/quickstart.sh ctest "$BUILD_DIR" -j"${CTEST_JOBS:-6}" --timeout 300 > "$OUT/gpu_check_ctest.log" 2>&1
 rc=$?
 cp "$BUILD_DIR/ctest.log" "$OUT/gpu_check_ctest_full.log" 2> /dev/null
-say "ctest: rc=$rc (${SECONDS}s) $(grep -E 'tests passed|tests failed' "$OUT/gpu_check_ctest.log" | tail -1)"
+say "ctest: rc=$rc (${SECONDS}s) $(grep -E '^ctest: [0-9]+ passed' "$OUT/gpu_check_ctest.log" | tail -1 | cut -d' ' -f2-)"
 [ $rc -eq 0 ] || { rc_all=1; awk '/The following tests FAILED:/ {f = 1} f' "$OUT/gpu_check_ctest.log" | head -30 | tee -a "$SUM"; }
 sed -n '/test(s) skipped:/,$p' "$OUT/gpu_check_ctest.log" | tee -a "$SUM"
 

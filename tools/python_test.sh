@@ -115,9 +115,16 @@ else
   [ -n "${CUDA_ARCHS:-}" ] && cfg+=("-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS")
   mkdir -p "$BUILD_DIR"
   log="$BUILD_DIR/python_build.log"
-  say "configuring and building the extension (gfd_python) in $BUILD_DIR with $JOBS jobs (log: $log)"
-  { "${cfg[@]}" && cmake --build "$BUILD_DIR" --target gfd_python -j"$JOBS"; } > "$log" 2>&1 ||
-    { tail -40 "$log" >&2; die "building the extension failed (log: $log)"; }
+  say "configuring and building the extension (gfd_python) in $BUILD_DIR with $JOBS jobs (log: $log);"
+  say "  CMake's progress lines follow"
+  # The full output goes to the log; the progress lines ("[ 40%] Building CXX object ...") show
+  # that the minutes of compiling move on.
+  set +e
+  { "${cfg[@]}" && cmake --build "$BUILD_DIR" --target gfd_python -j"$JOBS"; } 2>&1 | tee "$log" |
+    grep --line-buffered -E '^\[ *[0-9]+%\] (Building|Linking)' | sed -u 's/^/python_test:   /'
+  brc=${PIPESTATUS[0]}
+  set -e
+  [ "$brc" -eq 0 ] || { tail -40 "$log" >&2; die "building the extension failed (log: $log)"; }
   pkg=$(cd "$BUILD_DIR/python" && pwd)
   TEST_ENV=("PYTHONPATH=$pkg${PYTHONPATH:+:$PYTHONPATH}")
   say "package: $pkg/gfd"
