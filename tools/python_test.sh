@@ -9,8 +9,9 @@
 #   tools/python_test.sh --venv               only create the project's virtual environment when
 #                                             missing and print its directory
 # The interpreter is the project's own virtual environment, build/venv: created with the python3
-# on PATH (never with the system's site-packages), with pytest, numpy, pybind11 and hypothesis
-# installed there by pip when missing; tools/vllm_test.sh adds vLLM to the same environment.
+# on PATH (never with the system's site-packages), with pytest, numpy, pybind11, hypothesis and
+# matplotlib installed there by pip when missing; tools/vllm_test.sh adds vLLM to the same
+# environment.
 # Where pip cannot reach PyPI (a GPU machine without network), the script says so and uses the
 # interpreter itself when it has those packages (as a GPU machine's python3 with torch may).
 # Environment:
@@ -68,7 +69,7 @@ project_venv() {
 # --venv: only that (tools/vllm_test.sh shares the environment).
 if [ "${1:-}" = "--venv" ]; then project_venv; exit 0; fi
 
-NEEDED=(pytest numpy pybind11 hypothesis)
+NEEDED=(pytest numpy pybind11 hypothesis matplotlib)  # matplotlib: bench/plot_results.py's test
 if [ "$MODE" = pip ]; then
   venv=$ROOT/build/venv-pip
   say "pip install . into a fresh virtual environment ($venv)"
@@ -88,7 +89,7 @@ else
     missing=()
     for m in "${NEEDED[@]}"; do have "$VENV/bin/python" "$m" || missing+=("$m"); done
     if [ ${#missing[@]} -gt 0 ]; then
-      say "installing ${missing[*]} into $VENV with pip (a few MB)"
+      say "installing ${missing[*]} into $VENV with pip (about 45 MB of downloads for all five)"
       if "$VENV/bin/python" -m pip install --retries 1 --timeout 15 "${missing[@]}"; then
         PY="$VENV/bin/python"
       elif have "$BASE_PY" pytest numpy pybind11; then
