@@ -13,7 +13,7 @@ from conftest import ROOT
 pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
 
 SCRIPT = os.path.join(ROOT, "bench", "plot_results.py")
-# The header gfd_benchmark --layout paged writes (bench/paged_bench.cpp, write_csv).
+# The header gfd_benchmark --layout paged writes (bench/src/paged_report.cpp).
 HEADER = ("mode,layout,sources,direction,load,layers,caches,blocks,block_size,transfer_bytes,method,"
           "reps,p50_us,p90_us,p50_gbps,p90_gbps,ref_gbps,ratio_p50,ratio_p90,submit_p50_us,rate_kept,"
           "load_slowdown,verified,host_blocks,gpu_blocks").split(",")
