@@ -24,9 +24,10 @@ usage: tools/quickstart.sh bench [gfd_benchmark args...]
               its pytest suite (tools/python_test.sh)
            3. gfd.vllm's tests against the real vLLM package, installed into the same
               environment when missing (tools/vllm_test.sh; the first time about 9 GB and
-              several minutes, with pip's progress shown)
+              7 minutes on 2 cores with a fast link, with pip's progress shown)
            4. gfd.sglang's tests against the real SGLang package, installed into an environment
               of its own on top of that one (tools/sglang_test.sh; the first time about 300 MB)
+         On a 2-core machine without a GPU: bench about 2 minutes, test about 15 the first time.
   skips  lists the tests that the last ctest run in BUILD_DIR (default: build) skipped, grouped
          by reason (6 names per reason; --all names every one)
 
