@@ -62,10 +62,16 @@ def read(paths, warn):
                 if r["verified"].strip() == "0":
                     failed += 1
                     continue
-                rows.append({"direction": r["direction"], "load": r["load"],
-                             "size": int(float(r["block_size"])), "method": r["method"],
-                             "gbps": _number(r["p50_gbps"]),
-                             "slowdown": _number(r["load_slowdown"])})
+                rows.append(
+                    {
+                        "direction": r["direction"],
+                        "load": r["load"],
+                        "size": int(float(r["block_size"])),
+                        "method": r["method"],
+                        "gbps": _number(r["p50_gbps"]),
+                        "slowdown": _number(r["load_slowdown"]),
+                    }
+                )
             if failed:
                 warn(f"{path}: {failed} row(s) failed verification and are not drawn")
     if not rows:
@@ -104,12 +110,17 @@ def _lines(ax, series, methods, scale=1.0):
         if not points:
             continue
         if m == CONTIGUOUS:
-            style = dict(color="black", linestyle=":", marker=".", label="contiguous DMA")
+            style = {"color": "black", "linestyle": ":", "marker": ".", "label": "contiguous DMA"}
         else:
             label, colour, marker = METHODS.get(m, (m, None, "x"))
-            style = dict(color=colour, marker=marker, label=label)
-        ax.plot([s for s, _ in points], [v * scale for _, v in points], linewidth=1.6,
-                markersize=4, **style)
+            style = {"color": colour, "marker": marker, "label": label}
+        ax.plot(
+            [s for s, _ in points],
+            [v * scale for _, v in points],
+            linewidth=1.6,
+            markersize=4,
+            **style,
+        )
 
 
 def _size_axis(ax, sizes):
@@ -128,12 +139,14 @@ def _load_title(load):
 def draw_rates(plt, rows, path, title):
     """rate_vs_block_size.png: GB/s against block size, a panel per direction and load."""
     data = medians(rows, "gbps")
-    directions = _ordered({k[0] for k in data}, DIRECTIONS)
-    loads = _ordered({k[1] for k in data}, ["none"])
-    methods = _ordered({k[2] for k in data}, list(METHODS) + [CONTIGUOUS])
-    sizes = sorted({s for series in data.values() for s in series})
-    fig, axes = plt.subplots(len(directions), len(loads), squeeze=False, sharey=True,
-                             figsize=(5.2 * len(loads) + 2, 3.8 * len(directions)))
+    directions, loads, methods, sizes = _keys(data, ["none"])
+    fig, axes = plt.subplots(
+        len(directions),
+        len(loads),
+        squeeze=False,
+        sharey=True,
+        figsize=(5.2 * len(loads) + 2, 3.8 * len(directions)),
+    )
     for i, d in enumerate(directions):
         for j, load in enumerate(loads):
             ax = axes[i][j]
@@ -143,10 +156,7 @@ def draw_rates(plt, rows, path, title):
             ax.set_ylim(bottom=0)
             if j == 0:
                 ax.set_ylabel("GB/s (P50)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    fig.suptitle(title, fontsize=12)
-    _save(plt, fig, path)
+    _finish(plt, fig, axes, title, path)
 
 
 def draw_slowdown(plt, rows, path, title):
@@ -155,12 +165,11 @@ def draw_slowdown(plt, rows, path, title):
     if not data:
         return False
     from matplotlib.ticker import FuncFormatter
-    directions = _ordered({k[0] for k in data}, DIRECTIONS)
-    loads = _ordered({k[1] for k in data}, [])
-    methods = _ordered({k[2] for k in data}, list(METHODS) + [CONTIGUOUS])
-    sizes = sorted({s for series in data.values() for s in series})
-    fig, axes = plt.subplots(1, len(directions), squeeze=False, sharey=True,
-                             figsize=(5.6 * len(directions) + 2, 4.8))
+
+    directions, loads, methods, sizes = _keys(data, [])
+    fig, axes = plt.subplots(
+        1, len(directions), squeeze=False, sharey=True, figsize=(5.6 * len(directions) + 2, 4.8)
+    )
     for j, d in enumerate(directions):
         ax = axes[0][j]
         for load in loads:
@@ -173,14 +182,25 @@ def draw_slowdown(plt, rows, path, title):
         ax.set_title(f"{DIRECTIONS.get(d, d)}, {', '.join(loads)} load", fontsize=10)
         if j == 0:
             ax.set_ylabel("the load's slowdown beside the copies")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    fig.suptitle(title, fontsize=12)
-    _save(plt, fig, path)
+    _finish(plt, fig, axes, title, path)
     return True
 
 
-def _save(plt, fig, path):
+def _keys(data, loads_first):
+    """The directions, loads, methods and block sizes of `data` (see medians), in drawing order."""
+    return (
+        _ordered({k[0] for k in data}, DIRECTIONS),
+        _ordered({k[1] for k in data}, loads_first),
+        _ordered({k[2] for k in data}, list(METHODS) + [CONTIGUOUS]),
+        sorted({s for series in data.values() for s in series}),
+    )
+
+
+def _finish(plt, fig, axes, title, path):
+    """One legend for every panel (the first panel's lines), the title, and the file."""
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.suptitle(title, fontsize=12)
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -190,6 +210,7 @@ def _save(plt, fig, path):
 def plot(plt, paths, out_dir, title, warn):
     """Both charts into out_dir; returns how many were written (raises NoData)."""
     import os
+
     rows = read(paths, warn)
     os.makedirs(out_dir, exist_ok=True)
     headline = title or "gfd and its peers on the runtime's call (gfd_benchmark --layout paged)"

@@ -79,8 +79,9 @@ class Run {
     host_only_ = probe::cuda_device_count() == 0;
     std::vector<int> ordinals = o_.gpus;
     if (host_only_) {
-      std::printf("No CUDA GPU is visible here: two emulated devices stand in (host-only: the gather\n"
-                  "threads and staging rings are real, the 'DMA' is a host memcpy; nothing about PCIe).\n");
+      std::printf(
+          "No CUDA GPU is visible here: two emulated devices stand in (host-only: the gather\n"
+          "threads and staging rings are real, the 'DMA' is a host memcpy; nothing about PCIe).\n");
       ordinals = {0, 1};
       o_.backends = {Backend::kGather};
     } else if (ordinals.empty()) {
@@ -93,7 +94,8 @@ class Run {
       for (int g = 1; g < all; g *= 2) counts_.push_back(g);
       counts_.push_back(all);
     }
-    if (counts_.empty()) throw std::invalid_argument("--counts: no count between 1 and " + std::to_string(all));
+    if (counts_.empty())
+      throw std::invalid_argument("--counts: no count between 1 and " + std::to_string(all));
     gpus_.resize(static_cast<std::size_t>(all));
     for (int i = 0; i < all; ++i) {
       Gpu& g = gpus_[static_cast<std::size_t>(i)];
@@ -127,11 +129,15 @@ class Run {
       const probe::Locality loc = probe::gpu_locality(g.dev);
       const EngineStats st = gather[i].stats();
       const std::string split =
-          st.cpu_sharing > 1 ? ", CPUs split with " + std::to_string(st.cpu_sharing - 1) + " other GPU(s)" : "";
-      std::printf("  GPU %d (%s): NUMA node %d, local CPUs %s | gather engine: CPUs %s, %d threads%s, ring on node %d\n",
-                  g.ordinal, host_only_ ? "emulated" : g.dev.pci_bus_id().c_str(), loc.numa_node,
-                  probe::format_cpulist(loc.cpus).c_str(), probe::format_cpulist(st.cpus).c_str(), st.gather_threads,
-                  split.c_str(), st.numa_node);
+          st.cpu_sharing > 1
+              ? ", CPUs split with " + std::to_string(st.cpu_sharing - 1) + " other GPU(s)"
+              : "";
+      std::printf(
+          "  GPU %d (%s): NUMA node %d, local CPUs %s | gather engine: CPUs %s, %d threads%s, ring "
+          "on node %d\n",
+          g.ordinal, host_only_ ? "emulated" : g.dev.pci_bus_id().c_str(), loc.numa_node,
+          probe::format_cpulist(loc.cpus).c_str(), probe::format_cpulist(st.cpus).c_str(),
+          st.gather_threads, split.c_str(), st.numa_node);
     }
   }
 
@@ -154,9 +160,11 @@ class Run {
       g.picker = std::make_unique<SourcePicker>(g.pool->bytes, o_.block_size, 0xBEEF + 977 * i);
     });
     allocated_ = true;
-    std::printf("each GPU: %zu x %s per repetition, sources %s, pool %s per GPU, 2x stride | %d reps after %d warm-up\n",
-                o_.blocks, format_size(o_.block_size).c_str(), o_.warm ? "warm" : "cold",
-                format_size(pool_bytes).c_str(), o_.iters, o_.warmup);
+    std::printf(
+        "each GPU: %zu x %s per repetition, sources %s, pool %s per GPU, 2x stride | %d reps after "
+        "%d warm-up\n",
+        o_.blocks, format_size(o_.block_size).c_str(), o_.warm ? "warm" : "cold",
+        format_size(pool_bytes).c_str(), o_.iters, o_.warmup);
   }
 
   void release() noexcept {
@@ -242,7 +250,8 @@ class Run {
       g.dev.copy_h2d(g.dst, g.ref_src, bytes_, g.stream);
       g.dev.stream_sync(g.stream);
     });
-    const double ref_aggregate = static_cast<double>(G) * bytes_ / (percentiles(slowest(dma)).p50 * 1e3);
+    const double ref_aggregate =
+        static_cast<double>(G) * bytes_ / (percentiles(slowest(dma)).p50 * 1e3);
     summarize(G, "contiguous", dma, alone, -1, nullptr, std::vector<bool>(G, true));
     for (Backend b : o_.backends) {
       EngineGroup& group = *groups_[b];
@@ -263,7 +272,10 @@ class Run {
       const auto k = static_cast<std::size_t>(i);
       std::vector<double> mine;
       for (const auto& rep : us) mine.push_back(rep[k]);
-      Row r{.gpus = G, .backend = name, .gpu = std::to_string(gpus_[k].ordinal), .us = percentiles(mine)};
+      Row r{.gpus = G,
+            .backend = name,
+            .gpu = std::to_string(gpus_[k].ordinal),
+            .us = percentiles(mine)};
       r.gbps = bytes_ / (r.us.p50 * 1e3);
       r.ref_gbps = ref[k];
       r.verified = ok[k];
@@ -282,9 +294,11 @@ class Run {
     if (one_gpu_aggregate_.count(name)) a.efficiency = a.gbps / (G * one_gpu_aggregate_[name]);
     rows_.push_back(a);
     const std::string eff =
-        a.efficiency >= 0 ? " (" + std::to_string(static_cast<int>(100 * a.efficiency + 0.5)) + "% of G x 1 GPU)" : "";
-    std::fprintf(stderr, "[%5.1fs] G=%d %-16s aggregate %8.2f GB/s%s%s\n", since_us(start_) * 1e-6, G, name.c_str(),
-                 a.gbps, eff.c_str(), a.verified ? "" : " VERIFY FAILED");
+        a.efficiency >= 0
+            ? " (" + std::to_string(static_cast<int>(100 * a.efficiency + 0.5)) + "% of G x 1 GPU)"
+            : "";
+    std::fprintf(stderr, "[%5.1fs] G=%d %-16s aggregate %8.2f GB/s%s%s\n", since_us(start_) * 1e-6,
+                 G, name.c_str(), a.gbps, eff.c_str(), a.verified ? "" : " VERIFY FAILED");
   }
 
   MultiGpuOptions o_;

@@ -14,8 +14,10 @@ namespace gfd::bench::pool {
 using Clock = std::chrono::steady_clock;
 
 void host_load_probe(PoolBench& b, std::size_t bytes) {
-  std::printf("\nhost-load probe: one contiguous pinned %s DMA (P50 of %d) while T threads copy host memory\n",
-              format_size(bytes).c_str(), b.iters);
+  std::printf(
+      "\nhost-load probe: one contiguous pinned %s DMA (P50 of %d) while T threads copy host "
+      "memory\n",
+      format_size(bytes).c_str(), b.iters);
   std::printf("%-8s %14s %14s %12s\n", "threads", "copy_GB/s", "copy_traffic", "DMA_GB/s");
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   for (unsigned t : {0u, 2u, 4u, 8u, 12u, 15u}) {
@@ -28,13 +30,16 @@ void host_load_probe(PoolBench& b, std::size_t bytes) {
       threads.emplace_back([&] {
         std::vector<std::byte> a(kBuf, std::byte{1}), c(kBuf);
         while (!stop.load(std::memory_order_relaxed)) {
-          for (std::size_t off = 0; off < kBuf && !stop.load(std::memory_order_relaxed); off += 1 << 20) {
-            probe::copy_like_staging(c.data() + off, a.data() + off, 1 << 20, StagingWrites::kStreaming);
+          for (std::size_t off = 0; off < kBuf && !stop.load(std::memory_order_relaxed);
+               off += 1 << 20) {
+            probe::copy_like_staging(c.data() + off, a.data() + off, 1 << 20,
+                                     StagingWrites::kStreaming);
             copied.fetch_add(1 << 20, std::memory_order_relaxed);
           }
         }
       });
-    std::this_thread::sleep_for(std::chrono::milliseconds(t ? 200 : 0));  // buffers touched, threads running
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(t ? 200 : 0));  // buffers touched, threads running
     const std::uint64_t c0 = copied.load();
     const auto t0 = Clock::now();
     const Percentiles p = b.reference(bytes);
@@ -44,8 +49,10 @@ void host_load_probe(PoolBench& b, std::size_t bytes) {
     for (auto& th : threads) th.join();
     std::printf("%-8u %14.1f %14.1f %12.2f\n", t, copy_gbps, 2 * copy_gbps, gbps(bytes, p.p50));
   }
-  std::printf("(copy_traffic = bytes read + bytes written by the threads; the staged path costs three bytes\n"
-              " of host memory traffic per byte moved: gather read, staging write, DMA read)\n");
+  std::printf(
+      "(copy_traffic = bytes read + bytes written by the threads; the staged path costs three "
+      "bytes\n"
+      " of host memory traffic per byte moved: gather read, staging write, DMA read)\n");
 }
 
 }  // namespace gfd::bench::pool

@@ -60,41 +60,45 @@ std::optional<MultiGpuOptions> parse_multi_gpu_flags(int argc, char** argv) {
 }
 
 void print_rows(const std::vector<Row>& rows) {
-  std::printf("\n%-4s %-16s %-5s %9s %9s %9s %9s %7s %6s %-12s %s\n", "G", "backend", "gpu", "p50_us", "GB/s",
-              "ref_GB/s", "ratio", "scaling", "thr", "cpus", "verified");
+  std::printf("\n%-4s %-16s %-5s %9s %9s %9s %9s %7s %6s %-12s %s\n", "G", "backend", "gpu",
+              "p50_us", "GB/s", "ref_GB/s", "ratio", "scaling", "thr", "cpus", "verified");
   for (const Row& r : rows) {
     char eff[16] = "-";
     if (r.efficiency >= 0) std::snprintf(eff, sizeof eff, "%.1f%%", 100 * r.efficiency);
-    std::printf("%-4d %-16s %-5s %9.1f %9.2f %9.2f %8.1f%% %7s %6d %-12s %s\n", r.gpus, r.backend.c_str(),
-                r.gpu.c_str(), r.us.p50, r.gbps, r.ref_gbps, r.ref_gbps > 0 ? 100 * r.gbps / r.ref_gbps : 0, eff,
-                r.threads, r.cpus.empty() ? "-" : r.cpus.c_str(), r.verified ? "yes" : "NO");
+    std::printf("%-4d %-16s %-5s %9.1f %9.2f %9.2f %8.1f%% %7s %6d %-12s %s\n", r.gpus,
+                r.backend.c_str(), r.gpu.c_str(), r.us.p50, r.gbps, r.ref_gbps,
+                r.ref_gbps > 0 ? 100 * r.gbps / r.ref_gbps : 0, eff, r.threads,
+                r.cpus.empty() ? "-" : r.cpus.c_str(), r.verified ? "yes" : "NO");
   }
 }
 
 void write_csv(const std::string& path, const std::vector<Row>& rows, const std::string& label,
                const MultiGpuOptions& o) {
   std::ofstream f(path);
-  f << "mode,sources,backend,gpus,gpu,blocks,block_size,p50_us,p90_us,p50_gbps,ref_gbps,scaling_efficiency,threads,"
+  f << "mode,sources,backend,gpus,gpu,blocks,block_size,p50_us,p90_us,p50_gbps,ref_gbps,scaling_"
+       "efficiency,threads,"
        "cpus,verified\n";
   for (const Row& r : rows)
-    f << label << ',' << (o.warm ? "warm" : "cold") << ',' << r.backend << ',' << r.gpus << ',' << r.gpu << ','
-      << o.blocks << ',' << o.block_size << ',' << r.us.p50 << ',' << r.us.p90 << ',' << r.gbps << ','
-      << r.ref_gbps << ',' << (r.efficiency >= 0 ? std::to_string(r.efficiency) : "") << ',' << r.threads << ','
+    f << label << ',' << (o.warm ? "warm" : "cold") << ',' << r.backend << ',' << r.gpus << ','
+      << r.gpu << ',' << o.blocks << ',' << o.block_size << ',' << r.us.p50 << ',' << r.us.p90
+      << ',' << r.gbps << ',' << r.ref_gbps << ','
+      << (r.efficiency >= 0 ? std::to_string(r.efficiency) : "") << ',' << r.threads << ','
       << csv_cpus(r.cpus) << ',' << (r.verified ? 1 : 0) << '\n';
 }
 
 void write_json(const std::string& path, const std::vector<Row>& rows, const std::string& label,
                 const MultiGpuOptions& o) {
   std::ofstream f(path);
-  f << "{\"mode\":\"" << label << "\",\"sources\":\"" << (o.warm ? "warm" : "cold") << "\",\"blocks\":" << o.blocks
-    << ",\"block_size\":" << o.block_size << ",\"rows\":[";
+  f << "{\"mode\":\"" << label << "\",\"sources\":\"" << (o.warm ? "warm" : "cold")
+    << "\",\"blocks\":" << o.blocks << ",\"block_size\":" << o.block_size << ",\"rows\":[";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
-    f << (i ? "," : "") << "{\"gpus\":" << r.gpus << ",\"backend\":\"" << r.backend << "\",\"gpu\":\"" << r.gpu
-      << "\",\"p50_us\":" << r.us.p50 << ",\"p90_us\":" << r.us.p90 << ",\"p50_gbps\":" << r.gbps
-      << ",\"ref_gbps\":" << r.ref_gbps << ",\"scaling_efficiency\":"
-      << (r.efficiency >= 0 ? std::to_string(r.efficiency) : "null") << ",\"threads\":" << r.threads
-      << ",\"cpus\":\"" << r.cpus << "\",\"verified\":" << (r.verified ? "true" : "false") << "}";
+    f << (i ? "," : "") << "{\"gpus\":" << r.gpus << ",\"backend\":\"" << r.backend
+      << "\",\"gpu\":\"" << r.gpu << "\",\"p50_us\":" << r.us.p50 << ",\"p90_us\":" << r.us.p90
+      << ",\"p50_gbps\":" << r.gbps << ",\"ref_gbps\":" << r.ref_gbps
+      << ",\"scaling_efficiency\":" << (r.efficiency >= 0 ? std::to_string(r.efficiency) : "null")
+      << ",\"threads\":" << r.threads << ",\"cpus\":\"" << r.cpus
+      << "\",\"verified\":" << (r.verified ? "true" : "false") << "}";
   }
   f << "]}\n";
 }

@@ -1,5 +1,3 @@
-#include "layouts.hpp"
-
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -12,6 +10,7 @@
 #include <stdexcept>
 
 #include "bench_cuda.hpp"
+#include "layouts.hpp"
 #include "paged_flags.hpp"
 #include "paged_report.hpp"
 #include "paged_runner.hpp"
@@ -41,8 +40,8 @@ std::size_t physical_memory() {
 // The host caches share --host-cache-bytes (far above the L3: cold sources), each a whole number
 // of 2 MiB and at least the largest block.
 std::size_t host_cache_bytes(const PagedOptions& o, bool host_only, std::size_t largest) {
-  std::size_t total = o.host_cache_bytes.value_or(host_only ? std::size_t{256} << 20
-                                                            : std::size_t{4} << 30);
+  std::size_t total =
+      o.host_cache_bytes.value_or(host_only ? std::size_t{256} << 20 : std::size_t{4} << 30);
   if (total > physical_memory() / 2) {
     std::printf("--host-cache-bytes %s is more than half the RAM: %s instead\n",
                 format_size(total).c_str(), format_size(physical_memory() / 2).c_str());
@@ -54,13 +53,14 @@ std::size_t host_cache_bytes(const PagedOptions& o, bool host_only, std::size_t 
 // The cap on device memory: --device-cache-bytes and 70% of the free memory. Host-only the
 // device caches are host memory too, and the checks poison all of it.
 std::size_t device_cap(const PagedOptions& o, bool host_only) {
-  std::size_t cap = o.device_cache_bytes.value_or(host_only ? std::size_t{1} << 30
-                                                            : std::size_t{40} << 30);
+  std::size_t cap =
+      o.device_cache_bytes.value_or(host_only ? std::size_t{1} << 30 : std::size_t{40} << 30);
   if (host_only) return cap;
   std::size_t free_b = 0, total_b = 0;
   GFD_BENCH_CUDA(cudaMemGetInfo(&free_b, &total_b));
   if (cap > free_b / 10 * 7) {
-    std::printf("device memory: %s free; caches capped at 70%% of it\n", format_size(free_b).c_str());
+    std::printf("device memory: %s free; caches capped at 70%% of it\n",
+                format_size(free_b).c_str());
     cap = free_b / 10 * 7;
   }
   return cap;
@@ -73,20 +73,26 @@ void fit_cases(const PagedOptions& o, bool host_only, Plan& p) {
       o.max_transfer.value_or(host_only ? std::size_t{64} << 20 : std::size_t{1} << 30);
   for (const Case& k : o.cases) {
     const std::size_t s = k.block_size, n = k.blocks;
-    Config c{.size = s, .n = 0, .requested = n, .host_blocks = p.host_cache / s, .gpu_blocks = 0,
+    Config c{.size = s,
+             .n = 0,
+             .requested = n,
+             .host_blocks = p.host_cache / s,
+             .gpu_blocks = 0,
              .under_load = k.under_load};
     c.n = std::min({n, max_transfer / (o.tensors * s), c.host_blocks / 4});
     if (c.n == 0) {
-      std::printf("%zu x %s x %zu caches: skipped (a transfer would pass --max-transfer %s or a "
-                  "quarter of a host cache)\n",
-                  n, format_size(s).c_str(), o.tensors, format_size(max_transfer).c_str());
+      std::printf(
+          "%zu x %s x %zu caches: skipped (a transfer would pass --max-transfer %s or a "
+          "quarter of a host cache)\n",
+          n, format_size(s).c_str(), o.tensors, format_size(max_transfer).c_str());
       continue;
     }
     if (c.n < n)
-      std::printf("%zu x %s x %zu caches: %zu blocks instead (at most --max-transfer %s and a "
-                  "quarter of a host cache's %zu blocks)\n",
-                  n, format_size(s).c_str(), o.tensors, c.n, format_size(max_transfer).c_str(),
-                  c.host_blocks);
+      std::printf(
+          "%zu x %s x %zu caches: %zu blocks instead (at most --max-transfer %s and a "
+          "quarter of a host cache's %zu blocks)\n",
+          n, format_size(s).c_str(), o.tensors, c.n, format_size(max_transfer).c_str(),
+          c.host_blocks);
     bool seen = false;
     for (const Config& g : p.grid) seen = seen || (g.size == c.size && g.n == c.n);
     if (seen) continue;  // capped onto an earlier point
@@ -193,11 +199,12 @@ void print_engine(PagedRunner& b) {
   for (char** e = environ; *e != nullptr; ++e)
     if (std::strncmp(*e, "GFD_", 4) == 0)
       from += std::string(from == "default options" ? " but " : " ") + *e;
-  std::printf("engine gfd (gather, %s): %d gather threads on CPUs %s, NUMA node %d, "
-              "ring %s in %s slots, hugepages %s\n",
-              from.c_str(), st.gather_threads, probe::format_cpulist(st.cpus).c_str(),
-              st.numa_node, format_size(st.staging_bytes).c_str(),
-              format_size(st.slot_bytes).c_str(), to_string(st.hugepages));
+  std::printf(
+      "engine gfd (gather, %s): %d gather threads on CPUs %s, NUMA node %d, "
+      "ring %s in %s slots, hugepages %s\n",
+      from.c_str(), st.gather_threads, probe::format_cpulist(st.cpus).c_str(), st.numa_node,
+      format_size(st.staging_bytes).c_str(), format_size(st.slot_bytes).c_str(),
+      to_string(st.hugepages));
 }
 
 void print_setup(const PagedRunner& b, const PagedOptions& o, const Plan& p) {
@@ -222,8 +229,11 @@ void print_setup(const PagedRunner& b, const PagedOptions& o, const Plan& p) {
 class Sweep {
  public:
   Sweep(PagedRunner& b, const Plan& p, std::vector<Method> methods, std::size_t directions)
-      : b_(b), p_(p), methods_(std::move(methods)),
-        total_(directions * p.grid.size() * (methods_.size() + 1)), start_(Clock::now()) {}
+      : b_(b),
+        p_(p),
+        methods_(std::move(methods)),
+        total_(directions * p.grid.size() * (methods_.size() + 1)),
+        start_(Clock::now()) {}
 
   std::vector<Row> rows;
 
@@ -256,10 +266,10 @@ class Sweep {
   void loaded(const Config& c, bool to_host) {
     b_.register_caches(c);
     const double alone = b_.load->alone(b_.stream, b_.window_from, b_.window_to, kWindowMs);
-    std::printf("under load (decode, %s): %dx%dx%d bf16 matmuls back to back, %.3f ms each "
-                "alone, on a stream of the transfers' priority\n",
-                to_host ? "d2h" : "h2d", DecodeLoad::kDim, DecodeLoad::kDim, DecodeLoad::kDim,
-                alone);
+    std::printf(
+        "under load (decode, %s): %dx%dx%d bf16 matmuls back to back, %.3f ms each "
+        "alone, on a stream of the transfers' priority\n",
+        to_host ? "d2h" : "h2d", DecodeLoad::kDim, DecodeLoad::kDim, DecodeLoad::kDim, alone);
     std::vector<Method> all{Method::kDma};
     all.insert(all.end(), methods_.begin(), methods_.end());
     double ref_loaded = 0;
@@ -345,10 +355,10 @@ int run(PagedOptions& o) {
     b.load = std::make_unique<DecodeLoad>(b.dev.ordinal(), b.stream_priority);
   print_setup(b, o, p);
   Sweep sweep(b, p, methods, o.to_host.size());
-  std::printf("filling the host caches, then measuring %zu points (one line each on stderr as it "
-              "completes)%s\n",
-              o.to_host.size() * p.grid.size() * (methods.size() + 1),
-              b.host_only ? " [host-only]" : "");
+  std::printf(
+      "filling the host caches, then measuring %zu points (one line each on stderr as it "
+      "completes)%s\n",
+      o.to_host.size() * p.grid.size() * (methods.size() + 1), b.host_only ? " [host-only]" : "");
   b.fill_host_caches();
   for (bool to_host : o.to_host) sweep.direction(to_host);
 

@@ -24,8 +24,8 @@ void PagedRunner::fill_device_caches() {
   const std::size_t words = caches->device_bytes / 8;
   if (!host_only) {
     for (std::size_t t = 0; t < tensors; ++t)
-      GFD_BENCH_CUDA(launch_fill_pattern(reinterpret_cast<std::uint64_t*>(caches->device[t]),
-                                         words, 0, device_tag(t), stream));
+      GFD_BENCH_CUDA(launch_fill_pattern(reinterpret_cast<std::uint64_t*>(caches->device[t]), words,
+                                         0, device_tag(t), stream));
     GFD_BENCH_CUDA(cudaStreamSynchronize(stream));
     return;
   }
@@ -74,7 +74,8 @@ bool PagedRunner::check(const Config& c, bool to_host, const Ids& ids) {
       dev.copy_d2h(back.data(), caches->device[t] + ids.device[i] * c.size, c.size, stream);
       dev.stream_sync(stream);
       const std::uint64_t first = static_cast<std::uint64_t>(ids.host[i]) * words;
-      for (std::size_t k = 0; k < words; ++k) bad += back[k] != pattern_word(host_tag(t), first + k);
+      for (std::size_t k = 0; k < words; ++k)
+        bad += back[k] != pattern_word(host_tag(t), first + k);
     }
   return bad == 0;
 }
@@ -87,8 +88,8 @@ bool PagedRunner::check_on_gpu(const Config& c, const Ids& ids) {
   for (std::size_t t = 0; t < tensors; ++t)
     for (std::size_t i = 0; i < c.n; ++i)
       checks[k++] = PatternCheck{
-          reinterpret_cast<const std::uint64_t*>(caches->device[t] + ids.device[i] * c.size),
-          words, static_cast<std::uint64_t>(ids.host[i]) * words, host_tag(t)};
+          reinterpret_cast<const std::uint64_t*>(caches->device[t] + ids.device[i] * c.size), words,
+          static_cast<std::uint64_t>(ids.host[i]) * words, host_tag(t)};
   GFD_BENCH_CUDA(cudaMemcpyAsync(scratch_device_, scratch_host_, k * sizeof(PatternCheck),
                                  cudaMemcpyHostToDevice, stream));
   GFD_BENCH_CUDA(cudaMemsetAsync(mismatches_device_, 0, 8, stream));

@@ -30,7 +30,8 @@ const std::map<std::string, std::string> kFlags = {
     {"device", "=N          CUDA device (default 0)"},
     {"csv", "=FILE          write results as CSV"},
     {"quick", "             one configuration: 4K x 64 blocks x 8 layers"},
-    {"trace", "             print the engine's timeline of gfd's median transfer per configuration"},
+    {"trace",
+     "             print the engine's timeline of gfd's median transfer per configuration"},
     {"under-load",
      "[=decode]  also measure while bf16 matmuls run back to back on a stream of\n"
      "                   the transfers' priority (GPU only)"},

@@ -21,17 +21,17 @@ struct Case {
 // the load it measures one mid-sized block and one long transfer; a grid given by flags is
 // measured beside the load at every point.
 inline constexpr Case kDefaultCases[] = {
-    {2 << 10, 64, false},  {4 << 10, 64, false},   {8 << 10, 64, false},   {16 << 10, 64, false},
-    {32 << 10, 64, true},  {64 << 10, 64, false},  {256 << 10, 64, false}, {2 << 20, 64, false},
-    {4 << 10, 16, false},  {4 << 10, 256, false},  {4 << 10, 1024, true},  {4 << 10, 4096, false}};
+    {2 << 10, 64, false}, {4 << 10, 64, false},  {8 << 10, 64, false},   {16 << 10, 64, false},
+    {32 << 10, 64, true}, {64 << 10, 64, false}, {256 << 10, 64, false}, {2 << 20, 64, false},
+    {4 << 10, 16, false}, {4 << 10, 256, false}, {4 << 10, 1024, true},  {4 << 10, 4096, false}};
 // --quick: one case.
 inline constexpr Case kQuickCase{4 << 10, 64, true};
 
 struct PagedOptions {
   int layers = 32;
-  std::size_t tensors = 64;       // 2 x layers: every layer's K and V
-  std::vector<bool> to_host;      // the directions, in order: loads (false) before stores
-  std::vector<Method> methods;    // besides the contiguous DMA
+  std::size_t tensors = 64;     // 2 x layers: every layer's K and V
+  std::vector<bool> to_host;    // the directions, in order: loads (false) before stores
+  std::vector<Method> methods;  // besides the contiguous DMA
   std::vector<Case> cases;
   bool under_load = false, warm = false, trace = false;
   int iters = 20, warmup = 3, device = 0;

@@ -8,8 +8,9 @@ namespace gfd::bench::paged {
 
 void print_table(const std::vector<Row>& rows, const std::string& label) {
   if (label.rfind("host-only", 0) == 0)
-    std::printf("\nhost-only figures (emulated device: its 'DMA' is a host memcpy; nothing here crosses "
-                "PCIe or says how fast a GPU is):");
+    std::printf(
+        "\nhost-only figures (emulated device: its 'DMA' is a host memcpy; nothing here crosses "
+        "PCIe or says how fast a GPU is):");
   std::printf("\n%-3s %-5s %6s %-14s %-6s %9s %9s %7s %7s %10s %7s %8s %-8s\n", "dir", "size",
               "blocks", "method", "load", "p50_GB/s", "p90_GB/s", "ratio", "r_p90", "submit_us",
               "kept", "slowdown", "verified");

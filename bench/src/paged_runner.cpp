@@ -96,9 +96,9 @@ Ops PagedRunner::gfd_ops(Method m, bool to_host) {
   ops.prepare = [this](const Ids& ids) { ids_ = &ids; };
   ops.submit = [this, engine, set, to_host] {
     // The runtime's call: ids only (swap-in: host ids are the sources).
-    pending_ = to_host
-                   ? engine->copy_blocks(*set, Direction::kToHost, ids_->device, ids_->host, stream)
-                   : engine->copy_blocks(*set, Direction::kToDevice, ids_->host, ids_->device, stream);
+    pending_ =
+        to_host ? engine->copy_blocks(*set, Direction::kToHost, ids_->device, ids_->host, stream)
+                : engine->copy_blocks(*set, Direction::kToDevice, ids_->host, ids_->device, stream);
   };
   // To the host the handle says when the bytes are placed; to the device the stream.
   ops.finish = [this] {
@@ -135,7 +135,8 @@ Ops PagedRunner::per_block_ops(const Config& c, bool to_host) {
   ops.submit = [this, to_host] {
     const cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
     for (std::size_t i = 0; i < lists_.dsts.size(); ++i)
-      GFD_BENCH_CUDA(cudaMemcpyAsync(lists_.dsts[i], lists_.srcs[i], lists_.sizes[i], kind, stream));
+      GFD_BENCH_CUDA(
+          cudaMemcpyAsync(lists_.dsts[i], lists_.srcs[i], lists_.sizes[i], kind, stream));
   };
   ops.finish = [this] { sync(); };
   return ops;

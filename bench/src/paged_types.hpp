@@ -19,10 +19,13 @@ struct MethodName {
   Method method;
   const char* name;
 };
-inline constexpr MethodName kMethods[] = {
-    {Method::kDma, "dma_contiguous"}, {Method::kGfd, "gfd"},     {Method::kGfdZeroCopy, "gfd_zero_copy"},
-    {Method::kBatch, "batch"},        {Method::kPerBlock, "per_block"}, {Method::kUva2, "uva2"},
-    {Method::kUva12, "uva12"}};
+inline constexpr MethodName kMethods[] = {{Method::kDma, "dma_contiguous"},
+                                          {Method::kGfd, "gfd"},
+                                          {Method::kGfdZeroCopy, "gfd_zero_copy"},
+                                          {Method::kBatch, "batch"},
+                                          {Method::kPerBlock, "per_block"},
+                                          {Method::kUva2, "uva2"},
+                                          {Method::kUva12, "uva12"}};
 
 inline const char* method_name(Method m) {
   for (const MethodName& n : kMethods)

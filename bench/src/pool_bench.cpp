@@ -124,7 +124,8 @@ Row PoolBench::measure(BackendEngine& be, std::size_t n, std::size_t size, const
   r.verified = verify(be.engine, b, size, scattered);
   if (!r.verified) {
     ++failures;
-    std::fprintf(stderr, "VERIFY FAILED: %s, %zu x %zu (%s destinations): data on the GPU differs\n",
+    std::fprintf(stderr,
+                 "VERIFY FAILED: %s, %zu x %zu (%s destinations): data on the GPU differs\n",
                  r.backend.c_str(), n, size, mode.c_str());
   }
   return r;

@@ -31,12 +31,13 @@ struct Row {
   Percentiles us;
   double ref_gbps = 0, cpu_s_per_gb = 0, submit_us = 0, slowdown = -1;
   double stage_gbps = -1;  // gather-only (place-only to the host) rate of the same run; -1: none
-  double kept = -1;        // under load: P50 GB/s under load / the same backend's idle P50; -1: none
+  double kept = -1;  // under load: P50 GB/s under load / the same backend's idle P50; -1: none
   int threads = 0;
   bool verified = false;
   double p50_gbps() const { return us.p50 > 0 ? n * size / (us.p50 * 1e3) : 0; }
   double p90_gbps() const { return us.p90 > 0 ? n * size / (us.p90 * 1e3) : 0; }  // slower tail
-  // The pipeline against the slower of its two halves measured alone: -1 without a gather-only rate.
+  // The pipeline against the slower of its two halves measured alone: -1 without a gather-only
+  // rate.
   double eff() const {
     const double bound = std::min(stage_gbps, ref_gbps);
     return stage_gbps > 0 && bound > 0 ? p50_gbps() / bound : -1;
@@ -80,7 +81,8 @@ class PoolBench {
     std::vector<std::size_t> dst_pages;
     std::vector<std::vector<BlockCopy>> sets;
   };
-  Blocks make_blocks(std::size_t n, std::size_t size, std::size_t sets, std::uint64_t seed = 0xC0FFEE);
+  Blocks make_blocks(std::size_t n, std::size_t size, std::size_t sets,
+                     std::uint64_t seed = 0xC0FFEE);
   void refill(Blocks& b, std::size_t size, bool scattered);
 
   // One transfer in the configured direction; device-to-host handles are waited on by callers.
@@ -91,7 +93,8 @@ class PoolBench {
   bool verify(Engine& engine, Blocks& b, std::size_t size, bool scattered);
 
   // Times one backend on one configuration.
-  Row measure(BackendEngine& be, std::size_t n, std::size_t size, const std::string& mode, double ref_gbps);
+  Row measure(BackendEngine& be, std::size_t n, std::size_t size, const std::string& mode,
+              double ref_gbps);
 
   // The gather-only (host to device) or place-only (device to host) rate of one configuration:
   // the stage-only threads copy the same kind of block lists (fresh blocks each repetition unless
@@ -103,7 +106,9 @@ class PoolBench {
   // The pipeline timeline of the median timed transfer: where the time goes. --trace covers the
   // backends whose engine records a timeline: the gather pipeline's stages, and the zero-copy
   // kernel's planning and launch.
-  bool traced(Backend b) const { return trace && (b == Backend::kGather || b == Backend::kZeroCopyKernel); }
+  bool traced(Backend b) const {
+    return trace && (b == Backend::kGather || b == Backend::kZeroCopyKernel);
+  }
 
  private:
   // The timed repetitions of measure(): per-transfer call-to-done and submit times.

@@ -19,30 +19,45 @@ const std::map<std::string, std::string> kFlags = {
     {"warm", "              reuse the same source blocks every repetition (default: cold)"},
     {"dst", "=MODE          contiguous | scattered | both (default contiguous)"},
     {"device", "=N          CUDA device (default 0)"},
-    {"pool-bytes", "=S      source pool size (default max(8 x L3, 32 x largest transfer), at most RAM/2;\n"
-                   "                   host-only: also at most RAM/8 and 1G)"},
+    {"pool-bytes",
+     "=S      source pool size (default max(8 x L3, 32 x largest transfer), at most RAM/2;\n"
+     "                   host-only: also at most RAM/8 and 1G)"},
     {"csv", "=FILE          write results as CSV"},
     {"json", "=FILE         write results as JSON"},
     {"quick", "             a short grid: 2048 x 4K only"},
     {"batch", "=K           submit K transfers back to back per repetition, one sync (default 1)"},
-    {"under-load", "[=M[,M...]] also measure each backend (2048 x 4K, or the first grid point) while compute\n"
-                   "                   fills every SM; modes: high (one long kernel, transfers on a highest-priority\n"
-                   "                   stream), equal (one long kernel, transfers on a stream of its priority, as a\n"
-                   "                   runtime's current stream), short (short kernels back to back, equal priority);\n"
-                   "                   all three when no mode is given"},
-    {"pool", "=P[,P...]     source pool: cuda (cudaHostAlloc, default), gfd (gfd::HostPool: huge pages, the\n"
-             "                   GPU's NUMA node, registered), mmap (mmap + cudaHostRegister), both (= cuda,gfd);\n"
-             "                   several: the whole grid once per pool"},
-    {"trace", "             print the timeline of the median transfer (gather pipeline, zero-copy kernel)"},
-    {"host-load-probe", "   only measure the contiguous DMA while 0 to 15 threads copy host memory"},
-    {"direction", "=D       h2d (host to device, default) or d2h (device to host); --dst then names the\n"
-                  "                   device side's layout"},
-    {"pageable", "          host blocks in pageable memory (not registered); zero_copy_kernel skipped"},
-    {"layout", "=L          paged (default: a paged KV cache's 2L cache pairs, scattered both sides, gfd\n"
-               "                   against the CUDA peers; --layout paged --help lists its flags), pool (this\n"
-               "                   text: random blocks of one pool into one device buffer, every backend) or\n"
-               "                   strided (the same, each transfer's blocks in a row at a pitch of --pitch\n"
-               "                   blocks from a random start: constant-stride runs)"},
+    {"under-load",
+     "[=M[,M...]] also measure each backend (2048 x 4K, or the first grid point) while compute\n"
+     "                   fills every SM; modes: high (one long kernel, transfers on a "
+     "highest-priority\n"
+     "                   stream), equal (one long kernel, transfers on a stream of its priority, "
+     "as a\n"
+     "                   runtime's current stream), short (short kernels back to back, equal "
+     "priority);\n"
+     "                   all three when no mode is given"},
+    {"pool",
+     "=P[,P...]     source pool: cuda (cudaHostAlloc, default), gfd (gfd::HostPool: huge pages, "
+     "the\n"
+     "                   GPU's NUMA node, registered), mmap (mmap + cudaHostRegister), both (= "
+     "cuda,gfd);\n"
+     "                   several: the whole grid once per pool"},
+    {"trace",
+     "             print the timeline of the median transfer (gather pipeline, zero-copy kernel)"},
+    {"host-load-probe",
+     "   only measure the contiguous DMA while 0 to 15 threads copy host memory"},
+    {"direction",
+     "=D       h2d (host to device, default) or d2h (device to host); --dst then names the\n"
+     "                   device side's layout"},
+    {"pageable",
+     "          host blocks in pageable memory (not registered); zero_copy_kernel skipped"},
+    {"layout",
+     "=L          paged (default: a paged KV cache's 2L cache pairs, scattered both sides, gfd\n"
+     "                   against the CUDA peers; --layout paged --help lists its flags), pool "
+     "(this\n"
+     "                   text: random blocks of one pool into one device buffer, every backend) "
+     "or\n"
+     "                   strided (the same, each transfer's blocks in a row at a pitch of --pitch\n"
+     "                   blocks from a random start: constant-stride runs)"},
     {"pitch", "=K           blocks between the starts of two source blocks (default 2)"},
     {"help", "              this text"},
 };
@@ -83,14 +98,16 @@ std::vector<PoolKind> pools_flag(const Flags& flags, bool pageable) {
   std::vector<PoolKind> pools{pageable ? PoolKind::kMmap : PoolKind::kCuda};
   if (flags.has("pool")) pools = pool_kinds_flag(flags.get("pool"));
   if (pageable && std::find(pools.begin(), pools.end(), PoolKind::kCuda) != pools.end())
-    throw std::invalid_argument("--pool=cuda with --pageable: cudaHostAlloc memory is always pinned; "
-                                "use --pool=mmap or --pool=gfd (unregistered) with --pageable");
+    throw std::invalid_argument(
+        "--pool=cuda with --pageable: cudaHostAlloc memory is always pinned; "
+        "use --pool=mmap or --pool=gfd (unregistered) with --pageable");
   return pools;
 }
 
 void read_modes(const Flags& flags, PoolOptions& o) {
   const std::string direction = flags.get("direction", "h2d");
-  if (direction != "h2d" && direction != "d2h") throw std::invalid_argument("--direction must be h2d or d2h");
+  if (direction != "h2d" && direction != "d2h")
+    throw std::invalid_argument("--direction must be h2d or d2h");
   o.to_host = direction == "d2h";
   o.dst = flags.get("dst", "contiguous");
   if (o.dst != "contiguous" && o.dst != "scattered" && o.dst != "both")
@@ -106,7 +123,8 @@ void read_modes(const Flags& flags, PoolOptions& o) {
 std::optional<PoolOptions> parse_pool_flags(int argc, char** argv, const std::string& layout) {
   Flags flags(argc, argv, kFlags);
   if (flags.has("help")) {
-    std::cout << "gfd_benchmark --layout pool: scattered host-to-GPU block copies of one pool, every backend\n"
+    std::cout << "gfd_benchmark --layout pool: scattered host-to-GPU block copies of one pool, "
+                 "every backend\n"
                  "against the contiguous DMA (the default layout is paged: gfd_benchmark --help)\n"
               << Flags::usage(kFlags);
     return std::nullopt;

@@ -20,10 +20,10 @@ struct Case {
 
 // The default grid: a block-count sweep at 4 KB, then a block-size sweep at 2048 blocks (fewer
 // for the largest sizes: at most 256 MB a transfer).
-inline constexpr Case kDefaultCases[] = {
-    {16, 4 << 10},   {64, 4 << 10},   {256, 4 << 10},  {1024, 4 << 10}, {2048, 4 << 10},
-    {4096, 4 << 10}, {16384, 4 << 10}, {2048, 512},     {2048, 1 << 10}, {2048, 16 << 10},
-    {2048, 64 << 10}, {1024, 256 << 10}};
+inline constexpr Case kDefaultCases[] = {{16, 4 << 10},    {64, 4 << 10},    {256, 4 << 10},
+                                         {1024, 4 << 10},  {2048, 4 << 10},  {4096, 4 << 10},
+                                         {16384, 4 << 10}, {2048, 512},      {2048, 1 << 10},
+                                         {2048, 16 << 10}, {2048, 64 << 10}, {1024, 256 << 10}};
 // --quick: one case.
 inline constexpr Case kQuickCase{2048, 4 << 10};
 // --under-load measures one case: this one, or the first of a grid given by flags.
@@ -35,7 +35,8 @@ struct LoadMode {
   const char* name;
   const char* label;
 };
-inline constexpr LoadMode kLoadModes[] = {{"high", "sm"}, {"equal", "sm-equal"}, {"short", "sm-short"}};
+inline constexpr LoadMode kLoadModes[] = {
+    {"high", "sm"}, {"equal", "sm-equal"}, {"short", "sm-short"}};
 
 struct PoolOptions {
   bool strided = false;  // --layout strided: each transfer's blocks in a row at --pitch
@@ -48,7 +49,7 @@ struct PoolOptions {
   std::vector<LoadMode> load_modes;  // empty: no --under-load
   bool under_load = false;
   std::vector<Case> cases;
-  bool cases_from_flags = false;     // --blocks or --block-sizes
+  bool cases_from_flags = false;  // --blocks or --block-sizes
   std::optional<std::size_t> pool_bytes;
   std::string csv, json;
 };

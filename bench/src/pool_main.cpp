@@ -48,7 +48,8 @@ class Run {
     }
     make_stage_only();
     if (!o_.load_modes.empty() && b_.to_host)
-      std::printf("--under-load measures host-to-device transfers only: skipped with --direction d2h.\n");
+      std::printf(
+          "--under-load measures host-to-device transfers only: skipped with --direction d2h.\n");
     for (PoolKind kind : o_.pools) sweep_pool(kind);
     report();
     if (b_.failures != 0) {
@@ -68,13 +69,15 @@ class Run {
   void open_device() {
     if (probe::cuda_device_count() == 0) {
       b_.host_only = true;
-      std::printf("No CUDA GPU is visible here: measuring the host side only (gather threads into the\n"
-                  "real staging ring; the emulated device's 'DMA' is a host memcpy). These figures are\n"
-                  "labelled host-only and say nothing about PCIe; only the gather backend is run.\n");
+      std::printf(
+          "No CUDA GPU is visible here: measuring the host side only (gather threads into the\n"
+          "real staging ring; the emulated device's 'DMA' is a host memcpy). These figures are\n"
+          "labelled host-only and say nothing about PCIe; only the gather backend is run.\n");
       b_.dev = probe::Device::emulated(0);
       o_.backends = {Backend::kGather};
       if (o_.under_load)
-        std::printf("--under-load needs a GPU (its load is compute kernels on the SMs): skipped.\n");
+        std::printf(
+            "--under-load needs a GPU (its load is compute kernels on the SMs): skipped.\n");
       o_.load_modes.clear();
     } else {
       b_.dev = probe::Device::cuda(o_.device);
@@ -95,21 +98,23 @@ class Run {
       pool_rule_ = "--pool-bytes";
     } else if (b_.host_only) {
       pool_bytes_ = std::min({default_pool, phys / 8, std::size_t{1} << 30});
-      pool_rule_ = "host-only: min(max(8 x L3, 32 x largest transfer) = " + format_size(default_pool) +
-                   ", RAM/8, 1G)";
+      pool_rule_ =
+          "host-only: min(max(8 x L3, 32 x largest transfer) = " + format_size(default_pool) +
+          ", RAM/8, 1G)";
     } else {
       pool_bytes_ = std::min(default_pool, phys / 2);
       pool_rule_ = "max(8 x L3, 32 x largest transfer), at most RAM/2";
     }
-    pool_bytes_ = std::max(pool_bytes_ & ~((std::size_t{1} << 20) - 1), std::size_t{1} << 20);  // whole MiB
+    pool_bytes_ =
+        std::max(pool_bytes_ & ~((std::size_t{1} << 20) - 1), std::size_t{1} << 20);  // whole MiB
     for (auto& [n, s] : grid_) {
       const std::size_t fit = pool_bytes_ / (4 * s);
       if (n <= fit) continue;
       if (fit == 0)
-        throw std::invalid_argument("source pool of " + format_size(pool_bytes_) + " cannot hold a block of " +
-                                    format_size(s));
-      std::printf("%zu x %s does not fit a %s source pool: %zu blocks instead\n", n, format_size(s).c_str(),
-                  format_size(pool_bytes_).c_str(), fit);
+        throw std::invalid_argument("source pool of " + format_size(pool_bytes_) +
+                                    " cannot hold a block of " + format_size(s));
+      std::printf("%zu x %s does not fit a %s source pool: %zu blocks instead\n", n,
+                  format_size(s).c_str(), format_size(pool_bytes_).c_str(), fit);
       n = fit;
     }
     b_.max_bytes = largest_transfer();
@@ -129,31 +134,39 @@ class Run {
     if (gather_ == nullptr) return;
     const EngineStats st = gather_->engine.stats();
     const EngineOptions& o = gather_->engine.options();
-    std::printf("engine gather: %d gather threads on CPUs %s, NUMA node %d, ring %s in %s slots, hugepages %s, "
-                "%d copy streams (+1 device to host), first chunk %s, pieces %s, staging writes %s, kernel for <= %s\n",
-                st.gather_threads, probe::format_cpulist(st.cpus).c_str(), st.numa_node,
-                format_size(st.staging_bytes).c_str(), format_size(st.slot_bytes).c_str(), to_string(st.hugepages),
-                o.copy_streams, format_size(o.first_chunk_bytes).c_str(), format_size(o.piece_bytes).c_str(),
-                to_string(st.staging_writes), format_size(o.kernel_max_bytes).c_str());
+    std::printf(
+        "engine gather: %d gather threads on CPUs %s, NUMA node %d, ring %s in %s slots, hugepages "
+        "%s, "
+        "%d copy streams (+1 device to host), first chunk %s, pieces %s, staging writes %s, kernel "
+        "for <= %s\n",
+        st.gather_threads, probe::format_cpulist(st.cpus).c_str(), st.numa_node,
+        format_size(st.staging_bytes).c_str(), format_size(st.slot_bytes).c_str(),
+        to_string(st.hugepages), o.copy_streams, format_size(o.first_chunk_bytes).c_str(),
+        format_size(o.piece_bytes).c_str(), to_string(st.staging_writes),
+        format_size(o.kernel_max_bytes).c_str());
   }
 
   void print_setup() const {
     std::printf("direction: %s, host blocks %s\n", b_.to_host ? "device to host" : "host to device",
                 o_.pageable ? "pageable" : "pinned");
     std::string pool_kinds;
-    for (PoolKind k : o_.pools) pool_kinds += (pool_kinds.empty() ? "" : ",") + std::string(to_string(k));
-    const std::string stride_text = b_.strided ? "blocks in a row at a pitch of " + std::to_string(b_.pitch) +
+    for (PoolKind k : o_.pools)
+      pool_kinds += (pool_kinds.empty() ? "" : ",") + std::string(to_string(k));
+    const std::string stride_text = b_.strided ? "blocks in a row at a pitch of " +
+                                                     std::to_string(b_.pitch) +
                                                      " blocks (--layout strided)"
                                                : std::to_string(b_.pitch) + "x block stride";
-    std::printf("device: %s | sources: %s, pool %s%s, %s (%s; L3 %s), %s | %d timed reps after %d "
-                "warm-up\n",
-                b_.host_only ? "emulated (host-only)" : ("CUDA " + std::to_string(b_.dev.ordinal())).c_str(),
-                b_.warm      ? "warm (same blocks every rep)"
-                : b_.strided ? "cold (a fresh random start every rep)"
-                             : "cold (fresh random blocks every rep)",
-                pool_kinds.c_str(), o_.pools.size() > 1 ? " (the whole grid once per pool)" : "",
-                format_size(pool_bytes_).c_str(), pool_rule_.c_str(), format_size(l3_bytes()).c_str(),
-                stride_text.c_str(), b_.iters, b_.warmup);
+    std::printf(
+        "device: %s | sources: %s, pool %s%s, %s (%s; L3 %s), %s | %d timed reps after %d "
+        "warm-up\n",
+        b_.host_only ? "emulated (host-only)"
+                     : ("CUDA " + std::to_string(b_.dev.ordinal())).c_str(),
+        b_.warm      ? "warm (same blocks every rep)"
+        : b_.strided ? "cold (a fresh random start every rep)"
+                     : "cold (fresh random blocks every rep)",
+        pool_kinds.c_str(), o_.pools.size() > 1 ? " (the whole grid once per pool)" : "",
+        format_size(pool_bytes_).c_str(), pool_rule_.c_str(), format_size(l3_bytes()).c_str(),
+        stride_text.c_str(), b_.iters, b_.warmup);
   }
 
   // The reference's pinned source and the device area (twice the largest transfer: scattered
@@ -214,7 +227,8 @@ void Run::make_stage_only() {
   HostPoolOptions so;
   so.bytes = st.staging_bytes;
   so.device = b_.dev.ordinal();
-  so.numa_node = st.numa_node >= 0 ? st.numa_node : -2;  // the engine's node, or unbound as its ring
+  so.numa_node =
+      st.numa_node >= 0 ? st.numa_node : -2;  // the engine's node, or unbound as its ring
   b_.stage_buffer = std::make_unique<HostPool>(probe::make_host_pool(b_.dev, so));
   StageOnly::Config c;
   c.workers = st.gather_threads;
@@ -227,15 +241,19 @@ void Run::make_stage_only() {
   c.writes = st.staging_writes;
   c.to_host = b_.to_host;
   b_.stage = std::make_unique<StageOnly>(c, b_.stage_buffer->data(), st.staging_bytes);
-  std::printf("%s-only: %d threads (%d pinned to the engine's gather CPUs %s%s), %s pieces in order (a 32nd "
-              "of %s for transfers of one chunk), staging writes %s, %s a %s buffer (hugepages %s, NUMA node %d), "
-              "transfers up to %s by the calling thread alone; no engine, no DMA\n",
-              b_.to_host ? "place" : "gather", b_.stage->threads(), c.workers,
-              c.cpus.empty() ? "(none reported: unpinned)" : probe::format_cpulist(c.cpus).c_str(),
-              c.caller_copies ? ", + the calling thread, unpinned, as the submitting thread" : "",
-              format_size(c.piece_bytes).c_str(), format_size(c.first_chunk_bytes).c_str(), to_string(c.writes),
-              b_.to_host ? "from" : "into", format_size(st.staging_bytes).c_str(),
-              to_string(b_.stage_buffer->hugepages()), b_.stage_buffer->numa_node(), format_size(c.inline_bytes).c_str());
+  std::printf(
+      "%s-only: %d threads (%d pinned to the engine's gather CPUs %s%s), %s pieces in order (a "
+      "32nd "
+      "of %s for transfers of one chunk), staging writes %s, %s a %s buffer (hugepages %s, NUMA "
+      "node %d), "
+      "transfers up to %s by the calling thread alone; no engine, no DMA\n",
+      b_.to_host ? "place" : "gather", b_.stage->threads(), c.workers,
+      c.cpus.empty() ? "(none reported: unpinned)" : probe::format_cpulist(c.cpus).c_str(),
+      c.caller_copies ? ", + the calling thread, unpinned, as the submitting thread" : "",
+      format_size(c.piece_bytes).c_str(), format_size(c.first_chunk_bytes).c_str(),
+      to_string(c.writes), b_.to_host ? "from" : "into", format_size(st.staging_bytes).c_str(),
+      to_string(b_.stage_buffer->hugepages()), b_.stage_buffer->numa_node(),
+      format_size(c.inline_bytes).c_str());
 }
 
 // Whether a transfer of n blocks of `size` is staged at all: blocks of direct_min_bytes and up
@@ -275,10 +293,11 @@ void Run::measure_point(std::size_t n, std::size_t size, double ref_gbps) {
     for (BackendEngine& be : engines_) {
       ++done_;
       Row r = b_.measure(be, n, size, mode, ref_gbps);
-      std::fprintf(stderr, "[%zu/%zu %5.1fs] %5zu x %-4s %-10s %-16s %8.2f GB/s (%5.1f%% of %.2f)%s%s\n", done_,
-                   total, since_us(start_) * 1e-6, n, format_size(size).c_str(), mode.c_str(), r.backend.c_str(),
-                   r.p50_gbps(), 100 * r.p50_gbps() / ref_gbps, ref_gbps, r.verified ? "" : " VERIFY FAILED",
-                   b_.host_only ? " [host-only]" : "");
+      std::fprintf(
+          stderr, "[%zu/%zu %5.1fs] %5zu x %-4s %-10s %-16s %8.2f GB/s (%5.1f%% of %.2f)%s%s\n",
+          done_, total, since_us(start_) * 1e-6, n, format_size(size).c_str(), mode.c_str(),
+          r.backend.c_str(), r.p50_gbps(), 100 * r.p50_gbps() / ref_gbps, ref_gbps,
+          r.verified ? "" : " VERIFY FAILED", b_.host_only ? " [host-only]" : "");
       rows_.push_back(r);
     }
   if (gather_ == nullptr || !staged(n, size)) return;
@@ -286,9 +305,9 @@ void Run::measure_point(std::size_t n, std::size_t size, double ref_gbps) {
   const double g = b_.stage_only_gbps(n, size, ok);
   for (std::size_t i = first_row; i < rows_.size(); ++i)
     if (rows_[i].backend == to_string(Backend::kGather)) rows_[i].stage_gbps = g;
-  std::fprintf(stderr, "[%5.1fs] %5zu x %-4s %s-only %8.2f GB/s (%d threads)%s\n", since_us(start_) * 1e-6, n,
-               format_size(size).c_str(), b_.to_host ? "place" : "gather", g, b_.stage->threads(),
-               ok ? "" : " VERIFY FAILED");
+  std::fprintf(stderr, "[%5.1fs] %5zu x %-4s %s-only %8.2f GB/s (%d threads)%s\n",
+               since_us(start_) * 1e-6, n, format_size(size).c_str(),
+               b_.to_host ? "place" : "gather", g, b_.stage->threads(), ok ? "" : " VERIFY FAILED");
 }
 
 // Under load: one point, each backend against the same backend idle (single transfers: from
@@ -296,17 +315,18 @@ void Run::measure_point(std::size_t n, std::size_t size, double ref_gbps) {
 // are batched).
 void Run::measure_under_load(std::map<std::pair<std::size_t, std::size_t>, double>& ref_rates) {
   const auto [n, size] = o_.cases_from_flags ? grid_.front()
-                                             : std::pair<std::size_t, std::size_t>{kLoadCase.blocks,
-                                                                                   kLoadCase.block_size};
-  if (!ref_rates.count({n, size})) ref_rates[{n, size}] = gbps(n * size, b_.reference(n * size).p50);
+                                             : std::pair<std::size_t, std::size_t>{
+                                                   kLoadCase.blocks, kLoadCase.block_size};
+  if (!ref_rates.count({n, size}))
+    ref_rates[{n, size}] = gbps(n * size, b_.reference(n * size).p50);
   const double ref = ref_rates[{n, size}];
   std::map<Backend, double> idle_rates;
   auto idle = [&, n = n, size = size](BackendEngine& be) {
     if (idle_rates.count(be.backend)) return idle_rates[be.backend];
     if (b_.batch == 1)
       for (const Row& r : rows_)
-        if (r.pool == b_.pool_name && r.load == "none" && r.dst == "contiguous" && r.n == n && r.size == size &&
-            r.backend == to_string(be.backend))
+        if (r.pool == b_.pool_name && r.load == "none" && r.dst == "contiguous" && r.n == n &&
+            r.size == size && r.backend == to_string(be.backend))
           return idle_rates[be.backend] = r.p50_gbps();
     const std::size_t batch = b_.batch;
     b_.batch = 1;
@@ -320,22 +340,28 @@ void Run::measure_under_load(std::map<std::pair<std::size_t, std::size_t>, doubl
 
 void Run::report() {
   if (b_.stage && !b_.stage->pinned())
-    std::printf("note: the %s-only threads could not be pinned to the engine's gather CPUs; they ran unpinned\n",
-                b_.to_host ? "place" : "gather");
-  if (b_.batch > 1) std::printf("\n(%zu transfers back to back per repetition; times are per transfer)", b_.batch);
+    std::printf(
+        "note: the %s-only threads could not be pinned to the engine's gather CPUs; they ran "
+        "unpinned\n",
+        b_.to_host ? "place" : "gather");
+  if (b_.batch > 1)
+    std::printf("\n(%zu transfers back to back per repetition; times are per transfer)", b_.batch);
   print_rows(rows_, b_.to_host, b_.host_only);
   print_latency(rows_, b_.host_only);
   if (gather_ != nullptr) {
     const EngineStats st = gather_->engine.stats();
-    std::printf("\nengine gather: %llu transfers, %llu chunks (%llu scattered), gather %.3f s CPU, "
-                "planning %.3f s, submit waited %.3f s%s\n",
-                (unsigned long long)st.transfers, (unsigned long long)st.chunks,
-                (unsigned long long)probe::tuning_stats(gather_->engine).scattered_chunks, st.gather_seconds,
-                st.plan_seconds, st.submit_wait_seconds, b_.host_only ? " [host-only]" : "");
+    std::printf(
+        "\nengine gather: %llu transfers, %llu chunks (%llu scattered), gather %.3f s CPU, "
+        "planning %.3f s, submit waited %.3f s%s\n",
+        (unsigned long long)st.transfers, (unsigned long long)st.chunks,
+        (unsigned long long)probe::tuning_stats(gather_->engine).scattered_chunks,
+        st.gather_seconds, st.plan_seconds, st.submit_wait_seconds,
+        b_.host_only ? " [host-only]" : "");
   }
-  const RunLabel label{std::string(b_.host_only ? "host-only" : "gpu") + (o_.pageable ? "-pageable" : ""),
-                       b_.to_host ? "d2h" : "h2d", b_.warm ? "warm" : "cold", b_.strided ? "strided" : "pool",
-                       b_.pitch};
+  const RunLabel label{
+      std::string(b_.host_only ? "host-only" : "gpu") + (o_.pageable ? "-pageable" : ""),
+      b_.to_host ? "d2h" : "h2d", b_.warm ? "warm" : "cold", b_.strided ? "strided" : "pool",
+      b_.pitch};
   if (!o_.csv.empty()) write_csv(o_.csv, rows_, label);
   if (!o_.json.empty()) write_json(o_.json, rows_, label);
 }

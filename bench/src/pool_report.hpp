@@ -12,7 +12,7 @@ namespace gfd::bench::pool {
 
 // How a run was made, for the file outputs' columns.
 struct RunLabel {
-  std::string mode;     // gpu or host-only, with -pageable
+  std::string mode;  // gpu or host-only, with -pageable
   const char* direction;
   const char* sources;  // cold or warm
   const char* layout;   // pool or strided

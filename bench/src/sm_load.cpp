@@ -39,10 +39,12 @@ class SmLoad {
     sms_ = sm_count(device);
     if (sms_ <= 0) throw std::runtime_error("under load: cannot read the GPU's SM count");
     int least = 0, greatest = 0;
-    cuda_ok(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    cuda_ok(cudaDeviceGetStreamPriorityRange(&least, &greatest),
+            "cudaDeviceGetStreamPriorityRange");
     // The load's stream and the equal-priority transfer stream: both at the least priority, which
     // is also the default priority of streams created without one (torch's, say).
-    cuda_ok(cudaStreamCreateWithPriority(&load_stream_, cudaStreamNonBlocking, least), "load stream");
+    cuda_ok(cudaStreamCreateWithPriority(&load_stream_, cudaStreamNonBlocking, least),
+            "load stream");
     cuda_ok(cudaStreamCreateWithPriority(&equal_stream, cudaStreamNonBlocking, least),
             "equal-priority stream");
     sink_ = static_cast<float*>(dev_.alloc_device(sizeof(float) * kSinkFloats));
@@ -89,7 +91,8 @@ class SmLoad {
     elapsed_ms();
     kernel(rounds_, 10);
     run();
-    rounds_ = static_cast<std::uint32_t>(std::max(1.0, rounds_ * 0.020 / std::max(elapsed_ms() / 10, 1e-4)));
+    rounds_ = static_cast<std::uint32_t>(
+        std::max(1.0, rounds_ * 0.020 / std::max(elapsed_ms() / 10, 1e-4)));
     kernel(rounds_, 10);
     run();
     wave_ms_ = elapsed_ms() / 10;
@@ -99,9 +102,11 @@ class SmLoad {
   std::string prepare(const LoadMode& mode) {
     char buf[200];
     if (std::string(mode.name) != "short") {
-      const auto waves = static_cast<std::uint32_t>(std::clamp(kLoadMs / std::max(wave_ms_, 1e-3), 20.0, 1e6));
+      const auto waves =
+          static_cast<std::uint32_t>(std::clamp(kLoadMs / std::max(wave_ms_, 1e-3), 20.0, 1e6));
       kernel(rounds_, waves);
-      std::snprintf(buf, sizeof buf, "one kernel of %u waves of %.3f ms (%d SMs x 8 blocks of 256 threads each)",
+      std::snprintf(buf, sizeof buf,
+                    "one kernel of %u waves of %.3f ms (%d SMs x 8 blocks of 256 threads each)",
                     waves, wave_ms_, sms_);
       return buf;
     }
@@ -110,14 +115,17 @@ class SmLoad {
     kernel(short_rounds, 2);
     run();
     const double kernel_ms = elapsed_ms();
-    const auto count = static_cast<std::uint32_t>(std::clamp(kLoadMs / std::max(kernel_ms, 1e-3), 50.0, 8000.0));
+    const auto count =
+        static_cast<std::uint32_t>(std::clamp(kLoadMs / std::max(kernel_ms, 1e-3), 50.0, 8000.0));
     if (series_ != nullptr) cudaGraphExecDestroy(series_);
     series_ = nullptr;
     cuda_ok(make_fma_series(sink_, short_rounds, 2, sms_, count, load_stream_, &series_),
             "capturing the kernel series");
     launch_ = [this] { cuda_ok(cudaGraphLaunch(series_, load_stream_), "cudaGraphLaunch"); };
-    std::snprintf(buf, sizeof buf, "%u kernels of %.3f ms back to back (2 waves of %d SMs x 8 blocks each, one CUDA graph)",
-                  count, kernel_ms, sms_);
+    std::snprintf(
+        buf, sizeof buf,
+        "%u kernels of %.3f ms back to back (2 waves of %d SMs x 8 blocks each, one CUDA graph)",
+        count, kernel_ms, sms_);
     return buf;
   }
 
@@ -154,9 +162,9 @@ class SmLoad {
 
 // One backend under the prepared load: transfers on `ts` while the load runs.
 // `loaded_ms`: the load's time in each of its runs; `transfers`: how many were timed.
-Row measure_loaded(PoolBench& bench, SmLoad& load, BackendEngine& be, std::size_t n, std::size_t size,
-                   cudaStream_t ts, double alone_ms, std::vector<double>& loaded_ms,
-                   std::size_t& transfers) {
+Row measure_loaded(PoolBench& bench, SmLoad& load, BackendEngine& be, std::size_t n,
+                   std::size_t size, cudaStream_t ts, double alone_ms,
+                   std::vector<double>& loaded_ms, std::size_t& transfers) {
   PoolBench::Blocks b = bench.make_blocks(n, size, 1);
   bench.refill(b, size, false);
   for (int i = 0; i < bench.warmup; ++i) {
@@ -201,14 +209,15 @@ std::vector<Row> run_modes(PoolBench& bench, SmLoad& load, std::vector<BackendEn
     const bool high = std::string(mode.name) == "high";
     const std::string what = load.prepare(mode);
     const double alone = load.alone_ms();
-    std::printf("\nunder load (%s): %s, %.1f ms alone; transfers on %s\n", mode.name, what.c_str(), alone,
+    std::printf("\nunder load (%s): %s, %.1f ms alone; transfers on %s\n", mode.name, what.c_str(),
+                alone,
                 high ? "the benchmark's highest-priority stream, the load on a lowest-priority one"
                      : "a stream of the load's own priority (the default priority)");
     for (BackendEngine& be : engines) {
       std::vector<double> loaded_ms;
       std::size_t transfers = 0;
-      Row r = measure_loaded(bench, load, be, n, size, high ? bench.stream : load.equal_stream, alone,
-                             loaded_ms, transfers);
+      Row r = measure_loaded(bench, load, be, n, size, high ? bench.stream : load.equal_stream,
+                             alone, loaded_ms, transfers);
       r.load = mode.label;
       r.ref_gbps = ref_gbps;
       const double idle = idle_gbps(be);
@@ -218,10 +227,11 @@ std::vector<Row> run_modes(PoolBench& bench, SmLoad& load, std::vector<BackendEn
         std::fprintf(stderr, "VERIFY FAILED under load (%s): %s\n", mode.name, r.backend.c_str());
       }
       std::fprintf(stderr,
-                   "under load (%s): %-16s %8.2f GB/s over %zu transfers (%.0f%% of %.2f idle), compute %.1f ms "
+                   "under load (%s): %-16s %8.2f GB/s over %zu transfers (%.0f%% of %.2f idle), "
+                   "compute %.1f ms "
                    "(%+.1f%%)\n",
-                   mode.name, r.backend.c_str(), r.p50_gbps(), transfers,
-                   100 * r.kept, idle, percentiles(loaded_ms).p50, 100 * r.slowdown);
+                   mode.name, r.backend.c_str(), r.p50_gbps(), transfers, 100 * r.kept, idle,
+                   percentiles(loaded_ms).p50, 100 * r.slowdown);
       rows.push_back(r);
     }
   }

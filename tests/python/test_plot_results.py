@@ -14,9 +14,11 @@ pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip insta
 
 SCRIPT = os.path.join(ROOT, "bench", "plot_results.py")
 # The header gfd_benchmark --layout paged writes (bench/src/paged_report.cpp).
-HEADER = ("mode,layout,sources,direction,load,layers,caches,blocks,block_size,transfer_bytes,method,"
-          "reps,p50_us,p90_us,p50_gbps,p90_gbps,ref_gbps,ratio_p50,ratio_p90,submit_p50_us,rate_kept,"
-          "load_slowdown,verified,host_blocks,gpu_blocks").split(",")
+HEADER = (
+    "mode,layout,sources,direction,load,layers,caches,blocks,block_size,transfer_bytes,method,"
+    "reps,p50_us,p90_us,p50_gbps,p90_gbps,ref_gbps,ratio_p50,ratio_p90,submit_p50_us,rate_kept,"
+    "load_slowdown,verified,host_blocks,gpu_blocks"
+).split(",")
 METHODS = ["dma_contiguous", "gfd", "batch", "per_block", "gfd_zero_copy", "uva2", "uva12"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -33,22 +35,46 @@ def sweep_csv(path, loads=("none", "decode"), failed=()):
                     for j, method in enumerate(METHODS):
                         gbps = 50.0 if method == "dma_contiguous" else 5.0 + 6 * j + 3 * k
                         row = dict.fromkeys(HEADER, "")
-                        row.update(mode="host-only", layout="paged", sources="cold", direction=direction,
-                                   load=load, layers=32, caches=64, blocks=64, block_size=size,
-                                   transfer_bytes=64 * 64 * size, method=method, reps=20,
-                                   p50_gbps=gbps, ref_gbps=50.0, ratio_p50=gbps / 50.0,
-                                   verified="" if method == "dma_contiguous"
-                                   else "0" if (method, size) in failed else "1")
+                        row.update(
+                            mode="host-only",
+                            layout="paged",
+                            sources="cold",
+                            direction=direction,
+                            load=load,
+                            layers=32,
+                            caches=64,
+                            blocks=64,
+                            block_size=size,
+                            transfer_bytes=64 * 64 * size,
+                            method=method,
+                            reps=20,
+                            p50_gbps=gbps,
+                            ref_gbps=50.0,
+                            ratio_p50=gbps / 50.0,
+                            verified=""
+                            if method == "dma_contiguous"
+                            else "0"
+                            if (method, size) in failed
+                            else "1",
+                        )
                         if load != "none":
-                            row["load_slowdown"] = 0.01 * j - 0.005 + (20.0 if method == "gfd_zero_copy" else 0)
+                            row["load_slowdown"] = (
+                                0.01 * j - 0.005 + (20.0 if method == "gfd_zero_copy" else 0)
+                            )
                         w.writerow(row)
     return path
 
 
 def plot(tmp_path, *csvs):
     out = tmp_path / "charts"
-    r = subprocess.run([sys.executable, SCRIPT, *map(str, csvs), "--out", str(out)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, SCRIPT, *map(str, csvs), "--out", str(out)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     return r, out
 
 
@@ -64,7 +90,10 @@ def test_both_charts_from_the_load_sweeps(tmp_path):
     assert sorted(os.listdir(out)) == ["load_slowdown.png", "rate_vs_block_size.png"]
     assert is_png(out / "rate_vs_block_size.png") and is_png(out / "load_slowdown.png")
     # Each written chart is named on stdout.
-    assert str(out / "rate_vs_block_size.png") in r.stdout and str(out / "load_slowdown.png") in r.stdout
+    assert (
+        str(out / "rate_vs_block_size.png") in r.stdout
+        and str(out / "load_slowdown.png") in r.stdout
+    )
     assert "appear more than once" not in r.stderr  # the two files' rows are merged quietly
 
 
@@ -86,5 +115,7 @@ def test_a_csv_without_the_columns_is_refused_naming_them(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("method,load_slowdown,direction\ngfd,0.1,h2d\n")
     r, out = plot(tmp_path, bad)
-    assert r.returncode == 1 and "missing column(s) load, block_size, p50_gbps, verified" in r.stderr, r.stderr
+    assert (
+        r.returncode == 1 and "missing column(s) load, block_size, p50_gbps, verified" in r.stderr
+    ), r.stderr
     assert not out.exists() or not os.listdir(out)

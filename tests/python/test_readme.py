@@ -15,7 +15,7 @@ from conftest import ROOT
 
 def readme_examples():
     with open(os.path.join(ROOT, "README.md")) as f:
-        return re.findall(r"```python\n(.*?)```", f.read(), re.S)
+        return re.findall(r"```python\n(.*?)```", f.read(), re.DOTALL)
 
 
 def example(needle):
@@ -25,8 +25,15 @@ def example(needle):
 
 
 def run(code):
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       cwd=ROOT, env=dict(os.environ))
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=dict(os.environ),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
