@@ -4,9 +4,11 @@
     python3 bench/plot_results.py RUN.csv [MORE.csv ...] --out DIR
         [--metric p50_gbps|ratio_p50|p90_gbps|ratio_p90] [--title TEXT]
 
-The charts of docs/performance.md come from the load sweeps of bench/measure.sh:
+The charts of docs/performance.md come from the load sweeps of `bench/measure.sh load`, whose
+CSVs are packed in $OUT/measure-<cases>.tgz:
 
-    python3 bench/plot_results.py bench-out/load_sweep_*.csv --out docs/images
+    mkdir -p /tmp/sweeps && tar xzf bench-out/measure-paged-load.tgz -C /tmp/sweeps
+    python3 bench/plot_results.py /tmp/sweeps/load_sweep_*.csv --out DIR
 
 CSVs of `gfd_benchmark --layout paged` (recognised by their `method` and `load_slowdown`
 columns) give two charts, rate_vs_block_size.png and load_slowdown.png: see bench/plot_paged.py.
