@@ -1,9 +1,11 @@
-# gfd_add_test(name SOURCES ...): a GoogleTest executable registered with CTest, one CTest
-# test per GoogleTest case, named by the suites' name generators (NO_PRETTY_VALUES: no
-# "# GetParam() = ..." dump of the parameter's bytes in the name).
-function(gfd_add_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
-  add_executable(${name} ${ARG_SOURCES})
+# gfd_add_test(file): the GoogleTest file `file` (e.g. planner_test.cpp) as an executable named
+# after it (gfd_planner_test), registered with CTest, one CTest test per GoogleTest case, named by
+# the suites' name generators (NO_PRETTY_VALUES: no "# GetParam() = ..." dump of the parameter's
+# bytes in the name).
+function(gfd_add_test file)
+  get_filename_component(stem ${file} NAME_WE)
+  set(name gfd_${stem})
+  add_executable(${name} ${file})
   target_link_libraries(${name} PRIVATE gfd_testkit gfd_test_support GTest::gtest GTest::gtest_main)
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST NO_PRETTY_VALUES PROPERTIES TIMEOUT 600)
 endfunction()

@@ -54,7 +54,7 @@ __all__ = [
     "cuda_device_count",
 ]
 
-__version__ = "0.1.0"
+__version__: str = _gfd.__version__
 
 #: Names of every Engine option (the fields of gfd::EngineOptions), in declaration order.
 option_names: tuple = tuple(_gfd.option_names)

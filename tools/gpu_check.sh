@@ -2,11 +2,11 @@
 # Builds gfd on a GPU machine and runs every test against the GPU: the C++ suites (ctest) and the
 # Python suite (pytest). Needs nvcc, CMake, a C++ compiler, libnuma, Boost headers, GoogleTest,
 # and a python3 with torch, pytest, numpy and pybind11; no network, no vLLM.
-#   bench/gpu_check.sh            run at the repository root (or from anywhere)
-#   bench/gpu_check.sh --long     also the long stress run (100000 requests from 8 threads, both
+#   tools/gpu_check.sh            run at the repository root (or from anywhere)
+#   tools/gpu_check.sh --long     also the long stress run (100000 requests from 8 threads, both
 #                                 ways, through each ring) and compute-sanitizer memcheck and
-#                                 racecheck on the CUDA cases of the cache-set and engine suites
-#                                 (about 5 minutes more)
+#                                 racecheck on the CUDA cases of the cache-set, strided and
+#                                 engine suites (about 5 minutes more)
 # Environment:
 #   CUDA_ARCHS   CUDA architectures to build for (default 90: H100, H200)
 #   BUILD_DIR    the build directory (default build-gpu; bench/measure.sh uses the same)
@@ -24,7 +24,7 @@ LONG=0
 case "${1:-}" in
   "") ;;
   --long) LONG=1 ;;
-  *) echo "usage: bench/gpu_check.sh [--long]" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_check.sh [--long]" >&2; exit 2 ;;
 esac
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -40,7 +40,7 @@ PY=$(command -v python3) || { echo "gpu_check: no python3 on PATH" >&2; exit 1; 
 
 { nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2> /dev/null || echo "no GPU found (nvidia-smi)"
   echo "$(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p')"
-  echo "gfd $(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) at commit ${GFD_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}"
+  echo "gfd $(sed -n 's/^project(gfd VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt) at commit ${GFD_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}"
 } 2>&1 | tee -a "$SUM"
 
 rc_all=0
@@ -61,7 +61,7 @@ SECONDS=0
 tools/quickstart.sh ctest "$BUILD_DIR" -j"${CTEST_JOBS:-6}" --timeout 300 > "$OUT/gpu_check_ctest.log" 2>&1
 rc=$?
 cp "$BUILD_DIR/ctest.log" "$OUT/gpu_check_ctest_full.log" 2> /dev/null
-say "ctest: rc=$rc (${SECONDS}s) $(grep -E 'tests passed|tests failed' "$OUT/gpu_check_ctest.log" | tail -1)"
+say "ctest: rc=$rc (${SECONDS}s) $(grep -E '^ctest: [0-9]+ passed' "$OUT/gpu_check_ctest.log" | tail -1 | cut -d' ' -f2-)"
 [ $rc -eq 0 ] || { rc_all=1; awk '/The following tests FAILED:/ {f = 1} f' "$OUT/gpu_check_ctest.log" | head -30 | tee -a "$SUM"; }
 sed -n '/test(s) skipped:/,$p' "$OUT/gpu_check_ctest.log" | tee -a "$SUM"
 
@@ -82,8 +82,6 @@ grep -E "^SKIPPED" "$OUT/gpu_check_pytest.log" | tee -a "$SUM"
 if [ $LONG = 1 ]; then
   T=$BUILD_DIR/tests
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  cache_set=$T/gfd_cache_set_test
-  [ -x "$cache_set" ] || cache_set=$T/gfd_kv_cache_test
   SECONDS=0
   GFD_STRESS_REQUESTS=100000 timeout 400 "$T/gfd_stress_test" --gtest_filter='*Cuda*' > "$OUT/gpu_check_long.log" 2>&1
   rc=$?
@@ -91,7 +89,8 @@ if [ $LONG = 1 ]; then
   [ $rc -eq 0 ] || rc_all=1
   grep -E "^stress" "$OUT/gpu_check_long.log" | tee -a "$SUM"
   for tool in memcheck racecheck; do
-    for t in "$cache_set --gtest_filter=*Cuda*" "$T/gfd_engine_test --gtest_filter=*Scattered*/Cuda_gather:*LargerThan*/Cuda_gather"; do
+    for t in "$T/gfd_cache_set_test --gtest_filter=*Cuda*" "$T/gfd_strided_test --gtest_filter=*Cuda*" \
+             "$T/gfd_engine_test --gtest_filter=*Scattered*/Cuda_gather:*LargerThan*/Cuda_gather"; do
       SECONDS=0
       # shellcheck disable=SC2086
       timeout 300 "$CS" --tool $tool --error-exitcode 3 $t >> "$OUT/gpu_check_long.log" 2>&1
