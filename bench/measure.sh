@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measures every figure of docs/performance.md on a GPU machine and prints its tables.
 #   bench/measure.sh [CASE ...]     run at the repository root (or from anywhere)
-# Cases (default: all of them; the times are those of their steps on the H100 machine of
+# Cases (default: all of them; the times are those of their steps on the H100 of
 # docs/performance.md):
 #   paged    the runtime's call both ways, C++ and Python, three runs each; the ids-per-transfer
 #            sweep both ways, one run (about 2.5 minutes)
@@ -9,15 +9,16 @@
 #            back-to-back bf16 matmuls, both ways, one run; Python under the same load (1.5 minutes)
 #   pool     one pool of 2048 random 4 KB blocks, every backend; the strided layout against
 #            random blocks; three runs each (under a minute)
-#   vllm     gfd.vllm's offloading worker against vLLM's own copy path, three runs (2 minutes
-#            15 s a run; vLLM itself is not needed)
+#   vllm     gfd.vllm's offloading worker against vLLM's own copy path, two runs, and one with
+#            another Python thread busy (about 4.5 minutes; vLLM itself is not needed)
 #   sglang   HiCache's loads and write-backs as gfd.sglang makes them against SGLang's direct
 #            and kernel paths, three runs, and one beside back-to-back bf16 matmuls (SGLang itself
 #            is not needed; about 2 minutes)
 #   latency  16, 64 and 256 blocks of 4 KB, every backend, three runs (under a minute)
-# Keep each call under 9 minutes: e.g. `bench/measure.sh paged load`, then
-# `bench/measure.sh pool latency sglang`, then `bench/measure.sh vllm`.
-# It builds $BUILD_DIR first when needed (as bench/gpu_check.sh does: Release, Python on). Each
+# Cases may run in separate calls (e.g. `bench/measure.sh paged load`, then
+# `bench/measure.sh pool latency sglang`, then `bench/measure.sh vllm`): each call packs its own
+# archive, and bench/summarize.py reads every archive of $OUT together.
+# It builds $BUILD_DIR first when needed (as tools/gpu_check.sh does: Release, Python on). Each
 # command's log and CSV go to a work folder, packed after every step into
 # $OUT/measure-<cases>.tgz; the tables go to $OUT/measure-<cases>.md and are printed last
 # (python3 bench/summarize.py prints them again from the .tgz).
@@ -27,6 +28,7 @@
 #   CUDA_ARCHS   default 90
 #   RUNS         runs of the cheap commands (default 3)
 #   LOAD_RUNS    runs of the load sweeps (default 1)
+#   VLLM_RUNS    runs of the vLLM worker's sweep (default 2; the busy-thread case runs once)
 #   GFD_COMMIT   the commit named with the figures (default: git rev-parse HEAD)
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -40,6 +42,7 @@ BUILD_DIR=${BUILD_DIR:-build-gpu}
 OUT=${OUT:-$ROOT/bench-out}
 RUNS=${RUNS:-3}
 LOAD_RUNS=${LOAD_RUNS:-1}
+VLLM_RUNS=${VLLM_RUNS:-2}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 NAME=measure-$(echo $CASES | tr ' ' '-')
@@ -50,12 +53,12 @@ PY=$(command -v python3) || { echo "measure: no python3 on PATH" >&2; exit 1; }
 pack() { tar czf "$OUT/$NAME.tgz" -C "$W" . 2> /dev/null; }
 { nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2> /dev/null || echo "no GPU found (nvidia-smi)"
   echo "$(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), L3 $(lscpu | sed -n 's/^L3 cache: *//p')"
-  echo "gfd $(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml) at commit ${GFD_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}"
+  echo "gfd $(sed -n 's/^project(gfd VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt) at commit ${GFD_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}"
   echo "cases: $CASES; $(date -u '+%Y-%m-%d %H:%M UTC')"
 } > "$W/machine.txt" 2>&1
 cat "$W/machine.txt"
 
-# The build (a no-op when bench/gpu_check.sh built it already).
+# The build (a no-op when tools/gpu_check.sh built it already).
 SECONDS=0
 pybind11_dir=$("$PY" -m pybind11 --cmakedir 2> /dev/null || true)
 cfg=(cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90}"
@@ -117,10 +120,10 @@ if has pool; then
   done
 fi
 if has vllm; then
-  for r in $(seq "$RUNS"); do
+  for r in $(seq "$VLLM_RUNS"); do
     step "vllm_$r" 240 "$PY" -m gfd_bench.vllm --pages 8K,32K --blocks 64 --gpu-alloc one --host-layout block,region
-    step "vllm_busy_$r" 120 "$PY" -m gfd_bench.vllm --pages 32K --blocks 64 --gpu-alloc one --host-layout region --busy-thread
   done
+  step vllm_busy_1 120 "$PY" -m gfd_bench.vllm --pages 32K --blocks 64 --gpu-alloc one --host-layout region --busy-thread
 fi
 if has sglang; then
   for r in $(seq "$RUNS"); do

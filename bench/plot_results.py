@@ -4,6 +4,16 @@
     python3 bench/plot_results.py RUN.csv [MORE.csv ...] --out DIR
         [--metric p50_gbps|ratio_p50|p90_gbps|ratio_p90] [--title TEXT]
 
+The charts of docs/performance.md come from the load sweeps of `bench/measure.sh load`, whose
+CSVs are packed in $OUT/measure-<cases>.tgz:
+
+    mkdir -p /tmp/sweeps && tar xzf bench-out/measure-paged-load.tgz -C /tmp/sweeps
+    python3 bench/plot_results.py /tmp/sweeps/load_sweep_*.csv --out DIR
+
+CSVs of `gfd_benchmark --layout paged` (recognised by their `method` and `load_slowdown`
+columns) give two charts, rate_vs_block_size.png and load_slowdown.png: see bench/plot_paged.py.
+The rest of this text is about the other layouts (pool, strided).
+
 Expected CSV header (one row per configuration and backend; extra columns are ignored):
 
     mode,sources,direction,load,blocks,block_size,dst,backend,p50_us,p90_us,p50_gbps,p90_gbps,
@@ -55,6 +65,8 @@ import os
 import statistics
 import sys
 from collections import defaultdict
+
+import plot_paged  # beside this file
 
 PROG = "plot_results.py"
 
@@ -313,20 +325,21 @@ def main():
         die("matplotlib is not installed (python3 -m pip install --user matplotlib)")
 
     # Each file goes to the charts of its own program, recognised by its header.
-    by_kind = {"single": [], "multi": []}
+    by_kind = {"single": [], "multi": [], "paged": []}
     for path in args.csv:
         by_kind[csv_kind(path)].append(path)
-    kinds = [k for k in ("single", "multi") if by_kind[k]]
+    kinds = [k for k in ("single", "multi", "paged") if by_kind[k]]
+    plots = {"single": plot_benchmark, "multi": plot_multi_gpu, "paged": plot_paged_csvs}
+    names = {"single": "gfd_benchmark", "multi": "gfd_multi_gpu_benchmark",
+             "paged": "gfd_benchmark --layout paged"}
     written = 0
     for kind in kinds:
-        plot = plot_benchmark if kind == "single" else plot_multi_gpu
         try:
-            written += plot(plt, by_kind[kind], args)
-        except NoData as e:
+            written += plots[kind](plt, by_kind[kind], args)
+        except (NoData, plot_paged.NoData) as e:
             if len(kinds) == 1:
                 die(str(e))
-            warn(f"{'gfd_benchmark' if kind == 'single' else 'gfd_multi_gpu_benchmark'} "
-                 f"CSV(s): {e}")
+            warn(f"{names[kind]} CSV(s): {e}")
     if not written:
         die("nothing drawn from any of the inputs")
     return 0
@@ -336,16 +349,23 @@ class NoData(Exception):
     """No chart can be drawn from one kind of input (a data error, exit status 1)."""
 
 
+def plot_paged_csvs(plt, paths, args):
+    """The charts of docs/performance.md from gfd_benchmark --layout paged CSVs."""
+    return plot_paged.plot(plt, paths, args.out, args.title, warn)
+
+
 def csv_kind(path):
-    """'multi' for a gfd_multi_gpu_benchmark CSV (its header has `gpus` or
-    `scaling_efficiency`; a file with one but not the other is then reported as missing a
-    column), else 'single' (gfd_benchmark)."""
+    """'paged' for a gfd_benchmark --layout paged CSV, 'multi' for a gfd_multi_gpu_benchmark CSV
+    (its header has `gpus` or `scaling_efficiency`; a file with one but not the other is then
+    reported as missing a column), else 'single' (gfd_benchmark's other layouts)."""
     try:
         f = open(path, newline="")
     except OSError as e:
         die(f"cannot read {path}: {e.strerror}")
     with f:
         header = {h.strip() for h in next(csv.reader(f), [])}
+    if plot_paged.is_paged(header):
+        return "paged"
     return "multi" if header & {"gpus", "scaling_efficiency"} else "single"
 
 

@@ -376,31 +376,27 @@ std::vector<CachePair> block_major_caches(std::byte* dev, std::byte* host, std::
 // Short rows (16 layers x 8 KB pages of one device allocation, each id's host pages side by
 // side) go through the staging ring's device twin: one DMA per run across the link, a 2D copy
 // on the device spreads its rows. 20 ids through a ring of 4 slots of 2 runs each: the two
-// slots a transfer takes are reused five times each. Every byte checked both ways, against the
-// same transfers moved as plain 2D copies (bounce_runs off).
+// slots a transfer takes are reused five times each. Every byte checked both ways.
 TEST_P(CacheSetTest, ShortRowsBounceThroughTheDeviceTwinEveryByteBothWays) {
   constexpr std::size_t kLayers = 16, kBytes = 8 << 10, kBlocks = 48, kHostBlocks = 40, kMoved = 20;
   DeviceBuffer dev(*td_->device, kLayers * kBlocks * kBytes);
   HostBuffer init(*td_->device, dev.size(), true);
   fill_random(init.data(), init.size(), 43);
-  for (const bool bounce : {true, false}) {
-    SCOPED_TRACE(bounce ? "bounced" : "plain 2D copies");
+  {
     td_->device->copy_h2d(dev.data(), init.data(), init.size(), td_->stream);
     td_->device->stream_sync(td_->stream);
     HostBuffer host(*td_->device, kLayers * kHostBlocks * kBytes, true);
     std::memset(host.data(), 0, host.size());
     const auto list = block_major_caches(dev.data(), host.data(), kLayers, kBlocks, kHostBlocks, kBytes);
     auto host_page = [&](std::size_t l, std::size_t b) { return host.data() + (b * kLayers + l) * kBytes; };
-    detail::Tuning tuning;
-    tuning.bounce_runs = bounce;
     EngineOptions o = small_options();
     o.strided_min_bytes = kLayers * kBytes;  // one 128 KiB run per id (the default asks 512K)
-    Engine engine = td_->make_engine(o, tuning);
+    Engine engine = td_->make_engine(o);
     const CacheSet set = engine.register_caches(list);
     const auto out_src = distinct(kMoved, kBlocks, 15), out_dst = distinct(kMoved, kHostBlocks, 16);
     engine.copy_blocks(set, Direction::kToHost, out_src, out_dst, td_->cuda_stream()).wait();
     EXPECT_EQ(engine.stats().strided_copies, kMoved);
-    EXPECT_EQ(tuning_stats(engine).bounced_runs, bounce ? kMoved : 0u);
+    EXPECT_EQ(tuning_stats(engine).bounced_runs, kMoved);
     for (std::size_t l = 0; l < kLayers; ++l)
       for (std::size_t i = 0; i < kMoved; ++i)
         ASSERT_EQ(std::memcmp(host_page(l, out_dst[i]), init.data() + (l * kBlocks + out_src[i]) * kBytes, kBytes), 0)
@@ -410,7 +406,7 @@ TEST_P(CacheSetTest, ShortRowsBounceThroughTheDeviceTwinEveryByteBothWays) {
     (void)engine.copy_blocks(set, Direction::kToDevice, out_dst, in_dst, td_->cuda_stream());
     td_->device->stream_sync(td_->stream);
     EXPECT_EQ(engine.stats().strided_copies, 2 * kMoved);
-    EXPECT_EQ(tuning_stats(engine).bounced_runs, bounce ? 2 * kMoved : 0u);
+    EXPECT_EQ(tuning_stats(engine).bounced_runs, 2 * kMoved);
     EXPECT_EQ(engine.stats().chunks, 0u) << "nothing staged";
     const auto now = td_->read(dev.data(), dev.size());
     for (std::size_t l = 0; l < kLayers; ++l)
@@ -425,7 +421,7 @@ TEST_P(CacheSetTest, ShortRowsBounceThroughTheDeviceTwinEveryByteBothWays) {
 }
 
 // Rows of 32 KiB bounce on the way to host memory only: a load of such rows gains nothing from
-// the detour (bounce_max_load_width) and goes as plain 2D copies. Bytes checked both ways.
+// the detour (CopyLanes::kBounceMaxLoadWidth) and goes as plain 2D copies. Bytes checked both ways.
 TEST_P(CacheSetTest, RowsOfThirtyTwoKiBBounceOnTheWayOutOnly) {
   constexpr std::size_t kLayers = 8, kBytes = 32 << 10, kBlocks = 12, kHostBlocks = 10, kMoved = 5;
   DeviceBuffer dev(*td_->device, kLayers * kBlocks * kBytes);
@@ -518,50 +514,14 @@ TEST_P(CacheSetTest, ArraysOfSeparateAllocationsAreNotOne2DCopy) {
   EXPECT_EQ(engine.stats().strided_copies, 0u);
 }
 
-// The mid-size split (direct_split_percent): a quarter of the 16 KB swap-ins go straight from
-// pinned memory on the direct lanes, stretch by stretch as the list is packed, the rest staged
-// through a ring smaller than the transfer; every byte checked, both ways (swap-outs never split).
-TEST_P(CacheSetTest, MidSizeSplitMovesEveryByteOnBothPaths) {
-  constexpr std::size_t kPairs = 8, kBytes = 16 << 10, kBlocks = 96, kMoved = 80;
-  Caches c(*td_, kPairs, kBlocks, kBlocks, kBytes, true, false);
-  EngineOptions o = small_options();  // a 1 MiB ring; the transfer is 10 MiB
-  detail::Tuning t;
-  t.direct_split_min_bytes = 8 << 10;
-  t.direct_split_percent = 25;
-  Engine engine = td_->make_engine(o, t);
-  const CacheSet set = engine.register_caches(c.list);
-  const auto src = distinct(kMoved, kBlocks, 11), dst = distinct(kMoved, kBlocks, 12);
-  engine.copy_blocks(set, Direction::kToDevice, src, dst, td_->cuda_stream()).wait();
-  td_->device->stream_sync(td_->stream);
-  const EngineStats st = engine.stats();
-  EXPECT_EQ(st.direct_copies, kPairs * kMoved / 4);
-  EXPECT_GT(st.chunks, 0u) << "the rest staged";
-  for (std::size_t p = 0; p < kPairs; ++p)
-    for (std::size_t i = 0; i < kMoved; ++i)
-      ASSERT_EQ(std::memcmp(c.device_block(p, dst[i]).data(), c.host_block(p, src[i]), kBytes), 0)
-          << "swap-in pair " << p << " row " << i;
-  // Back out to other host blocks: staged as before the split, every byte checked.
-  const auto back = distinct(kMoved, kBlocks, 13);
-  engine.copy_blocks(set, Direction::kToHost, dst, back, td_->cuda_stream()).wait();
-  EXPECT_EQ(engine.stats().direct_copies, kPairs * kMoved / 4);
-  for (std::size_t p = 0; p < kPairs; ++p)
-    for (std::size_t i = 0; i < kMoved; ++i)
-      ASSERT_EQ(std::memcmp(c.host_block(p, back[i]), c.device_block(p, dst[i]).data(), kBytes), 0)
-          << "swap-out pair " << p << " row " << i;
-}
-
-// Planned from the ids (Tuning::plan_from_ids) against listed block by block: the same
-// transfers, one engine each, through a ring smaller than each transfer, both ways, every byte
-// checked; and ids that make most blocks adjacent on both sides of packed arrays keep the listed
-// path, where they coalesce.
+// Planned from the ids (plan_from_ids): transfers through a ring smaller than each transfer,
+// both ways, every byte checked; and ids that make most blocks adjacent on both sides of packed
+// arrays keep the listed path, where they coalesce.
 TEST_P(CacheSetTest, PlannedFromIdsMovesWhatTheListedPathMoves) {
   constexpr std::size_t kPairs = 12, kBytes = 4096, kBlocks = 200, kMoved = 150;  // 7.2 MB each way
-  for (const bool from_ids : {true, false}) {
-    SCOPED_TRACE(from_ids ? "from ids" : "listed");
+  {
     Caches c(*td_, kPairs, kBlocks, 2 * kBlocks, kBytes, true, false);  // swap-outs to the upper half
-    detail::Tuning t;
-    t.plan_from_ids = from_ids;
-    Engine engine = td_->make_engine(small_options(), t);  // a 1 MiB ring
+    Engine engine = td_->make_engine(small_options());  // a 1 MiB ring
     const CacheSet set = engine.register_caches(c.list);
     const auto in_src = distinct(kMoved, kBlocks, 21), in_dst = distinct(kMoved, kBlocks, 22);
     engine.copy_blocks(set, Direction::kToDevice, in_src, in_dst, td_->cuda_stream()).wait();
@@ -579,7 +539,7 @@ TEST_P(CacheSetTest, PlannedFromIdsMovesWhatTheListedPathMoves) {
             << "swap-out pair " << p << " row " << i;
     EngineStats st = engine.stats();
     const std::uint64_t id_planned = tuning_stats(engine).id_planned_transfers;
-    EXPECT_EQ(id_planned, from_ids ? 2u : 0u);
+    EXPECT_EQ(id_planned, 2u);
     EXPECT_EQ(st.blocks, 2 * kPairs * kMoved);
     EXPECT_GT(st.chunks, 2u) << "several chunks each way";
     // Rows 0..39 to 100..139: every row one id after the one before, on both sides.
@@ -758,7 +718,7 @@ TEST_P(CacheSetTest, LayersInOneCallCompleteInOrderWithAnEventEach) {
 // same on the way back, one layer in one call. Every byte checked.
 TEST(CacheSetDirect, LargeBlocksGoAsTheyAreTheFirstLayerInGrowingBatches) {
   std::atomic<int> batches{0};
-  detail::EmulatedDeviceOptions emu;
+  testkit::EmulatedOptions emu;
   emu.fault = [&](const char* op) {
     if (std::strcmp(op, "copy_batch") == 0) batches.fetch_add(1);
     return false;

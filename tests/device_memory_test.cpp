@@ -124,7 +124,7 @@ TEST_P(DeviceMemoryTest, FreeingMemoryWaitsForTheCopiesQueuedOnIt) {
     const std::string why = cuda_skip_reason();
     if (!why.empty()) GTEST_SKIP() << why;
   }
-  detail::EmulatedDeviceOptions emu;
+  testkit::EmulatedOptions emu;
   emu.copy_delay = std::chrono::milliseconds(20);  // the copies are still queued at the free
   auto td = open_test_device(GetParam(), 0, emu);
   detail::Device& dev = *td->device;

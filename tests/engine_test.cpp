@@ -26,7 +26,7 @@ class EngineTest : public ::testing::TestWithParam<std::tuple<DeviceKind, Backen
   bool gather() const { return backend() == Backend::kGather; }
   // The zero-copy kernel reads sources with SM loads, which needs pinned memory.
   bool pinned_sources() const { return backend() == Backend::kZeroCopyKernel; }
-  void copy_to_host_found_bad_late(std::size_t staging, bool batch_packing);
+  void copy_to_host_found_bad_late(std::size_t staging);
   void copy_to_device_found_bad_late(std::size_t staging);
   EngineOptions options() const {
     EngineOptions o = small_options();
@@ -48,17 +48,17 @@ class EngineTest : public ::testing::TestWithParam<std::tuple<DeviceKind, Backen
       if (!why.empty()) GTEST_SKIP() << why;
     }
     // Slow emulated copies widen the windows in which ordering bugs would show.
-    detail::EmulatedDeviceOptions emu;
+    testkit::EmulatedOptions emu;
     emu.copy_delay = std::chrono::microseconds(100);
     td_ = open_test_device(kind(), 0, emu);
     ASSERT_NE(td_, nullptr);
   }
   detail::Device& dev() { return *td_->device; }
   // The driver-lock tests: on the emulated device, frees that wait as the driver's do (no other
-  // call starts until every stream has drained: EmulatedDeviceOptions::free_waits_for_device).
+  // call starts until every stream has drained: testkit::EmulatedOptions::free_waits_for_device).
   void open_lock_modelled_device() {
     if (kind() != DeviceKind::kEmulated) return;
-    detail::EmulatedDeviceOptions emu;
+    testkit::EmulatedOptions emu;
     emu.copy_delay = std::chrono::microseconds(100);
     emu.free_waits_for_device = true;
     td_ = open_test_device(kind(), 0, emu);
@@ -493,18 +493,16 @@ void expect_rejected(F&& submit, std::size_t block, const std::string& needle, b
 TEST_P(EngineTest, FoundBadLateRejectsWholeAndCopiesNothing) {
   for (std::size_t staging : {std::size_t{32} << 20, std::size_t{1} << 20, std::size_t{512} << 10}) {
     SCOPED_TRACE("staging " + std::to_string(staging));
-    for (const bool batch_packing : {false, true}) copy_to_host_found_bad_late(staging, batch_packing);
+    copy_to_host_found_bad_late(staging);
     copy_to_device_found_bad_late(staging);
   }
 }
 
-void EngineTest::copy_to_host_found_bad_late(std::size_t staging, bool batch_packing) {
-  SCOPED_TRACE(batch_packing ? "batched packing" : "a packing launch per chunk");
+void EngineTest::copy_to_host_found_bad_late(std::size_t staging) {
   EngineOptions o = options();
   o.staging_bytes = staging;
-  detail::Tuning t;
-  t.batch_packing = batch_packing;  // the first chunks wait to be packed while the list is checked
-  Engine engine = td_->make_engine(o, t);
+  // The first chunks wait to be packed (several to a launch) while the list is checked.
+  Engine engine = td_->make_engine(o);
   constexpr std::size_t kBlocks = 1024;
   DeviceBuffer src(dev(), kBlocks * 4096), dst_dev(dev(), 4096);
   HostBuffer init(dev(), src.size(), true);
@@ -715,12 +713,6 @@ TEST_P(EngineTest, StatsDescribeTheEngine) {
     EXPECT_EQ(after.staging_bytes, o.staging_bytes);
     EXPECT_EQ(after.slot_bytes, o.slot_bytes);
     EXPECT_GT(after.gather_seconds, 0.0);
-    EXPECT_EQ(tuning_stats(engine).dma_seconds, 0.0);  // DMAs are timed only with time_dmas
-    detail::Tuning t;
-    t.time_dmas = true;
-    Engine timed = td_->make_engine(o, t);
-    timed.copy_to_device(blocks, td_->cuda_stream()).wait();
-    EXPECT_GT(tuning_stats(timed).dma_seconds, 0.0);
   }
 }
 
@@ -903,11 +895,10 @@ TEST_P(EngineTest, SwapInLargerThanTheRingLeavesTheSlotWaitsToTheGatherThreads) 
   }
 }
 
-// Batched packing (Tuning::batch_packing): a swap-out's chunks of scattered device blocks
-// are packed several to a launch. Transfers three times the ring (the submitter sends its
-// pending chunks out before it waits for a slot), from several threads at once, on a block list
-// and on a CacheSet's ids, both ways round the option: every byte lands in its host block, and
-// with the option fewer launches pack the chunks.
+// Batched packing: a swap-out's chunks of scattered device blocks are packed several to a
+// launch. Transfers three times the ring (the submitter sends its pending chunks out before it
+// waits for a slot), from several threads at once, on a block list and on a CacheSet's ids:
+// every byte lands in its host block, and fewer launches than chunks pack them.
 TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
   if (!gather()) GTEST_SKIP() << "a gather-backend option";
   constexpr std::size_t kBlocks = 1536;
@@ -923,15 +914,13 @@ TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
       bad += std::memcmp(b.dst, init.data() + (static_cast<const std::byte*>(b.src) - src.data()), b.bytes) != 0;
     return bad;
   };
-  for (const bool batch : {true, false}) {
-    SCOPED_TRACE(batch ? "batched" : "a launch per chunk");
+  {
     EngineOptions o = options();
     o.staging_bytes = 2 << 20;  // 32 slots of 64 KB: a launch takes up to 8 chunks
     o.slot_bytes = 64 << 10;
     o.first_chunk_bytes = 16 << 10;
     detail::Tuning t;
     t.placement_chunks = 8;
-    t.batch_packing = batch;
     Engine engine = td_->make_engine(o, t);
     // 6 MB of scattered device blocks to scattered host blocks: three times the ring.
     HostBuffer out(dev(), 2 * src.size(), pinned_sources());
@@ -976,12 +965,8 @@ TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
             << "pair " << i << ", row " << r;
     const detail::TuningStats st = tuning_stats(engine);
     EXPECT_GE(st.scattered_chunks, 96u);
-    if (batch) {
-      EXPECT_GT(st.packings, 0u);
-      EXPECT_LE(st.packings * 3, st.scattered_chunks) << "several chunks per launch";
-    } else {
-      EXPECT_EQ(st.packings, 0u);
-    }
+    EXPECT_GT(st.packings, 0u);
+    EXPECT_LE(st.packings * 3, st.scattered_chunks) << "several chunks per launch";
   }
 }
 

@@ -7,7 +7,7 @@
 #include <span>
 #include <string>
 
-#include "env.hpp"
+#include "common/env.hpp"
 #include "gfd/gfd.hpp"
 
 namespace gfd::detail {

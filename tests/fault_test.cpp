@@ -40,11 +40,12 @@ struct FaultCase {
 class EmulatedFaultTest : public ::testing::TestWithParam<FaultCase> {
  protected:
   void SetUp() override {
-    detail::EmulatedDeviceOptions emu;
+    testkit::EmulatedOptions emu;
     emu.fault = [this](const char* op) {
       return armed_.load() && std::strcmp(op, GetParam().op) == 0 && countdown_.fetch_sub(1) == 1;
     };
-    device_ = std::make_shared<detail::EmulatedDevice>(0, emu);
+    emulated_ = testkit::Device::emulated(0, emu);
+    device_ = emulated_.shared();
     stream_ = device_->create_stream();
     host_.resize(16 << 20);
     fill_random(host_.data(), host_.size(), 50);
@@ -52,7 +53,7 @@ class EmulatedFaultTest : public ::testing::TestWithParam<FaultCase> {
     dst_ = static_cast<std::byte*>(device_->alloc_device(kBlocks * kSize));
   }
   void TearDown() override {
-    device_->clear_fault();
+    emulated_.clear_fault();
     device_->free_device(dst_);
     device_->unregister_host(host_.data());
     device_->destroy_stream(stream_);
@@ -61,7 +62,7 @@ class EmulatedFaultTest : public ::testing::TestWithParam<FaultCase> {
     EngineOptions o = small_options();  // 1 MB ring of 4 slots: later transfers reuse every slot
     o.backend = GetParam().backend;
     o.kernel_max_bytes = 0;  // keep the gather path staged
-    return detail::EngineCore::make_engine(o, device_);
+    return emulated_.make_engine(o);
   }
   std::vector<BlockCopy> blocks(std::uint64_t seed) {
     std::mt19937_64 rng(seed);
@@ -83,7 +84,8 @@ class EmulatedFaultTest : public ::testing::TestWithParam<FaultCase> {
   }
 
   static constexpr std::size_t kBlocks = 512, kSize = 4096;  // 2 MB: two ring lengths
-  std::shared_ptr<detail::EmulatedDevice> device_;
+  testkit::Device emulated_ = testkit::Device::emulated(0);
+  std::shared_ptr<detail::Device> device_;
   detail::StreamHandle stream_ = nullptr;
   std::vector<std::byte> host_;
   std::byte* dst_ = nullptr;
@@ -106,7 +108,7 @@ TEST_P(EmulatedFaultTest, FailedTransferReportsItAndTheEngineRecovers) {
       EXPECT_NE(std::string(e.what()).find("sticky"), std::string::npos) << e.what();
     }
   }, "the failed transfer");
-  EXPECT_FALSE(device_->fault_message().empty());
+  EXPECT_FALSE(emulated_.fault_message().empty());
   // While the fault is in force every submission fails at once, none hangs.
   within(30s, [&] {
     for (int i = 0; i < 3; ++i) {
@@ -120,7 +122,7 @@ TEST_P(EmulatedFaultTest, FailedTransferReportsItAndTheEngineRecovers) {
   }, "transfers on the faulted device");
   // The device works again: the same engine, every slot reused several times, byte-exact.
   armed_ = false;
-  device_->clear_fault();
+  emulated_.clear_fault();
   within(60s, [&] {
     for (int i = 0; i < 6; ++i) {
       const auto v = blocks(10 + i);
@@ -187,9 +189,10 @@ TEST(EmulatedFaultToHostTest, ReportedAndTheEngineRecovers) {
   for (const char* op : {"copy_d2h", "gather"}) {
     SCOPED_TRACE(op);
     std::atomic<bool> armed{false};
-    detail::EmulatedDeviceOptions emu;
+    testkit::EmulatedOptions emu;
     emu.fault = [&](const char* what) { return armed.load() && std::strcmp(what, op) == 0 && armed.exchange(false); };
-    auto device = std::make_shared<detail::EmulatedDevice>(0, emu);
+    testkit::Device emulated = testkit::Device::emulated(0, emu);
+    const std::shared_ptr<detail::Device>& device = emulated.shared();
     detail::StreamHandle stream = device->create_stream();
     const auto cuda = static_cast<cudaStream_t>(stream);
     constexpr std::size_t kBlocks = 512, kSize = 4096;
@@ -204,7 +207,7 @@ TEST(EmulatedFaultToHostTest, ReportedAndTheEngineRecovers) {
     {
       EngineOptions o = small_options();
       o.kernel_max_bytes = 0;
-      Engine engine = detail::EngineCore::make_engine(o, device);
+      Engine engine = emulated.make_engine(o);
       armed = true;
       within(30s, [&] {
         try {
@@ -215,7 +218,7 @@ TEST(EmulatedFaultToHostTest, ReportedAndTheEngineRecovers) {
           EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
         }
       }, "the failed transfer");
-      device->clear_fault();
+      emulated.clear_fault();
       within(30s, [&] {
         for (int round = 0; round < 3; ++round) {
           std::fill(out.begin(), out.end(), std::byte{0});

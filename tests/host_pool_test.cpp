@@ -23,7 +23,7 @@ class HostPoolTest : public DeviceParamTest {
   // The public constructor on CUDA; the same options over the emulated device otherwise.
   HostPool make(const HostPoolOptions& o) {
     if (GetParam() == DeviceKind::kCuda) return HostPool(o);
-    return detail::HostPoolAccess::make(o, td_->device);
+    return testkit::make_host_pool(td_->facade, o);
   }
   detail::Device& dev() { return *td_->device; }
 };
@@ -168,7 +168,12 @@ TEST(HostPoolPublic, RegisteredNeedsAGpu) {
       ADD_FAILURE() << "registered a pool without a GPU";
     } catch (const Error& e) {
       EXPECT_NE(e.code(), ErrorCode::kInvalidArgument) << e.what();
-      EXPECT_FALSE(std::string(e.what()).empty());
+      // It says what needs the GPU and how to do without one; it speaks of the pool, not an engine.
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind("HostPool: registering the memory with CUDA needs device 0", 0), 0u)
+          << msg;
+      EXPECT_NE(msg.find("register_memory = false"), std::string::npos) << msg;
+      EXPECT_EQ(msg.find("Engine"), std::string::npos) << msg;
     }
     return;
   }

@@ -32,6 +32,8 @@ TEST(NoDevice, EngineWithoutAGpuSaysSoPlainly) {
     const std::string msg = e.what();
     expect_plain_no_device(msg);
     expect_no_path(msg);
+    // The way forward without a GPU: the emulated device.
+    EXPECT_NE(msg.find("emulated device: gfd.testing.emulated_engine()"), std::string::npos) << msg;
   }
 }
 

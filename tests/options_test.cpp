@@ -14,7 +14,7 @@
 
 #include "gfd/gfd.hpp"
 #include "host/topology.hpp"
-#include "option_table.hpp"
+#include "engine/option_table.hpp"
 
 namespace {
 

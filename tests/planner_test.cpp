@@ -167,10 +167,10 @@ void check_structure(const Plan& plan, const PlanConfig& cfg) {
   ASSERT_EQ(next_op, plan.ops.size());
   ASSERT_EQ(next_piece, plan.pieces.size());
 
-  // Direct copies are at least direct_min_bytes, or (the mid-size split) direct_split_min_bytes.
+  // Direct copies are at least direct_min_bytes.
   for (const auto& d : plan.direct) {
     ASSERT_NE(cfg.direct_min_bytes, 0u);
-    ASSERT_GE(d.bytes, cfg.splits() ? cfg.direct_split_min_bytes : cfg.direct_min_bytes);
+    ASSERT_GE(d.bytes, cfg.direct_min_bytes);
   }
 }
 
@@ -542,55 +542,6 @@ TEST(PlannerTest, LargePinnedBlockGoesDirect) {
   EXPECT_EQ(plan.direct[0].bytes, 2 * kMiB);
   ASSERT_EQ(plan.ops.size(), 1u);
   EXPECT_EQ(plan.ops[0].bytes, 4096u);
-}
-
-// The mid-size split: direct_split_percent of the pinned blocks in [direct_split_min_bytes,
-// direct_min_bytes) go direct, spread evenly over the list; the rest is staged; nothing else
-// changes (smaller blocks, pageable ones, device to host).
-TEST(PlannerTest, MidSizeSplitSendsAPercentDirectSpreadEvenly) {
-  PlanConfig cfg = small_config();  // direct_min_bytes 1 MiB
-  cfg.direct_split_min_bytes = 16 * kKiB;
-  cfg.direct_split_percent = 25;
-  // 400 scattered 16 KB blocks (a stride of two blocks on the host side: nothing coalesces).
-  std::vector<BlockCopy> blocks;
-  for (std::size_t i = 0; i < 400; ++i)
-    blocks.push_back(block(kPinnedBase + i * 32 * kKiB, kDevBase + ((i * 7) % 400) * 32 * kKiB, 16 * kKiB));
-  const Plan p = plan_of(blocks, cfg);
-  ASSERT_NO_FATAL_FAILURE(check_plan(blocks, p, cfg));
-  ASSERT_EQ(p.direct.size(), 100u);
-  for (std::size_t k = 0; k < p.direct.size(); ++k) {
-    EXPECT_EQ(p.direct[k].src, static_cast<const std::byte*>(blocks[4 * k + 3].src)) << k;
-    EXPECT_EQ(p.direct[k].bytes, 16 * kKiB);
-  }
-  std::uint64_t staged = 0;
-  for (const auto& op : p.ops) staged += op.bytes;
-  EXPECT_EQ(staged, 300u * 16 * kKiB);
-  EXPECT_EQ(p.total_bytes, 400u * 16 * kKiB);
-  // Every block at 100%, none at 0%.
-  PlanConfig all = cfg;
-  all.direct_split_percent = 100;
-  EXPECT_EQ(plan_of(blocks, all).direct.size(), 400u);
-  PlanConfig none = cfg;
-  none.direct_split_percent = 0;
-  EXPECT_TRUE(plan_of(blocks, none).direct.empty());
-  // Blocks below the split's minimum, a minimum not below direct_min_bytes, pageable memory and
-  // device to host stay staged.
-  PlanConfig high = cfg;
-  high.direct_split_min_bytes = 32 * kKiB;
-  EXPECT_TRUE(plan_of(blocks, high).direct.empty());
-  PlanConfig above = cfg;
-  above.direct_split_min_bytes = above.direct_min_bytes;
-  EXPECT_TRUE(plan_of(blocks, above).direct.empty());
-  std::vector<BlockCopy> pageable;
-  for (std::size_t i = 0; i < 40; ++i)
-    pageable.push_back(block(kPageBase + i * 32 * kKiB, kDevBase + i * 32 * kKiB, 16 * kKiB));
-  EXPECT_TRUE(plan_of(pageable, cfg).direct.empty());
-  std::vector<BlockCopy> back;
-  for (std::size_t i = 0; i < 40; ++i)
-    back.push_back(block(kDevBase + i * 32 * kKiB, kPinnedBase + i * 32 * kKiB, 16 * kKiB));
-  PlanConfig to_host = cfg;
-  to_host.direction = gfd::detail::Direction::kToHost;
-  EXPECT_TRUE(plan_of(back, to_host).direct.empty());
 }
 
 TEST(PlannerTest, DirectThresholdIsInclusive) {
@@ -1871,17 +1822,13 @@ TEST(HostDirectTest, LongHostRunsAreReadInPlace) {
   EXPECT_EQ(bytes, 8u * 8 * 2048);
 }
 
-TEST(HostDirectTest, ShortRunsPageableMemoryTheOtherWayOrSwitchedOffAreGathered) {
+TEST(HostDirectTest, ShortRunsAndPageableMemoryAreGathered) {
   // Runs of 2 x 2 KB = 4 KB: too short.
   for (const auto& c : plan_of(rows_of(kPinnedBase, 32, 2, 2048, 1 << 20), host_direct_config()).chunks)
     EXPECT_FALSE(c.host_direct) << c.host_runs << " runs, " << c.data_bytes << " bytes";
   // Pageable sources: the copy engine cannot read them in place.
   for (const auto& c : plan_of(rows_of(kPageBase, 8, 8, 2048, 1 << 20), host_direct_config()).chunks)
     EXPECT_FALSE(c.host_direct);
-  // Switched off.
-  PlanConfig off = host_direct_config();
-  off.host_direct = false;
-  for (const auto& c : plan_of(rows_of(kPinnedBase, 8, 8, 2048, 1 << 20), off).chunks) EXPECT_FALSE(c.host_direct);
 }
 
 TEST(HostDirectTest, DeviceToHostLooksAtTheDestinations) {

@@ -34,18 +34,13 @@ class StressTest : public DeviceParamTest {};
 
 // `staging_bytes`: the ring. 1 MB: the larger requests span it several times. 32 MB: no request
 // can wrap around it, so device-to-host requests are planned while their first DMAs run.
-// `batch_packing`: detail::Tuning::batch_packing (swap-out chunks packed several to a launch, the
-// default; false: a packing launch per chunk).
-void stress(detail::Device& dev, TestDevice& td, std::size_t staging_bytes, const char* label,
-            bool batch_packing = true) {
+void stress(detail::Device& dev, TestDevice& td, std::size_t staging_bytes, const char* label) {
   const long requests = env_long("GFD_STRESS_REQUESTS", 400);
   const int threads = static_cast<int>(env_long("GFD_STRESS_THREADS", 8));
   EngineOptions o = small_options();
   o.staging_bytes = staging_bytes;
   o.kernel_max_bytes = 64 << 10;  // the smallest pinned requests take the kernel path
-  detail::Tuning t;
-  t.batch_packing = batch_packing;
-  Engine engine = td.make_engine(o, t);
+  Engine engine = td.make_engine(o);
 
   // Sources: a pinned and a pageable pool; each thread owns a disjoint destination region.
   constexpr std::size_t kPool = 32 << 20, kRegion = 4 << 20, kMaxRequest = 3 << 20;
@@ -157,10 +152,6 @@ TEST_P(StressTest, RandomTransfersFromManyThreadsLandExactly) {
 
 TEST_P(StressTest, RandomTransfersThroughALargeRingLandExactly) {
   stress(*td_->device, *td_, 32 << 20, "32 MB ring");
-}
-
-TEST_P(StressTest, RandomTransfersWithAPackingLaunchPerChunkLandExactly) {
-  stress(*td_->device, *td_, 1 << 20, "1 MB ring, a packing launch per chunk", false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, StressTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),

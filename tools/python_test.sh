@@ -9,10 +9,11 @@
 #   tools/python_test.sh --venv               only create the project's virtual environment when
 #                                             missing and print its directory
 # The interpreter is the project's own virtual environment, build/venv: created with the python3
-# on PATH (never with the system's site-packages), with pytest, numpy, pybind11 and hypothesis
-# installed there by pip when missing; tools/vllm_test.sh adds vLLM to the same environment.
+# on PATH (never with the system's site-packages), with pytest, numpy, pybind11, hypothesis and
+# matplotlib installed there by pip when missing; tools/vllm_test.sh adds vLLM to the same
+# environment.
 # Where pip cannot reach PyPI (a GPU machine without network), the script says so and uses the
-# interpreter itself when it has those packages (as the GPU machine's python3 with torch does).
+# interpreter itself when it has those packages (as a GPU machine's python3 with torch may).
 # Environment:
 #   GFD_VENV    the virtual environment (default: $ROOT/build/venv)
 #   GFD_PYTHON  "venv" (default) or "system": use PYTHON itself, no virtual environment
@@ -68,7 +69,7 @@ project_venv() {
 # --venv: only that (tools/vllm_test.sh shares the environment).
 if [ "${1:-}" = "--venv" ]; then project_venv; exit 0; fi
 
-NEEDED=(pytest numpy pybind11 hypothesis)
+NEEDED=(pytest numpy pybind11 hypothesis matplotlib)  # matplotlib: bench/plot_results.py's test
 if [ "$MODE" = pip ]; then
   venv=$ROOT/build/venv-pip
   say "pip install . into a fresh virtual environment ($venv)"
@@ -88,7 +89,7 @@ else
     missing=()
     for m in "${NEEDED[@]}"; do have "$VENV/bin/python" "$m" || missing+=("$m"); done
     if [ ${#missing[@]} -gt 0 ]; then
-      say "installing ${missing[*]} into $VENV with pip (a few MB)"
+      say "installing ${missing[*]} into $VENV with pip (about 45 MB of downloads for all five)"
       if "$VENV/bin/python" -m pip install --retries 1 --timeout 15 "${missing[@]}"; then
         PY="$VENV/bin/python"
       elif have "$BASE_PY" pytest numpy pybind11; then
@@ -115,9 +116,16 @@ else
   [ -n "${CUDA_ARCHS:-}" ] && cfg+=("-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS")
   mkdir -p "$BUILD_DIR"
   log="$BUILD_DIR/python_build.log"
-  say "configuring and building the extension (gfd_python) in $BUILD_DIR with $JOBS jobs (log: $log)"
-  { "${cfg[@]}" && cmake --build "$BUILD_DIR" --target gfd_python -j"$JOBS"; } > "$log" 2>&1 ||
-    { tail -40 "$log" >&2; die "building the extension failed (log: $log)"; }
+  say "configuring and building the extension (gfd_python) in $BUILD_DIR with $JOBS jobs (log: $log);"
+  say "  CMake's progress lines follow"
+  # The full output goes to the log; the progress lines ("[ 40%] Building CXX object ...") show
+  # that the minutes of compiling move on.
+  set +e
+  { "${cfg[@]}" && cmake --build "$BUILD_DIR" --target gfd_python -j"$JOBS"; } 2>&1 | tee "$log" |
+    grep --line-buffered -E '^\[ *[0-9]+%\] (Building|Linking)' | sed -u 's/^/python_test:   /'
+  brc=${PIPESTATUS[0]}
+  set -e
+  [ "$brc" -eq 0 ] || { tail -40 "$log" >&2; die "building the extension failed (log: $log)"; }
   pkg=$(cd "$BUILD_DIR/python" && pwd)
   TEST_ENV=("PYTHONPATH=$pkg${PYTHONPATH:+:$PYTHONPATH}")
   say "package: $pkg/gfd"

@@ -15,8 +15,9 @@
 #   PYTHON        interpreter to create the environment with (default: python3); it must be the
 #                 Python version the package was built for
 # The first install downloads vLLM and its dependencies (torch with its CUDA libraries): about
-# 9 GB and 3-6 minutes on a 2-core machine with a fast link; pip's progress is shown and kept in
-# <venv>/pip-install.log. A reused environment only runs the tests. The tests run with
+# 9 GB and 7 minutes on a 2-core machine with a fast link (1.5 minutes of downloads, then pip
+# unpacks for 5); pip's progress is shown and kept in <venv>/pip-install.log. A reused
+# environment only runs the tests (about 2 minutes). The tests run with
 # GFD_REQUIRE_VLLM=1: a vLLM that does not import fails the suite instead of skipping it.
 # Exit status: pytest's, except that "no tests ran" (pytest's 5) is a failure.
 set -euo pipefail
@@ -60,18 +61,31 @@ if [ "$have" != "$VERSION" ]; then
   log="$VENV/pip-install.log"
   say "installing vllm==$VERSION and its dependencies into $VENV with pip:"
   say "  about 150 packages, torch with its CUDA libraries the largest: about 9 GB of downloads"
-  say "  and 3-6 minutes on a 2-core machine with a fast link (once; later runs reuse them)."
+  say "  and 7 minutes on a 2-core machine with a fast link (once; later runs reuse them)."
   say "  pip's progress follows (also kept in $log)"
   "$VPY" -m pip --version > /dev/null 2>&1 || die "no pip in $VENV"
+  # pip prints nothing while it unpacks what it downloaded (minutes for torch and its CUDA
+  # libraries): after 30 s without a word from pip, a line every 30 s says how much is in place.
+  site=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  (last=-1
+   while sleep 30; do
+     now=$(wc -c < "$log" 2> /dev/null || echo 0)
+     [ "$now" = "$last" ] && say "  pip is installing: $(du -sh "$site" 2> /dev/null | cut -f1) in $site so far"
+     last=$now
+   done) &
+  ticker=$!
   set +e
   "$VPY" -m pip install --progress-bar on "vllm==$VERSION" pytest 2>&1 | tee "$log" |
     grep --line-buffered -v "^Requirement already satisfied"
   prc=${PIPESTATUS[0]}
   set -e
+  kill "$ticker" 2> /dev/null || true
+  wait "$ticker" 2> /dev/null || true
   if [ "$prc" -ne 0 ]; then
     tail -30 "$log" >&2
     die "pip install vllm==$VERSION failed (no access to PyPI, or no such release); log: $log"
   fi
+  say "checking that vllm imports (the first import of vLLM and torch takes about a minute)"
   have=$("$VPY" -c 'import vllm; print(vllm.__version__)' 2>&1 | tail -1) ||
     die "vllm still does not import after the install: $have"
   [ "$have" = "$VERSION" ] || die "vllm $have imports after installing $VERSION"

@@ -27,8 +27,8 @@
 #include <random>
 #include <vector>
 
-#include "device/emulated_device.hpp"
-#include "engine_core.hpp"
+#include "testkit/emulated_device.hpp"
+#include "engine/engine_core.hpp"
 #include "gfd/engine.hpp"
 
 namespace {

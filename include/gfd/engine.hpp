@@ -14,6 +14,7 @@
 
 #include "gfd/cache_set.hpp"
 #include "gfd/options.hpp"
+#include "gfd/stats.hpp"
 #include "gfd/types.hpp"
 
 namespace gfd {
@@ -44,29 +45,6 @@ class Transfer {
   friend class detail::EngineCore;
   explicit Transfer(std::shared_ptr<detail::TransferState> s) : state_(std::move(s)) {}
   std::shared_ptr<detail::TransferState> state_;
-};
-
-/// Counters of one engine since it was created.
-struct EngineStats {
-  std::uint64_t bytes = 0;           ///< payload bytes submitted
-  std::uint64_t transfers = 0;       ///< transfers submitted
-  std::uint64_t blocks = 0;          ///< blocks submitted (before coalescing)
-  std::uint64_t chunks = 0;          ///< staged chunks moved (one DMA each)
-  std::uint64_t direct_copies = 0;   ///< blocks sent straight from pinned memory, unstaged
-  std::uint64_t strided_copies = 0;  ///< 2D copies of constant-stride runs (their blocks are in direct_copies)
-  double gather_seconds = 0;         ///< CPU time spent gathering, summed over threads
-  double plan_seconds = 0;           ///< time spent validating and planning transfers
-  double submit_wait_seconds = 0;    ///< time submitting calls waited for a free staging slot
-  HugepageKind hugepages = HugepageKind::kNone;  ///< pages the staging ring got
-  int numa_node = -1;                ///< node the ring and threads are bound to (-1: none)
-  int gather_threads = 0;            ///< gather threads running
-  std::size_t staging_bytes = 0;     ///< staging ring size
-  std::size_t slot_bytes = 0;        ///< slot size
-  std::vector<int> cpus;             ///< CPUs the gather threads may run on
-  int cpu_sharing = 1;               ///< GPUs whose engines split this GPU's local CPUs (1: none)
-  /// How the gather threads write staging: EngineOptions::staging_writes as resolved for this
-  /// CPU (never kAuto).
-  StagingWrites staging_writes = StagingWrites::kPlain;
 };
 
 /// A transfer engine bound to one GPU: a pinned staging ring, a pool of gather threads and

@@ -8,4 +8,5 @@
 #include "gfd/group.hpp"
 #include "gfd/host_pool.hpp"
 #include "gfd/options.hpp"
+#include "gfd/stats.hpp"
 #include "gfd/types.hpp"

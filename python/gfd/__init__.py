@@ -44,6 +44,7 @@ from ._gfd import (
     option_names,
     stats_names,
 )
+from ._gfd import __version__  # project(gfd VERSION ...) in CMakeLists.txt, the version's one source
 
 __all__ = [
     "Engine",
@@ -62,5 +63,3 @@ __all__ = [
     "backends",
     "cuda_device_count",
 ]
-
-__version__ = "0.1.0"

@@ -2,7 +2,7 @@
 
 ::
 
-    pip install gfd                      # declares the entry point gfd = gfd.sglang:plugin
+    pip install .                        # in gfd's source tree (not on PyPI); declares the plugin
     GFD_SGLANG_HICACHE=1 python -m sglang.launch_server --model-path <model> \\
         --enable-hierarchical-cache --hicache-io-backend direct --hicache-mem-layout layer_first
 

@@ -195,7 +195,7 @@ _STAGES = ("pool woken", "plan storage", "lanes begun", "slot taken", "list writ
 
 def trace_report(events: list, transfer: Optional[int] = None) -> str:
     """A transfer's timeline (the last one traced by default), in microseconds from its call: as
-    gfd_benchmark --trace prints it (bench/trace_report.cpp), per chunk when it was published,
+    gfd_benchmark --trace prints it (bench/src/trace_report.cpp), per chunk when it was published,
     gathered, issued and its DMA done."""
     if not events:
         return "trace: no events"

@@ -29,6 +29,7 @@ using namespace gfd::python;
 
 PYBIND11_MODULE(_gfd, m) {
   m.doc() = "gfd's compiled core; use the gfd package.";
+  m.attr("__version__") = GFD_VERSION;  // project(gfd VERSION ...), the version's one source
 
   register_error_type(m);
   m.attr("option_names") = py::tuple(py::cast(option_names()));

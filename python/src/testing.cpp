@@ -15,10 +15,10 @@
 
 #include "buffer.hpp"
 #include "device/device.hpp"
-#include "device/emulated_device.hpp"
 #include "engine.hpp"
-#include "engine_core.hpp"
+#include "engine/engine_core.hpp"
 #include "ext.hpp"
+#include "testkit/emulated_device.hpp"
 #include "host/host_pool.hpp"
 
 namespace gfd::python {
@@ -56,7 +56,7 @@ void register_testing(py::module_& m) {
         const auto delay = static_cast<std::uint32_t>(
             uint_arg(copy_delay_us, "emulated_engine: copy_delay_us", UINT32_MAX));
         o.device = static_cast<int>(int_arg(ordinal, "emulated_engine: ordinal", 0, 1 << 20));
-        detail::EmulatedDeviceOptions emu;
+        testkit::EmulatedOptions emu;
         emu.copy_delay = std::chrono::microseconds(delay);
         if (!fault.empty()) emu.fault = [fault](const char* op) { return fault == op; };
         auto device = std::make_shared<detail::EmulatedDevice>(o.device, emu);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -14,8 +15,9 @@
 
 #include "device/device.hpp"
 #include "pipeline/engine_context.hpp"
-#include "gfd/engine.hpp"
+#include "gfd/stats.hpp"
 #include "pipeline/transfer.hpp"
+#include "planning/cache_set.hpp"
 
 namespace gfd::detail {
 
@@ -39,7 +41,7 @@ struct BackendSetup {
   int numa_node = -1;     // node for staging memory (-1: no binding)
 };
 
-// One call of copy_to_device / copy_to_host.
+// One call of copy_to_device / copy_to_host, or a CacheSet's transfer listed block by block.
 struct Request {
   std::span<const BlockCopy> blocks;
   StreamHandle stream = nullptr;
@@ -47,15 +49,16 @@ struct Request {
   std::uint32_t id = 0;  // engine-wide transfer number (tracing)
   // Non-null for a CacheSet's transfer: the blocks are pre-validated (PlanConfig::trust).
   const PlanTrust* trust = nullptr;
-  // A CacheSet's transfer whose ids are each one constant-stride run of validated, pinned
-  // memory in one allocation per side (CacheSetState::id_runs), given as those runs instead of
-  // `blocks` (then empty): only to the gather backend, which moves each as one 2D copy.
-  std::span<const StridedCopy> runs;
-  std::size_t run_blocks = 0;  // the blocks the runs hold
-  // A CacheSet's transfer as its checked ids (EngineCore::takes_id_ops: equal blocks, all
-  // staged, pinned host caches; `blocks` then empty): only to the gather backend, which plans it
-  // with plan_from_ids.
-  const IdOps* id_ops = nullptr;
+};
+
+// One call of copy_blocks: a registered CacheSet's transfer as its block ids (not yet checked).
+struct SetRequest {
+  const CacheSetState& set;
+  const BlockIds& src;
+  const BlockIds& dst;
+  StreamHandle stream = nullptr;
+  Direction direction = Direction::kToDevice;
+  std::uint32_t id = 0;
   // Direct copies on the caller's stream start with short driver calls (CopyLanes::
   // submit_directs_on's `lead`), so that the copy engine starts on the first blocks while the
   // rest are enqueued. False for a set after the first of one multi-set call: its copies queue
@@ -65,17 +68,28 @@ struct Request {
 
 class BackendImpl {
  public:
+  explicit BackendImpl(std::shared_ptr<EngineContext> ctx) : ctx_(std::move(ctx)) {}
   virtual ~BackendImpl() = default;
   // Validates and plans the request (all-or-nothing: a bad block throws gfd::Error naming it
   // and nothing reaches its destination), then enqueues it ordered on r.stream. Returns the
   // transfer, or nullptr when there is nothing to move. Device failures after validation are
   // recorded in the transfer rather than thrown.
   virtual TransferPtr submit(const Request& r) = 0;
+  // The same for a CacheSet's transfer. The default checks the ids and lists the blocks
+  // (CacheSetState::build), then submits the list as pre-validated (submit_listed).
+  virtual TransferPtr submit_set(const SetRequest& r);
   // Shutdown: waits until every transfer submitted so far is complete and no engine resource
   // (slot, lane, thread) is in use; afterwards stops the backend's threads.
   virtual void drain() noexcept = 0;
   // Fills what only the backend knows (ring, threads) into `st`.
   virtual void report(EngineStats& st) { (void)st; }
+
+ protected:
+  // `r` listed block by block and handed to `submit`; a block that `submit` refuses (pageable
+  // host memory for a backend that needs it pinned) is reported as the row and pair it comes from.
+  TransferPtr submit_listed(const SetRequest& r, const std::function<TransferPtr(const Request&)>& submit);
+
+  std::shared_ptr<EngineContext> ctx_;
 };
 
 struct BackendEntry {

@@ -2,11 +2,13 @@
 // needs. To add a backend: implement BackendImpl in its own file, add a gfd::Backend value and
 // its name (types.hpp, error.cpp's to_string), and add its row here.
 #include <iterator>
+#include <string>
 
 #include "backends/backend.hpp"
-#include "backends/copy_calls.hpp"
-#include "backends/gather.hpp"
-#include "backends/zero_copy_kernel.hpp"
+#include "backends/baselines/copy_calls.hpp"
+#include "backends/gather/gather.hpp"
+#include "backends/baselines/zero_copy_kernel.hpp"
+#include "common/sync.hpp"
 #include "gfd/error.hpp"
 
 namespace gfd::detail {
@@ -45,6 +47,35 @@ TransferPtr plan_transfer(const std::shared_ptr<EngineContext>& ctx, const Reque
   TransferPtr t = make_transfer(ctx, r.id, r.direction);
   t->plan = std::move(plan);
   return t;
+}
+
+TransferPtr BackendImpl::submit_set(const SetRequest& r) {
+  return submit_listed(r, [this](const Request& q) { return submit(q); });
+}
+
+TransferPtr BackendImpl::submit_listed(const SetRequest& r, const std::function<TransferPtr(const Request&)>& submit) {
+  // Reused by each thread: the planner copies what it keeps, so the list only lives for the call.
+  thread_local std::vector<BlockCopy> blocks;
+  thread_local std::vector<std::uint8_t> pinned;
+  const CacheSetState& set = r.set;
+  const auto t0 = Clock::now();
+  set.build(r.direction, r.src, r.dst, blocks, pinned);
+  Counters::add(ctx_->counters.plan_ns, ns_since(t0));
+  const PlanTrust trust{pinned.data(), set.all_pinned, set.one_allocation};
+  try {
+    return submit(Request{blocks, r.stream, r.direction, r.id, &trust});
+  } catch (const Error& e) {
+    // Entry p * rows + i of the list (i * pairs + p where row-major) is row i of pair p.
+    const std::size_t rows = r.src.count;
+    if (e.block() == kNoBlock || rows == 0 || e.block() >= blocks.size()) throw;
+    const std::size_t p = set.row_major ? e.block() % set.pairs.size() : e.block() / rows;
+    const std::size_t i = set.row_major ? e.block() / set.pairs.size() : e.block() % rows;
+    const bool to_device = r.direction == Direction::kToDevice;
+    throw Error(e.code(),
+                std::string(e.what()) + " [" + set.label(p, to_device) + " -> " +
+                    set.label(p, !to_device) + ", " + name_at("src_ids", i) + "]",
+                i);
+  }
 }
 
 PlanConfig pass_through_config(const EngineContext& ctx, const BackendCaps& caps, Direction d) {

@@ -71,6 +71,12 @@ bool means_no_device(cudaError_t err) {
   }
 }
 
+// What a user without a GPU can do instead: the emulated device runs gfd's whole pipeline on the
+// CPU, reachable from Python (a C++ program needs a GPU).
+constexpr const char* kWithoutAGpu =
+    "without a GPU, gfd runs on its emulated device: gfd.testing.emulated_engine() in Python, "
+    "GFD_EMULATED_DEVICE=1 for gfd.vllm and gfd.sglang";
+
 // Checks that CUDA device `ordinal` exists, with plain messages for the cases a user meets on a
 // machine without a GPU (ErrorCode::kNoDevice) instead of a CUDA error code.
 void check_device_exists(int ordinal) {
@@ -88,15 +94,14 @@ void check_device_exists(int ordinal) {
                                : err == cudaErrorInsufficientDriver
                                    ? "the NVIDIA driver is older than the CUDA runtime gfd was built with"
                                    : "no usable NVIDIA GPU was found";
-      throw Error(ErrorCode::kNoDevice, what + "; gfd needs an NVIDIA GPU and its driver to create an Engine (" +
-                                            cudaGetErrorName(err) + ": " + cudaGetErrorString(err) + ")");
+      throw Error(ErrorCode::kNoDevice, what + " (" + cudaGetErrorName(err) + ": " +
+                                            cudaGetErrorString(err) + "); " + kWithoutAGpu);
     }
     GFD_CUDA_CHECK(err);
   }
   if (count == 0)
     throw Error(ErrorCode::kNoDevice,
-                "no NVIDIA GPU was found (the driver reports none); gfd needs an NVIDIA GPU to create "
-                "an Engine");
+                std::string("no NVIDIA GPU was found (the driver reports none); ") + kWithoutAGpu);
   if (ordinal >= count)
     throw Error(ErrorCode::kNoDevice, "CUDA device " + std::to_string(ordinal) +
                                           " does not exist (" + std::to_string(count) + " visible)");

@@ -106,8 +106,7 @@ __global__ void __launch_bounds__(kMoveThreads) place_kernel(const __grid_consta
   }
 }
 
-// Packing several device-to-host chunks of the pack lane in one launch (EngineOptions::
-// batch_packing): the chunks travel as the kernel's parameter, a warp per entry over all of
+// Packing several device-to-host chunks of the pack lane in one launch: the chunks travel as the kernel's parameter, a warp per entry over all of
 // them, so that beside a model's kernels the lane waits for SMs once per launch instead of once
 // per chunk. The device-to-host lane waits for the whole launch (an event) before its DMAs.
 struct PackParams {

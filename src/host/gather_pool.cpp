@@ -4,7 +4,7 @@
 
 #include "host/topology.hpp"
 
-#include "sync.hpp"
+#include "common/sync.hpp"
 
 namespace gfd::detail {
 

@@ -41,9 +41,10 @@ std::shared_ptr<detail::Device> cuda_device_for(const HostPoolOptions& o) {
     d = detail::make_cuda_device(o.device >= 0 ? o.device : 0);
   } catch (const Error& e) {
     if (had) (void)cudaSetDevice(previous);
-    throw Error(e.code(), std::string("HostPool: ") +
-                              (o.register_memory ? "registration" : "the GPU's NUMA locality") +
-                              " needs device " + std::to_string(std::max(o.device, 0)) + ": " + e.what());
+    throw Error(e.code(),
+                "HostPool: registering the memory with CUDA needs device " +
+                    std::to_string(std::max(o.device, 0)) +
+                    " (an unregistered pool, register_memory = false, needs no GPU): " + e.what());
   }
   if (had) (void)cudaSetDevice(previous);
   return d;

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "env.hpp"
+#include "common/env.hpp"
 #include "gfd/error.hpp"
 #include "host/topology.hpp"
 

@@ -168,9 +168,7 @@ void CopyLanes::enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s
   const std::uint32_t li = next_h2d();
   StreamHandle l = lane(t, li);
   if (wait) device_.wait_value_geq(s.flag, flag_value, l);
-  if (s.timing) device_.record_event(s.start, l);
   move_to_device(t, index, s, l, static_cast<int>(li));
-  s.timed = s.timing;
 }
 
 void CopyLanes::move_to_device(TransferState& t, std::uint32_t index, Slot& s, StreamHandle l, int lane_index) {
@@ -198,15 +196,13 @@ void CopyLanes::move_to_device(TransferState& t, std::uint32_t index, Slot& s, S
     if (lane_index >= 0 && s.placed != nullptr) {
       // Placed later with the lane's next chunks (flush_placing): no kernel launch or event for
       // this chunk now, and the lane's next DMAs do not wait behind a kernel for SMs. Its slot
-      // is free once the placing kernel writes `placed` (the event, where DMAs are timed, times
-      // the DMA alone).
+      // is free once the placing kernel writes `placed`.
       if (t.placing.size() < h2d_) t.placing.resize(h2d_);
       TransferState::Placing& w = t.placing[static_cast<std::size_t>(lane_index)];
       w.chunks.push_back({entries, s.dev, s.placed, s.placed_value + 1, c.op_end - c.op_begin, 0});
       w.bytes += c.data_bytes;
       ++s.placed_value;
       s.by_flag = true;
-      if (s.timing) device_.record_event(s.done, l);
       trace_dma(t, index, l);
       Counters::add(ctx_.counters.chunks, 1);
       if (w.chunks.size() >= place_limit_) flush_placing(t, static_cast<std::uint32_t>(lane_index));
@@ -257,9 +253,6 @@ void CopyLanes::flush_placing_of(TransferState& t, const std::uint64_t* placed) 
 void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, bool in_place) {
   const Plan& p = t.plan;
   const PlannedChunk& c = p.chunks[index];
-  // No timing event (one driver call less per chunk on the submission path): device-to-host
-  // chunks are not in TuningStats::dma_seconds.
-  s.timed = false;
   StreamHandle l = lane(t, d2h());
   if (c.contiguous_device) {
     device_.copy_d2h(s.host, p.ops[c.op_begin].src, c.data_bytes, l);
@@ -316,7 +309,6 @@ void CopyLanes::enqueue_packed_to_host(TransferState& t, const std::uint32_t* in
   for (std::uint32_t i = 0; i < n; ++i) {
     const PlannedChunk& c = p.chunks[index[i]];
     Slot& s = *slot[i];
-    s.timed = false;  // as enqueue_to_host: no timing event
     packs[i] = PackChunk{pack_entries(p, c, s, pk), s.dev, c.op_end - c.op_begin, 0};
     bytes += c.data_bytes;
   }

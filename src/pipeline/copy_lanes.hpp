@@ -2,8 +2,8 @@
 // Host-to-device lanes 0..h2d-1 are taken in turn; then one device-to-host lane (one lane keeps
 // those DMAs in order, as the gather threads place chunks in order, and apart from host-to-device
 // DMAs that may wait on gathering); then one lane where scattered device blocks are packed for
-// it; then two lanes for the direct copies of a transfer that stages blocks too (the mid-size
-// split, or blocks of both sizes), which would otherwise queue behind its chunks' DMAs. A
+// it; then two lanes for the direct copies of a transfer that stages blocks too (a list of
+// blocks of both sizes), which would otherwise queue behind its chunks' DMAs. A
 // transfer's first use of a lane makes the lane wait for the transfer's start event on the
 // caller's stream, so nothing starts before the work the caller queued first.
 #pragma once
@@ -66,7 +66,7 @@ class CopyLanes {
   // back to it, as before this path existed: on the H200 the caller's-stream path failed a test
   // on the null stream (tests/python/test_gpu.py, not diagnosed), and that stream serialises
   // with every other anyway.
-  // `lead` (Request::lead): the first driver call enqueues kLead copies, the next ones twice as
+  // `lead` (SetRequest::lead): the first driver call enqueues kLead copies, the next ones twice as
   // many each, so that the copy engine starts on the first blocks while the rest are enqueued
   // (on an H100 a cudaMemcpyBatchAsync call took its caller 0.5-1 us a copy, where a 128 KiB
   // block takes the link about 2.4 us; layer 0 of a layered load, 64 such pages for K and for V,
@@ -74,7 +74,7 @@ class CopyLanes {
   // 505-587 us, three runs each).
   void submit_directs_on(TransferState& t, StreamHandle stream, bool lead = false);
   static constexpr std::size_t kLead = 8;
-  // A transfer of 2D runs whose host side is contiguous in each run (Tuning::bounce_runs),
+  // A transfer of 2D runs whose host side is contiguous in each run 
   // through the device twins of staging slots taken from `ring` without waiting (up to
   // kBounceSlots, at most half the ring): host to device, each slot's runs cross the link in one
   // cudaMemcpyBatchAsync on the caller's `stream` (not the legacy default stream) and a
@@ -85,6 +85,11 @@ class CopyLanes {
   // slot is free now (the caller moves the runs as they are).
   bool submit_bounced(TransferState& t, StreamHandle stream, SlotRing& ring);
   static constexpr std::size_t kBounceSlots = 8;
+  // The widest rows that bounce: the copy engine moves rows of 8-16 KiB across the link well
+  // below its rate and whole DMAs at it; loads of 32 KiB rows gain nothing for the second copy
+  // submission (docs/performance.md, "Design decisions").
+  static constexpr std::size_t kBounceMaxLoadWidth = std::size_t{16} << 10;
+  static constexpr std::size_t kBounceMaxStoreWidth = std::size_t{32} << 10;
   // Chunk `index` from slot `s` to the device: with `wait`, behind a wait on the slot's flag
   // reaching `flag_value` (set by the thread that finishes gathering the chunk); scattered
   // destinations go through the slot's device twin and the scatter kernel, or, where the ring
@@ -109,16 +114,14 @@ class CopyLanes {
   // known valid): the packed runs go straight to their host destinations instead.
   void enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, bool in_place = false);
   // Chunks `index[0..n)` (1..kMaxPlaceChunks, each with scattered device blocks) from the device
-  // into slots `slot[0..n)` with one packing launch for all of them (EngineOptions::
-  // batch_packing): the device-to-host lane waits for that launch once, then each chunk's DMA is
-  // followed by its slot's `done`.
+  // into slots `slot[0..n)` with one packing launch for all of them: the device-to-host lane
+  // waits for that launch once, then each chunk's DMA is followed by its slot's `done`.
+  void enqueue_packed_to_host(TransferState& t, const std::uint32_t* index, Slot* const* slot, std::uint32_t n);
   // Device to host: the slot's DMA flag (Slot::dma_flag, where the ring has them) set to the
   // slot's next value once `s.done` (just recorded) has fired: written on the flag stream, not on
-  // the device-to-host lane, which then carries a DMA and an event per chunk and nothing else.
-  // A stream write on the lane itself cost 16-32 KB transfers to the host 4-5 points of the line
-  // rate on an H200.
+  // the device-to-host lane, which then carries a DMA and an event per chunk and nothing else
+  // (a stream write on the lane itself slowed 16-32 KB transfers to the host).
   void signal_dma_done(Slot& s);
-  void enqueue_packed_to_host(TransferState& t, const std::uint32_t* index, Slot* const* slot, std::uint32_t n);
   // A host_direct chunk's DMAs: each run of its host side to or from its place in the slot's
   // device staging area.
   void copy_runs(const Plan& p, const PlannedChunk& c, Slot& s, bool to_host, StreamHandle l);
@@ -131,6 +134,10 @@ class CopyLanes {
   void drain() noexcept;
 
  private:
+  // submit_bounced: one slot's runs `b` across the link on `stream` and spread (or gathered) on
+  // the device on lane `l`; `reused`: the slot's last runs are waited for first.
+  struct Bounce;
+  void bounce(const Bounce& b, Slot& sl, bool reused, bool to_host, StreamHandle stream, StreamHandle l);
   // Device to host: writes chunk `c`'s pack entries (its device sources) into slot `s` and
   // returns where the packing kernel reads them: the pinned slot over PCIe, or a copy in the
   // slot's device twin (enqueued on pack lane `pk`) where the GPU cannot read host memory.

@@ -6,7 +6,7 @@
 
 #include "gfd/error.hpp"
 
-#include "sync.hpp"
+#include "common/sync.hpp"
 
 namespace gfd::detail {
 
@@ -108,7 +108,6 @@ void Counters::fill(TuningStats& st) const {
   st.host_direct_chunks = host_direct.load();
   st.id_planned_transfers = id_planned.load();
   st.bounced_runs = bounced.load();
-  st.dma_seconds = dma_ms.load() * 1e-3;
 }
 
 namespace {
@@ -121,11 +120,8 @@ PlanConfig staged_config(const EngineOptions& o, const Tuning& t, int device) {
   c.piece_bytes = o.piece_bytes;
   c.direct_min_bytes = o.direct_min_bytes;
   c.direct_min_bytes_to_host = o.direct_min_bytes_to_host;
-  c.direct_split_min_bytes = t.direct_split_min_bytes;
-  c.direct_split_percent = t.direct_split_percent;
   c.strided_min_rows = o.strided_min_rows;
   c.strided_min_bytes = o.strided_min_bytes;
-  c.host_direct = t.host_direct;
   c.check_overlaps = o.check_overlaps;
   return c;
 }

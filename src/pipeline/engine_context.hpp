@@ -15,10 +15,11 @@
 #include <boost/lockfree/stack.hpp>
 
 #include "device/device.hpp"
-#include "gfd/engine.hpp"
+#include "gfd/options.hpp"
+#include "gfd/stats.hpp"
 #include "pipeline/tracer.hpp"
 #include "planning/planner.hpp"
-#include "tuning.hpp"
+#include "common/tuning.hpp"
 
 namespace gfd::detail {
 
@@ -84,7 +85,6 @@ class PlanPool {
 struct Counters {
   std::atomic<std::uint64_t> bytes{0}, transfers{0}, blocks{0}, chunks{0}, scattered{0}, host_direct{0}, direct{0}, strided{0},
       id_planned{0}, bounced{0}, placements{0}, packings{0}, slots_deferred{0}, gather_ns{0}, submit_wait_ns{0}, plan_ns{0};
-  std::atomic<double> dma_ms{0};
   static void add(std::atomic<std::uint64_t>& c, std::uint64_t v) {
     c.fetch_add(v, std::memory_order_relaxed);
   }

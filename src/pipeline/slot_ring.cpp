@@ -50,9 +50,8 @@ SlotRing::SlotRing(Device& device, Counters& counters, const RingConfig& c)
       s.flag = c.flags ? flags_ + 3 * i * kWords : nullptr;
       s.placed = c.placed_flags ? flags_ + (3 * i + 1) * kWords : nullptr;
       s.dma_flag = c.dma_flags ? flags_ + (3 * i + 2) * kWords : nullptr;
-      s.timing = c.timing;
-      s.start = device.create_event(c.timing);
-      s.done = device.create_event(c.timing);
+      s.start = device.create_event(false);
+      s.done = device.create_event(false);
     }
   } catch (...) {
     release();  // the destructor does not run for a constructor that throws
@@ -88,11 +87,9 @@ void SlotRing::wait_free(Slot& s) {
       // No slot is reused before its DMA (and its placing kernel) has completed.
       if (s.by_flag) wait_placed(s);
       else wait_event(device_, s.done);
-      account(s);
     } catch (...) {
       // The DMA failed: its own transfer reports that. Nothing runs on the device after a
       // fault, so the slot is free.
-      s.timed = false;
     }
   }
 }
@@ -185,19 +182,11 @@ void FaultWatch::run() {
   }
 }
 
-// Adds a completed chunk's copy-engine time to the stats, once.
-void SlotRing::account(Slot& s) {
-  if (!s.timed) return;
-  s.timed = false;
-  counters_.dma_ms.fetch_add(device_.event_elapsed_ms(s.start, s.done));
-}
-
 std::uint32_t SlotRing::acquire(std::uint64_t* free_at) {
   const auto idx = static_cast<std::uint32_t>(next_ % slots_.size());
   Slot& s = slots_[idx];
   if (free_at != nullptr) *free_at = 0;
-  // Not while its DMA's time is to be read from its events (account): that waits for them.
-  if (free_at != nullptr && s.by_flag && !s.timed && s.state.load(std::memory_order_acquire) == Slot::kIssued &&
+  if (free_at != nullptr && s.by_flag && s.state.load(std::memory_order_acquire) == Slot::kIssued &&
       !PlacedWait::reached(s, s.placed_value)) {
     *free_at = s.placed_value;
     Counters::add(counters_.slots_deferred, 1);
@@ -220,28 +209,14 @@ std::optional<std::uint32_t> SlotRing::try_acquire() {
   if (st == Slot::kIssued) {
     try {
       if (s.by_flag ? !PlacedWait::reached(s, s.placed_value) : !device_.event_done(s.done)) return std::nullopt;
-      account(s);
     } catch (...) {
       // As wait_free: a failed DMA's transfer reports it, and the slot is free.
-      s.timed = false;
     }
   }
   s.by_flag = false;
   s.state.store(Slot::kGathering, std::memory_order_relaxed);
   ++next_;
   return idx;
-}
-
-void SlotRing::account_finished() {
-  for (Slot& s : slots_) {
-    if (s.state.load(std::memory_order_acquire) != Slot::kIssued || !s.timed) continue;
-    try {
-      if (!device_.event_done(s.done)) continue;
-      account(s);
-    } catch (...) {
-      s.timed = false;
-    }
-  }
 }
 
 void SlotRing::drain() noexcept {

@@ -1,6 +1,6 @@
 // The staging ring: pinned host memory (host_memory.hpp: hugepages, NUMA-bound, registered once)
 // cut into slots, each with a device twin where chunks are scattered on the GPU, two events
-// (timing events only where DMAs are timed: each costs the copy engine microseconds) and, for
+// (without timing: a timing event costs the copy engine microseconds a chunk) and, for
 // pre-issued DMAs, a flag in registered memory.
 //
 // A slot is kFree -> kGathering (taken by a submitter, filled by the gather threads) ->
@@ -25,7 +25,7 @@
 #include "device/device.hpp"
 #include "host/host_memory.hpp"
 #include "planning/planner.hpp"
-#include "sync.hpp"
+#include "common/sync.hpp"
 
 namespace gfd::detail {
 
@@ -36,8 +36,6 @@ struct Slot {
   std::byte* host = nullptr;
   std::byte* dev = nullptr;  // device staging twin (nullptr where the ring has none)
   EventHandle start = nullptr, done = nullptr;
-  bool timing = false;               // start/done are timing events (RingConfig::timing)
-  bool timed = false;                // start/done bracket a DMA not yet added to the stats
   std::uint64_t* flag = nullptr;     // registered host memory a pre-issued DMA waits on
   std::uint64_t flag_value = 0;      // value of the last chunk published in this slot
   // Batched placement: registered host memory the placing kernel writes (nullptr: the ring has
@@ -66,7 +64,6 @@ struct Slot {
       Slot& s;
       ~Mark() { s.mark_issued(); }
     } mark{*this};
-    timed = false;
     enqueue();
   }
 };
@@ -77,7 +74,6 @@ struct RingConfig {
   int numa_node = -1;        // bind the host memory there (-1: no binding)
   bool device_twin = false;  // allocate device staging of the same size
   bool flags = false;        // one flag per slot for pre-issued DMAs
-  bool timing = false;       // timing events (Tuning::time_dmas), else events without timing
   bool placed_flags = false; // one flag per slot for the batched placing kernel
   bool dma_flags = false;    // one flag per slot that its device-to-host DMA writes
 };
@@ -106,9 +102,6 @@ class SlotRing {
   // The next slot in ring order if it is free now (its last chunk's work has completed), else
   // nothing: no waiting. Caller holds the submission lock. The slot is kGathering on return.
   std::optional<std::uint32_t> try_acquire();
-  // Adds the DMA time of slots that finished but were not reused yet to the stats (caller holds
-  // the submission lock).
-  void account_finished();
   // Waits for every slot's enqueued DMA or kernel (shutdown).
   void drain() noexcept;
 
@@ -116,7 +109,6 @@ class SlotRing {
   void wait_free(Slot& s);
   // Waits until the placing kernel has freed `s`'s chunk (throws a device fault).
   void wait_placed(const Slot& s);
-  void account(Slot& s);
   void release() noexcept;
 
   Device& device_;

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "pipeline/transfer.hpp"
-#include "sync.hpp"
+#include "common/sync.hpp"
 
 namespace gfd::detail {
 namespace {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "device/device.hpp"
-#include "trace_event.hpp"
+#include "common/trace_event.hpp"
 
 namespace gfd::detail {
 

@@ -1,7 +1,7 @@
 #include "pipeline/transfer.hpp"
 
 #include "pipeline/engine_context.hpp"
-#include "sync.hpp"
+#include "common/sync.hpp"
 
 namespace gfd::detail {
 

@@ -57,28 +57,139 @@ bool blocks_overlap(const Extent& a, const Extent& b) {
 
 }  // namespace
 
-std::string name_at(std::string_view name, std::size_t i) {
-  const std::size_t at = name.find('#');
-  if (at == std::string_view::npos) return std::string(name) + "[" + std::to_string(i) + "]";
-  return std::string(name.substr(0, at)) + std::to_string(i) + std::string(name.substr(at + 1));
+std::string name_at(std::string_view name, std::size_t i) { return std::string(name) + "[" + std::to_string(i) + "]"; }
+
+std::string CacheSetState::label(std::size_t pair, bool host) const {
+  if (!names.empty()) return names[2 * pair + (host ? 0 : 1)];
+  return "pairs[" + std::to_string(pair) + (host ? "].host" : "].device");
 }
 
+namespace {
+
+constexpr const char* kRegister = "register_caches";
+
+// Side `side` (0 host, 1 device) of pair `p`: its fields checked (stride 0 resolved), its memory
+// asked of the device; records whether the host side is pinned and whether the set still lies
+// in one allocation per side (`alloc`: that allocation's start). Returns its extent.
+Extent check_array(CacheSetState& st, std::size_t p, int side, Device& device, std::uintptr_t (&alloc)[2]) {
+  BlockArray& a = side == 0 ? st.pairs[p].host : st.pairs[p].device;
+  const std::string name = std::string(kRegister) + ": " + st.label(p, side == 0);
+  if (a.base == nullptr) bad(name + ": base is null");
+  if (a.blocks == 0) bad(name + ": has no blocks");
+  if (a.block_bytes == 0) bad(name + ": block_bytes is 0");
+  if (a.stride == 0) a.stride = a.block_bytes;
+  if (a.stride < a.block_bytes)
+    bad(name + ": stride " + std::to_string(a.stride) + " is less than block_bytes " + std::to_string(a.block_bytes) +
+        " (blocks would overlap)");
+  const auto begin = reinterpret_cast<std::uintptr_t>(a.base);
+  if ((a.blocks - 1) > (UINTPTR_MAX - begin - a.block_bytes) / a.stride)
+    bad(name + ": " + std::to_string(a.blocks) + " blocks at stride " + std::to_string(a.stride) +
+        " run past the end of the address space");
+  const std::uintptr_t end = begin + (a.blocks - 1) * a.stride + a.block_bytes;
+  const PointerInfo info = device.query_pointer(a.base);
+  const bool known = info.end != 0 && begin >= info.begin && end <= info.end &&
+                     (side == 1 || info.kind == PointerKind::kPinnedHost);
+  if (!known || (p > 0 && alloc[side] != info.begin)) st.one_allocation = false;
+  alloc[side] = info.begin;
+  const bool within = info.end == 0 || (begin >= info.begin && end <= info.end);
+  if (side == 1) {
+    if (info.kind == PointerKind::kOtherDevice)
+      bad(name + " is device memory of GPU " + std::to_string(info.device) + ", but the engine serves GPU " +
+          std::to_string(st.device));
+    if (info.kind != PointerKind::kDevice)
+      bad(name + " is " + describe(info) + ", not device memory of GPU " + std::to_string(st.device));
+    if (!within)
+      bad(name + ": its " + std::to_string(a.blocks) + " blocks (" + std::to_string(end - begin) +
+          " bytes) run past the end of their device allocation");
+  } else {
+    if (info.kind == PointerKind::kDevice || info.kind == PointerKind::kOtherDevice || info.kind == PointerKind::kManaged)
+      bad(name + " is " + describe(info) + ", not host memory");
+    // Pinned only when the whole array lies in one pinned allocation; otherwise it is staged
+    // like pageable memory, which is correct for either.
+    st.host_pinned[p] = info.kind == PointerKind::kPinnedHost && within && info.end != 0;
+  }
+  return {begin, end, a.stride, a.block_bytes, 2 * p + static_cast<std::size_t>(side)};
+}
+
+// What pair `p` adds to the set's summary: sizes, pinning, the fewest blocks of each side.
+void add_pair(CacheSetState& st, std::size_t p) {
+  const CachePair& q = st.pairs[p];
+  if (q.host.block_bytes != q.device.block_bytes)
+    bad(std::string(kRegister) + ": " + st.label(p, true) + " has blocks of " +
+        std::to_string(q.host.block_bytes) + " bytes, " + st.label(p, false) + " of " +
+        std::to_string(q.device.block_bytes));
+  st.all_pinned = st.all_pinned && st.host_pinned[p] != 0;
+  if (p == 0) st.block_bytes = q.host.block_bytes;
+  else if (st.block_bytes != q.host.block_bytes) st.block_bytes = 0;
+  st.packed_pair = st.packed_pair || (q.host.stride == q.host.block_bytes && q.device.stride == q.device.block_bytes);
+  st.bytes_per_id += q.host.block_bytes;
+  if (q.host.blocks < st.host_blocks) {
+    st.host_blocks = q.host.blocks;
+    st.host_blocks_pair = p;
+  }
+  if (q.device.blocks < st.device_blocks) {
+    st.device_blocks = q.device.blocks;
+    st.device_blocks_pair = p;
+  }
+}
+
+// The pitch between one side's arrays where it is one (no smaller than a block), else 0.
+std::uintptr_t pitch_of(const CacheSetState& st, bool host) {
+  const auto side = [&](std::size_t p) -> const BlockArray& { return host ? st.pairs[p].host : st.pairs[p].device; };
+  const auto addr = [](const BlockArray& a) { return reinterpret_cast<std::uintptr_t>(a.base); };
+  const std::size_t block = st.pairs[0].host.block_bytes;
+  if (st.pairs.size() < 2 || addr(side(1)) < addr(side(0)) + block) return 0;
+  const std::uintptr_t pitch = addr(side(1)) - addr(side(0));
+  for (std::size_t p = 1; p < st.pairs.size(); ++p) {
+    const BlockArray &a = side(p - 1), &b = side(p);
+    if (a.stride != b.stride || a.block_bytes != b.block_bytes || addr(b) < addr(a) || addr(b) - addr(a) != pitch)
+      return 0;
+  }
+  return pitch;
+}
+
+// A transfer lists each id's blocks of every pair together (row-major) where that makes them
+// runs: host arrays side by side (pair p + 1's block right after pair p's, one stride for all:
+// a host cache laid out block-major), so that one id's host side is one contiguous run the copy
+// engine can take in place; or the arrays of both sides each at one constant pitch (the layers'
+// caches of one allocation, as vLLM 0.33 allocates them, with a host cache laid out either way),
+// so that one id's blocks are a constant-stride run: one 2D copy.
+void find_layout(CacheSetState& st) {
+  bool side_by_side = st.pairs.size() > 1;
+  for (std::size_t p = 1; p < st.pairs.size() && side_by_side; ++p) {
+    const BlockArray &a = st.pairs[p - 1].host, &b = st.pairs[p].host;
+    side_by_side = a.stride == b.stride && static_cast<const std::byte*>(a.base) + a.block_bytes == b.base;
+  }
+  const std::uintptr_t host_pitch = pitch_of(st, true), device_pitch = host_pitch != 0 ? pitch_of(st, false) : 0;
+  const bool both_at_one_pitch = host_pitch != 0 && device_pitch != 0;
+  st.row_major = side_by_side || both_at_one_pitch;
+  st.side_by_side = side_by_side;
+  if (both_at_one_pitch && st.one_allocation && st.all_pinned) st.id_runs = {true, host_pitch, device_pitch};
+}
+
+// No two arrays may share a byte: a transfer writes each destination block once, and a block of
+// one array that is also a block of another would be written twice (or read while written).
+void check_no_overlap(const CacheSetState& st, std::vector<Extent>& extents) {
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
+  const auto name = [&](const Extent& e) { return st.label(e.index / 2, e.index % 2 == 0); };
+  for (std::size_t i = 0; i < extents.size(); ++i)
+    for (std::size_t j = i + 1; j < extents.size() && extents[j].begin < extents[i].end; ++j)
+      if (blocks_overlap(extents[i], extents[j]))
+        bad(std::string(kRegister) + ": " + name(extents[j]) + " overlaps " + name(extents[i]));
+}
+
+}  // namespace
+
 CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, const void* owner,
-                             std::vector<std::string> labels, std::string_view call, Sides overlaps) {
-  const std::string fn(call);
+                             std::vector<std::string> names) {
   auto st = std::make_shared<CacheSetState>();
   st->owner = owner;
   st->device = device.ordinal();
-  if (pairs.empty()) bad(fn + ": pairs is empty");
-  if (!labels.empty() && labels.size() != 2 * pairs.size())
-    bad(fn + ": " + std::to_string(labels.size()) + " labels for " + std::to_string(pairs.size()) +
-        " pairs");
-  if (labels.empty())
-    for (std::size_t p = 0; p < pairs.size(); ++p) {
-      labels.push_back("pairs[" + std::to_string(p) + "].host");
-      labels.push_back("pairs[" + std::to_string(p) + "].device");
-    }
-  st->labels = std::move(labels);
+  if (pairs.empty()) bad(std::string(kRegister) + ": pairs is empty");
+  if (!names.empty() && names.size() != 2 * pairs.size())
+    bad(std::string(kRegister) + ": " + std::to_string(names.size()) + " names for " +
+        std::to_string(pairs.size()) + " pairs (one for each host and each device array)");
+  st->names = std::move(names);
   st->pairs.assign(pairs.begin(), pairs.end());
   st->host_pinned.assign(pairs.size(), 0);
   st->host_blocks = st->device_blocks = SIZE_MAX;
@@ -88,104 +199,11 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
   std::uintptr_t alloc[2] = {0, 0};
   st->one_allocation = true;
   for (std::size_t p = 0; p < pairs.size(); ++p) {
-    CachePair& q = st->pairs[p];
-    for (int side = 0; side < 2; ++side) {
-      BlockArray& a = side == 0 ? q.host : q.device;
-      const std::string& name = st->labels[2 * p + side];
-      if (a.base == nullptr) bad(fn + ": " + name + ": base is null");
-      if (a.blocks == 0) bad(fn + ": " + name + ": has no blocks");
-      if (a.block_bytes == 0) bad(fn + ": " + name + ": block_bytes is 0");
-      if (a.stride == 0) a.stride = a.block_bytes;
-      if (a.stride < a.block_bytes)
-        bad(fn + ": " + name + ": stride " + std::to_string(a.stride) + " is less than block_bytes " +
-            std::to_string(a.block_bytes) + " (blocks would overlap)");
-      const auto begin = reinterpret_cast<std::uintptr_t>(a.base);
-      if ((a.blocks - 1) > (UINTPTR_MAX - begin - a.block_bytes) / a.stride)
-        bad(fn + ": " + name + ": " + std::to_string(a.blocks) + " blocks at stride " +
-            std::to_string(a.stride) + " run past the end of the address space");
-      const std::uintptr_t end = begin + (a.blocks - 1) * a.stride + a.block_bytes;
-      const PointerInfo info = device.query_pointer(a.base);
-      const bool known = info.end != 0 && begin >= info.begin && end <= info.end &&
-                         (side == 1 || info.kind == PointerKind::kPinnedHost);
-      if (!known || (p > 0 && alloc[side] != info.begin)) st->one_allocation = false;
-      alloc[side] = info.begin;
-      const bool within = info.end == 0 || (begin >= info.begin && end <= info.end);
-      if (side == 1) {
-        if (info.kind == PointerKind::kOtherDevice)
-          bad(fn + ": " + name + " is device memory of GPU " + std::to_string(info.device) +
-              ", but the engine serves GPU " + std::to_string(st->device));
-        if (info.kind != PointerKind::kDevice)
-          bad(fn + ": " + name + " is " + describe(info) + ", not device memory of GPU " +
-              std::to_string(st->device));
-        if (!within)
-          bad(fn + ": " + name + ": its " + std::to_string(a.blocks) + " blocks (" +
-              std::to_string(end - begin) + " bytes) run past the end of their device allocation");
-      } else {
-        if (info.kind == PointerKind::kDevice || info.kind == PointerKind::kOtherDevice ||
-            info.kind == PointerKind::kManaged)
-          bad(fn + ": " + name + " is " + describe(info) + ", not host memory");
-        // Pinned only when the whole array lies in one pinned allocation; otherwise it is staged
-        // like pageable memory, which is correct for either.
-        st->host_pinned[p] = info.kind == PointerKind::kPinnedHost && within && info.end != 0;
-      }
-      if (overlaps == Sides::kBoth || (overlaps == Sides::kHost) == (side == 0))
-        extents.push_back({begin, end, a.stride, a.block_bytes, 2 * p + side});
-    }
-    if (q.host.block_bytes != q.device.block_bytes)
-      bad(fn + ": " + st->labels[2 * p] + " has blocks of " + std::to_string(q.host.block_bytes) +
-          " bytes, " + st->labels[2 * p + 1] + " of " + std::to_string(q.device.block_bytes));
-    st->all_pinned = st->all_pinned && st->host_pinned[p] != 0;
-    if (p == 0) st->block_bytes = q.host.block_bytes;
-    else if (st->block_bytes != q.host.block_bytes) st->block_bytes = 0;
-    st->packed_pair = st->packed_pair || (q.host.stride == q.host.block_bytes && q.device.stride == q.device.block_bytes);
-    st->bytes_per_id += q.host.block_bytes;
-    if (q.host.blocks < st->host_blocks) {
-      st->host_blocks = q.host.blocks;
-      st->host_blocks_pair = p;
-    }
-    if (q.device.blocks < st->device_blocks) {
-      st->device_blocks = q.device.blocks;
-      st->device_blocks_pair = p;
-    }
+    for (int side = 0; side < 2; ++side) extents.push_back(check_array(*st, p, side, device, alloc));
+    add_pair(*st, p);
   }
-  // A transfer lists each id's blocks of every pair together (row-major) where that makes them
-  // runs: host arrays side by side (pair p + 1's block right after pair p's, one stride for all:
-  // a host cache laid out block-major), so that one id's host side is one contiguous run the
-  // copy engine can take in place; or the arrays of both sides each at one constant pitch (the
-  // layers' caches of one allocation, as vLLM 0.33 allocates them, with a host cache laid out
-  // either way), so that one id's blocks are a constant-stride run: one 2D copy.
-  // The pitch between one side's arrays where it is one (no smaller than a block), else 0.
-  auto pitch_of = [&](bool host) -> std::uintptr_t {
-    const auto side = [&](std::size_t p) -> const BlockArray& { return host ? st->pairs[p].host : st->pairs[p].device; };
-    const auto addr = [](const BlockArray& a) { return reinterpret_cast<std::uintptr_t>(a.base); };
-    const std::size_t block = st->pairs[0].host.block_bytes;
-    if (pairs.size() < 2 || addr(side(1)) < addr(side(0)) + block) return 0;
-    const std::uintptr_t pitch = addr(side(1)) - addr(side(0));
-    for (std::size_t p = 1; p < pairs.size(); ++p) {
-      const BlockArray &a = side(p - 1), &b = side(p);
-      if (a.stride != b.stride || a.block_bytes != b.block_bytes || addr(b) < addr(a) || addr(b) - addr(a) != pitch)
-        return 0;
-    }
-    return pitch;
-  };
-  bool side_by_side = pairs.size() > 1;
-  for (std::size_t p = 1; p < pairs.size() && side_by_side; ++p) {
-    const BlockArray &a = st->pairs[p - 1].host, &b = st->pairs[p].host;
-    side_by_side = a.stride == b.stride && static_cast<const std::byte*>(a.base) + a.block_bytes == b.base;
-  }
-  const std::uintptr_t host_pitch = pitch_of(true), device_pitch = host_pitch != 0 ? pitch_of(false) : 0;
-  const bool both_at_one_pitch = host_pitch != 0 && device_pitch != 0;
-  st->row_major = side_by_side || both_at_one_pitch;
-  st->side_by_side = side_by_side;
-  if (both_at_one_pitch && st->one_allocation && st->all_pinned) st->id_runs = {true, host_pitch, device_pitch};
-  // No two arrays may share a byte: a transfer writes each destination block once, and a block
-  // of one array that is also a block of another would be written twice (or read while written).
-  // A set used one way only needs this of its destination side.
-  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
-  for (std::size_t i = 0; i < extents.size(); ++i)
-    for (std::size_t j = i + 1; j < extents.size() && extents[j].begin < extents[i].end; ++j)
-      if (blocks_overlap(extents[i], extents[j]))
-        bad(fn + ": " + st->labels[extents[j].index] + " overlaps " + st->labels[extents[i].index]);
+  find_layout(*st);
+  check_no_overlap(*st, extents);
   return CacheSet(std::move(st));
 }
 
@@ -199,6 +217,7 @@ const CacheSetState& CacheSetState::of(const CacheSet& set, const void* owner,
 }
 
 namespace {
+constexpr std::string_view kSrcName = "src_ids", kDstName = "dst_ids";
 
 // The one wording of a bad id: "src_ids[5] (block 9 -> 2): source block 9 is out of range
 // (pairs[0].host has 8 blocks)"; `limit` names what bounds the id.
@@ -211,17 +230,6 @@ namespace {
                  : " is out of range (" + limit + " has " + std::to_string(blocks) + " blocks)"),
       i);
 }
-
-void check_counts(const BlockIds& src, const BlockIds& dst, std::string_view src_name,
-                  std::string_view dst_name) {
-  for (const BlockIds* ids : {&src, &dst})
-    if (ids->count != 0 && (ids->data == nullptr || (ids->width != 4 && ids->width != 8)))
-      bad(std::string(ids == &src ? src_name : dst_name) + ": ids must be 4- or 8-byte integers");
-  if (src.count != dst.count)
-    bad(std::string(src_name) + " has " + std::to_string(src.count) + " ids, " + std::string(dst_name) + " " +
-        std::to_string(dst.count));
-}
-
 }  // namespace
 
 void CacheSetState::check_sets(std::span<const CacheSet> caches, const void* owner, Direction d,
@@ -231,53 +239,62 @@ void CacheSetState::check_sets(std::span<const CacheSet> caches, const void* own
   struct Limit {
     std::size_t blocks = SIZE_MAX, set = 0, pair = 0;
   } src_limit, dst_limit;
+  std::vector<const CacheSetState*> states;
   for (std::size_t k = 0; k < caches.size(); ++k) {
     const CacheSetState& s = of(caches[k], owner, name_at("caches", k));
-    const std::size_t host = s.host_blocks, device = s.device_blocks;
-    const std::size_t from = to_device ? host : device, to = to_device ? device : host;
+    states.push_back(&s);
+    const std::size_t from = to_device ? s.host_blocks : s.device_blocks;
+    const std::size_t to = to_device ? s.device_blocks : s.host_blocks;
     if (from < src_limit.blocks)
       src_limit = {from, k, to_device ? s.host_blocks_pair : s.device_blocks_pair};
     if (to < dst_limit.blocks)
       dst_limit = {to, k, to_device ? s.device_blocks_pair : s.host_blocks_pair};
   }
-  check_counts(src, dst, "src_ids", "dst_ids");
   if (caches.empty()) return;
+  // The counts as each set checks them, against the set with the fewest destination blocks.
+  states[dst_limit.set]->check_counts(d, src, dst);
   auto label = [&](const Limit& l, bool host) {
-    return name_at("caches", l.set) + "'s " +
-           CacheSetState::of(caches[l.set], owner).label(l.pair, host);
+    return name_at("caches", l.set) + "'s " + states[l.set]->label(l.pair, host);
   };
-  if (src.count > dst_limit.blocks)
-    bad("dst_ids: " + std::to_string(src.count) + " ids, but " + label(dst_limit, !to_device) +
-        " has " + std::to_string(dst_limit.blocks) +
-        " blocks (each is written at most once per transfer)");
   for (std::size_t i = 0; i < src.count; ++i) {
     const std::int64_t s = src[i], t = dst[i];
     if (s < 0 || static_cast<std::uint64_t>(s) >= src_limit.blocks)
-      bad_id("src_ids", i, s, t, true, s, label(src_limit, to_device), src_limit.blocks);
+      bad_id(kSrcName, i, s, t, true, s, label(src_limit, to_device), src_limit.blocks);
     if (t < 0 || static_cast<std::uint64_t>(t) >= dst_limit.blocks)
-      bad_id("dst_ids", i, s, t, false, t, label(dst_limit, !to_device), dst_limit.blocks);
+      bad_id(kDstName, i, s, t, false, t, label(dst_limit, !to_device), dst_limit.blocks);
   }
 }
 
-const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, const BlockIds& dst,
-                                              std::string_view src_name,
-                                              std::string_view dst_name) const {
+void CacheSetState::check_counts(Direction d, const BlockIds& src, const BlockIds& dst) const {
   const bool to_device = d == Direction::kToDevice;
-  check_counts(src, dst, src_name, dst_name);
+  for (const BlockIds* ids : {&src, &dst})
+    if (ids->count != 0 && (ids->data == nullptr || (ids->width != 4 && ids->width != 8)))
+      bad(std::string(ids == &src ? kSrcName : kDstName) + ": ids must be 4- or 8-byte integers");
+  if (src.count != dst.count)
+    bad(std::string(kSrcName) + " has " + std::to_string(src.count) + " ids, " + std::string(kDstName) + " " +
+        std::to_string(dst.count));
   const std::size_t rows = src.count;
   if (rows > UINT32_MAX / 2 / pairs.size())
-    bad(name_at(src_name, rows) + ": " + std::to_string(rows) + " ids of " + std::to_string(pairs.size()) +
+    bad(name_at(kSrcName, rows) + ": " + std::to_string(rows) + " ids of " + std::to_string(pairs.size()) +
         " cache pairs is more than one transfer takes");
+  // Each destination block is written at most once per transfer, so more ids than destination
+  // blocks cannot be valid whatever they are (no work or memory in proportion to them).
+  const std::size_t dst_limit = to_device ? device_blocks : host_blocks;
+  const std::size_t dst_pair = to_device ? device_blocks_pair : host_blocks_pair;
+  if (rows > dst_limit)
+    bad(std::string(kDstName) + ": " + std::to_string(rows) + " ids, but " + label(dst_pair, !to_device) + " has " +
+        std::to_string(dst_limit) + " blocks (each is written at most once per transfer)");
+}
+
+const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, const BlockIds& dst) const {
+  constexpr std::string_view src_name = kSrcName, dst_name = kDstName;
+  const bool to_device = d == Direction::kToDevice;
+  check_counts(d, src, dst);  // cheap first
+  const std::size_t rows = src.count;
   const std::size_t src_limit = to_device ? host_blocks : device_blocks;
   const std::size_t dst_limit = to_device ? device_blocks : host_blocks;
   const std::size_t src_pair = to_device ? host_blocks_pair : device_blocks_pair;
   const std::size_t dst_pair = to_device ? device_blocks_pair : host_blocks_pair;
-
-  // Cheap first: each destination block is written at most once per transfer, so more ids than
-  // destination blocks cannot be valid whatever they are (no work or memory in proportion to them).
-  if (rows > dst_limit)
-    bad(std::string(dst_name) + ": " + std::to_string(rows) + " ids, but " + label(dst_pair, !to_device) + " has " +
-        std::to_string(dst_limit) + " blocks (each is written at most once per transfer)");
 
   // The ids, checked and read once (the copy loop below reads them once per pair). A bitmap of
   // the destination side finds an id given twice; the bits set are cleared again on the way out,
@@ -321,10 +338,9 @@ const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, 
 }
 
 void CacheSetState::build(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<BlockCopy>& out,
-                          std::vector<std::uint8_t>& pinned, std::string_view src_name,
-                          std::string_view dst_name) const {
+                          std::vector<std::uint8_t>& pinned) const {
   const bool to_device = d == Direction::kToDevice;
-  const std::uint64_t* ids = check_ids(d, src, dst, src_name, dst_name);
+  const std::uint64_t* ids = check_ids(d, src, dst);
   const std::size_t rows = src.count;
   out.resize(pairs.size() * rows);
   pinned.resize(out.size());
@@ -351,10 +367,9 @@ void CacheSetState::build(Direction d, const BlockIds& src, const BlockIds& dst,
   }
 }
 
-bool CacheSetState::build_id_ops(Direction d, const BlockIds& src, const BlockIds& dst, IdOps& out,
-                                 std::string_view src_name, std::string_view dst_name) const {
+bool CacheSetState::build_id_ops(Direction d, const BlockIds& src, const BlockIds& dst, IdOps& out) const {
   const bool to_device = d == Direction::kToDevice;
-  const std::uint64_t* ids = check_ids(d, src, dst, src_name, dst_name);
+  const std::uint64_t* ids = check_ids(d, src, dst);
   const std::size_t rows = src.count;
   if (packed_pair && !row_major) {
     std::size_t adjacent = 0;
@@ -375,10 +390,9 @@ bool CacheSetState::build_id_ops(Direction d, const BlockIds& src, const BlockId
   return true;
 }
 
-void CacheSetState::build_runs(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<StridedCopy>& out,
-                               std::string_view src_name, std::string_view dst_name) const {
+void CacheSetState::build_runs(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<StridedCopy>& out) const {
   const bool to_device = d == Direction::kToDevice;
-  const std::uint64_t* ids = check_ids(d, src, dst, src_name, dst_name);
+  const std::uint64_t* ids = check_ids(d, src, dst);
   const BlockArray& from = to_device ? pairs[0].host : pairs[0].device;
   const BlockArray& to = to_device ? pairs[0].device : pairs[0].host;
   const std::uint64_t from_pitch = to_device ? id_runs.host_pitch : id_runs.device_pitch;

@@ -17,20 +17,15 @@
 
 namespace gfd::detail {
 
-// An id argument's name at row i: its '#' replaced by i, or "name[i]" where it has none.
+// An id argument's name at row i: "name[i]".
 std::string name_at(std::string_view name, std::size_t i);
 
 struct CacheSetState {
   // Checks `pairs` against `device` (pointer queries: a few per array, once) and describes them.
-  // Throws gfd::Error(kInvalidArgument) naming the pair and side.
-  // `labels`: how messages name each pair's host and device array (2 per pair, host first);
-  // empty: "pairs[p].host" and "pairs[p].device".
-  // `call` starts each message. `overlaps`: which sides must not share a byte between arrays
-  // (a side that is only read may, as in a set that is copied one way only).
-  enum class Sides { kBoth, kHost, kDevice };
+  // Throws gfd::Error(kInvalidArgument) naming the pair and side: "pairs[p].host", or
+  // `names[2 * p]` (host) and `names[2 * p + 1]` (device) where given (a binding's names).
   static CacheSet make(std::span<const CachePair> pairs, Device& device, const void* owner,
-                       std::vector<std::string> labels = {}, std::string_view call = "register_caches",
-                       Sides overlaps = Sides::kBoth);
+                       std::vector<std::string> names = {});
   // The state behind `set` (throws gfd::Error for an empty set or one of another engine);
   // `name` names it in messages ("caches", "caches[3]").
   static const CacheSetState& of(const CacheSet& set, const void* owner,
@@ -45,25 +40,22 @@ struct CacheSetState {
   // to block dst[i] of its destination side, at index p * rows + i (i * pairs + p where
   // row_major); `pinned` gets whether each
   // block's host side is pinned. Ids are checked first (same count, in range, no destination id
-  // twice): a bad one throws gfd::Error whose block() is the row, naming the argument.
-  // `src_name` / `dst_name` name the id arguments in messages: "src_ids" gives "src_ids[5]", and
-  // a '#' stands for the row ("block_mapping row #" gives "block_mapping row 5").
+  // twice): a bad one throws gfd::Error whose block() is the row, naming the argument
+  // ("src_ids[5]").
   void build(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<BlockCopy>& out,
-             std::vector<std::uint8_t>& pinned, std::string_view src_name = "src_ids",
-             std::string_view dst_name = "dst_ids") const;
+             std::vector<std::uint8_t>& pinned) const;
   // Where each id's blocks of every pair are one constant-stride run (id_runs): the transfer as
   // those runs, one per row (the same checks and errors as build), for a 2D copy each, without
   // listing every block.
-  void build_runs(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<StridedCopy>& out,
-                  std::string_view src_name = "src_ids", std::string_view dst_name = "dst_ids") const;
+  void build_runs(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<StridedCopy>& out) const;
   // The transfer as its checked ids (IdOps, for plan_from_ids, in build's order), with the same
   // checks and errors as build. False, with `out` unusable, where the ids would make blocks that
   // the planner coalesces (listed pair by pair, a pair packed at its block size on both sides,
   // and a quarter of the rows or more one id after the previous row's on both sides): build's
   // list moves those in fewer copies.
-  bool build_id_ops(Direction d, const BlockIds& src, const BlockIds& dst, IdOps& out,
-                    std::string_view src_name = "src_ids", std::string_view dst_name = "dst_ids") const;
-  const std::string& label(std::size_t pair, bool host) const { return labels[2 * pair + (host ? 0 : 1)]; }
+  bool build_id_ops(Direction d, const BlockIds& src, const BlockIds& dst, IdOps& out) const;
+  // How messages name pair `pair`'s host or device array: "pairs[3].host", or its given name.
+  std::string label(std::size_t pair, bool host) const;
 
   const void* owner = nullptr;  // the engine core the set was registered with
   int device = 0;
@@ -94,13 +86,15 @@ struct CacheSetState {
   bool packed_pair = false;
   std::size_t host_blocks = 0, device_blocks = 0;          // the fewest of any array
   std::size_t host_blocks_pair = 0, device_blocks_pair = 0;  // a pair that has that few
-  std::vector<std::string> labels;
+  std::vector<std::string> names;  // 2 per pair (host, device), or none: see make
 
  private:
+  // The ids' widths and counts checked (equal, within what one transfer and the destination
+  // side take): no work in proportion to the ids.
+  void check_counts(Direction d, const BlockIds& src, const BlockIds& dst) const;
   // The ids checked (same count, in range, no destination id twice; a bad one throws naming its
   // row), as [src, dst] pairs per row in thread-local storage that lives until the next call.
-  const std::uint64_t* check_ids(Direction d, const BlockIds& src, const BlockIds& dst, std::string_view src_name,
-                                 std::string_view dst_name) const;
+  const std::uint64_t* check_ids(Direction d, const BlockIds& src, const BlockIds& dst) const;
 };
 
 }  // namespace gfd::detail

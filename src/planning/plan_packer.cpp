@@ -128,7 +128,7 @@ void Packer::close_chunk() {
     }
     longest = std::max(longest, run);
     chunk_.host_runs = runs;
-    chunk_.host_direct = pinned_ && cfg_.host_direct && min_run != SIZE_MAX && inner_long && longest >= min_run;
+    chunk_.host_direct = pinned_ && min_run != SIZE_MAX && inner_long && longest >= min_run;
   }
   chunk_.scatter_offset = align_up(chunk_.data_bytes, kAlign);
   plan_.chunks.push_back(chunk_);

@@ -194,6 +194,61 @@ std::size_t validate_fast(std::span<const BlockCopy> blocks, std::size_t i, std:
 
 }  // namespace
 
+namespace {
+
+// Every check of block `i` one by one, with the messages; updates the ranges in `v`.
+void check_block(std::span<const BlockCopy> blocks, std::size_t i, const PlanConfig& cfg, RangeCache& cache,
+                 std::vector<std::uint8_t>& pinned, Validation& v) {
+  const PointerInfo*& dr = v.dr;
+  const PointerInfo*& sr = v.sr;
+  const bool to_host = cfg.direction == Direction::kToHost;
+  const char* dev_name = to_host ? "source" : "destination";
+  const char* host_name = to_host ? "destination" : "source";
+  const BlockCopy& b = blocks[i];
+  const void* dp = to_host ? b.src : static_cast<const void*>(b.dst);
+  const void* hp = to_host ? static_cast<const void*>(b.dst) : b.src;
+  const auto d = reinterpret_cast<std::uintptr_t>(dp);
+  const auto s = reinterpret_cast<std::uintptr_t>(hp);
+  if (b.src == nullptr) bad_block(i, "source pointer is null");
+  if (b.dst == nullptr) bad_block(i, "destination pointer is null");
+  if (b.bytes == 0) bad_block(i, "size is zero");
+  if (b.bytes > UINTPTR_MAX - reinterpret_cast<std::uintptr_t>(b.src))
+    bad_block(i, "source " + hex(b.src) + " + " + std::to_string(b.bytes) + " bytes overflows the address space");
+  if (b.bytes > UINTPTR_MAX - reinterpret_cast<std::uintptr_t>(b.dst))
+    bad_block(i, "destination " + hex(b.dst) + " + " + std::to_string(b.bytes) + " bytes overflows the address space");
+  if (dr == nullptr || d < dr->begin || d + b.bytes > dr->end) {
+    dr = cache.lookup(dp, false);
+    if (dr->kind != PointerKind::kDevice || dr->device != cfg.device)
+      bad_block(i, std::string(dev_name) + " " + hex(dp) + " is not device memory of GPU " + std::to_string(cfg.device) +
+                       " (it is " + describe(*dr) + ")");
+    if (dr->end != 0 && d + b.bytes > dr->end)
+      bad_block(i, std::string(dev_name) + " " + hex(dp) + " + " + std::to_string(b.bytes) +
+                       " bytes runs past the end of its device allocation (" + std::to_string(dr->end - d) +
+                       " bytes left)");
+  }
+  // A pageable region (from the shared cache) does not say whether a block large enough for the
+  // direct path is pinned: ask about that block itself.
+  const bool big = b.bytes >= cfg.direct_min();
+  if (sr == nullptr || s < sr->begin || s >= sr->end || (big && sr->kind == PointerKind::kPageableHost)) {
+    sr = cache.lookup(hp, !big && !cfg.require_pinned_host);
+    if (sr->kind == PointerKind::kDevice || sr->kind == PointerKind::kOtherDevice)
+      bad_block(i, std::string(host_name) + " " + hex(hp) + " is " + describe(*sr) + "; a " +
+                       (to_host ? "device-to-host transfer needs a host destination"
+                                : "host-to-device transfer needs a host source"));
+  }
+  pinned[i] = sr->kind == PointerKind::kPinnedHost && sr->end != 0 && s + b.bytes <= sr->end;
+  if (cfg.require_pinned_host && pinned[i] == 0)
+    bad_block(i, std::string(host_name) + " " + hex(hp) + " is " +
+                     (sr->kind == PointerKind::kPinnedHost ? std::string("only partly pinned") : describe(*sr)) + "; " +
+                     cfg.pinned_reason + " needs pinned host memory (cudaHostAlloc or cudaHostRegister)");
+  const auto dst = reinterpret_cast<std::uintptr_t>(b.dst);
+  v.disjoint = v.disjoint && dst >= v.last_end;
+  v.last_end = dst + b.bytes;
+  v.all_pinned = v.all_pinned && pinned[i] != 0;
+}
+
+}  // namespace
+
 void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::size_t end,
                     const PlanConfig& cfg, RangeCache& cache, std::vector<std::uint8_t>& pinned,
                     Validation& v) {
@@ -201,59 +256,6 @@ void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::s
   const PointerInfo*& sr = v.sr;
   const bool to_host = cfg.direction == Direction::kToHost;
   const std::size_t direct_min = cfg.direct_min();
-  const char* dev_name = to_host ? "source" : "destination";
-  const char* host_name = to_host ? "destination" : "source";
-  const auto device_side = [to_host](const BlockCopy& b) { return to_host ? b.src : static_cast<const void*>(b.dst); };
-  const auto host_side = [to_host](const BlockCopy& b) { return to_host ? static_cast<const void*>(b.dst) : b.src; };
-  // Every check of one block, with the messages; updates the ranges.
-  auto check = [&](std::size_t i) {
-    const BlockCopy& b = blocks[i];
-    const void* dp = device_side(b);
-    const void* hp = host_side(b);
-    const auto d = reinterpret_cast<std::uintptr_t>(dp);
-    const auto s = reinterpret_cast<std::uintptr_t>(hp);
-    if (b.src == nullptr) bad_block(i, "source pointer is null");
-    if (b.dst == nullptr) bad_block(i, "destination pointer is null");
-    if (b.bytes == 0) bad_block(i, "size is zero");
-    if (b.bytes > UINTPTR_MAX - reinterpret_cast<std::uintptr_t>(b.src))
-      bad_block(i, "source " + hex(b.src) + " + " + std::to_string(b.bytes) +
-                       " bytes overflows the address space");
-    if (b.bytes > UINTPTR_MAX - reinterpret_cast<std::uintptr_t>(b.dst))
-      bad_block(i, "destination " + hex(b.dst) + " + " + std::to_string(b.bytes) +
-                       " bytes overflows the address space");
-
-    if (dr == nullptr || d < dr->begin || d + b.bytes > dr->end) {
-      dr = cache.lookup(dp, false);
-      if (dr->kind != PointerKind::kDevice || dr->device != cfg.device)
-        bad_block(i, std::string(dev_name) + " " + hex(dp) + " is not device memory of GPU " +
-                         std::to_string(cfg.device) + " (it is " + describe(*dr) + ")");
-      if (dr->end != 0 && d + b.bytes > dr->end)
-        bad_block(i, std::string(dev_name) + " " + hex(dp) + " + " + std::to_string(b.bytes) +
-                         " bytes runs past the end of its device allocation (" +
-                         std::to_string(dr->end - d) + " bytes left)");
-    }
-    // A pageable region (from the shared cache) does not say whether a block large enough for
-    // the direct path is pinned: ask about that block itself.
-    const bool big = b.bytes >= direct_min;
-    if (sr == nullptr || s < sr->begin || s >= sr->end || (big && sr->kind == PointerKind::kPageableHost)) {
-      sr = cache.lookup(hp, !big && !cfg.require_pinned_host);
-      if (sr->kind == PointerKind::kDevice || sr->kind == PointerKind::kOtherDevice)
-        bad_block(i, std::string(host_name) + " " + hex(hp) + " is " + describe(*sr) + "; a " +
-                         (to_host ? "device-to-host transfer needs a host destination"
-                                  : "host-to-device transfer needs a host source"));
-    }
-    pinned[i] = sr->kind == PointerKind::kPinnedHost && sr->end != 0 && s + b.bytes <= sr->end;
-    if (cfg.require_pinned_host && pinned[i] == 0)
-      bad_block(i, std::string(host_name) + " " + hex(hp) + " is " +
-                       (sr->kind == PointerKind::kPinnedHost ? std::string("only partly pinned")
-                                                             : describe(*sr)) +
-                       "; " + cfg.pinned_reason + " needs pinned host memory (cudaHostAlloc or "
-                       "cudaHostRegister)");
-    const auto dst = reinterpret_cast<std::uintptr_t>(b.dst);
-    v.disjoint = v.disjoint && dst >= v.last_end;
-    v.last_end = dst + b.bytes;
-    v.all_pinned = v.all_pinned && pinned[i] != 0;
-  };
   const std::size_t n = end;
   std::size_t i = begin;
   while (i < n) {
@@ -265,7 +267,7 @@ void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::s
                   : validate_fast<false>(blocks, i, n, r, pinned.data(), v);
       if (i == n) break;
     }
-    check(i);
+    check_block(blocks, i, cfg, cache, pinned, v);
     ++i;
   }
 }

@@ -55,24 +55,12 @@ struct PlanBuilder::State {
   std::size_t validated = 0;  // blocks validated
   std::size_t placed = 0;     // blocks coalesced into `cur` or placed before it
   const std::size_t direct_min = cfg.direct_min();
-  // The mid-size split (PlanConfig::splits): a running sum of percent, a block direct each time
-  // it reaches 100, so that the direct blocks are spread evenly over the list.
-  const std::size_t split_min = cfg.splits() ? cfg.direct_split_min_bytes : SIZE_MAX;
-  int split_sum = 0;
 
   void place(const Segment& seg) {
     plan.total_bytes += seg.bytes;
     if (seg.pinned_src && seg.bytes >= direct_min) {
       plan.direct.push_back({seg.src, seg.dst, seg.bytes});
       return;
-    }
-    if (seg.pinned_src && seg.bytes >= split_min) {
-      split_sum += cfg.direct_split_percent;
-      if (split_sum >= 100) {
-        split_sum -= 100;
-        plan.direct.push_back({seg.src, seg.dst, seg.bytes});
-        return;
-      }
     }
     packer.add(seg);
   }

@@ -53,15 +53,6 @@ struct PlanConfig {
     const std::size_t v = direction == Direction::kToHost ? direct_min_bytes_to_host : direct_min_bytes;
     return v != 0 ? v : SIZE_MAX;
   }
-  // Host to device: of the pinned blocks in [direct_split_min_bytes, direct_min()), this percent
-  // goes direct too (every block whose share brings the running sum past a whole one), the rest
-  // is staged (Tuning::direct_split_percent).
-  std::size_t direct_split_min_bytes = 0;
-  int direct_split_percent = 0;
-  bool splits() const {
-    return direction == Direction::kToDevice && direct_split_percent > 0 && direct_split_min_bytes > 0 &&
-           direct_split_min_bytes < direct_min();
-  }
   bool check_overlaps = true;
   // Staged: coalesce and pack into chunks (the gather pipeline). Pass-through: validate only and
   // list every block, as given, in Plan::direct (the backends that copy block by block).
@@ -74,9 +65,6 @@ struct PlanConfig {
   // constant pitch goes as one 2D copy (Plan::strided); strided_min_rows < 2 = never.
   std::size_t strided_min_rows = 0;
   std::size_t strided_min_bytes = 0;
-  // Chunks whose pinned host side lies in few long runs are moved in place by the copy engine
-  // (PlannedChunk::host_direct), both directions.
-  bool host_direct = true;
   // Non-null: the blocks are pre-validated (see PlanTrust); lives for the planning call.
   const PlanTrust* trust = nullptr;
 };

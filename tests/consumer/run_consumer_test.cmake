@@ -3,7 +3,8 @@
 #  - a consumer's CUDA source including <gfd/gfd.hpp> compiles with no C++ standard of its own
 #    (gfd::gfd carries cuda_std_20),
 #  - find_package(gfd) needs no libnuma headers (only the library, for a static libgfd),
-#  - the consumer links the CUDA runtime gfd was built with (shared by default).
+#  - the consumer links the CUDA runtime gfd was built with (shared by default),
+#  - the install holds the licence and no file of the Python extension.
 # Prints "SKIPPED: <reason>" (CTest then reports the test as skipped) when it cannot run here.
 #
 # Variables: GFD_BUILD_DIR, SOURCE_DIR, WORK_DIR, CONFIG, GENERATOR, CXX_COMPILER, CUDA_COMPILER,
@@ -31,6 +32,16 @@ set(prefix "${WORK_DIR}/prefix")
 set(build "${WORK_DIR}/build")
 
 run("installing gfd" "${CMAKE_COMMAND}" --install "${GFD_BUILD_DIR}" --prefix "${prefix}" --config "${CONFIG}")
+
+# A plain install holds the C++ library, its headers, CMake package and licence, and nothing of
+# the Python extension (its own install component), even from a build that has it.
+file(GLOB_RECURSE python_files "${prefix}/*.py" "${prefix}/*_gfd*")
+if(python_files)
+  message(FATAL_ERROR "gfd_consumer_test: the install holds Python files: ${python_files}")
+endif()
+if(NOT EXISTS "${prefix}/share/doc/gfd/LICENSE")
+  message(FATAL_ERROR "gfd_consumer_test: the install holds no share/doc/gfd/LICENSE")
+endif()
 run("configuring the consumer" "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${build}" -G "${GENERATOR}"
     "-DCMAKE_BUILD_TYPE=${CONFIG}" "-DCMAKE_PREFIX_PATH=${prefix}"
     "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}" "-DCMAKE_CUDA_COMPILER=${CUDA_COMPILER}"

@@ -33,7 +33,7 @@ def test_every_option_is_covered():
 
 
 def test_every_stat_is_covered(engine):
-    assert list(gfd.stats_names) == header_fields("include/gfd/engine.hpp", "EngineStats")
+    assert list(gfd.stats_names) == header_fields("include/gfd/stats.hpp", "EngineStats")
     s = engine.stats()
     assert list(s) == list(gfd.stats_names)
     assert s["transfers"] == 0 and s["bytes"] == 0

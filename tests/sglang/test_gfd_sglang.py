@@ -41,12 +41,12 @@ KV_LORA, ROPE = 64, 16                        # MLA latent: 80 values a token
 def plugins(tmp_path_factory):
     """SGLang's plugin loader run as in each SGLang process, gfd installed as far as entry points
     go: a distribution's metadata with the entry points pyproject.toml declares."""
-    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    points = meta["entry-points"]["sglang.srt.plugins"]
+    import gfd
+    points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["sglang.srt.plugins"]
     site = tmp_path_factory.mktemp("site")
-    info = site / f"gfd-{meta['version']}.dist-info"
+    info = site / f"gfd-{gfd.__version__}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: gfd\nVersion: {meta['version']}\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: gfd\nVersion: {gfd.__version__}\n")
     (info / "entry_points.txt").write_text("[sglang.srt.plugins]\n" +
                                            "".join(f"{k} = {v}\n" for k, v in points.items()))
     sys.path.insert(0, str(site))

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "gfd/options.hpp"
-#include "option_table.hpp"
+#include "engine/option_table.hpp"
 
 namespace {
 

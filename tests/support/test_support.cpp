@@ -59,28 +59,22 @@ void TestDevice::fill(void* dev, int value, std::size_t bytes) {
 }
 
 Engine TestDevice::make_engine(const EngineOptions& options, const detail::Tuning& tuning) {
-  EngineOptions o = options;
-  o.device = device->ordinal();
-  return detail::EngineCore::make_engine(o, device, tuning);
+  return facade.make_engine(options, tuning);
 }
 
 std::string cuda_skip_reason(int needed) {
-  const int n = detail::cuda_device_count();
+  const int n = testkit::cuda_device_count();
   if (n >= needed) return {};
   return "needs " + std::to_string(needed) + " CUDA device(s), found " + std::to_string(n) +
          " (no GPU or no driver on this machine); the emulated-device suite covers the pipeline";
 }
 
 std::unique_ptr<TestDevice> open_test_device(DeviceKind kind, int ordinal,
-                                             detail::EmulatedDeviceOptions emu) {
-  auto td = std::make_unique<TestDevice>();
-  td->kind = kind;
-  if (kind == DeviceKind::kCuda) {
-    if (!cuda_skip_reason(ordinal + 1).empty()) return nullptr;
-    td->device = detail::make_cuda_device(ordinal);
-  } else {
-    td->device = std::make_shared<detail::EmulatedDevice>(ordinal, emu);
-  }
+                                             const testkit::EmulatedOptions& emu) {
+  if (kind == DeviceKind::kCuda && !cuda_skip_reason(ordinal + 1).empty()) return nullptr;
+  auto td = std::make_unique<TestDevice>(TestDevice{
+      kind, kind == DeviceKind::kCuda ? testkit::Device::cuda(ordinal) : testkit::Device::emulated(ordinal, emu)});
+  td->device = td->facade.shared();
   td->device->make_current();
   td->stream = td->device->create_stream();
   return td;

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "device/device.hpp"
-#include "device/emulated_device.hpp"
-#include "engine_core.hpp"
+#include "engine/engine_core.hpp"
 #include "gfd/gfd.hpp"
+#include "testkit/testkit.hpp"
 
 namespace gfd::test {
 
@@ -61,7 +61,8 @@ class DeviceBuffer {
 // The device a parameterised suite runs against, with one stream of the caller's.
 struct TestDevice {
   DeviceKind kind;
-  std::shared_ptr<detail::Device> device;
+  testkit::Device facade;  // the device as the benchmarks and gfd.testing see it
+  std::shared_ptr<detail::Device> device;  // the same device, for the tests of internals
   detail::StreamHandle stream = nullptr;
 
   ~TestDevice();
@@ -75,7 +76,7 @@ struct TestDevice {
 
 // Returns nullptr (after GTEST_SKIP in the caller) when the kind is not available here.
 std::unique_ptr<TestDevice> open_test_device(DeviceKind kind, int ordinal = 0,
-                                             detail::EmulatedDeviceOptions emu = {});
+                                             const testkit::EmulatedOptions& emu = {});
 // Why a CUDA suite is skipped here, or "" when a GPU is present.
 std::string cuda_skip_reason(int needed_devices = 1);
 
