@@ -527,7 +527,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("--under-load needs torch and a CUDA GPU: no load on the emulated device (skipped)")
     else:
         try:
-            import torch  # noqa: F401  (the GPU machine has it; gfd does not need it)
+            import torch  # noqa: F401  (the benchmark needs it; gfd itself does not)
         except ImportError:
             print("error: --layout paged measures copy_blocks on torch tensors and times it with torch.cuda.Event,\n"
                   "but torch is not installed for this interpreter. Install PyTorch (with CUDA), or pass --emulated\n"

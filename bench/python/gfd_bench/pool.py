@@ -204,7 +204,7 @@ def main(argv: List[str] = None) -> int:
     torch = None
     if not emulated and not a.no_torch:
         try:
-            import torch  # noqa: F401  (the GPU machine has it; gfd does not need it)
+            import torch  # noqa: F401  (the benchmark needs it; gfd itself does not)
         except ImportError:
             torch = None
 
