@@ -313,6 +313,7 @@ class KVTransferWorker:
     def host_pages(self, tensor: int) -> np.ndarray:
         """Tensor ``tensor``'s host pages as a numpy view ``(num_chunks, blocks_per_chunk,
         host_page)``: ``[c, j]`` is sub-block j of chunk c."""
+        self._open("host_pages")
         h = self._hosts[_gfd._int(tensor, "host_pages: tensor", 0, len(self._hosts) - 1)]
         return np.lib.stride_tricks.as_strided(self._span(h), (self._num_chunks, self._bpc, h.page),
                                                (h.chunk_stride, h.sub_stride, 1))
@@ -322,6 +323,7 @@ class KVTransferWorker:
         (a view, a torch tensor where the GPU caches are torch's; row ``chunk *
         blocks_per_chunk + j`` is sub-block j of that chunk). Only where a chunk's pages are one
         constant stride from the next chunk's (see :meth:`host_pages` for any layout)."""
+        self._open("host_rows")
         h = self._hosts[_gfd._int(tensor, "host_rows: tensor", 0, len(self._hosts) - 1)]
         if h.chunk_stride != self._bpc * h.sub_stride:
             raise _error(f"host_rows: tensor {tensor}'s host pages are not one stride apart across chunks; "
@@ -338,6 +340,7 @@ class KVTransferWorker:
         """Per tensor, the ``(num_chunks, page_bytes * blocks_per_chunk)`` host array (given, or
         allocated in the "tensor" layout; the "block" layout has no such arrays: see
         :meth:`host_rows`)."""
+        self._open("host_caches")
         if self._tensor_arrays is None:
             raise _error("host_caches: the 'block' layout keeps one array (host_rows gives each tensor's view)")
         return list(self._tensor_arrays)
@@ -367,12 +370,13 @@ class KVTransferWorker:
         :class:`gfd.InvalidType` naming the argument): every argument's type (integers only:
         Python ints or numpy/torch integer arrays and scalars, no bool or float), every chunk id
         below ``num_chunks``, every GPU block id below the GPU caches' blocks, the group sizes
-        (non-negative, summing to the GPU block ids given) and the chunks they use. What only
-        the transfer checks (a GPU block or host sub-block given twice as a destination) makes
-        the job fail: :meth:`get_finished` reports it with ``success=False``.
+        (non-negative, summing to the GPU block ids given) and the chunks they use. A
+        destination the job writes twice (a GPU block of a load, a host page of a store, in any
+        of its transfers) makes the job fail with nothing enqueued: :meth:`get_finished` reports
+        it with ``success=False`` and the error naming the argument (``gpu_block_ids[i]`` or
+        ``chunk_ids[k]``).
         """
-        if self._closed:
-            raise _error("submit: the worker is shut down", code="shutdown")
+        self._open("submit")
         # Every argument checked here, before anything is enqueued: integers only (bool and
         # float rejected, also inside lists), every id in range, so that no later arithmetic
         # can wrap.
@@ -419,20 +423,65 @@ class KVTransferWorker:
         with self._lock:
             if job_id in self._by_id:
                 raise _error(f"submit: job {job_id} is already in flight")
-        parts = self._parts(to_device, chunks, blocks, slices)
+        # The job's transfers each see only their own rows (one per cache set: per sub-block
+        # position in vLLM's region), so a destination given twice across them is looked for
+        # here, in the whole job, before anything is enqueued.
+        twice = self._written_twice(to_device, chunks, blocks, slices)
+        parts = [] if twice is not None else self._parts(to_device, chunks, blocks, slices)
         lane = self._lanes["store" if not to_device else "expedited" if expedited else "load"]
-        job = _Job(job_id, lane, sum(len(src) * self._bytes_per_row[k] for k, src, _ in parts))
+        job = _Job(job_id, lane, sum(len(src) * self._bytes_per_row[k] for k, src, _ in parts), error=twice)
         job.t0 = time.perf_counter()
         with self._lock:
             if job_id in self._by_id:  # submitted meanwhile from another thread
                 raise _error(f"submit: job {job_id} is already in flight")
             self._by_id[job_id] = job
             lane.jobs.append(job)
-        self._issue(job, to_device, parts)
+        if twice is None:
+            self._issue(job, to_device, parts)
         with self._lock:
             job.issued = True
             self._issued.notify_all()
         return True
+
+    def _written_twice(self, to_device: bool, chunks: np.ndarray, blocks: np.ndarray, slices: list) -> Optional[Error]:
+        """The first destination the job writes twice, as a gfd.InvalidArgument in the caller's
+        terms (``gpu_block_ids[i]`` for a load, ``chunk_ids[k]`` for a store), or None. A
+        destination is a tensor's GPU block (load) or host page (store: pages another rank
+        writes left out); tensors of the same groups and writer share their destinations."""
+        rows = []  # per group slice: the destinations and the caller's position of each
+        for g, c0, used, b0, count, skip in slices:
+            if to_device:
+                rows.append((g, blocks[b0:b0 + count], np.arange(b0, b0 + count)))
+            else:
+                pages = host_block_ids(chunks[c0:c0 + used], self._bpc, count, skip)
+                rows.append((g, pages, c0 + (skip + np.arange(count)) // self._bpc))
+        seen = set()
+        for t in range(len(self._gpu)):
+            writer = (1, 0) if to_device else self._writers[t]
+            key = (tuple(i for i, r in enumerate(rows) if t in self._groups[r[0]]), writer)
+            if not key[0] or key in seen:
+                continue
+            seen.add(key)
+            dest = np.concatenate([rows[i][1] for i in key[0]])
+            at = np.concatenate([rows[i][2] for i in key[0]])
+            if writer[0] > 1:
+                mine = dest % writer[0] == writer[1]
+                dest, at = dest[mine], at[mine]
+            order = np.argsort(dest, kind="stable")
+            again = np.flatnonzero(dest[order][1:] == dest[order][:-1])
+            if not len(again):
+                continue
+            # The earliest row that repeats a destination, and the first row that wrote it (the
+            # sort is stable: equal destinations stay in row order).
+            second = int(order[again[np.argmin(order[again + 1])] + 1])
+            first = int(order[np.searchsorted(dest[order], dest[second])])
+            if to_device:
+                return _error(f"submit: gpu_block_ids[{at[second]}]: GPU block {dest[second]} is written twice in this "
+                              f"job (also by gpu_block_ids[{at[first]}])", block=int(at[second]))
+            page = int(dest[second])
+            return _error(f"submit: chunk_ids[{at[second]}]: sub-block {page % self._bpc} of chunk {page // self._bpc} "
+                          f"is written twice in this job (also by chunk_ids[{at[first]}])", block=int(at[second]))
+        return None
 
     def _parts(self, to_device: bool, chunks: np.ndarray, blocks: np.ndarray, slices: list) -> list:
         """The job's transfers: (set key, source ids, destination ids) per cache set, the rows of
@@ -516,8 +565,12 @@ class KVTransferWorker:
             return [self._result(j) for j in out]
 
     def wait(self, job_ids: Iterable[int]) -> None:
-        """Blocks until every job of ``job_ids`` still in flight is done (ids not in flight are
-        ignored); their results are still reported by :meth:`get_finished`."""
+        """Blocks until every job of ``job_ids`` (a set or list of job ids) still in flight is
+        done (ids not in flight are ignored); their results are still reported by
+        :meth:`get_finished`."""
+        if isinstance(job_ids, (str, bytes, dict)) or not hasattr(job_ids, "__iter__"):
+            raise _type_error(f"wait: job_ids: expected a set or list of job ids, got {type(job_ids).__name__}")
+        job_ids = [_gfd._int(j, f"wait: job_ids[{i}]", -(1 << 63), (1 << 63) - 1) for i, j in enumerate(job_ids)]
         for job_id in job_ids:
             with self._lock:
                 job = self._by_id.get(job_id)
@@ -548,6 +601,17 @@ class KVTransferWorker:
             for lane in self._lanes.values():
                 lane.jobs.clear()
             self._by_id.clear()
+        # Nothing moves any more: the memory given (vLLM's region and GPU caches) and the sets
+        # describing it are let go, so that its owner can free or unmap it.
+        self._sets.clear()
+        self._keep.clear()  # what the sets' host views hold
+        self._tensor_arrays = None
+        self._pools.clear()
+        self._gpu_objects = []
+
+    def _open(self, fn: str) -> None:
+        if self._closed:
+            raise _error(f"{fn}: the worker is shut down (its host memory is let go)", code="shutdown")
 
     def __del__(self) -> None:
         try:

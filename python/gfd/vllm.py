@@ -37,6 +37,7 @@ The only module of the package that imports vLLM; written against vLLM 0.33.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, List, Optional
 
 import vllm
@@ -60,6 +61,8 @@ from ._errors import _error
 from .kv_worker import KVTransferWorker
 
 __all__ = ["GfdOffloadingSpec", "GfdTieringOffloadingSpec", "GfdOffloadingWorker"]
+
+logger = logging.getLogger("gfd.vllm")
 
 _HOST_MEMORY = ("vllm", "pool")
 
@@ -154,6 +157,15 @@ def _fragments(mapping: Any) -> list:
     return out
 
 
+#: Said at startup where GfdOffloadingSpec is given canonical_layout: vLLM 0.33's own CPU spec
+#: ignores the key (only its tiering spec honours it), gfd's honours it.
+CANONICAL_NOTE = ("gfd.vllm: canonical_layout is honoured: the host pages are laid out canonically (free of the "
+                  "parallel layout, ranks holding identical bytes taking turns to write them), as vLLM's tiering "
+                  "spec lays them out. vLLM 0.33's own CPU spec ignores canonical_layout (each rank's pages stay in "
+                  "its own cell), so under tensor parallelism the region's bytes lie elsewhere than with vLLM's "
+                  "worker; every load returns what was stored either way")
+
+
 def _region(spec: CPUOffloadingSpec) -> SharedOffloadRegion:
     """vLLM's shared region for this rank, made as vLLM's own spec makes it for its worker."""
     cfg = spec.config
@@ -202,6 +214,8 @@ class GfdOffloadingWorker(OffloadingWorker):
                 self.core = KVTransferWorker(self.engine, tensors, groups, bpc, chunks, host_memory="pool",
                                              host_layout=layout, copy_bytes=copy)
                 return
+            if canonical and not isinstance(spec, TieringOffloadingSpec):
+                logger.warning(CANONICAL_NOTE)
             if canonical:
                 tensor_of, mapping_of, groups = _canonical(kv_caches)
             if canonical and isinstance(spec, TieringOffloadingSpec):
@@ -245,8 +259,13 @@ class GfdOffloadingWorker(OffloadingWorker):
                                 dst_spec.group_sizes, dst_spec.block_indices, expedited=expedited)
 
     def get_finished(self) -> List[TransferResult]:
-        return [TransferResult(job_id=r.job_id, success=r.success, transfer_size=r.bytes,
-                               transfer_time=r.seconds) for r in self.core.get_finished()]
+        out = []
+        for r in self.core.get_finished():
+            if not r.success:  # vLLM sees success=False alone: the cause is said here
+                logger.error("gfd.vllm: job %d failed: %s", r.job_id, r.error)
+            out.append(TransferResult(job_id=r.job_id, success=r.success, transfer_size=r.bytes,
+                                      transfer_time=r.seconds))
+        return out
 
     def wait(self, job_ids: set) -> None:
         self.core.wait(job_ids)

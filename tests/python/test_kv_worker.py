@@ -5,6 +5,7 @@ indices), every byte checked with numpy against a reference built here, the jobs
 the errors a job or a worker can raise. test_kv_worker_gpu.py covers the same core on a CUDA GPU;
 tests/vllm the glue to vLLM (gfd.vllm)."""
 
+import re
 import threading
 
 import numpy as np
@@ -261,7 +262,7 @@ def test_bad_ids_are_a_failed_job_not_an_exception(engine):
     bufs, gpu = device_caches(engine)
     w = KVTransferWorker(engine, bufs, [[0, 1, 2]], 1, 8)
     try:
-        # A destination given twice: found by the transfer, reported as a failed job.
+        # A destination given twice: found before anything is enqueued, reported as a failed job.
         for job, to_device, chunks, blocks in [(1, True, [0, 1], [3, 3]), (2, False, [4, 4], [0, 1])]:
             r = run(w, job, to_device, chunks, blocks)
             assert not r.success and r.bytes == 0 and isinstance(r.error, gfd.Error)
@@ -272,6 +273,57 @@ def test_bad_ids_are_a_failed_job_not_an_exception(engine):
         for g, s, h in zip(gpu, snapshot, host):
             s[4] = h[2]
             assert np.array_equal(g, s)
+    finally:
+        w.shutdown()
+
+
+@pytest.mark.parametrize("bpc", [2, 4])
+def test_a_destination_twice_in_a_job_fails_it_whole_in_the_callers_terms(engine, bpc):
+    """vLLM's region (a chunk's sub-blocks side by side per tensor in a rank's cell): a job is
+    one transfer per sub-block position, each seeing only its own rows. A destination given
+    twice across them (GPU block 9 from two slots of one chunk; a chunk given twice; a duplicate
+    only in a later slot) fails the whole job before anything is enqueued, named in the job's
+    own arguments."""
+    page, tensors, chunks = 1024, 2, 6
+    buf, a = region(engine, chunks, tensors * bpc * page + 4096)
+    bufs, gpu = device_caches(engine, (page,) * tensors, seed=30)
+    w = KVTransferWorker(engine, bufs, [[0, 1]], bpc, chunks, host_caches=cell_views(a, page, bpc, tensors, 0))
+    try:
+        a[:] = np.random.default_rng(31).integers(-128, 128, a.shape, dtype=np.int8)
+        host_before, gpu_before = a.copy(), [g.copy() for g in gpu]
+        cases = [  # (to_device, chunk ids, GPU block ids, message)
+            (True, [1], [9, 9] + list(range(10, 10 + bpc - 2)),
+             r"submit: gpu_block_ids\[1\]: GPU block 9 is written twice in this job \(also by gpu_block_ids\[0\]\)"),
+            (True, [0, 1], list(range(12, 12 + 2 * bpc - 1)) + [12],
+             rf"submit: gpu_block_ids\[{2 * bpc - 1}\]: GPU block 12 is written twice"),
+            (False, [4, 4], list(range(2 * bpc)),
+             r"submit: chunk_ids\[1\]: sub-block 0 of chunk 4 is written twice in this job \(also by chunk_ids\[0\]\)"),
+        ]
+        for job, (to_device, chunk_ids, blocks, message) in enumerate(cases):
+            r = run(w, job, to_device, chunk_ids, blocks)
+            assert not r.success and r.bytes == 0
+            assert isinstance(r.error, gfd.InvalidArgument)
+            assert re.search(message, str(r.error)), str(r.error)
+        assert np.array_equal(a, host_before), "a failed job wrote host memory"
+        assert all(np.array_equal(g, b) for g, b in zip(gpu, gpu_before)), "a failed job wrote GPU memory"
+        assert engine.stats()["transfers"] == 0  # nothing was enqueued
+        r = run(w, 9, True, [1], list(range(10, 10 + bpc)))  # the same job without the duplicate
+        assert r.success
+    finally:
+        w.shutdown()
+
+
+def test_wait_takes_a_set_or_list_of_job_ids(engine):
+    bufs, _ = device_caches(engine)
+    w = KVTransferWorker(engine, bufs, [[0, 1, 2]], 1, 8)
+    try:
+        for bad, what in [(None, "NoneType"), (5, "int"), ("12", "str")]:
+            with pytest.raises(gfd.InvalidType, match=f"wait: job_ids: expected a set or list of job ids, got {what}"):
+                w.wait(bad)
+        with pytest.raises(gfd.InvalidType, match=r"wait: job_ids\[1\]: expected an int, got float"):
+            w.wait([1, 2.0])
+        w.wait(set())
+        w.wait({3, 4})  # not in flight: nothing to wait for
     finally:
         w.shutdown()
 
@@ -303,11 +355,16 @@ def test_shutdown_with_jobs_in_flight(slow_engine):
     w = KVTransferWorker(slow_engine, bufs, [[0, 1, 2]], 1, 16)
     for j in range(6):
         w.submit(j, False, [j], [j + 3])
+    hosts = w.host_caches  # the worker's host arrays, held here: they outlive its shutdown
     w.shutdown()  # submits what is queued and waits for all of it
     w.shutdown()  # idempotent
     assert w.get_finished() == []  # results not collected are dropped
-    for h, g in zip(host_rows(w), gpu):
+    for h, g in zip(hosts, gpu):
         assert np.array_equal(h[:6], g[3:9])
+    # The worker let go of its host memory: its views are refused, not read after the free.
+    with pytest.raises(gfd.Error, match="host_rows: the worker is shut down") as info:
+        w.host_rows(0)
+    assert info.value.code == "shutdown"
 
 
 def test_block_layout_moves_in_place_through_a_small_ring():

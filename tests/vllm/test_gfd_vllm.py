@@ -411,6 +411,81 @@ def test_shutdown_with_jobs_in_flight(model_dir, monkeypatch):
     del keep
 
 
+def mapped(path):
+    """Whether this process still maps the file at ``path`` (unlinked or not)."""
+    with open("/proc/self/maps") as f:
+        return any(path in line for line in f)
+
+
+@pytest.mark.parametrize("bpc", [2, 4])
+def test_a_job_writing_a_block_twice_fails_whole_says_why_and_moves_nothing(model_dir, monkeypatch, caplog, bpc):
+    """vLLM's shared region holds a chunk's pages of a tensor side by side (a transfer per slot):
+    a load writing GPU block 9 from two slots of one chunk, a load whose duplicate is only in a
+    later slot and a store of one chunk twice each fail before anything moves, and the cause is
+    logged, since vLLM sees success=False alone."""
+    from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": bpc * TOKENS})
+    assert s.bpc == bpc and s.worker.region is not None
+    n = 2 * bpc
+    stored = list(range(1, 1 + n))
+    assert s.worker.submit_store(1, GPULoadStoreSpec(stored, group_sizes=[n], block_indices=[0]),
+                                 CPULoadStoreSpec([0, 1]))
+    s.worker.wait({1})
+    assert [(r.job_id, r.success) for r in s.worker.get_finished()] == [(1, True)]
+    gpu_before, host_before = [g.copy() for g in s.gpu], [h.copy() for h in s.host]
+    jobs = {  # job id: (load?, chunk ids, GPU block ids, what the log says)
+        2: (True, [0], [9, 9] + list(range(10, 8 + bpc)), "gpu_block_ids[1]: GPU block 9 is written twice"),
+        3: (True, [0, 1], list(range(20, 19 + n)) + [20], f"gpu_block_ids[{n - 1}]: GPU block 20 is written twice"),
+        4: (False, [2, 2], list(range(30, 30 + n)), "chunk_ids[1]: sub-block 0 of chunk 2 is written twice"),
+    }
+    with caplog.at_level("ERROR", logger="gfd.vllm"):
+        for job, (load, chunks, blocks, _) in jobs.items():
+            gpu_spec = GPULoadStoreSpec(blocks, group_sizes=[len(blocks)], block_indices=[0])
+            if load:
+                assert s.worker.submit_load(job, CPULoadStoreSpec(chunks), gpu_spec) is True
+            else:
+                assert s.worker.submit_store(job, gpu_spec, CPULoadStoreSpec(chunks)) is True
+        s.worker.wait(set(jobs))
+        done = s.worker.get_finished()
+    assert sorted((r.job_id, r.success, r.transfer_size) for r in done) == [(j, False, 0) for j in sorted(jobs)]
+    for job, (_, _, _, said) in jobs.items():
+        assert f"gfd.vllm: job {job} failed: submit: {said}" in caplog.text, caplog.text
+    assert all(np.array_equal(g, b) for g, b in zip(s.gpu, gpu_before)), "a failed load wrote GPU blocks"
+    assert all(np.array_equal(h, b) for h, b in zip(s.host, host_before)), "a failed store wrote host pages"
+    s.conn.shutdown()
+
+
+def test_shutdown_lets_go_of_vllms_region(model_dir, monkeypatch):
+    """After shutdown() (jobs in flight waited for) nothing of gfd's holds vLLM's region, so that
+    vLLM unmaps it: it is no longer mapped in the process."""
+    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 2 * TOKENS}, emulated="copy_delay_us=50000")
+    region = s.worker.region
+    path = region.mmap_path
+    assert mapped(path)
+    stores = tables_for(s, np.random.default_rng(11))[0]
+    _, gpu_spec, cpu_spec, _ = s.job(stores, [(0, 4)], store=True)
+    assert s.worker.submit_store(1, gpu_spec, cpu_spec)
+    del stores, gpu_spec, cpu_spec
+    s.host = None  # the test's own views of the region
+    s.conn.shutdown()
+    assert s.engine.closed and s.worker.region is None
+    assert region.mmap_obj is None, "vLLM kept its region mapped: buffers still exported"
+    assert not mapped(path)
+
+
+def test_canonical_layout_is_said_at_startup(model_dir, monkeypatch, caplog):
+    """vLLM's own CPU spec ignores canonical_layout, gfd's honours it: the worker says so."""
+    with caplog.at_level("WARNING", logger="gfd.vllm"):
+        s = Stack(model_dir, monkeypatch, "one_group", {})
+    assert "canonical_layout" not in caplog.text
+    s.conn.shutdown()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gfd.vllm"):
+        s = Stack(model_dir, monkeypatch, "one_group", {"canonical_layout": True})
+    assert gfd_vllm.CANONICAL_NOTE in caplog.text
+    s.conn.shutdown()
+
+
 def test_unsupported_combinations_are_refused_naming_the_key(model_dir, monkeypatch):
     with pytest.raises(gfd.Error, match="gfd_host_memory: expected one of \\('vllm', 'pool'\\), got 'mmap'"):
         Stack(model_dir, monkeypatch, "one_group", {"gfd_host_memory": "mmap"})
