@@ -28,6 +28,11 @@ SGLang's (mmap + cudaHostRegister); each pool's caches are registered with gfd o
 At load the plugin checks SGLang's version and the signatures it hooks; on a mismatch it logs
 why and leaves SGLang as it is. ``GFD_EMULATED_DEVICE`` (see :mod:`gfd.testing`) puts it on gfd's
 emulated device, SGLang's "GPU" pools being CPU tensors there.
+
+Lifetimes: the cache sets registered for a pool hold its buffers, and each transfer holds its
+sets until it is done, so a pool dropped (or a scheduler ending) with a write-back in flight
+keeps its memory until the bytes are placed. A pool's ``destroy()``, which unpins its memory,
+first waits for gfd's transfers on it.
 """
 
 from __future__ import annotations
@@ -36,7 +41,6 @@ import inspect
 import logging
 import os
 import threading
-import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -56,6 +60,10 @@ SUPPORTED_SGLANG = "0.5.23"
 
 _L2 = "sglang.srt.mem_cache.l2_transfer.L2TransferEngine"
 _LAYOUTS = ("layer_first", "page_first_direct")
+# The host pools' destroy(), which unregisters (unpins) their memory: MHA's own, and the base
+# class's, which MLA's pool inherits.
+_DESTROY = ("sglang.srt.mem_cache.pool_host.mha.MHATokenToKVPoolHost",
+            "sglang.srt.mem_cache.pool_host.base.HostKVCache")
 
 
 def enabled() -> bool:
@@ -92,6 +100,8 @@ def plugin() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     HookRegistry.register(f"{_L2}.submit_host_to_device", _load, HookType.AROUND)
     HookRegistry.register(f"{_L2}.submit_device_to_host", _write_back, HookType.AROUND)
+    for pool in _DESTROY:  # a pool unpins its memory there: gfd's transfers on it end first
+        HookRegistry.register(f"{pool}.destroy", _drain_then, HookType.AROUND)
     logger.info("gfd.sglang: HiCache's direct io backend goes through gfd")
 
 
@@ -123,8 +133,9 @@ def _load(original: Callable, self: Any, transfers: list, *, transfer_layer_id_m
                 done(layer)
             next_layer[0] = issued[k] + 1
         if issued:
-            plan.engine.copy_blocks([plan.layer_sets[layer] for layer in issued], "to_device", pages[0], pages[1],
-                                    stream=_stream_of(self.host_to_device_stream), after_each=after)
+            plan.issued(plan.engine.copy_blocks([plan.layer_sets[layer] for layer in issued], "to_device", pages[0],
+                                                pages[1], stream=_stream_of(self.host_to_device_stream),
+                                                after_each=after))
         for layer in range(next_layer[0], transfer_layer_id_max):  # layers the pool does not hold
             done(layer)
     return completion
@@ -141,8 +152,8 @@ def _write_back(original: Callable, self: Any, transfers: list) -> Any:
                 t.host_pool.backup_from_device_all_layer_physical(t.device_pool, t.host_indices, t.device_indices,
                                                                   self.io_backend)
                 continue
-            plan.engine.copy_blocks(plan.all_layers, "to_host", pages[1], pages[0],
-                                    stream=_stream_of(self.device_to_host_stream))
+            plan.issued([plan.engine.copy_blocks(plan.all_layers, "to_host", pages[1], pages[0],
+                                                 stream=_stream_of(self.device_to_host_stream))])
     return completion
 
 
@@ -150,10 +161,33 @@ def _write_back(original: Callable, self: Any, transfers: list) -> Any:
 
 class _Plan:
     """One (host pool, device pool): gfd's engine for the device and the pool's caches registered
-    once: per layer (loads) and every layer together (write-backs)."""
+    once: per layer (loads) and every layer together (write-backs). The cache sets hold the
+    pool's buffers (and each transfer its sets) until the transfers on them are done, however
+    soon SGLang lets go of the pool; ``in_flight`` are those transfers, for draining."""
 
     def __init__(self, engine: Engine, layer_sets: Dict[int, Any], all_layers: Any, page: int) -> None:
         self.engine, self.layer_sets, self.all_layers, self.page = engine, layer_sets, all_layers, page
+        self.in_flight: list = []
+
+    def issued(self, transfers: list) -> None:
+        self.in_flight = [t for t in self.in_flight if not t.done()] + list(transfers)
+
+    def drain(self) -> None:
+        """Waits for every transfer issued on the pool (their failures are SGLang's to see)."""
+        for t in self.in_flight:
+            try:
+                t.wait()
+            except Exception:  # noqa: BLE001 - reported where the transfer's completion is read
+                pass
+        self.in_flight = []
+
+
+def _drain_then(original: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """A host pool's destroy(): gfd's transfers on its memory end first."""
+    made = getattr(self, "_gfd_plan", None)
+    if made is not None and made[1] is not None:
+        made[1].drain()
+    return original(self, *args, **kwargs)
 
 
 _lock = threading.RLock()  # _plans holds it while _make_plan makes the engine
@@ -284,7 +318,9 @@ def _make_plan(host: Any, device: Any) -> _Plan:
     else:
         raise _error("only MHATokenToKVPoolHost and MLATokenToKVPoolHost are covered")
     engine = _engine_for([d for pairs in layers.values() for _, d in pairs])
-    keep = [weakref.proxy(host)]  # the plan is kept on the host pool itself: no cycle
+    # The pool's buffers themselves (which own their memory), not the pool: the plan is kept on
+    # the pool, and a transfer in flight keeps the memory it writes however soon the pool goes.
+    keep = [host.kv_buffer]  # MHA's k_buffer and v_buffer are views of it
 
     def views(pairs: list) -> tuple:
         hs = [View(r, False, keep) for r, _ in pairs]

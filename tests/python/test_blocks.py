@@ -320,6 +320,26 @@ def test_dropped_handle_still_keeps_tensors_alive(slow_engine):
     assert alive() is None
 
 
+def test_caches_dropped_by_their_owner_in_flight_are_let_go_when_the_engine_closes():
+    """The owner drops its tensors, the cache set and the handle with a transfer in flight (a
+    runtime ending): the transfer keeps them until it is done; closing the engine waits for it
+    and lets them go, with no later submission needed."""
+    e = testing.emulated_engine(copy_delay_us=20000)
+    host, dev, hv, dv = caches(e, 8, 8, (4096,), "uint8")
+    hv[:] = 7
+    src = HostCache(host)
+    alive = weakref.ref(src)
+    cs = e.register_caches(src, dev)
+    t = e.copy_blocks(cs, "to_device", list(range(8)), list(range(8)))
+    del src, cs, t, host
+    gc.collect()
+    assert alive() is not None, "kept while in flight"
+    e.close()
+    gc.collect()
+    assert alive() is None, "let go when the engine closed"
+    assert (dv == 7).all()
+
+
 def test_dropped_list_of_transfers_keeps_tensors_alive_until_done(slow_engine):
     # A list call's handles dropped at once (as a runtime that acknowledges by stream events
     # does): every set's objects stay until its transfer is done, and a later list call lets

@@ -202,3 +202,85 @@ def test_a_different_sglang_is_refused_and_left_alone(plugins, monkeypatch, capl
     caplog.clear()
     gs.plugin()
     assert caplog.text == ""
+
+
+# -- lifetimes: SGLang letting go of its pools with gfd's transfers in flight ------------------------
+# Each scenario runs in a process of its own (a crash fails the test instead of the suite), on the
+# emulated device with every copy held 200 ms, so that the transfers are still in flight when
+# SGLang lets go.
+
+SCENARIO = f"""
+import gc, os, sys, weakref
+import torch
+from sglang.srt.plugins.hook_registry import HookRegistry
+import gfd, gfd.sglang as gs
+from gfd import testing
+gs.plugin()
+HookRegistry.apply_hooks()
+from sglang.srt.mem_cache.l2_transfer import L2Transfer, L2TransferEngine
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+P, TOKENS = {P}, {TOKENS}
+dev = MHATokenToKVPool(TOKENS, P, torch.bfloat16, {H}, {D}, {LAYERS}, "cpu", False, start_layer=0, end_layer={LAYERS})
+host = MHATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 2, 0, P, "layer_first",
+                            device_capacity_tokens=dev.size, start_layer=0, end_layer={LAYERS},
+                            write_back_staging=dev.hicache_write_back_staging, pin_memory=False)
+for t in [*dev.k_buffer, *dev.v_buffer]:
+    t.view(torch.int16).copy_(torch.arange(t.numel(), dtype=torch.int32).view(t.view(torch.int16).shape).to(torch.int16))
+def tokens(pages):
+    return torch.cat([torch.arange(p * P, (p + 1) * P) for p in pages])
+l2 = L2TransferEngine("direct")
+l2.submit_device_to_host([L2Transfer(host, dev, tokens([20, 1, 7, 30]), tokens([3, 9, 4, 12]))])
+engine = gs._engines[-1][0]
+assert engine.stats()["transfers"] == 1
+memory = weakref.ref(host.kv_buffer)  # the pool's host memory (it owns its mapping)
+"""
+
+
+def run_scenario(tail, timeout=120):
+    import subprocess
+    env = {**os.environ, "SGLANG_PLUGINS": "gfd", "GFD_SGLANG_HICACHE": "1",
+           "GFD_EMULATED_DEVICE": "copy_delay_us=200000"}
+    r = subprocess.run([sys.executable, "-c", SCENARIO + tail], capture_output=True, text=True, timeout=timeout,
+                       env=env)
+    assert r.returncode == 0, f"exit status {r.returncode}\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def test_a_pool_dropped_with_a_write_back_in_flight_keeps_its_memory_until_the_bytes_are_placed():
+    """The scheduler lets go of its pools (or replaces them) while a write-back is in flight: the
+    transfer holds the pool's host memory until it is done (gfd's threads write into it
+    meanwhile), and lets it go once done (at the next submission, or when the engine closes)."""
+    out = run_scenario("""
+del host, l2
+gc.collect()
+assert memory() is not None, "the host memory went while gfd's write-back was in flight"
+testing.stream_sync(engine)   # the write-back's stream: done once every byte is placed
+engine.close()
+gc.collect()
+assert memory() is None, "the host memory outlived the write-back"
+print("ok")
+""")
+    assert out.strip().endswith("ok")
+
+
+def test_a_process_ending_with_a_write_back_in_flight_exits_cleanly():
+    """The scheduler's objects go and the process ends at once: gfd's exit hook drains the engine
+    before the interpreter goes, and the memory the write-back writes is there until then."""
+    out = run_scenario("""
+del host, dev, l2
+print("exiting")
+""")
+    assert out.strip().endswith("exiting")
+
+
+def test_destroy_waits_for_gfds_transfers_on_the_pool():
+    """A pool's destroy() unpins its memory: gfd's transfers on it end first."""
+    out = run_scenario("""
+plan = host._gfd_plan[1]
+assert plan.in_flight and not all(t.done() for t in plan.in_flight)
+host.destroy()
+assert all(t.done() for t in plan.in_flight) or not plan.in_flight
+print("ok")
+""")
+    assert out.strip().endswith("ok")

@@ -473,6 +473,45 @@ def test_shutdown_lets_go_of_vllms_region(model_dir, monkeypatch):
     assert not mapped(path)
 
 
+def _exit_with_jobs_in_flight(model_dir, init, out):
+    """A worker process (spawned) that submits stores, each copy held 200 ms, and ends without
+    shutting the worker down: gfd's exit hook drains the engine while vLLM's region and caches
+    are still there."""
+    try:
+        os.environ["GFD_EMULATED_DEVICE"] = "copy_delay_us=200000"
+        from vllm.distributed import parallel_state as ps
+        from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
+        from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+        ps.init_distributed_environment(world_size=1, rank=0, distributed_init_method=init, local_rank=0,
+                                        backend="gloo")
+        vc = vllm_config(model_dir, {"gfd_options": SMALL, "block_size": 2 * TOKENS})
+        spec = OffloadingSpecFactory.create_spec(build_offloading_config(vc, kv_cache_config("one_group")))
+        gpu = [torch.full((NUM_BLOCKS, PAGE), t + 1, dtype=torch.int8) for t in range(2)]
+        worker = spec.get_worker(CanonicalKVCaches([CanonicalKVCacheTensor(g, PAGE) for g in gpu],
+                                                   [[CanonicalKVCacheRef(t, PAGE) for t in range(2)]]))
+        for job in range(3):
+            assert worker.submit_store(job, GPULoadStoreSpec([2 * job + 1, 2 * job + 2], group_sizes=[2],
+                                                             block_indices=[0]), CPULoadStoreSpec([job]))
+        out.put("submitted")
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        import traceback
+        out.put(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+
+
+def test_a_process_ending_with_jobs_in_flight_exits_cleanly(model_dir, tmp_path):
+    """The worker process ends (vLLM's engine exiting) with stores in flight and no shutdown():
+    no crash, exit status 0."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    p = ctx.Process(target=_exit_with_jobs_in_flight, args=(model_dir, f"file://{tmp_path}/init", out))
+    p.start()
+    said = out.get(timeout=300)  # a hang guard only
+    p.join(120)
+    assert said == "submitted", said
+    assert p.exitcode == 0, f"the worker process ended with {p.exitcode}"
+
+
 def test_canonical_layout_is_said_at_startup(model_dir, monkeypatch, caplog):
     """vLLM's own CPU spec ignores canonical_layout, gfd's honours it: the worker says so."""
     with caplog.at_level("WARNING", logger="gfd.vllm"):
