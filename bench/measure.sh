@@ -70,7 +70,8 @@ if ! { "${cfg[@]}" && cmake --build "$BUILD_DIR" -j"$(nproc)" --target gfd_bench
   exit 1
 fi
 echo "build: ${SECONDS}s"
-export PYTHONPATH=$ROOT/$BUILD_DIR/python PYTHONUNBUFFERED=1
+# The gfd package as built, and the Python benchmarks (bench/python/gfd_bench, not installed).
+export PYTHONPATH=$ROOT/$BUILD_DIR/python:$ROOT/bench/python PYTHONUNBUFFERED=1
 B=$BUILD_DIR/bench/gfd_benchmark
 failed=0
 
@@ -92,7 +93,7 @@ if has paged; then
   for r in $(seq "$RUNS"); do
     step "paged_cpp_$r" 120 "$B" --layout paged --direction both --block-sizes 4K,16K,32K,64K --blocks 64 \
       --methods gfd,batch,uva12
-    step "paged_py_$r" 120 "$PY" -m gfd.bench --layout paged --direction both
+    step "paged_py_$r" 120 "$PY" -m gfd_bench --layout paged --direction both
   done
   step ids_h2d 180 "$B" --layout paged --direction h2d
   step ids_d2h 180 "$B" --layout paged --direction d2h
@@ -104,7 +105,7 @@ if has load; then
         --block-sizes 2K,4K,8K,16K,32K,64K,256K,2M --blocks 64 --under-load=decode
     done
   done
-  step load_py_1 120 "$PY" -m gfd.bench --layout paged --direction both --block-sizes 4K,32K --under-load=decode
+  step load_py_1 120 "$PY" -m gfd_bench --layout paged --direction both --block-sizes 4K,32K --under-load=decode
 fi
 if has pool; then
   for r in $(seq "$RUNS"); do
@@ -120,15 +121,15 @@ if has pool; then
 fi
 if has vllm; then
   for r in $(seq "$VLLM_RUNS"); do
-    step "vllm_$r" 240 "$PY" -m gfd.bench_vllm --pages 8K,32K --blocks 64 --gpu-alloc one --host-layout block,region
+    step "vllm_$r" 240 "$PY" -m gfd_bench.vllm --pages 8K,32K --blocks 64 --gpu-alloc one --host-layout block,region
   done
-  step vllm_busy_1 120 "$PY" -m gfd.bench_vllm --pages 32K --blocks 64 --gpu-alloc one --host-layout region --busy-thread
+  step vllm_busy_1 120 "$PY" -m gfd_bench.vllm --pages 32K --blocks 64 --gpu-alloc one --host-layout region --busy-thread
 fi
 if has sglang; then
   for r in $(seq "$RUNS"); do
-    step "sglang_$r" 240 "$PY" -m gfd.bench_sglang --reps 10
+    step "sglang_$r" 240 "$PY" -m gfd_bench.sglang --reps 10
   done
-  step sglang_load_1 240 "$PY" -m gfd.bench_sglang --reps 5 --layouts layer_first --load matmul
+  step sglang_load_1 240 "$PY" -m gfd_bench.sglang --reps 5 --layouts layer_first --load matmul
 fi
 if has latency; then
   for r in $(seq "$RUNS"); do

@@ -112,6 +112,10 @@ class Engine {
   /// share a byte. Throws gfd::Error(kInvalidArgument) naming the pair and side. The memory
   /// must stay allocated while the set is used.
   CacheSet register_caches(std::span<const CachePair> pairs);
+  /// As above, with the names messages give the arrays: `names[2 * p]` is pair p's host array,
+  /// `names[2 * p + 1]` its device array (a binding passes its caller's names: "host[3]"). By
+  /// default they are "pairs[p].host" and "pairs[p].device".
+  CacheSet register_caches(std::span<const CachePair> pairs, std::span<const std::string> names);
 
   /// One transfer of block `src_ids[i]` to block `dst_ids[i]` of every pair of `caches`, for
   /// every i: host to device for Direction::kToDevice (src_ids index the host arrays), device
@@ -123,16 +127,16 @@ class Engine {
   [[nodiscard]] Transfer copy_blocks(const CacheSet& caches, Direction direction, const BlockIds& src_ids,
                                      const BlockIds& dst_ids, cudaStream_t stream);
 
-  /// One transfer per set of `sets`, each of block `src_ids[i]` to block `dst_ids[i]` of every
+  /// One transfer per set of `caches`, each of block `src_ids[i]` to block `dst_ids[i]` of every
   /// pair of that set, issued in order on `stream`: set k's transfer starts after set k - 1's
   /// has completed, so the sets complete in order (a model's layers, say: the forward pass may
   /// wait for layer l alone). `after_each(k)`, if given, runs once set k's transfer is enqueued
   /// and before set k + 1's (a runtime records its per-layer event on `stream` there). The ids
   /// are checked against every set before anything is enqueued; otherwise as copy_blocks.
-  [[nodiscard]] std::vector<Transfer> copy_blocks(std::span<const CacheSet> sets, Direction direction,
-                                                  const BlockIds& src_ids, const BlockIds& dst_ids,
-                                                  cudaStream_t stream,
-                                                  const std::function<void(std::size_t)>& after_each = {});
+  [[nodiscard]] std::vector<Transfer> copy_blocks(
+      std::span<const CacheSet> caches, Direction direction, const BlockIds& src_ids,
+      const BlockIds& dst_ids, cudaStream_t stream,
+      const std::function<void(std::size_t)>& after_each = {});
 
   /// Counters since creation.
   EngineStats stats() const;

@@ -9,7 +9,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import _error, _gfd, _type_error
+from . import _gfd
+from ._errors import _error, _type_error
 
 @dataclass(frozen=True)
 class Rows:

@@ -52,7 +52,8 @@ from typing import Any, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from . import Direction, Engine, Error, HostPool, _error, _gfd, _type_error
+from . import Direction, Engine, Error, HostPool, _gfd
+from ._errors import _error, _type_error
 from ._views import Rows as _Rows, View as _View, rows as _rows
 
 __all__ = ["KVTransferWorker", "JobResult", "host_block_ids"]

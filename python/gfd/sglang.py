@@ -41,7 +41,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from . import Engine, _error, testing
+from . import Engine, testing
+from ._errors import _error
 from ._views import Rows, View
 
 __all__ = ["plugin", "ENABLE_VARIABLE", "SUPPORTED_SGLANG"]

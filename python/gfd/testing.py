@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from . import Engine, _dtype_name, _gfd
-
-_t = _gfd.testing
+from ._errors import _error
+from ._gfd import Buffer, Engine
+from ._gfd import testing as _t
 
 
 def emulated_engine(copy_delay_us: int = 0, ordinal: int = 0, fault: str = "", **options: Any) -> Engine:
@@ -38,7 +38,7 @@ def emulated_engine(copy_delay_us: int = 0, ordinal: int = 0, fault: str = "", *
     "scatter", "gather", "zero_copy", "copy_batch") that fails as a GPU fault would, leaving
     the device in a sticky error state. stream=None is an emulated stream standing in for the
     default stream."""
-    return Engine._wrap(_t.emulated_engine(options, copy_delay_us, ordinal, fault))
+    return _t.emulated_engine(options, copy_delay_us, ordinal, fault)
 
 
 #: The environment variable that puts gfd's runtime integrations (gfd.vllm) on the emulated
@@ -52,7 +52,6 @@ def emulated_device_settings() -> Optional[dict]:
     unset, empty or "0". Raises :class:`gfd.InvalidArgument` naming the variable for a setting
     that is not ``copy_delay_us=<int>`` or ``fault=<operation>``."""
     import os
-    from . import _error
     value = os.environ.get(EMULATED_DEVICE_VARIABLE, "").strip()
     if value in ("", "0"):
         return None
@@ -76,7 +75,7 @@ class AdoptedMemory:
     :func:`adopt_device_memory`), until :meth:`release`."""
 
     def __init__(self, engine: Engine, ptr: int, nbytes: int, owner: Any) -> None:
-        self._release = _t.adopt_device_memory(engine._core, ptr, nbytes)
+        self._release = _t.adopt_device_memory(engine, ptr, nbytes)
         self.ptr, self.nbytes, self._owner = ptr, nbytes, owner
 
     def release(self) -> None:
@@ -124,67 +123,67 @@ def adopt_tensors(engine: Engine, tensors: Any) -> list:
     return out
 
 
-def device_buffer(engine: Engine, shape: Any, dtype: Any = "uint8") -> _gfd.Buffer:
+def device_buffer(engine: Engine, shape: Any, dtype: Any = "uint8") -> Buffer:
     """Device memory of the engine's GPU as a gfd.Buffer (DLPack device: CUDA). On the emulated
     device it also has __array_interface__, so numpy.asarray shows the "device" bytes."""
-    return _t.device_buffer(engine._core, shape, _dtype_name(dtype, "device_buffer: dtype"))
+    return _t.device_buffer(engine, shape, dtype)
 
 
-def pinned_buffer(engine: Engine, shape: Any, dtype: Any = "uint8") -> _gfd.Buffer:
+def pinned_buffer(engine: Engine, shape: Any, dtype: Any = "uint8") -> Buffer:
     """A pinned host buffer (a HostPool registered with the engine's device: on the emulated
     device, registered with the emulator)."""
-    return _t.pinned_buffer(engine._core, shape, _dtype_name(dtype, "pinned_buffer: dtype"))
+    return _t.pinned_buffer(engine, shape, dtype)
 
 
 def create_stream(engine: Engine) -> int:
     """A new stream of the engine's device, as an int handle."""
-    return _t.create_stream(engine._core)
+    return _t.create_stream(engine)
 
 
 def destroy_stream(engine: Engine, stream: int) -> None:
-    _t.destroy_stream(engine._core, stream)
+    _t.destroy_stream(engine, stream)
 
 
 def stream_sync(engine: Engine, stream: Optional[int] = None) -> None:
     """Waits for everything queued on ``stream`` (None: the engine's default stream)."""
-    _t.stream_sync(engine._core, stream)
+    _t.stream_sync(engine, stream)
 
 
 def delay(engine: Engine, microseconds: int, stream: Optional[int] = None) -> None:
     """Holds ``stream`` for that long (a spin kernel on a GPU): work queued after it waits."""
-    _t.delay(engine._core, microseconds, stream)
+    _t.delay(engine, microseconds, stream)
 
 
 def copy(engine: Engine, dst: int, src: int, nbytes: int, to_device: bool, stream: Optional[int] = None) -> None:
     """One plain asynchronous copy (cudaMemcpyAsync) on ``stream``."""
-    _t.copy(engine._core, dst, src, nbytes, to_device, stream)
+    _t.copy(engine, dst, src, nbytes, to_device, stream)
 
 
 def memset(engine: Engine, dst: int, value: int, nbytes: int, stream: Optional[int] = None) -> None:
-    _t.memset(engine._core, dst, value, nbytes, stream)
+    _t.memset(engine, dst, value, nbytes, stream)
 
 
 def pointer_kind(engine: Engine, address: int) -> str:
     """'pageable', 'pinned', 'device', 'other_device' or 'managed', as the engine's device
     sees the address."""
-    return _t.pointer_kind(engine._core, address)
+    return _t.pointer_kind(engine, address)
 
 
 def memcpy_batch(engine: Engine, dsts: int, srcs: int, sizes: int, count: int, to_device: bool, stream: int) -> None:
     """vLLM's CPU offloading copy path: one cudaMemcpyBatchAsync of ``count`` descriptors (the
     addresses of pointer and size arrays, e.g. numpy's ``.ctypes.data``) on ``stream``, sources
     read in any order for loads and in stream order for stores (CUDA devices only)."""
-    _t.memcpy_batch(engine._core, dsts, srcs, sizes, count, to_device, stream)
+    _t.memcpy_batch(engine, dsts, srcs, sizes, count, to_device, stream)
 
 
 def trace_start(engine: Engine, capacity: int = 1 << 20) -> None:
     """Starts recording the engine's trace points (see src/trace_event.hpp)."""
-    _t.trace_start(engine._core, capacity)
+    _t.trace_start(engine, capacity)
 
 
 def trace_take(engine: Engine) -> list:
     """The points recorded since trace_start, as (ns, transfer, what, thread, a, b) tuples."""
-    return _t.trace_take(engine._core)
+    return _t.trace_take(engine)
 
 
 # TraceEvent::What and TraceEvent::Stage, as in src/trace_event.hpp.

@@ -55,7 +55,8 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 from vllm.utils.torch_utils import PIN_MEMORY
 
-from . import Engine, _error, testing
+from . import Engine, testing
+from ._errors import _error
 from .kv_worker import KVTransferWorker
 
 __all__ = ["GfdOffloadingSpec", "GfdTieringOffloadingSpec", "GfdOffloadingWorker"]

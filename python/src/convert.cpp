@@ -1,10 +1,7 @@
-// The Python module's conversions (declared in ext.hpp): gfd.Error, integers in, element types.
-// Options and stats: options.cpp. Tensors and integer arrays in: arrays.cpp.
-#include "ext.hpp"
-
-#include <pybind11/stl.h>
-
+// The Python module's conversions (declared in ext.hpp): integers in, element types. Errors:
+// errors.cpp. Options and stats: options.cpp. Tensors and integer arrays in: arrays.cpp.
 #include <cuda_runtime_api.h>
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -12,101 +9,9 @@
 #include <limits>
 #include <utility>
 
+#include "ext.hpp"
+
 namespace gfd::python {
-
-// ---------------------------------------------------------------------------------------------
-// Errors: one Python exception class, gfd.Error(RuntimeError), with .code and .block.
-
-namespace {
-PyObject* g_error_type = nullptr;     // gfd.Error
-PyObject* g_argument_type = nullptr;  // gfd.InvalidArgument
-PyObject* g_type_type = nullptr;      // gfd.InvalidType
-
-PyObject* new_class(const char* name, const char* doc, PyObject* bases, const py::dict& attrs) {
-  PyObject* t = PyErr_NewExceptionWithDoc(name, doc, bases, attrs.ptr());
-  if (t == nullptr) throw py::error_already_set();
-  return t;
-}
-}  // namespace
-
-[[noreturn]] void bad_argument(const std::string& message, std::uint64_t block) {
-  throw Error(ErrorCode::kInvalidArgument, message, static_cast<std::size_t>(block));
-}
-
-[[noreturn]] void bad_type(const std::string& message) { throw TypeArgError(message); }
-
-py::object make_error(const Error& e) {
-  PyObject* cls = g_error_type;
-  if (dynamic_cast<const TypeArgError*>(&e) != nullptr) cls = g_type_type;
-  else if (e.code() == ErrorCode::kInvalidArgument) cls = g_argument_type;
-  py::object type = py::reinterpret_borrow<py::object>(cls);
-  py::object exc = type(py::str(e.what()));
-  exc.attr("code") = py::str(to_string(e.code()));
-  exc.attr("block") = e.block() == kNoBlock ? py::none() : py::object(py::int_(e.block()));
-  return exc;
-}
-
-void register_error_type(py::module_& m) {
-  py::dict error_defaults;  // class attributes: instances made in Python read these
-  error_defaults["code"] = py::str("invalid_argument");
-  error_defaults["block"] = py::none();
-  g_error_type = new_class(
-      "gfd.Error",
-      "Every error gfd raises. `code` names the kind ('invalid_argument', 'cuda', 'system', "
-      "'shutdown', 'no_device', ...); `block` is the index of the offending block or id row, or "
-      "None. The message names the call and the argument.",
-      PyExc_RuntimeError, error_defaults);
-  py::dict none;
-  PyObject* bases = PyTuple_Pack(2, g_error_type, PyExc_ValueError);
-  g_argument_type = new_class(
-      "gfd.InvalidArgument",
-      "A bad argument (code 'invalid_argument'): a gfd.Error and a ValueError. Raised before "
-      "anything is written.",
-      bases, none);
-  Py_DECREF(bases);
-  bases = PyTuple_Pack(2, g_argument_type, PyExc_TypeError);
-  g_type_type = new_class(
-      "gfd.InvalidType",
-      "An argument of the wrong type (a float or bool where an integer is taken, None where a "
-      "list is): a gfd.InvalidArgument and a TypeError.",
-      bases, none);
-  Py_DECREF(bases);
-  m.attr("Error") = py::handle(g_error_type);
-  m.attr("InvalidArgument") = py::handle(g_argument_type);
-  m.attr("InvalidType") = py::handle(g_type_type);
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const Error& e) {
-      py::object exc = make_error(e);
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
-    } catch (const py::cast_error& e) {
-      // pybind11's conversions of the few typed parameters left (str, sequences): an argument
-      // of the wrong type. The Python wrappers name the argument before this can happen.
-      py::object exc = make_error(TypeArgError(std::string("gfd: ") + e.what()));
-      PyErr_SetObject(g_type_type, exc.ptr());
-    }
-  });
-}
-
-// The Python exception for a stored failure (Transfer.error()).
-py::object error_object(const std::exception_ptr& p) {
-  try {
-    std::rethrow_exception(p);
-  } catch (const Error& e) {
-    return make_error(e);
-  } catch (const std::exception& e) {
-    return make_error(Error(ErrorCode::kSystem, e.what()));
-  }
-}
-
-std::string type_name(py::handle v) {
-  py::handle t = py::type::of(v);
-  const std::string name = py::str(t.attr("__name__"));
-  const std::string module = py::hasattr(t, "__module__") ? std::string(py::str(t.attr("__module__"))) : "";
-  if (module.empty() || module == "builtins") return name;
-  return module + "." + name;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Integers in.
@@ -130,17 +35,18 @@ bool integer_like(py::handle v) {
   const py::object dtype = py::reinterpret_steal<py::object>(dt);
   std::string s = py::str(dtype);
   if (s.rfind("torch.", 0) == 0) s = s.substr(6);
-  static const char* const kInts[] = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"};
+  static const char* const kInts[] = {"int8",  "int16",  "int32",  "int64",
+                                      "uint8", "uint16", "uint32", "uint64"};
   bool ok = false;
   for (const char* k : kInts) ok = ok || s == k;
   // A numpy or torch scalar, or a one-element tensor: __index__ gives the value.
   return ok && PyIndex_Check(v.ptr());
 }
 
-
 IntValue int_value(py::handle v, const std::string& name) {
   if (!integer_like(v))
-    bad_type(name + ": expected an int, got " + (PyBool_Check(v.ptr()) ? std::string("bool") : type_name(v)));
+    bad_type(name + ": expected an int, got " +
+             (PyBool_Check(v.ptr()) ? std::string("bool") : type_name(v)));
   PyObject* idx = PyNumber_Index(v.ptr());
   if (idx == nullptr) {
     PyErr_Clear();
@@ -172,17 +78,20 @@ IntValue int_value(py::handle v, const std::string& name) {
 
 std::int64_t int_arg(py::handle v, const std::string& name, std::int64_t lo, std::int64_t hi) {
   const IntValue x = int_value(v, name);
-  const __int128 value = x.negative ? -static_cast<__int128>(x.magnitude) : static_cast<__int128>(x.magnitude);
+  const __int128 value =
+      x.negative ? -static_cast<__int128>(x.magnitude) : static_cast<__int128>(x.magnitude);
   if (x.huge || value < lo || value > hi) {
     if (x.negative && lo == 0) bad_argument(name + ": " + x.text() + " is negative");
-    bad_argument(name + ": " + x.text() + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    bad_argument(name + ": " + x.text() + " is out of range [" + std::to_string(lo) + ", " +
+                 std::to_string(hi) + "]");
   }
   return static_cast<std::int64_t>(value);
 }
 
 std::uint64_t uint_arg(py::handle v, const std::string& name, std::uint64_t hi) {
   const IntValue x = int_value(v, name);
-  if (x.negative && (x.huge || x.magnitude != 0)) bad_argument(name + ": " + x.text() + " is negative");
+  if (x.negative && (x.huge || x.magnitude != 0))
+    bad_argument(name + ": " + x.text() + " is negative");
   if (x.huge || x.magnitude > hi)
     bad_argument(name + ": " + x.text() + " is out of range [0, " + std::to_string(hi) + "]");
   return x.magnitude;
@@ -216,12 +125,14 @@ std::uintptr_t host_address_end() {
 #endif
 }
 
-void check_host_range(std::uint64_t p, std::uint64_t bytes, const std::string& name, std::uint64_t block) {
+void check_host_range(std::uint64_t p, std::uint64_t bytes, const std::string& name,
+                      std::uint64_t block) {
   const std::uint64_t lo = host_address_lowest(), end = host_address_end();
   if (p < lo || p >= end || bytes > end - p) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(p));
-    bad_argument(name + ": host address " + buf + (bytes > 0 ? " + " + std::to_string(bytes) + " bytes" : "") +
+    bad_argument(name + ": host address " + buf +
+                     (bytes > 0 ? " + " + std::to_string(bytes) + " bytes" : "") +
                      " is outside the user address space",
                  block);
   }
@@ -250,12 +161,34 @@ const DType kDTypes[] = {
 };
 }  // namespace
 
-const DType& dtype_named(const std::string& name) {
+const DType& dtype_named(const std::string& name, const std::string& what) {
   for (const DType& t : kDTypes)
     if (name == t.name) return t;
   std::string known;
   for (const DType& t : kDTypes) known += (known.empty() ? "" : ", ") + std::string(t.name);
-  bad_argument("dtype: '" + name + "' is not a dtype gfd knows (" + known + ")");
+  bad_argument(what + ": '" + name + "' is not a dtype gfd knows (" + known + ")");
+}
+
+const DType& dtype_arg(py::handle dtype, const std::string& what) {
+  std::string name;
+  if (py::isinstance<py::str>(dtype)) {
+    name = py::str(dtype);
+  } else if (PyType_Check(dtype.ptr())) {  // a numpy scalar type, or Python's float, int, bool
+    if (dtype.ptr() == reinterpret_cast<PyObject*>(&PyFloat_Type))
+      name = "float64";
+    else if (dtype.ptr() == reinterpret_cast<PyObject*>(&PyLong_Type))
+      name = "int64";
+    else if (dtype.ptr() == reinterpret_cast<PyObject*>(&PyBool_Type))
+      name = "bool";
+    else
+      name = py::str(dtype.attr("__name__"));
+  } else {
+    // numpy.dtype has .name; torch.float16 prints as 'torch.float16'.
+    py::object n = py::getattr(dtype, "name", py::none());
+    name = py::isinstance<py::str>(n) ? std::string(py::str(n)) : std::string(py::str(dtype));
+  }
+  if (name.rfind("torch.", 0) == 0) name = name.substr(6);
+  return dtype_named(name, what);
 }
 
 std::vector<std::string> dtype_names() {

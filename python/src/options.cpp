@@ -1,7 +1,5 @@
 // The Python module's options and stats (declared in ext.hpp): EngineOptions from and to Python
 // values by the option table's names, EngineStats as a dict.
-#include "ext.hpp"
-
 #include <pybind11/stl.h>
 
 #include <cstdio>
@@ -9,12 +7,13 @@
 #include <limits>
 #include <utility>
 
+#include "ext.hpp"
+
 namespace gfd::python {
 
 // ---------------------------------------------------------------------------------------------
 // Options and stats: one table per struct, checked against the struct's field count at compile
 // time, so that a new EngineOptions or EngineStats field cannot be forgotten here.
-
 
 namespace {
 
@@ -33,8 +32,10 @@ consteval std::size_t count_fields() {
 
 template <class T>
 py::object to_py(const T& v) {
-  if constexpr (std::is_enum_v<T>) return py::str(to_string(v));
-  else return py::cast(v);
+  if constexpr (std::is_enum_v<T>)
+    return py::str(to_string(v));
+  else
+    return py::cast(v);
 }
 
 // What an option takes, read from its default's text: a number (sizes with an optional K, M or G
@@ -47,7 +48,8 @@ bool number_text(const std::string& t, long long* out) {
   if (i == t.size()) return false;
   long long v = 0;
   for (; i < t.size() && t[i] >= '0' && t[i] <= '9'; ++i)
-    if (__builtin_mul_overflow(v, 10LL, &v) || __builtin_add_overflow(v, static_cast<long long>(t[i] - '0'), &v))
+    if (__builtin_mul_overflow(v, 10LL, &v) ||
+        __builtin_add_overflow(v, static_cast<long long>(t[i] - '0'), &v))
       return false;
   int shift = 0;
   if (i + 1 == t.size()) {
@@ -71,13 +73,15 @@ OptionKind option_kind(const std::string& name) {
 py::object option_value(const EngineOptions& o, const std::string& name) {
   const std::string t = o.get(name);
   switch (option_kind(name)) {
-    case OptionKind::kBool: return py::bool_(t == "true");
+    case OptionKind::kBool:
+      return py::bool_(t == "true");
     case OptionKind::kNumber: {
       long long v = 0;
       if (number_text(t, &v)) return py::int_(v);
       return py::str(t);
     }
-    case OptionKind::kText: break;
+    case OptionKind::kText:
+      break;
   }
   return py::str(t);
 }
@@ -86,13 +90,17 @@ struct StatsField {
   const char* name;
   py::object (*get)(const EngineStats&);
 };
-#define GFD_STAT(f) StatsField{#f, [](const EngineStats& s) -> py::object { return to_py(s.f); }}
+#define GFD_STAT(f)                                                   \
+  StatsField {                                                        \
+#f, [](const EngineStats& s) -> py::object { return to_py(s.f); } \
+  }
 const StatsField kStatsFields[] = {
-    GFD_STAT(bytes),          GFD_STAT(transfers),     GFD_STAT(blocks),         GFD_STAT(chunks),
-    GFD_STAT(direct_copies),  GFD_STAT(strided_copies), GFD_STAT(gather_seconds), GFD_STAT(plan_seconds),
-    GFD_STAT(submit_wait_seconds), GFD_STAT(hugepages), GFD_STAT(numa_node),     GFD_STAT(gather_threads),
-    GFD_STAT(staging_bytes),  GFD_STAT(slot_bytes),    GFD_STAT(cpus),           GFD_STAT(cpu_sharing),
-    GFD_STAT(staging_writes),
+    GFD_STAT(bytes),          GFD_STAT(transfers),      GFD_STAT(blocks),
+    GFD_STAT(chunks),         GFD_STAT(direct_copies),  GFD_STAT(strided_copies),
+    GFD_STAT(gather_seconds), GFD_STAT(plan_seconds),   GFD_STAT(submit_wait_seconds),
+    GFD_STAT(hugepages),      GFD_STAT(numa_node),      GFD_STAT(gather_threads),
+    GFD_STAT(staging_bytes),  GFD_STAT(slot_bytes),     GFD_STAT(cpus),
+    GFD_STAT(cpu_sharing),    GFD_STAT(staging_writes),
 };
 #undef GFD_STAT
 static_assert(std::size(kStatsFields) == count_fields<EngineStats>(),
@@ -115,7 +123,8 @@ EngineOptions options_from(EngineOptions o, const py::dict& kwargs) {
     std::string text;
     switch (option_kind(k)) {
       case OptionKind::kBool:
-        if (!PyBool_Check(value.ptr()) && type_name(value) != "numpy.bool_" && type_name(value) != "numpy.bool")
+        if (!PyBool_Check(value.ptr()) && type_name(value) != "numpy.bool_" &&
+            type_name(value) != "numpy.bool")
           bad_type(what + " takes a bool, not " + type_name(value));
         text = PyObject_IsTrue(value.ptr()) == 1 ? "true" : "false";
         break;
@@ -130,7 +139,8 @@ EngineOptions options_from(EngineOptions o, const py::dict& kwargs) {
         }
         break;
       case OptionKind::kText:
-        if (!py::isinstance<py::str>(value)) bad_type(what + " takes a str, not " + type_name(value));
+        if (!py::isinstance<py::str>(value))
+          bad_type(what + " takes a str, not " + type_name(value));
         text = py::str(value);
         break;
     }

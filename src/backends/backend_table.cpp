@@ -72,8 +72,8 @@ TransferPtr BackendImpl::submit_listed(const SetRequest& r, const std::function<
     const std::size_t i = set.row_major ? e.block() / set.pairs.size() : e.block() % rows;
     const bool to_device = r.direction == Direction::kToDevice;
     throw Error(e.code(),
-                std::string(e.what()) + " [" + CacheSetState::label(p, to_device) + " -> " +
-                    CacheSetState::label(p, !to_device) + ", " + name_at("src_ids", i) + "]",
+                std::string(e.what()) + " [" + set.label(p, to_device) + " -> " +
+                    set.label(p, !to_device) + ", " + name_at("src_ids", i) + "]",
                 i);
   }
 }

@@ -6,6 +6,7 @@
 #include "device/device.hpp"
 #include "engine/engine_core.hpp"
 #include "gfd/error.hpp"
+#include "planning/cache_set.hpp"
 
 namespace gfd {
 
@@ -68,64 +69,64 @@ Engine& Engine::operator=(Engine&& other) noexcept {
   return *this;
 }
 
+namespace {
+// Messages of a bad argument start with the call that was given it: the checks below a call
+// (planning, ids) are shared by several calls and name only the argument.
+template <class F>
+auto named(const char* call, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kInvalidArgument) throw;
+    throw Error(e.code(), std::string(call) + ": " + e.what(), e.block());
+  }
+}
+}  // namespace
+
 Transfer Engine::copy_to_device(std::span<const BlockCopy> blocks, cudaStream_t stream) {
-  return detail::EngineCore::of(*this).submit(blocks, stream, detail::Direction::kToDevice);
+  return named("copy_to_device", [&] {
+    return detail::EngineCore::of(*this).submit(blocks, stream, detail::Direction::kToDevice);
+  });
 }
 
 Transfer Engine::copy_to_host(std::span<const BlockCopy> blocks, cudaStream_t stream) {
-  return detail::EngineCore::of(*this).submit(blocks, stream, detail::Direction::kToHost);
+  return named("copy_to_host", [&] {
+    return detail::EngineCore::of(*this).submit(blocks, stream, detail::Direction::kToHost);
+  });
 }
 
 CacheSet Engine::register_caches(std::span<const CachePair> pairs) {
   return detail::EngineCore::of(*this).register_caches(pairs);
 }
 
-Transfer Engine::copy_blocks(const CacheSet& caches, Direction direction, const BlockIds& src_ids,
-                             const BlockIds& dst_ids, cudaStream_t stream) {
-  return detail::EngineCore::of(*this).submit_blocks(caches, direction, src_ids, dst_ids, stream);
+CacheSet Engine::register_caches(std::span<const CachePair> pairs,
+                                 std::span<const std::string> names) {
+  return detail::EngineCore::of(*this).register_caches(pairs, {names.begin(), names.end()});
 }
 
-std::vector<Transfer> Engine::copy_blocks(std::span<const CacheSet> sets, Direction direction,
-                                          const BlockIds& src_ids, const BlockIds& dst_ids, cudaStream_t stream,
+Transfer Engine::copy_blocks(const CacheSet& caches, Direction direction, const BlockIds& src_ids,
+                             const BlockIds& dst_ids, cudaStream_t stream) {
+  return named("copy_blocks", [&] {
+    return detail::EngineCore::of(*this).submit_blocks(caches, direction, src_ids, dst_ids, stream);
+  });
+}
+
+std::vector<Transfer> Engine::copy_blocks(std::span<const CacheSet> caches, Direction direction,
+                                          const BlockIds& src_ids, const BlockIds& dst_ids,
+                                          cudaStream_t stream,
                                           const std::function<void(std::size_t)>& after_each) {
-  // Every id against every set before anything is enqueued: the fewest blocks any set has, per
-  // side. (An id given twice as a destination is found by the first set's transfer, before it
-  // enqueues anything.)
-  const bool to_device = direction == Direction::kToDevice;
-  std::uint64_t src_limit = UINT64_MAX, dst_limit = UINT64_MAX;
-  std::size_t src_set = 0, dst_set = 0;
-  for (std::size_t k = 0; k < sets.size(); ++k) {
-    const std::uint64_t s = to_device ? sets[k].host_blocks() : sets[k].device_blocks();
-    const std::uint64_t d = to_device ? sets[k].device_blocks() : sets[k].host_blocks();
-    if (s < src_limit) src_limit = s, src_set = k;
-    if (d < dst_limit) dst_limit = d, dst_set = k;
-  }
-  if (src_ids.count != dst_ids.count)
-    throw Error(ErrorCode::kInvalidArgument,
-                std::to_string(src_ids.count) + " src_ids but " + std::to_string(dst_ids.count) + " dst_ids");
-  const char* src_side = to_device ? "host" : "device";
-  const char* dst_side = to_device ? "device" : "host";
-  for (std::size_t i = 0; i < src_ids.count && !sets.empty(); ++i) {
-    const std::int64_t s = src_ids[i], t = dst_ids[i];
-    auto bad = [&](const char* name, const char* what, std::int64_t v, const char* side, std::size_t k,
-                   std::uint64_t n) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  std::string(name) + "[" + std::to_string(i) + "] (block " + std::to_string(s) +
-                      " -> " + std::to_string(t) + "): " + what + " block " + std::to_string(v) +
-                      (v < 0 ? std::string(" is negative")
-                             : " is out of range (set " + std::to_string(k) + "'s " + side + " caches have " +
-                                   std::to_string(n) + " blocks)"),
-                  i);
-    };
-    if (s < 0 || static_cast<std::uint64_t>(s) >= src_limit) bad("src_ids", "source", s, src_side, src_set, src_limit);
-    if (t < 0 || static_cast<std::uint64_t>(t) >= dst_limit)
-      bad("dst_ids", "destination", t, dst_side, dst_set, dst_limit);
-  }
+  detail::EngineCore& core = detail::EngineCore::of(*this);
+  // Every id against every set before anything is enqueued. (An id given twice as a destination
+  // is found by the first set's transfer, before it enqueues anything.)
+  named("copy_blocks",
+        [&] { detail::CacheSetState::check_sets(caches, &core, direction, src_ids, dst_ids); });
   std::vector<Transfer> out;
-  out.reserve(sets.size());
-  for (std::size_t k = 0; k < sets.size(); ++k) {
+  out.reserve(caches.size());
+  for (std::size_t k = 0; k < caches.size(); ++k) {
     // Set k > 0 queues behind set k - 1 on `stream`: no short first batch (SetRequest::lead).
-    out.push_back(detail::EngineCore::of(*this).submit_blocks(sets[k], direction, src_ids, dst_ids, stream, k == 0));
+    out.push_back(named("copy_blocks", [&] {
+      return core.submit_blocks(caches[k], direction, src_ids, dst_ids, stream, k == 0);
+    }));
     if (after_each) after_each(k);
   }
   return out;

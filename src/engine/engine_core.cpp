@@ -110,11 +110,11 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
   });
 }
 
-CacheSet EngineCore::register_caches(std::span<const CachePair> pairs) {
+CacheSet EngineCore::register_caches(std::span<const CachePair> pairs, std::vector<std::string> names) {
   gate_.enter("register_caches");
   Leave leave{gate_};
   const ScopedCurrentDevice current(*ctx_->device);
-  return CacheSetState::make(pairs, *ctx_->device, this);
+  return CacheSetState::make(pairs, *ctx_->device, this, std::move(names));
 }
 
 Transfer EngineCore::submit_blocks(const CacheSet& caches, Direction d, const BlockIds& src,

@@ -54,7 +54,8 @@ class EngineCore {
   EngineCore& operator=(const EngineCore&) = delete;
 
   Transfer submit(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction);
-  CacheSet register_caches(std::span<const CachePair> pairs);
+  // Engine::register_caches; `names` name the arrays in messages (CacheSetState::make).
+  CacheSet register_caches(std::span<const CachePair> pairs, std::vector<std::string> names = {});
   // Engine::copy_blocks; `lead` as SetRequest::lead.
   Transfer submit_blocks(const CacheSet& caches, Direction direction, const BlockIds& src,
                          const BlockIds& dst, StreamHandle stream, bool lead = true);

@@ -59,7 +59,8 @@ bool blocks_overlap(const Extent& a, const Extent& b) {
 
 std::string name_at(std::string_view name, std::size_t i) { return std::string(name) + "[" + std::to_string(i) + "]"; }
 
-std::string CacheSetState::label(std::size_t pair, bool host) {
+std::string CacheSetState::label(std::size_t pair, bool host) const {
+  if (!names.empty()) return names[2 * pair + (host ? 0 : 1)];
   return "pairs[" + std::to_string(pair) + (host ? "].host" : "].device");
 }
 
@@ -72,7 +73,7 @@ constexpr const char* kRegister = "register_caches";
 // in one allocation per side (`alloc`: that allocation's start). Returns its extent.
 Extent check_array(CacheSetState& st, std::size_t p, int side, Device& device, std::uintptr_t (&alloc)[2]) {
   BlockArray& a = side == 0 ? st.pairs[p].host : st.pairs[p].device;
-  const std::string name = std::string(kRegister) + ": " + CacheSetState::label(p, side == 0);
+  const std::string name = std::string(kRegister) + ": " + st.label(p, side == 0);
   if (a.base == nullptr) bad(name + ": base is null");
   if (a.blocks == 0) bad(name + ": has no blocks");
   if (a.block_bytes == 0) bad(name + ": block_bytes is 0");
@@ -114,8 +115,8 @@ Extent check_array(CacheSetState& st, std::size_t p, int side, Device& device, s
 void add_pair(CacheSetState& st, std::size_t p) {
   const CachePair& q = st.pairs[p];
   if (q.host.block_bytes != q.device.block_bytes)
-    bad(std::string(kRegister) + ": " + CacheSetState::label(p, true) + " has blocks of " +
-        std::to_string(q.host.block_bytes) + " bytes, " + CacheSetState::label(p, false) + " of " +
+    bad(std::string(kRegister) + ": " + st.label(p, true) + " has blocks of " +
+        std::to_string(q.host.block_bytes) + " bytes, " + st.label(p, false) + " of " +
         std::to_string(q.device.block_bytes));
   st.all_pinned = st.all_pinned && st.host_pinned[p] != 0;
   if (p == 0) st.block_bytes = q.host.block_bytes;
@@ -168,9 +169,9 @@ void find_layout(CacheSetState& st) {
 
 // No two arrays may share a byte: a transfer writes each destination block once, and a block of
 // one array that is also a block of another would be written twice (or read while written).
-void check_no_overlap(std::vector<Extent>& extents) {
+void check_no_overlap(const CacheSetState& st, std::vector<Extent>& extents) {
   std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
-  const auto name = [](const Extent& e) { return CacheSetState::label(e.index / 2, e.index % 2 == 0); };
+  const auto name = [&](const Extent& e) { return st.label(e.index / 2, e.index % 2 == 0); };
   for (std::size_t i = 0; i < extents.size(); ++i)
     for (std::size_t j = i + 1; j < extents.size() && extents[j].begin < extents[i].end; ++j)
       if (blocks_overlap(extents[i], extents[j]))
@@ -179,11 +180,16 @@ void check_no_overlap(std::vector<Extent>& extents) {
 
 }  // namespace
 
-CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, const void* owner) {
+CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, const void* owner,
+                             std::vector<std::string> names) {
   auto st = std::make_shared<CacheSetState>();
   st->owner = owner;
   st->device = device.ordinal();
   if (pairs.empty()) bad(std::string(kRegister) + ": pairs is empty");
+  if (!names.empty() && names.size() != 2 * pairs.size())
+    bad(std::string(kRegister) + ": " + std::to_string(names.size()) + " names for " +
+        std::to_string(pairs.size()) + " pairs (one for each host and each device array)");
+  st->names = std::move(names);
   st->pairs.assign(pairs.begin(), pairs.end());
   st->host_pinned.assign(pairs.size(), 0);
   st->host_blocks = st->device_blocks = SIZE_MAX;
@@ -197,21 +203,67 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
     add_pair(*st, p);
   }
   find_layout(*st);
-  check_no_overlap(extents);
+  check_no_overlap(*st, extents);
   return CacheSet(std::move(st));
 }
 
-const CacheSetState& CacheSetState::of(const CacheSet& set, const void* owner) {
-  if (!set.state_) bad("copy_blocks: caches is an empty CacheSet (default-constructed)");
+const CacheSetState& CacheSetState::of(const CacheSet& set, const void* owner,
+                                       std::string_view name) {
+  if (!set.state_) bad(std::string(name) + " is an empty CacheSet (default-constructed)");
   if (set.state_->owner != owner)
-    bad("copy_blocks: caches was registered with another engine (GPU " + std::to_string(set.state_->device) +
-        "); register it with this one");
+    bad(std::string(name) + " was registered with another engine (GPU " +
+        std::to_string(set.state_->device) + "); register it with this one");
   return *set.state_;
 }
 
 namespace {
 constexpr std::string_view kSrcName = "src_ids", kDstName = "dst_ids";
+
+// The one wording of a bad id: "src_ids[5] (block 9 -> 2): source block 9 is out of range
+// (pairs[0].host has 8 blocks)"; `limit` names what bounds the id.
+[[noreturn]] void bad_id(std::string_view name, std::size_t i, std::int64_t s, std::int64_t t,
+                         bool source, std::int64_t v, const std::string& limit,
+                         std::size_t blocks) {
+  bad(name_at(name, i) + " (block " + std::to_string(s) + " -> " + std::to_string(t) +
+          "): " + (source ? "source" : "destination") + " block " + std::to_string(v) +
+          (v < 0 ? std::string(" is negative")
+                 : " is out of range (" + limit + " has " + std::to_string(blocks) + " blocks)"),
+      i);
+}
 }  // namespace
+
+void CacheSetState::check_sets(std::span<const CacheSet> caches, const void* owner, Direction d,
+                               const BlockIds& src, const BlockIds& dst) {
+  const bool to_device = d == Direction::kToDevice;
+  // The set, and its pair, with the fewest blocks per side.
+  struct Limit {
+    std::size_t blocks = SIZE_MAX, set = 0, pair = 0;
+  } src_limit, dst_limit;
+  std::vector<const CacheSetState*> states;
+  for (std::size_t k = 0; k < caches.size(); ++k) {
+    const CacheSetState& s = of(caches[k], owner, name_at("caches", k));
+    states.push_back(&s);
+    const std::size_t from = to_device ? s.host_blocks : s.device_blocks;
+    const std::size_t to = to_device ? s.device_blocks : s.host_blocks;
+    if (from < src_limit.blocks)
+      src_limit = {from, k, to_device ? s.host_blocks_pair : s.device_blocks_pair};
+    if (to < dst_limit.blocks)
+      dst_limit = {to, k, to_device ? s.device_blocks_pair : s.host_blocks_pair};
+  }
+  if (caches.empty()) return;
+  // The counts as each set checks them, against the set with the fewest destination blocks.
+  states[dst_limit.set]->check_counts(d, src, dst);
+  auto label = [&](const Limit& l, bool host) {
+    return name_at("caches", l.set) + "'s " + states[l.set]->label(l.pair, host);
+  };
+  for (std::size_t i = 0; i < src.count; ++i) {
+    const std::int64_t s = src[i], t = dst[i];
+    if (s < 0 || static_cast<std::uint64_t>(s) >= src_limit.blocks)
+      bad_id(kSrcName, i, s, t, true, s, label(src_limit, to_device), src_limit.blocks);
+    if (t < 0 || static_cast<std::uint64_t>(t) >= dst_limit.blocks)
+      bad_id(kDstName, i, s, t, false, t, label(dst_limit, !to_device), dst_limit.blocks);
+  }
+}
 
 void CacheSetState::check_counts(Direction d, const BlockIds& src, const BlockIds& dst) const {
   const bool to_device = d == Direction::kToDevice;
@@ -263,28 +315,18 @@ const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, 
   } clear{marked};
   for (std::size_t i = 0; i < rows; ++i) {
     const std::int64_t s = src[i], t = dst[i];
-    auto row = [&](std::string_view name) {
-      return name_at(name, i) + " (block " + std::to_string(s) + " -> " + std::to_string(t) + "): ";
-    };
     if (s < 0 || static_cast<std::uint64_t>(s) >= src_limit)
-      bad(row(src_name) + "source block " + std::to_string(s) +
-              (s < 0 ? std::string(" is negative")
-                     : " is out of range (" + label(src_pair, to_device) + " has " + std::to_string(src_limit) +
-                           " blocks)"),
-          i);
+      bad_id(src_name, i, s, t, true, s, label(src_pair, to_device), src_limit);
     if (t < 0 || static_cast<std::uint64_t>(t) >= dst_limit)
-      bad(row(dst_name) + "destination block " + std::to_string(t) +
-              (t < 0 ? std::string(" is negative")
-                     : " is out of range (" + label(dst_pair, !to_device) + " has " + std::to_string(dst_limit) +
-                           " blocks)"),
-          i);
+      bad_id(dst_name, i, s, t, false, t, label(dst_pair, !to_device), dst_limit);
     const auto u = static_cast<std::uint64_t>(t);
     const std::uint64_t bit = std::uint64_t{1} << (u & 63);
     if ((seen[u >> 6] & bit) != 0) {
       std::size_t first = 0;
       while (ids[2 * first + 1] != u) ++first;
-      bad(row(dst_name) + "destination block " + std::to_string(t) + " is also that of " + name_at(dst_name, first) +
-              " (each block is written once per transfer)",
+      bad(name_at(dst_name, i) + " (block " + std::to_string(s) + " -> " + std::to_string(t) +
+              "): destination block " + std::to_string(t) + " is also that of " +
+              name_at(dst_name, first) + " (each block is written once per transfer)",
           i);
     }
     seen[u >> 6] |= bit;

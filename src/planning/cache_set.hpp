@@ -22,10 +22,19 @@ std::string name_at(std::string_view name, std::size_t i);
 
 struct CacheSetState {
   // Checks `pairs` against `device` (pointer queries: a few per array, once) and describes them.
-  // Throws gfd::Error(kInvalidArgument) naming the pair and side ("pairs[p].host").
-  static CacheSet make(std::span<const CachePair> pairs, Device& device, const void* owner);
-  // The state behind `set` (throws gfd::Error for an empty set or one of another engine).
-  static const CacheSetState& of(const CacheSet& set, const void* owner);
+  // Throws gfd::Error(kInvalidArgument) naming the pair and side: "pairs[p].host", or
+  // `names[2 * p]` (host) and `names[2 * p + 1]` (device) where given (a binding's names).
+  static CacheSet make(std::span<const CachePair> pairs, Device& device, const void* owner,
+                       std::vector<std::string> names = {});
+  // The state behind `set` (throws gfd::Error for an empty set or one of another engine);
+  // `name` names it in messages ("caches", "caches[3]").
+  static const CacheSetState& of(const CacheSet& set, const void* owner,
+                                 std::string_view name = "caches");
+  // The ids of one transfer per set of `caches` (Engine::copy_blocks over sets), checked before
+  // any is enqueued: every set this engine's, the same count, every id in range of every set
+  // (the fewest blocks any set has, per side). Messages as check_ids', naming the set.
+  static void check_sets(std::span<const CacheSet> caches, const void* owner, Direction d,
+                         const BlockIds& src, const BlockIds& dst);
 
   // The copy list of one transfer: for every pair p and row i, block src[i] of p's source side
   // to block dst[i] of its destination side, at index p * rows + i (i * pairs + p where
@@ -45,8 +54,8 @@ struct CacheSetState {
   // and a quarter of the rows or more one id after the previous row's on both sides): build's
   // list moves those in fewer copies.
   bool build_id_ops(Direction d, const BlockIds& src, const BlockIds& dst, IdOps& out) const;
-  // How messages name pair `pair`'s host or device array: "pairs[3].host".
-  static std::string label(std::size_t pair, bool host);
+  // How messages name pair `pair`'s host or device array: "pairs[3].host", or its given name.
+  std::string label(std::size_t pair, bool host) const;
 
   const void* owner = nullptr;  // the engine core the set was registered with
   int device = 0;
@@ -77,6 +86,7 @@ struct CacheSetState {
   bool packed_pair = false;
   std::size_t host_blocks = 0, device_blocks = 0;          // the fewest of any array
   std::size_t host_blocks_pair = 0, device_blocks_pair = 0;  // a pair that has that few
+  std::vector<std::string> names;  // 2 per pair (host, device), or none: see make
 
  private:
   // The ids' widths and counts checked (equal, within what one transfer and the destination

@@ -17,6 +17,15 @@ import gfd  # noqa: E402
 from gfd import testing  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+#: The Python benchmarks (gfd_bench), which are not part of the installed package.
+BENCH_PATH = os.path.join(ROOT, "bench", "python")
+
+
+def bench_env():
+    """The environment a benchmark runs in: this one, with gfd_bench importable."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (BENCH_PATH, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def small_options(**over):

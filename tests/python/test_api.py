@@ -33,7 +33,7 @@ def test_every_option_is_covered():
 
 
 def test_every_stat_is_covered(engine):
-    assert list(gfd.stats_names) == header_fields("include/gfd/engine.hpp", "EngineStats")
+    assert list(gfd.stats_names) == header_fields("include/gfd/stats.hpp", "EngineStats")
     s = engine.stats()
     assert list(s) == list(gfd.stats_names)
     assert s["transfers"] == 0 and s["bytes"] == 0
@@ -81,7 +81,8 @@ def test_bad_option_value_names_it(name, value):
 
 def test_error_is_a_runtime_error_with_code_and_block():
     assert issubclass(gfd.Error, RuntimeError)
-    e = gfd._error("x: y")
+    from gfd._errors import _error
+    e = _error("x: y")
     assert e.code == "invalid_argument" and e.block is None and str(e) == "x: y"
 
 

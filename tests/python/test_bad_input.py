@@ -109,8 +109,8 @@ def test_a_huge_mapping_is_rejected_at_once(engine, cached):
     ids = np.zeros(10**7, np.int64)  # 80 MB each: the arrays themselves are the caller's
     uids = ids.astype(np.uint64)
     tracemalloc.start()
-    rejects(engine.copy_blocks, cs, "to_device", ids, ids, match=r"dst_ids: 10000000 ids, but the device caches have 8 "
-                                                                 r"blocks")
+    rejects(engine.copy_blocks, cs, "to_device", ids, ids, match=r"copy_blocks: dst_ids: 10000000 ids, but device "
+                                                                 r"has 8 blocks")
     rejects(engine.copy_blocks, cs, "to_device", uids, uids, match="dst_ids: 10000000 ids")
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
@@ -172,7 +172,7 @@ def test_error_classes():
 def test_messages_name_the_argument(engine, cached, worker):
     cs, h, d = cached
     rejects(engine.copy_blocks, cs, "to_device", np.array([2**63], np.uint64), [0],
-            match=r"copy_blocks: src_ids\[0\]: 9223372036854775808 is out of range \(the host caches have 8 blocks\)")
+            match=r"copy_blocks: src_ids\[0\]: 9223372036854775808 is out of range \(ids are 64-bit signed integers\)")
     rejects(engine.copy_blocks, cs, "to_device", [0], [0, 1], match="copy_blocks: src_ids has 1 ids, dst_ids 2")
     e = rejects(engine.copy_blocks, cs, "to_host", np.array([0, 1, 9]), np.array([0, 1, 2]),
                 match=r"copy_blocks: src_ids\[2\] \(block 9 -> 2\): source block 9 is out of range")

@@ -1,4 +1,5 @@
-"""python -m gfd.bench runs end to end on the emulated device (the GPU run is in test_gpu.py)."""
+"""python -m gfd_bench (bench/python, not part of the installed package) runs end to end on the
+emulated device (the GPU run is in test_gpu.py)."""
 
 import os
 import subprocess
@@ -8,27 +9,27 @@ import pytest
 
 import gfd
 
-from conftest import ROOT
+from conftest import BENCH_PATH, ROOT, bench_env
 
 
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
 def test_bench_on_the_emulated_device(direction):
-    r = subprocess.run([sys.executable, "-m", "gfd.bench", "--emulated", "--blocks", "256", "--iters", "20",
+    r = subprocess.run([sys.executable, "-m", "gfd_bench", "--emulated", "--blocks", "256", "--iters", "20",
                         "--warmup", "1", "--backends", "gather,per_block", "--pool-bytes", str(64 << 20),
                         "--direction", direction, "--dst", "scattered"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=dict(os.environ))
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=bench_env())
     assert r.returncode == 0, r.stdout + r.stderr
     assert "contiguous copy" in r.stdout and "host-only" in r.stdout
     lines = [l for l in r.stdout.splitlines() if l.startswith("gfd ")]
     assert len(lines) == 2 and all(l.rstrip().endswith("yes") for l in lines), r.stdout
 
 
-# --layout paged: copy_blocks over every layer's K and V caches (gfd/bench_paged.py). On a GPU it
+# --layout paged: copy_blocks over every layer's K and V caches (gfd_bench/paged.py). On a GPU it
 # needs torch (test_gpu.py runs it there); here it runs on the emulated device with gfd buffers.
 
 def paged(args, tmp_path=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "gfd.bench", "--layout", "paged"] + args,
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=dict(os.environ))
+    return subprocess.run([sys.executable, "-m", "gfd_bench", "--layout", "paged"] + args,
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=bench_env())
 
 
 def test_paged_bench_on_the_emulated_device(tmp_path):
@@ -69,15 +70,17 @@ def test_paged_bench_help_and_bad_arguments():
     assert r.returncode == 2 and "--host-cache-bytes" in r.stderr and "fewer than --blocks" in r.stderr, r.stderr
     r = paged(["--emulated", "--methods", "gather_everything"])
     assert r.returncode == 2 and "--methods" in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, "-m", "gfd.bench", "--help"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-m", "gfd_bench", "--help"], capture_output=True, text=True, cwd=ROOT,
+                       env=bench_env())
     assert r.returncode == 0 and "--layout" in r.stdout
 
 
-def test_paged_bench_sizes():
-    from gfd import bench_paged
-    assert [bench_paged.parse_size(s) for s in ("4096", "4K", "16KiB", "32kb", "4G", "1.5M")] == \
+def test_paged_bench_sizes(monkeypatch):
+    monkeypatch.syspath_prepend(BENCH_PATH)
+    from gfd_bench import paged
+    assert [paged.parse_size(s) for s in ("4096", "4K", "16KiB", "32kb", "4G", "1.5M")] == \
         [4096, 4096, 16384, 32768, 4 << 30, 3 << 19]
-    assert bench_paged.size_list("4K,16K,32K") == [4096, 16384, 32768]
+    assert paged.size_list("4K,16K,32K") == [4096, 16384, 32768]
 
 
 def test_paged_bench_without_torch_on_a_gpu():
@@ -118,7 +121,7 @@ def test_summarize_reads_the_hosts_driver_call_speed(tmp_path):
 
 
 def test_summarize_sglang_table_gives_layer_0_on_the_link_where_measured(tmp_path):
-    # gfd.bench_sglang writes NaN where a figure is not measured (a write-back's layer 0 on the
+    # gfd_bench.sglang writes NaN where a figure is not measured (a write-back's layer 0 on the
     # link): the table says "-" there, and the runs' range where they measured it.
     script = os.path.join(ROOT, "bench", "summarize.py")
     head = ("model,layout,direction,method,ratio_p50,gbps_p50,layer0_us_p50,layer0_link_us_p50,"
@@ -138,7 +141,7 @@ def test_summarize_sglang_table_gives_layer_0_on_the_link_where_measured(tmp_pat
     assert rows["write-back"][at] == "-", r.stdout
 
 
-@pytest.mark.parametrize("module", ["gfd.bench_vllm", "gfd.bench_sglang"])
+@pytest.mark.parametrize("module", ["gfd_bench.vllm", "gfd_bench.sglang"])
 def test_runtime_benches_say_what_is_missing(module):
     try:
         import torch
@@ -146,8 +149,9 @@ def test_runtime_benches_say_what_is_missing(module):
             pytest.skip("this machine has torch with a GPU: the benchmark would run")
     except ImportError:
         pass
-    r = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=120, env=bench_env())
     assert r.returncode == 2, r.stdout + r.stderr
     assert "needs" in r.stderr and ("torch" in r.stderr or "sees none" in r.stderr), r.stderr
-    h = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    h = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120,
+                       env=bench_env())
     assert h.returncode == 0 and "usage: python -m " + module in h.stdout, h.stdout + h.stderr

@@ -220,7 +220,7 @@ def test_tensor_errors(engine):
     host3, dev3, _, _ = caches(engine, 8, 8, (2048,), "uint8")
     r = engine.register_caches
     expect_error(r"register_caches: device has dtype float16, host uint8", r, host, dev2)
-    expect_error(r"blocks of host have 1024 bytes, blocks of device 2048", r, host, dev3)
+    expect_error(r"register_caches: host has blocks of 1024 bytes, device of 2048", r, host, dev3)
     expect_error(r"register_caches: device is on cpu", r, host, host)
     expect_error(r"register_caches: host is on cuda:0", r, dev, dev)
     expect_error(r"register_caches: host: expected a tensor or a list of tensors, got str", r, "cache", dev)

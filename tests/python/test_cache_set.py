@@ -67,10 +67,12 @@ def test_copy_blocks_errors(engine):
     cs = engine.register_caches(hs, ds)
     before = [d.copy() for d in dv]
     c = engine.copy_blocks
-    expect_error(r"copy_blocks: src_ids\[1\]: 24 is out of range \(the host caches have 24 blocks\)",
-                 c, cs, "to_device", [0, 24], [0, 1], block=1)
-    expect_error(r"copy_blocks: src_ids\[1\] \(block 24 -> 1\): source block 24 is out of range",
-                 c, cs, "to_device", np.array([0, 24]), np.array([0, 1]), block=1)
+    # One check, in the engine, with one wording whatever the ids are given as.
+    for ids in ([0, 24], np.array([0, 24]), np.array([0, 24], np.uint16)):
+        expect_error(r"copy_blocks: src_ids\[1\] \(block 24 -> 1\): source block 24 is out of range "
+                     r"\(host\[0\] has 24 blocks\)", c, cs, "to_device", ids, [0, 1], block=1)
+    expect_error(r"copy_blocks: dst_ids\[0\] \(block 0 -> -1\): destination block -1 is negative",
+                 c, cs, "to_device", [0], [-1], block=0)
     expect_error(r"dst_ids\[2\] \(block 2 -> 5\): destination block 5 is also that of dst_ids\[0\]",
                  c, cs, "to_device", [0, 1, 2], [5, 6, 5], block=2)
     expect_error(r"src_ids has 2 ids, dst_ids 1", c, cs, "to_device", [0, 1], [5])
@@ -80,7 +82,10 @@ def test_copy_blocks_errors(engine):
     assert all((d == b).all() for d, b in zip(dv, before)), "a rejected transfer moved bytes"
     other = testing.emulated_engine()
     try:
-        expect_error(r"caches: a CacheSet made by another engine", other.copy_blocks, cs, "to_device", [0], [0])
+        expect_error(r"copy_blocks: caches was registered with another engine", other.copy_blocks, cs, "to_device",
+                     [0], [0])
+        expect_error(r"copy_blocks: caches\[0\] was registered with another engine", other.copy_blocks, [cs],
+                     "to_device", [0], [0])
     finally:
         other.close()
 
@@ -126,12 +131,10 @@ def test_layers_in_one_call_bad_input(engine):
     small = layers(engine, 1, host_blocks=4, dev_blocks=4, seed=60)
     sets.append(engine.register_caches(small[0], small[1]))
     before = engine.stats()["transfers"]
-    with pytest.raises(gfd.InvalidArgument, match=r"src_ids\[1\]: 9 is out of range \(the smallest set's host caches "
-                                                  r"have 4 blocks\)"):
-        engine.copy_blocks(sets, "to_device", [0, 9], [0, 1])
-    with pytest.raises(gfd.InvalidArgument, match=r"src_ids\[1\] \(block 9 -> 1\): source block 9 is out of range "
-                                                  r"\(set 2's host caches have 4 blocks\)"):
-        engine.copy_blocks(sets, "to_device", np.array([0, 9]), np.array([0, 1]))  # read in place: the engine checks
+    for ids in ([0, 9], np.array([0, 9])):
+        with pytest.raises(gfd.InvalidArgument, match=r"copy_blocks: src_ids\[1\] \(block 9 -> 1\): source block 9 is "
+                                                      r"out of range \(caches\[2\]'s host\[0\] has 4 blocks\)"):
+            engine.copy_blocks(sets, "to_device", ids, [0, 1])
     with pytest.raises(gfd.InvalidArgument, match="empty list"):
         engine.copy_blocks([], "to_device", [0], [0])
     with pytest.raises(gfd.InvalidType, match=r"caches\[1\]: expected a gfd.CacheSet, got int"):

@@ -13,7 +13,7 @@ import weakref
 import pytest
 
 import gfd
-from conftest import ROOT
+from conftest import ROOT, bench_env
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the GPU suite needs it")
 if not torch.cuda.is_available() or gfd.cuda_device_count() == 0:
@@ -262,7 +262,7 @@ def test_from_env(monkeypatch):
 
 
 def run(args, timeout=600):
-    env = dict(os.environ)
+    env = bench_env()
     return subprocess.run([sys.executable] + args, capture_output=True, text=True, timeout=timeout, env=env,
                           cwd=ROOT)
 
@@ -276,17 +276,17 @@ def test_example_runs():
 
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
 def test_bench_runs_and_verifies(direction):
-    r = run(["-m", "gfd.bench", "--iters", "20", "--warmup", "2", "--direction", direction,
+    r = run(["-m", "gfd_bench", "--iters", "20", "--warmup", "2", "--direction", direction,
              "--backends", "gather,batch_async", "--pool-bytes", str(256 << 20)])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "contiguous copy" in r.stdout and "NO" not in r.stdout.split("verified")[-1]
 
 
 def test_paged_bench_runs_and_verifies(tmp_path):
-    """python -m gfd.bench --layout paged: copy_blocks over every layer's K and V, both directions,
+    """python -m gfd_bench --layout paged: copy_blocks over every layer's K and V, both directions,
     every backend, under the decode load too; every row verified (no timing is checked)."""
     out = tmp_path / "paged.csv"
-    r = run(["-m", "gfd.bench", "--layout", "paged", "--layers", "4", "--block-sizes", "4K,32K", "--blocks",
+    r = run(["-m", "gfd_bench", "--layout", "paged", "--layers", "4", "--block-sizes", "4K,32K", "--blocks",
              "16", "--iters", "20", "--warmup", "2", "--host-cache-bytes", "256M", "--gpu-cache-bytes", "64M",
              "--under-load=decode", "--csv", str(out)])
     assert r.returncode == 0, r.stdout + r.stderr

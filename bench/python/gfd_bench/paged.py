@@ -1,4 +1,4 @@
-"""``python -m gfd.bench --layout paged``: gfd measured the way vLLM calls it.
+"""``python -m gfd_bench --layout paged``: gfd measured the way vLLM calls it.
 
 Every layer's K and V (2 x --layers caches on the GPU, torch int8 tensors [gpu blocks, block
 bytes], and as many pinned host caches from gfd.empty_pinned, together about --host-cache-bytes
@@ -46,7 +46,7 @@ import numpy as np
 
 import gfd
 from gfd import testing
-from gfd._bench_util import fmt_size, percentile
+from ._util import fmt_size, percentile
 
 METHODS = ("gfd", "batch_async", "per_block", "zero_copy_kernel")
 REF = "contiguous copy"
@@ -470,7 +470,7 @@ class DecodeLoad:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gfd.bench --layout paged",
+    p = argparse.ArgumentParser(prog="python -m gfd_bench --layout paged",
                                 description="gfd measured the way a runtime calls it: copy_blocks over every layer's K and V caches, registered once.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
@@ -527,11 +527,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("--under-load needs torch and a CUDA GPU: no load on the emulated device (skipped)")
     else:
         try:
-            import torch  # noqa: F401  (the GPU machine has it; gfd does not need it)
+            import torch  # noqa: F401  (the benchmark needs it; gfd itself does not)
         except ImportError:
             print("error: --layout paged measures copy_blocks on torch tensors and times it with torch.cuda.Event,\n"
                   "but torch is not installed for this interpreter. Install PyTorch (with CUDA), or pass --emulated\n"
-                  "for the host-only run, or use the default layout (python -m gfd.bench), which needs no torch.",
+                  "for the host-only run, or use the default layout (python -m gfd_bench), which needs no torch.",
                   file=sys.stderr)
             return 2
         if not torch.cuda.is_available():
@@ -581,7 +581,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     st = helper.stats()
     backends = {m: e.options()["backend"] for m, e in engines.items()}
-    print(f"gfd.bench --layout paged: {a.layers} layers x K,V = {caches} caches per side, "
+    print(f"gfd_bench --layout paged: {a.layers} layers x K,V = {caches} caches per side, "
           f"engine.copy_blocks(caches, direction, src_ids, dst_ids) on caches registered once, one call per transfer")
     print(f"  device {a.device}{' (emulated)' if emulated else ''} | {env.label} | host caches "
           f"{fmt_size(host_per_cache * caches)} (gfd.empty_pinned, {fmt_size(host_per_cache)} each, "

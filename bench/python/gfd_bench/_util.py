@@ -1,4 +1,4 @@
-"""What the benchmarks of gfd.bench (one pool, and the paged layout) share."""
+"""What gfd's Python benchmarks share."""
 
 from typing import List
 

@@ -1,5 +1,6 @@
-// Buffers out: typed views of memory gfd owns (pinned host pools; device memory for testing),
-// exported through DLPack and, on the host, the array interface (buffers.cpp).
+// gfd.Buffer: a typed view of memory gfd owns (a pinned host pool; device memory for testing),
+// exported through DLPack and, on the host, the array interface (buffer.cpp). Views of a pool
+// are made in host_pool.cpp.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -33,11 +34,15 @@ struct Buffer {
 // Dimensions from an int or a sequence of ints (gfd.Error naming `name` for a negative one).
 std::vector<std::int64_t> shape_from(py::handle shape, const std::string& name);
 // Bytes of `shape` elements of `itemsize` bytes, checked for overflow (gfd.Error naming `name`).
-std::size_t shape_bytes(const std::vector<std::int64_t>& shape, std::size_t itemsize, const std::string& name);
-// A view of `shape` and `dtype` at byte `offset` of `pool` (gfd.Error when it does not fit).
-Buffer pool_view(const std::shared_ptr<HostPool>& pool, py::handle shape, const std::string& dtype,
+std::size_t shape_bytes(const std::vector<std::int64_t>& shape, std::size_t itemsize,
+                        const std::string& name);
+// A view of `shape` and `dtype` at byte `offset` of `pool` (gfd.Error, naming `fn`, when it does
+// not fit).
+Buffer pool_view(const std::shared_ptr<HostPool>& pool, py::handle shape, const DType& dtype,
                  py::handle offset, const std::string& fn);
-// gfd._gfd._HostPool and gfd._gfd.Buffer.
-void register_buffers(py::module_& m);
+// gfd._gfd.Buffer.
+void register_buffer(py::module_& m);
+// gfd._gfd.HostPool and empty_pinned.
+void register_host_pool(py::module_& m);
 
 }  // namespace gfd::python

@@ -1,4 +1,4 @@
-"""``python -m gfd.bench_sglang``: HiCache's loads and write-backs as gfd.sglang makes them,
+"""``python -m gfd_bench.sglang``: HiCache's loads and write-backs as gfd.sglang makes them,
 against SGLang's own two transfer paths rebuilt from their published shapes, in the same run.
 
 The pools as SGLang's HiCache lays them out (SGLang itself is not needed): per layer a device
@@ -37,9 +37,9 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from . import Engine
-from ._bench_util import fmt_size, percentile, write_csv
-from .bench_paged import parse_size
+from gfd import Engine
+from ._util import fmt_size, percentile, write_csv
+from .paged import parse_size
 
 MODELS = {"llama3-8b": (32, (8, 128), 2), "mla": (61, (1, 576), 1)}  # layers, per-token shape, K/V parts
 
@@ -301,7 +301,7 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gfd.bench_sglang", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m gfd_bench.sglang", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="llama3-8b,mla", help="llama3-8b, mla (comma list)")
     ap.add_argument("--layouts", default="layer_first,page_first_direct")
     ap.add_argument("--directions", default="load,write_back")
@@ -319,11 +319,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         import torch
     except ImportError:
-        print(f"bench_sglang: needs torch with CUDA and a CUDA GPU; torch is not installed for {sys.executable}",
+        print(f"gfd_bench.sglang: needs torch with CUDA and a CUDA GPU; torch is not installed for {sys.executable}",
               file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print("bench_sglang: needs a CUDA GPU, and torch sees none (on a machine without a GPU, "
+        print("gfd_bench.sglang: needs a CUDA GPU, and torch sees none (on a machine without a GPU, "
               "tools/sglang_test.sh tests the plugin against SGLang instead)", file=sys.stderr)
         return 2
     rows = []

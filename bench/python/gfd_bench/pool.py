@@ -1,4 +1,4 @@
-"""``python -m gfd.bench``: gfd_benchmark's headline figure from Python.
+"""``python -m gfd_bench``: gfd_benchmark's headline figure from Python.
 
 Moves N scattered blocks (default 2048 x 4 KiB) from pinned host memory to the GPU through the
 Python binding, from cold sources (fresh random blocks of a pool several times the L3 each
@@ -13,8 +13,8 @@ helpers provide them. Without a GPU, or with --emulated, it runs on the emulated
 figures are then host-only and say nothing about PCIe.
 
 ``--layout paged`` measures instead the way vLLM calls gfd: every layer's K and V caches (torch
-tensors) through ``engine.register_caches`` once and ``engine.copy_blocks(caches, direction, src_ids, dst_ids)``; see gfd/bench_paged.py
-(``python -m gfd.bench --layout paged --help``).
+tensors) through ``engine.register_caches`` once and ``engine.copy_blocks(caches, direction, src_ids, dst_ids)``; see gfd_bench/paged.py
+(``python -m gfd_bench --layout paged --help``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 
 import gfd
 from gfd import testing
-from gfd._bench_util import fmt_size, percentile
+from ._util import fmt_size, percentile
 
 
 def l3_bytes() -> int:
@@ -159,19 +159,19 @@ def fill_random(a: np.ndarray) -> None:
 
 
 def main(argv: List[str] = None) -> int:
-    # --layout paged is its own benchmark (gfd/bench_paged.py) with its own options.
+    # --layout paged is its own benchmark (gfd_bench/paged.py) with its own options.
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--layout", choices=["flat", "paged"], default="flat")
     known, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
     if known.layout == "paged":
-        from . import bench_paged
-        return bench_paged.main(rest)
+        from . import paged
+        return paged.main(rest)
     argv = rest
-    p = argparse.ArgumentParser(prog="python -m gfd.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gfd_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--layout", choices=["flat", "paged"], default="flat",
                    help="flat (default): scattered blocks of one pool through copy_to_device/copy_to_host; "
                         "paged: every layer's K and V caches through copy_blocks on torch tensors, as vLLM "
-                        "calls it (python -m gfd.bench --layout paged --help)")
+                        "calls it (python -m gfd_bench --layout paged --help)")
     p.add_argument("--blocks", type=int, default=2048, help="blocks per transfer (default 2048)")
     p.add_argument("--block-size", type=int, default=4096, help="bytes per block (default 4096)")
     p.add_argument("--backends", default="gather",
@@ -204,7 +204,7 @@ def main(argv: List[str] = None) -> int:
     torch = None
     if not emulated and not a.no_torch:
         try:
-            import torch  # noqa: F401  (the GPU machine has it; gfd does not need it)
+            import torch  # noqa: F401  (the benchmark needs it; gfd itself does not)
         except ImportError:
             torch = None
 
@@ -231,7 +231,7 @@ def main(argv: List[str] = None) -> int:
     nbytes = n * size
 
     st = first.stats()
-    print(f"gfd.bench: {n} x {fmt_size(size)} ({fmt_size(nbytes) if nbytes % 1024 == 0 else nbytes}), "
+    print(f"gfd_bench: {n} x {fmt_size(size)} ({fmt_size(nbytes) if nbytes % 1024 == 0 else nbytes}), "
           f"{'device to host' if to_host else 'host to device'}, "
           f"{'warm (same blocks every rep)' if a.warm else 'cold (fresh random blocks every rep)'}, "
           f"{a.dst} destinations")

@@ -1,4 +1,4 @@
-"""``python -m gfd.bench_vllm``: gfd's vLLM offloading worker against vLLM's own copy path.
+"""``python -m gfd_bench.vllm``: gfd's vLLM offloading worker against vLLM's own copy path.
 
 The layout of vLLM's CPU offloading (``--tensors`` canonical KV tensors on the GPU, int8
 ``[gpu blocks, page]``; host caches ``[chunks, page * blocks_per_chunk]``, about
@@ -40,10 +40,10 @@ from typing import List, Optional
 
 import numpy as np
 
-from . import Engine, testing
-from ._bench_util import fmt_size, percentile, write_csv
-from .bench_paged import parse_size, size_list
-from .kv_worker import KVTransferWorker, host_block_ids
+from gfd import Engine, testing
+from ._util import fmt_size, percentile, write_csv
+from .paged import parse_size, size_list
+from gfd.kv_worker import KVTransferWorker, host_block_ids
 
 
 def _ptrs(base: int, ids: np.ndarray, stride: int) -> np.ndarray:
@@ -133,7 +133,7 @@ def run_case(torch, engine: Engine, tensors: int, page: int, blocks: int, bpc: i
         w = KVTransferWorker(engine, gpu, [list(range(tensors))], bpc, num_chunks, host_memory=host_memory,
                              host_layout=host_layout)
     if host_layout == "region" and bpc > 1:
-        raise SystemExit("bench_vllm: --host-layout region measures --blocks-per-chunk 1 (vLLM's copy path "
+        raise SystemExit("gfd_bench.vllm: --host-layout region measures --blocks-per-chunk 1 (vLLM's copy path "
                          "reproduced here reads host pages as rows)")
     host_rows = [w.host_rows(t) for t in range(tensors)]
     host_rows = [h if isinstance(h, torch.Tensor) else torch.from_numpy(h) for h in host_rows]
@@ -224,7 +224,7 @@ def _verify(torch, to_device, host_rows, gpu, chunks, gblocks, bpc) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gfd.bench_vllm", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m gfd_bench.vllm", description=__doc__.split("\n\n")[0])
     ap.add_argument("--tensors", type=int, default=64, help="canonical KV tensors (default 64: 32 layers, K and V)")
     ap.add_argument("--pages", type=size_list, default=size_list("8K,32K"), help="page bytes per block and tensor")
     ap.add_argument("--blocks", type=int, default=64, help="GPU blocks per job (default 64)")
@@ -246,13 +246,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         import torch
     except ImportError:
-        print("bench_vllm: needs torch with CUDA and a CUDA GPU, and torch is not installed for "
+        print("gfd_bench.vllm: needs torch with CUDA and a CUDA GPU, and torch is not installed for "
               f"{sys.executable}.\nInstall it with `{sys.executable} -m pip install torch` (vLLM itself is not "
               "needed: its copy path is reproduced here). On a machine without a GPU, the vLLM worker is "
               "tested by tools/vllm_test.sh instead.", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print(f"bench_vllm: needs a CUDA GPU, and torch {torch.__version__} sees none "
+        print(f"gfd_bench.vllm: needs a CUDA GPU, and torch {torch.__version__} sees none "
               "(torch.cuda.is_available() is False: no GPU or driver here, or a CPU-only torch build).",
               file=sys.stderr)
         return 2
