@@ -1,7 +1,7 @@
 // gfd.testing's compiled hooks (gfd._gfd.testing): test a runtime integration without a GPU. An
 // engine on the emulated device (its "device memory" is host memory, its streams threads that
 // keep CUDA's ordering), device buffers, pinned buffers and streams of an engine's device, and
-// the engine's trace. The one part of the module that reaches the library's internals.
+// the engine's trace, all through the test-device facade (testkit/testkit.hpp).
 #include <cuda_runtime_api.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -9,36 +9,31 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "buffer.hpp"
-#include "device/device.hpp"
 #include "engine.hpp"
-#include "engine/engine_core.hpp"
 #include "ext.hpp"
-#include "testkit/emulated_device.hpp"
-#include "host/host_pool.hpp"
+#include "testkit/testkit.hpp"
 
 namespace gfd::python {
 namespace {
 
-// The device behind an engine: the emulated one, or a CUDA device opened at first use.
-std::shared_ptr<detail::Device> device_ptr(PyEngine& e) {
+// The device behind an engine (a testkit::Device): the emulated one, or a CUDA device opened
+// at first use. A copy: it shares the device.
+testkit::Device device_of(PyEngine& e) {
   (void)e.engine();  // closed: gfd.Error
   if (!e.testing_device()) {
     KeepCurrentDevice keep;
-    e.testing_device() = std::static_pointer_cast<void>(detail::make_cuda_device(e.device()));
+    e.testing_device() = std::make_shared<testkit::Device>(testkit::Device::cuda(e.device()));
   }
-  return std::static_pointer_cast<detail::Device>(e.testing_device());
+  return *std::static_pointer_cast<testkit::Device>(e.testing_device());
 }
 
-detail::Device& device_of(PyEngine& e) { return *device_ptr(e); }
-
-detail::StreamHandle stream_arg(PyEngine& e, py::handle s, const std::string& fn) {
-  return static_cast<detail::StreamHandle>(e.stream_of(s, fn));
-}
+cudaStream_t stream_arg(PyEngine& e, py::handle s, const std::string& fn) { return e.stream_of(s, fn); }
 
 std::uint64_t address(py::handle v, const std::string& name) {
   return uint_arg(v, name, UINTPTR_MAX);
@@ -59,28 +54,26 @@ void register_testing(py::module_& m) {
         testkit::EmulatedOptions emu;
         emu.copy_delay = std::chrono::microseconds(delay);
         if (!fault.empty()) emu.fault = [fault](const char* op) { return fault == op; };
-        auto device = std::make_shared<detail::EmulatedDevice>(o.device, emu);
+        auto device = std::make_shared<testkit::Device>(testkit::Device::emulated(o.device, emu));
         std::shared_ptr<Engine> engine;
-        detail::StreamHandle s = nullptr;
+        cudaStream_t s = nullptr;
         {
           py::gil_scoped_release nogil;
           s = device->create_stream();
           // The stream standing in for the default stream goes once the engine is gone.
-          engine = std::shared_ptr<Engine>(new Engine(detail::EngineCore::make_engine(o, device)),
-                                           [device, s](Engine* x) {
-                                             delete x;
-                                             device->destroy_stream(s);
-                                           });
+          engine = std::shared_ptr<Engine>(new Engine(device->make_engine(o)), [device, s](Engine* x) {
+            delete x;
+            device->destroy_stream(s);
+          });
         }
-        return std::make_unique<PyEngine>(std::move(engine), o.device, true,
-                                          static_cast<cudaStream_t>(s), device);
+        return std::make_unique<PyEngine>(std::move(engine), o.device, true, s, device);
       },
       py::arg("options"), py::arg("copy_delay_us") = 0, py::arg("ordinal") = 0,
       py::arg("fault") = "");
   t.def(
       "device_buffer",
       [](PyEngine& e, py::handle shape, py::handle dtype) {
-        detail::Device& d = device_of(e);
+        testkit::Device d = device_of(e);
         Buffer b;
         b.shape = shape_from(shape, "device_buffer: shape");
         b.dtype = &dtype_arg(dtype, "device_buffer: dtype");
@@ -90,8 +83,7 @@ void register_testing(py::module_& m) {
           KeepCurrentDevice keep;
           p = d.alloc_device(std::max<std::size_t>(b.nbytes, 1));
         }
-        std::shared_ptr<detail::Device> dev = device_ptr(e);
-        b.owner = std::shared_ptr<void>(p, [dev](void* q) { dev->free_device(q); });
+        b.owner = std::shared_ptr<void>(p, [d](void* q) mutable { d.free_device(q); });
         b.data = static_cast<std::byte*>(p);
         b.device_type = dlpack::kCUDA;
         b.device_id = e.device();
@@ -113,10 +105,10 @@ void register_testing(py::module_& m) {
                           .register_memory = true};
         std::shared_ptr<HostPool> pool;
         {
-          std::shared_ptr<detail::Device> dev = e.emulated() ? device_ptr(e) : nullptr;
+          std::optional<testkit::Device> dev;
+          if (e.emulated()) dev = device_of(e);
           py::gil_scoped_release nogil;
-          pool = dev ? std::make_shared<HostPool>(detail::HostPoolAccess::make(o, std::move(dev)))
-                     : std::make_shared<HostPool>(o);
+          pool = dev ? std::make_shared<HostPool>(testkit::make_host_pool(*dev, o)) : std::make_shared<HostPool>(o);
         }
         return pool_view(pool, shape, type, py::int_(0), "pinned_buffer");
       },
@@ -126,12 +118,12 @@ void register_testing(py::module_& m) {
       bad_argument("adopt_device_memory: the engine is not on the emulated device");
     const std::uint64_t p = address(ptr, "adopt_device_memory: ptr");
     const std::uint64_t n = uint_arg(bytes, "adopt_device_memory: nbytes", UINTPTR_MAX);
-    auto dev = std::static_pointer_cast<detail::EmulatedDevice>(device_ptr(e));
-    dev->adopt_device_memory(reinterpret_cast<void*>(p), n);
+    testkit::Device dev = device_of(e);
+    dev.adopt_device_memory(reinterpret_cast<void*>(p), n);
     // The release holds the device, not the engine: it works after the engine has closed.
-    return py::cpp_function([dev, p] {
+    return py::cpp_function([dev, p]() mutable {
       py::gil_scoped_release nogil;  // waits for the copies queued on the memory
-      dev->release_device_memory(reinterpret_cast<void*>(p));
+      dev.release_device_memory(reinterpret_cast<void*>(p));
     });
   });
   t.def("create_stream", [](PyEngine& e) {
@@ -139,16 +131,16 @@ void register_testing(py::module_& m) {
     return reinterpret_cast<std::uintptr_t>(device_of(e).create_stream());
   });
   t.def("destroy_stream", [](PyEngine& e, py::handle s) {
-    detail::Device& d = device_of(e);
-    auto st = reinterpret_cast<detail::StreamHandle>(address(s, "destroy_stream: stream"));
+    testkit::Device d = device_of(e);
+    auto st = reinterpret_cast<cudaStream_t>(address(s, "destroy_stream: stream"));
     py::gil_scoped_release nogil;
     d.destroy_stream(st);
   });
   t.def(
       "stream_sync",
       [](PyEngine& e, py::handle s) {
-        detail::Device& d = device_of(e);
-        detail::StreamHandle st = stream_arg(e, s, "stream_sync");
+        testkit::Device d = device_of(e);
+        cudaStream_t st = stream_arg(e, s, "stream_sync");
         py::gil_scoped_release nogil;
         d.stream_sync(st);
       },
@@ -156,7 +148,7 @@ void register_testing(py::module_& m) {
   t.def(
       "delay",
       [](PyEngine& e, py::handle us, py::handle s) {
-        detail::Device& d = device_of(e);
+        testkit::Device d = device_of(e);
         const auto n = static_cast<std::uint32_t>(uint_arg(us, "delay: microseconds", UINT32_MAX));
         d.delay_async(n, stream_arg(e, s, "delay"));
       },
@@ -165,7 +157,7 @@ void register_testing(py::module_& m) {
       "copy",
       [](PyEngine& e, py::handle dst, py::handle src, py::handle bytes, bool to_device,
          py::handle s) {
-        detail::Device& d = device_of(e);
+        testkit::Device d = device_of(e);
         const std::uint64_t dp = address(dst, "copy: dst"), sp = address(src, "copy: src");
         const std::uint64_t n = uint_arg(bytes, "copy: nbytes", host_address_end());
         check_host_range(to_device ? sp : dp, n, to_device ? "copy: src" : "copy: dst", kNoBlock);
@@ -229,17 +221,18 @@ void register_testing(py::module_& m) {
       [](PyEngine& e, py::handle capacity) {
         const auto n = static_cast<std::size_t>(
             uint_arg(capacity, "trace_start: capacity", std::size_t{1} << 30));
-        detail::EngineCore::of(*e.engine()).start_trace(n);
+        std::shared_ptr<Engine> engine = e.engine();
+        testkit::start_trace(*engine, n);
       },
       py::arg("engine"), py::arg("capacity") = std::size_t{1} << 20);
   t.def(
       "trace_take",
       [](PyEngine& e) {
         std::shared_ptr<Engine> engine = e.engine();
-        std::vector<detail::TraceEvent> ev;
+        std::vector<testkit::TraceEvent> ev;
         {
           py::gil_scoped_release nogil;
-          ev = detail::EngineCore::of(*engine).take_trace();
+          ev = testkit::take_trace(*engine);
         }
         py::list out;
         for (const auto& x : ev)
@@ -250,7 +243,7 @@ void register_testing(py::module_& m) {
   t.def(
       "memset",
       [](PyEngine& e, py::handle dst, py::handle value, py::handle bytes, py::handle s) {
-        detail::Device& d = device_of(e);
+        testkit::Device d = device_of(e);
         const std::uint64_t dp = address(dst, "memset: dst");
         const int v = static_cast<int>(int_arg(value, "memset: value", 0, 255));
         const std::uint64_t n = uint_arg(bytes, "memset: nbytes", host_address_end());
@@ -259,21 +252,8 @@ void register_testing(py::module_& m) {
       py::arg("engine"), py::arg("dst"), py::arg("value"), py::arg("bytes"),
       py::arg("stream") = py::none());
   t.def("pointer_kind", [](PyEngine& e, py::handle p) {
-    detail::Device& d = device_of(e);
     const std::uint64_t a = address(p, "pointer_kind: address");
-    switch (d.query_pointer(reinterpret_cast<const void*>(a)).kind) {
-      case detail::PointerKind::kPageableHost:
-        return "pageable";
-      case detail::PointerKind::kPinnedHost:
-        return "pinned";
-      case detail::PointerKind::kDevice:
-        return "device";
-      case detail::PointerKind::kOtherDevice:
-        return "other_device";
-      case detail::PointerKind::kManaged:
-        return "managed";
-    }
-    return "unknown";
+    return device_of(e).pointer_kind(reinterpret_cast<const void*>(a));
   });
 }
 

@@ -4,9 +4,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <thread>
-
-#include "device/device.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -66,18 +63,5 @@ class FifoMutex {
   std::atomic<std::uint32_t> next_{0};
   std::atomic<std::uint32_t> serving_{0};
 };
-
-// Waits for an event: spin first (a DMA of one slot lasts tens of microseconds, less than a
-// futex round trip), then block in the driver. Throws what the device reports.
-inline void wait_event(Device& d, EventHandle e) {
-  const auto until = Clock::now() + std::chrono::microseconds(200);
-  while (!d.event_done(e)) {
-    if (Clock::now() > until) {
-      d.event_sync(e);
-      return;
-    }
-    std::this_thread::yield();
-  }
-}
 
 }  // namespace gfd::detail

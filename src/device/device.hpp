@@ -3,11 +3,13 @@
 // runs and is tested on machines without a GPU.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace gfd::detail {
@@ -208,5 +210,18 @@ class ScopedCurrentDevice {
 std::shared_ptr<Device> make_cuda_device(int ordinal);
 // Number of usable CUDA devices (0 when there is no driver or no GPU).
 int cuda_device_count() noexcept;
+
+// Waits for an event: spin first (a DMA of one slot lasts tens of microseconds, less than a
+// futex round trip), then block in the driver. Throws what the device reports.
+inline void wait_event(Device& d, EventHandle e) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+  while (!d.event_done(e)) {
+    if (std::chrono::steady_clock::now() > until) {
+      d.event_sync(e);
+      return;
+    }
+    std::this_thread::yield();
+  }
+}
 
 }  // namespace gfd::detail

@@ -9,10 +9,9 @@ namespace {
 // copy lanes beside the model's kernels, so they take as few SMs as keep up with the link: two
 // thread blocks of 1024 threads per chunk, a warp per entry (KV blocks are 1-64 KB), each lane
 // keeping kMoveUnroll 16-byte loads in flight. (Host to device, chunks are usually placed several
-// at a time by place_kernel below; move_kernel places one chunk where that is off.) On an H200
-// (paged case, 64 tensors x 64 blocks) one thread block per chunk held 4 KB transfers to the
-// host to 58% of the line rate and to the device to 58%; two gave 75% and 65%, four no more
-// (76%, 65%); a thread block per entry spreads over every SM.
+// at a time by place_kernel below; move_kernel places one chunk where that is off.) One thread
+// block per chunk held 4 KB transfers back, four gained nothing over two, and a thread block per
+// entry spreads over every SM (docs/performance.md, "Design decisions").
 // kToStaging = false: staging -> device addresses (scatter); true: device addresses -> staging.
 constexpr int kMoveThreads = 1024;
 constexpr int kMoveBlocks = 2;
@@ -125,9 +124,9 @@ __global__ void __launch_bounds__(kMoveThreads) pack_kernel(const __grid_constan
 // Zero-copy gather, as serving runtimes do it today: the SMs read pinned host memory over PCIe
 // through unified addressing. One thread block per entry, as many blocks as entries (the
 // hardware starts each as another retires), and every thread reads its entry itself, so no
-// block waits at a barrier for one thread's read of the list. (Staging the entry in shared
-// memory behind a barrier, or striding a grid of 8 blocks per SM over the list, measured 3-4%
-// behind a plain kernel at 2048 x 4 KB: bench/micro/uva_kernel.) Each thread keeps kUnroll independent 16-byte loads in flight for
+// block waits at a barrier for one thread's read of the list (both alternatives, the entry in
+// shared memory behind a barrier or a grid of 8 blocks per SM striding the list, were slower:
+// bench/micro/uva_kernel). Each thread keeps kUnroll independent 16-byte loads in flight for
 // larger blocks: a PCIe read takes a microsecond or more and only many outstanding loads fill
 // the link.
 constexpr int kZeroCopyThreads = 256;

@@ -16,9 +16,8 @@ StoreKind resolve_staging_writes(StagingWrites requested, CpuStoreFeatures cpu) 
   const StoreKind without_cldemote = cpu.streaming ? StoreKind::kNonTemporal : StoreKind::kNormal;
   switch (requested) {
     case StagingWrites::kPlain: return StoreKind::kNormal;
-    // auto: streaming stores where the CPU has them. Measured in the engine on an H200 host,
-    // CLDEMOTE tied with them host to device and lost 20 points device to host, so it is chosen
-    // only when asked for.
+    // auto: streaming stores where the CPU has them. In the engine CLDEMOTE tied with them host
+    // to device and lost device to host, so it is chosen only when asked for.
     case StagingWrites::kAuto:
     case StagingWrites::kStreaming: return without_cldemote;
     case StagingWrites::kCldemote: break;

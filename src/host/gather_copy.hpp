@@ -5,16 +5,17 @@
 // current one is copied.
 //
 // How staging is written decides how often each byte crosses DRAM; the copy engine reads the
-// slot right after it is filled (measured on an H200 host, a stand-alone pipeline):
+// slot right after it is filled:
 //  - plain stores, then CLDEMOTE of every written line: the stores hit the cache (the ring is
 //    far smaller than the L3, so a slot's lines are usually still there from its last use) and
 //    the demote moves them from the core's private L1/L2 to the shared L3, where the copy
-//    engine reads them: one DRAM crossing per byte (the source read). Fastest where the CPU
-//    has it (75% / 84% of the line rate against 66% / 72% streaming, 2048 / 16384 x 4 KB).
+//    engine reads them: one DRAM crossing per byte (the source read).
 //  - streaming (non-temporal) stores: no read-for-ownership, but every staged byte goes to
 //    DRAM and the DMA reads it back from there: three crossings per byte.
 //  - plain stores alone: the DMA finds the lines in a core's private cache and has to snoop
-//    them out one by one, which is slow (41-56%).
+//    them out one by one, which is slow.
+// Which is fastest depends on the pipeline around it (docs/performance.md, "Design decisions"):
+// resolve_staging_writes says what kAuto picks.
 #pragma once
 
 #include <cstddef>
@@ -39,10 +40,11 @@ struct CpuStoreFeatures {
 CpuStoreFeatures cpu_store_features() noexcept;
 
 // The store kind the gather threads use for `requested` on a CPU with `cpu`. kAuto picks
-// streaming stores, else plain stores: in the engine on the H200 CLDEMOTE tied with streaming
-// stores host to device and lost device to host, although a stand-alone pipeline gained from it. An explicit request the CPU cannot honour falls back
-// (cldemote -> streaming -> plain; streaming -> plain): CLDEMOTE would execute as a NOP there (plain stores, the slowest kind), and streaming
-// stores need AVX2. Plain is always honoured.
+// streaming stores, else plain stores: in the engine CLDEMOTE tied with streaming stores host
+// to device and lost device to host, although a stand-alone pipeline gained from it. An
+// explicit request the CPU cannot honour falls back (cldemote -> streaming -> plain; streaming
+// -> plain): CLDEMOTE would execute as a NOP there (plain stores, the slowest kind), and
+// streaming stores need AVX2. Plain is always honoured.
 StoreKind resolve_staging_writes(StagingWrites requested, CpuStoreFeatures cpu) noexcept;
 // The same, for this CPU.
 inline StoreKind resolve_staging_writes(StagingWrites requested) noexcept {
@@ -65,9 +67,7 @@ struct Prefetch {
   std::size_t ahead = 2;
   Level level = Level::kL2;
   // And further ops, until the ops started beyond the current one hold this many bytes: small
-  // blocks get more of them in flight (1 KB blocks: 8 ahead). Gather-only, 15 threads, 2048 cold
-  // 1 KB blocks on an H200 host: 32.0 GB/s with 2 ahead, 33.0 with 8 KB; no gain in the
-  // engine beyond the run-to-run spread.
+  // blocks get more of them in flight (1 KB blocks: 8 ahead).
   std::size_t window = 8192;
 };
 

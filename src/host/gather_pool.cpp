@@ -36,9 +36,8 @@ void GatherPool::wake() {
 
 void GatherPool::wake_one() {
   // As wake(), but only one thread is woken here, and it wakes the others: each thread woken
-  // costs the waker an interrupt to another CPU, and waking all fifteen from the submitting
-  // thread took it 10-25 us on the H200 host (a VM) before it could start planning
-  // (gfd_benchmark --trace).
+  // costs the waker an interrupt to another CPU, and waking them all held the submitting thread
+  // for tens of microseconds before it could start planning (gfd_benchmark --trace).
   epoch_.fetch_add(1, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) {
     chain_.store(true, std::memory_order_seq_cst);

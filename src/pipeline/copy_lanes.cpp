@@ -138,8 +138,8 @@ void CopyLanes::submit_directs_on(TransferState& t, StreamHandle stream, bool le
 
 void CopyLanes::copy_runs(const Plan& p, const PlannedChunk& c, Slot& s, bool to_host, StreamHandle l) {
   // One DMA per contiguous run of the chunk's host side, between it and its place in the
-  // device staging area; several in one cudaMemcpyBatchAsync (a driver call costs 2-4 us in a
-  // VM, where a chunk of every layer's 8 KB pages has 4-5 runs of 512 KB).
+  // device staging area; several in one cudaMemcpyBatchAsync (a driver call costs microseconds,
+  // and a chunk of every layer's 8 KB pages has several runs).
   thread_local std::vector<void*> dsts;
   thread_local std::vector<const void*> srcs;
   thread_local std::vector<std::size_t> sizes;

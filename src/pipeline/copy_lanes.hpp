@@ -63,19 +63,14 @@ class CopyLanes {
   // cross-stream waits, where the whole transfer may be one 160 us 2D copy). Records its done
   // event there and marks it finalized; a device failure is recorded in the transfer.
   // On the legacy default stream (a null handle) the transfer goes on the lanes instead, joined
-  // back to it, as before this path existed: on the H200 the caller's-stream path failed a test
-  // on the null stream (tests/python/test_gpu.py, not diagnosed), and that stream serialises
-  // with every other anyway.
+  // back to it: that stream serialises with every other anyway, and the caller's-stream path
+  // failed a GPU test there.
   // `lead` (SetRequest::lead): the first driver call enqueues kLead copies, the next ones twice as
   // many each, so that the copy engine starts on the first blocks while the rest are enqueued
-  // (on an H100 a cudaMemcpyBatchAsync call took its caller 0.5-1 us a copy, where a 128 KiB
-  // block takes the link about 2.4 us; layer 0 of a layered load, 64 such pages for K and for V,
-  // was usable 403-448 us after the call where one call for all of them on the lanes took
-  // 505-587 us, three runs each).
+  // (a batch call costs its caller about as long per copy as the link takes to move a page).
   void submit_directs_on(TransferState& t, StreamHandle stream, bool lead = false);
   static constexpr std::size_t kLead = 8;
-  // A transfer of 2D runs whose host side is contiguous in each run 
-  // through the device twins of staging slots taken from `ring` without waiting (up to
+  // A transfer of 2D runs whose host side is contiguous in each run, through the device twins of staging slots taken from `ring` without waiting (up to
   // kBounceSlots, at most half the ring): host to device, each slot's runs cross the link in one
   // cudaMemcpyBatchAsync on the caller's `stream` (not the legacy default stream) and a
   // device-to-device 2D copy per run on a lane spreads their rows; device to host the other

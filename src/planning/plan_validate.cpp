@@ -157,8 +157,8 @@ struct FastRanges {
 // current device range (so neither pointer is null and nothing overflows) and start in the
 // current host range. Returns the index of the first block that does not (it leaves for the
 // detailed checks, which name what is wrong), or `n`. Specialised by direction, with each range
-// as begin and size, so that fewer values compete for registers: 4.0-4.6 ns per block on the
-// H200 host where the general loop took 5.2 (bench/micro/micro_planner, BM_Check ascending).
+// as begin and size, so that fewer values compete for registers (about a fifth faster than the
+// general loop: docs/performance.md, "Design decisions").
 template <bool kToHost>
 std::size_t validate_fast(std::span<const BlockCopy> blocks, std::size_t i, std::size_t n, const FastRanges& r,
                           std::uint8_t* pinned, Validation& v) {

@@ -181,16 +181,16 @@ struct Plan {
   }
 };
 
-// The largest pitch a 2D copy takes (cudaMemcpy2DAsync's 2^31 - 1; beyond it, measured on the
-// H200, a 2D copy of 3 GiB pitch moved 19% of the line rate: bench/micro/copy2d_cost).
+// The largest pitch a 2D copy takes (cudaMemcpy2DAsync's 2^31 - 1; beyond it a 2D copy moves a
+// fraction of the line rate: bench/micro/copy2d_cost).
 inline constexpr std::uint64_t kMax2dPitch = (std::uint64_t{1} << 31) - 1;
 
 using PointerClassifier = std::function<PointerInfo(const void*)>;
 
 // Host memory the driver does not know (pageable memory), remembered across transfers in 2 MiB
 // regions. The driver reports no range for such memory, so without this a pool of pageable
-// blocks costs one driver query per page every transfer touches (about 140 ns each on the H200,
-// serialised inside the driver: 0.3-0.9 ms for 2048 scattered 4 KB blocks).
+// blocks costs one driver query per page every transfer touches (serialised inside the driver:
+// most of a millisecond for 2048 scattered 4 KB blocks).
 //
 // Why a whole 2 MiB region may stand for one page: the driver places device and managed memory
 // in address ranges it reserves in whole 2 MiB units, so a region holding a page of pageable

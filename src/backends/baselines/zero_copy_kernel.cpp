@@ -9,8 +9,8 @@
 namespace gfd::detail {
 
 // A pass-through plan's list is the kernel's list, byte for byte: it is streamed into the slot
-// whole with non-temporal stores (the slot's lines are rarely still cached from their last use).
-// On the H200 host 2048 entries took 3 us so, against 7-8 us copied entry by entry.
+// whole with non-temporal stores (the slot's lines are rarely still cached from their last use),
+// less than half the time of copying it entry by entry.
 static_assert(sizeof(DirectCopy) == sizeof(ZeroCopyEntry) && offsetof(DirectCopy, src) == offsetof(ZeroCopyEntry, src) &&
               offsetof(DirectCopy, dst) == offsetof(ZeroCopyEntry, dst) &&
               offsetof(DirectCopy, bytes) == offsetof(ZeroCopyEntry, bytes));
