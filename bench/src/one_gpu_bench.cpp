@@ -71,12 +71,11 @@ std::vector<CpuShare> split_cpus(const std::vector<int>& cpus, int n, bool& shar
 }
 
 // One caller thread's side: its stream, destination, contiguous source (the peer DMA's), its
-// part of the source pool and the blocks of the current repetition.
+// picker of source blocks and the blocks of the current repetition.
 struct Caller {
   cudaStream_t stream = nullptr;
   std::byte* ref_src = nullptr;
   std::byte* dst = nullptr;
-  std::byte* slice = nullptr;
   std::unique_ptr<SourcePicker> picker;
   std::vector<BlockCopy> blocks;
   Transfer pending;
@@ -134,18 +133,17 @@ class OneGpuRun {
                 testkit::format_cpulist(cpus_).c_str(), testkit::numa_nodes());
   }
 
-  // One pool shared by the callers, each picking from its own part; per caller a stream, a
+  // One pool shared by the callers (each picks its own random blocks from all of it, so that
+  // one caller alone still reads from several times the LLC); per caller a stream, a
   // destination and the contiguous DMA's pinned source.
   void allocate() {
     const auto most = static_cast<std::size_t>(o_.engines.back());
     std::size_t pool_bytes = std::max(8 * l3_bytes(), 8 * most * bytes_);
     if (host_only_) pool_bytes = std::min<std::size_t>(pool_bytes, std::size_t{512} << 20);
     pool_bytes = o_.pool_bytes.value_or(pool_bytes);
-    const std::size_t stride = 2 * o_.block_size;
-    const std::size_t part = pool_bytes / most / stride * stride;
-    if (part < 4 * bytes_)
-      throw std::invalid_argument("--pool-bytes: " + format_size(pool_bytes) + " leaves each of " +
-                                  std::to_string(most) + " callers less than 4 x its transfer (" +
+    if (pool_bytes < 4 * bytes_)
+      throw std::invalid_argument("--pool-bytes: " + format_size(pool_bytes) +
+                                  " is less than 4 x one caller's transfer (" +
                                   format_size(bytes_) + ")");
     allocated_ = true;
     pool_ = std::make_unique<Pool>(pool_bytes);
@@ -160,14 +158,13 @@ class OneGpuRun {
       std::memcpy(c.ref_src, pool_->data, bytes_);
       dev_.register_host(c.ref_src, bytes_);
       c.dst = static_cast<std::byte*>(dev_.alloc_device(bytes_));
-      c.slice = pool_->data + k * part;
-      c.picker = std::make_unique<SourcePicker>(part, o_.block_size, 0xBEEF + 977 * k);
+      c.picker = std::make_unique<SourcePicker>(pool_bytes, o_.block_size, 0xBEEF + 977 * k);
     }
     std::printf(
-        "each caller: %zu x %s per repetition, sources %s, pool %s (%s per caller), 2x stride | "
-        "%d reps after %d warm-up\n",
+        "each caller: %zu x %s per repetition, sources %s, pool %s shared, 2x stride | %d reps "
+        "after %d warm-up\n",
         o_.blocks, format_size(o_.block_size).c_str(), o_.warm ? "warm" : "cold",
-        format_size(pool_bytes).c_str(), format_size(part).c_str(), o_.iters, o_.warmup);
+        format_size(pool_bytes).c_str(), o_.iters, o_.warmup);
   }
 
   void release() noexcept {
@@ -190,7 +187,7 @@ class OneGpuRun {
     const auto src = c.picker->pick(o_.blocks);
     c.blocks.resize(o_.blocks);
     for (std::size_t i = 0; i < o_.blocks; ++i)
-      c.blocks[i] = {c.slice + src[i], c.dst + i * o_.block_size, o_.block_size};
+      c.blocks[i] = {pool_->data + src[i], c.dst + i * o_.block_size, o_.block_size};
   }
 
   // Runs fn(k) for the first n callers at once, each on its own thread pinned to its CPU;
