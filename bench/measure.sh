@@ -15,6 +15,10 @@
 #            and kernel paths, three runs, and one beside back-to-back bf16 matmuls (SGLang itself
 #            is not needed; about 2 minutes)
 #   latency  16, 64 and 256 blocks of 4 KB, every backend, three runs (under a minute)
+#   onegpu   1, 2, 4 and 8 engines on one GPU, each with its own caller thread, CPUs and stream,
+#            submitting 2048 x 4 KB at once (gfd_multi_gpu_benchmark --one-gpu): the call's time
+#            and the caller's CPU time as engines are added, gather, batch_async and per_block,
+#            three runs
 # Cases may run in separate calls (e.g. `bench/measure.sh paged load`, then
 # `bench/measure.sh pool latency sglang`, then `bench/measure.sh vllm`): each call packs its own
 # archive, and bench/summarize.py reads every archive of $OUT together.
@@ -33,7 +37,7 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-ALL="paged load pool vllm sglang latency"
+ALL="paged load pool vllm sglang latency onegpu"
 CASES=${*:-$ALL}
 for c in $CASES; do
   case " $ALL " in *" $c "*) ;; *) echo "measure: unknown case '$c' (cases: $ALL)" >&2; exit 2 ;; esac
@@ -64,7 +68,7 @@ pybind11_dir=$("$PY" -m pybind11 --cmakedir 2> /dev/null || true)
 cfg=(cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90}"
      -DGFD_BUILD_PYTHON=ON -DGFD_CUDART_STATIC=OFF "-DPython_EXECUTABLE=$PY")
 [ -n "$pybind11_dir" ] && cfg+=("-Dpybind11_DIR=$pybind11_dir")
-if ! { "${cfg[@]}" && cmake --build "$BUILD_DIR" -j"$(nproc)" --target gfd_benchmark gfd_python; } > "$W/build.log" 2>&1; then
+if ! { "${cfg[@]}" && cmake --build "$BUILD_DIR" -j"$(nproc)" --target gfd_benchmark gfd_multi_gpu_benchmark gfd_python; } > "$W/build.log" 2>&1; then
   tail -30 "$W/build.log"; pack
   echo "measure: the build failed (log in $OUT/$NAME.tgz)" >&2
   exit 1
@@ -134,6 +138,11 @@ fi
 if has latency; then
   for r in $(seq "$RUNS"); do
     step "latency_$r" 60 "$B" --layout pool --blocks 16,64,256 --block-sizes 4K
+  done
+fi
+if has onegpu; then
+  for r in $(seq "$RUNS"); do
+    step "onegpu_$r" 120 "$BUILD_DIR/bench/gfd_multi_gpu_benchmark" --one-gpu
   done
 fi
 

@@ -5,7 +5,8 @@
 
 DIR holds the CSVs of one bench/measure.sh call, or is its $OUT (default ./bench-out), whose
 measure-<cases>.tgz archives are read together; FILE.tgz is one such archive. CASE names the
-tables to print (paged, load, pool, vllm, sglang, latency; default: every case whose CSVs are there).
+tables to print (paged, load, pool, vllm, sglang, latency, onegpu; default: every case whose CSVs are
+there).
 Each table is Markdown in the layout of docs/performance.md, so that a new run's figures replace
 the old ones there as they are. Ratios are to the contiguous pinned DMA of the same bytes in the
 same run; where a case ran several times, a cell lists every run ("62.8 / 60.2 / 57.3%") or the
@@ -20,7 +21,7 @@ import sys
 import tarfile
 import tempfile
 
-CASES = ("paged", "load", "pool", "vllm", "sglang", "latency")
+CASES = ("paged", "load", "pool", "vllm", "sglang", "latency", "onegpu")
 
 
 def read(path):
@@ -77,6 +78,24 @@ def us_range(values):
 
     lo, hi = min(values), max(values)
     return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)} - {fmt(hi)}"
+
+
+def fine_us_range(values):
+    """us_range with a decimal below 100 us (calls of a few microseconds)."""
+    values = [v for v in values if v is not None]
+    if not values or max(values) >= 100:
+        return us_range(values)
+    lo, hi = f"{min(values):.1f}", f"{max(values):.1f}"
+    return f"{lo} us" if lo == hi else f"{lo} - {hi} us"
+
+
+def x_range(values):
+    """Ratios as "1.04x", or their range over the runs ("1.02-1.08x")."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
+    return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
 
 
 def gbps(values):
@@ -344,6 +363,30 @@ def latency(d):
         if any(c != "-" for c in cells[1:]):
             body.append(cells)
     return [table(["backend", "16 x 4 KB", "64 x 4 KB", "256 x 4 KB"], body)]
+
+
+def onegpu(d):
+    """gfd_multi_gpu_benchmark --one-gpu: per backend, the call's P50 at each engine count, the
+    caller's CPU time per transfer with one engine and with the most, and the most engines'
+    figures over one engine's."""
+    rs = runs(d, "onegpu_*.csv")
+    if not rs:
+        return []
+    counts = sorted({int(r["engines"]) for rows in rs for r in rows})
+    most = str(counts[-1])
+    body = []
+    for b in ("gather", "batch_async", "per_block", "zero_copy_kernel", "contiguous"):
+        if not any(pick(rows, backend=b) for rows in rs):
+            continue
+        cells = ["contiguous DMA" if b == "contiguous" else b]
+        cells += [fine_us_range(col(rs, "call_p50_us", backend=b, engines=str(n))) for n in counts]
+        cells.append(fine_us_range(col(rs, "cpu_p50_us", backend=b, engines="1")) + " / " +
+                     fine_us_range(col(rs, "cpu_p50_us", backend=b, engines=most)))
+        cells += [x_range(col(rs, k, backend=b, engines=most)) for k in ("call_ratio", "cpu_ratio", "e2e_ratio")]
+        body.append(cells)
+    header = (["backend"] + [f"call, {n} engine{'s' if n > 1 else ''}" for n in counts] +
+              [f"caller's CPU per transfer, 1 / {most}", f"{most} over 1: call", "caller's CPU", "end to end"])
+    return [table(header, body)]
 
 
 def host_speed(d, slow_us=7.5, max_bytes=256 << 20):

@@ -2,7 +2,8 @@
 // thread per GPU (EngineGroup), for G = 1 ... all GPUs. Reports per-GPU and aggregate GB/s for
 // every backend, the scaling efficiency against G x the 1-GPU aggregate, and each GPU's
 // contiguous pinned DMA rate measured in the same run. Repetitions start together (a barrier);
-// cold sources by default; every byte is verified once per G, backend and GPU.
+// cold sources by default; every byte is verified once per G, backend and GPU. With --one-gpu it
+// runs engines on one GPU instead (one_gpu_bench.cpp).
 #include <algorithm>
 #include <barrier>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include "bench_common.hpp"
 #include "gfd/gfd.hpp"
 #include "multi_gpu_flags.hpp"
+#include "one_gpu_bench.hpp"
 #include "testkit/testkit.hpp"
 
 namespace gfd::bench::multi_gpu {
@@ -76,12 +78,13 @@ class Run {
  private:
   // Devices: the CUDA GPUs, or two emulated ones (host-only) where there is none; the counts G.
   void open_devices() {
-    host_only_ = testkit::cuda_device_count() == 0;
+    host_only_ = o_.emulated || testkit::cuda_device_count() == 0;
     std::vector<int> ordinals = o_.gpus;
     if (host_only_) {
       std::printf(
-          "No CUDA GPU is visible here: two emulated devices stand in (host-only: the gather\n"
-          "threads and staging rings are real, the 'DMA' is a host memcpy; nothing about PCIe).\n");
+          "%s: two emulated devices stand in (host-only: the gather\n"
+          "threads and staging rings are real, the 'DMA' is a host memcpy; nothing about PCIe).\n",
+          o_.emulated ? "--emulated" : "No CUDA GPU is visible here");
       ordinals = {0, 1};
       o_.backends = {Backend::kGather};
     } else if (ordinals.empty()) {
@@ -323,6 +326,7 @@ int main(int argc, char** argv) try {
   std::optional<gfd::bench::multi_gpu::MultiGpuOptions> o =
       gfd::bench::multi_gpu::parse_multi_gpu_flags(argc, argv);
   if (!o) return 0;
+  if (o->one_gpu) return gfd::bench::multi_gpu::run_one_gpu(std::move(*o));
   gfd::bench::multi_gpu::Run run(std::move(*o));
   return run.run();
 } catch (const std::exception& e) {

@@ -5,28 +5,55 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <stdexcept>
+#include <string>
 
 namespace gfd::bench::multi_gpu {
 namespace {
 
 const std::map<std::string, std::string> kFlags = {
-    {"gpus", "=N[,N...]     devices to use (default: every visible GPU)"},
+    {"gpus",
+     "=N[,N...]     devices to use (default: every visible GPU; --one-gpu: one, default 0)"},
     {"counts", "=G[,G...]   GPU counts to run (default 1, 2, 4, ... up to all, and all)"},
     {"blocks", "=N          blocks per GPU per repetition (default 2048)"},
     {"block-size", "=S      block size (default 4K)"},
-    {"backends", "=B[,B...] gather, batch_async, per_block, zero_copy_kernel (default all)"},
+    {"backends",
+     "=B[,B...] gather, batch_async, per_block, zero_copy_kernel (default all;\n"
+     "                   --one-gpu: gather, batch_async, per_block)"},
     {"iters", "=N           timed repetitions (default 30, at least 20)"},
     {"warmup", "=N          untimed repetitions first (default 5)"},
     {"warm", "              reuse the same source blocks every repetition (default: cold)"},
-    {"pool-bytes", "=S      source pool per GPU (default max(8 x L3 / GPUs, 32 x transfer))"},
+    {"pool-bytes",
+     "=S      source pool per GPU (default max(8 x L3 / GPUs, 32 x transfer); --one-gpu:\n"
+     "                   shared by the callers, default max(8 x L3, 8 x engines x transfer))"},
+    {"one-gpu",
+     "          engines on ONE GPU instead, each with its own caller thread, CPUs and\n"
+     "                   stream, submitting at the same moment: each call's time and the caller's\n"
+     "                   CPU time per transfer, and the time until every transfer is done, as the\n"
+     "                   engines are added (GFD_CPUS is replaced by each engine's share)"},
+    {"engines", "=N[,N...]  engine counts of --one-gpu (default 1,2,4,8; 1 is always run)"},
+    {"emulated", "         the host-emulated device even where a GPU is visible (host-only)"},
     {"csv", "=FILE          write results as CSV"},
-    {"json", "=FILE         write results as JSON"},
+    {"json", "=FILE         write results as JSON (not with --one-gpu)"},
     {"help", "              this text"},
 };
 
+// A list of integers from 0 (device ordinals and counts; not sizes, which exclude 0).
 std::vector<int> ints(const Flags& flags, const char* name) {
   std::vector<int> out;
-  for (std::size_t v : flags.get_sizes(name, {})) out.push_back(static_cast<int>(v));
+  if (!flags.has(name)) return out;
+  for (const std::string& part : flags.get_list(name)) {
+    std::size_t pos = 0;
+    int v = -1;
+    try {
+      v = std::stoi(part, &pos);
+    } catch (...) {
+    }
+    if (v < 0 || pos != part.size())
+      throw std::invalid_argument("--" + std::string(name) + "=" + flags.get(name) + ": '" + part +
+                                  "' is not a whole number from 0");
+    out.push_back(v);
+  }
   return out;
 }
 
@@ -35,12 +62,34 @@ std::string csv_cpus(std::string s) {
   return s;
 }
 
+// --one-gpu / --engines: the counts (1 always first, each once, ascending) and the flags of the
+// GPU-count mode it does not take.
+void one_gpu_flags(const Flags& flags, MultiGpuOptions& o) {
+  o.one_gpu = flags.has("one-gpu") || flags.has("engines");
+  if (!o.one_gpu) return;
+  if (flags.has("counts"))
+    throw std::invalid_argument("--counts: GPU counts; --one-gpu takes --engines");
+  if (flags.has("json")) throw std::invalid_argument("--json: not with --one-gpu (use --csv)");
+  if (o.gpus.size() > 1) throw std::invalid_argument("--gpus: --one-gpu uses one GPU");
+  std::vector<int> n = flags.has("engines") ? ints(flags, "engines") : std::vector<int>{1, 2, 4, 8};
+  for (int e : n)
+    if (e < 1 || e > 64)
+      throw std::invalid_argument("--engines: " + std::to_string(e) + " is outside 1..64");
+  n.push_back(1);  // the ratios are to one engine's figures
+  std::sort(n.begin(), n.end());
+  n.erase(std::unique(n.begin(), n.end()), n.end());
+  o.engines = n;
+  if (!flags.has("backends"))
+    o.backends = {Backend::kGather, Backend::kBatchAsync, Backend::kPerBlock};
+}
+
 }  // namespace
 
 std::optional<MultiGpuOptions> parse_multi_gpu_flags(int argc, char** argv) {
   Flags flags(argc, argv, kFlags);
   if (flags.has("help")) {
-    std::cout << "gfd_multi_gpu_benchmark: one thread per GPU, every backend, G = 1 ... all GPUs\n"
+    std::cout << "gfd_multi_gpu_benchmark: one thread per GPU, every backend, G = 1 ... all GPUs;\n"
+                 "with --one-gpu: 1, 2, 4, 8 engines and caller threads on one GPU\n"
               << Flags::usage(kFlags);
     return std::nullopt;
   }
@@ -56,6 +105,8 @@ std::optional<MultiGpuOptions> parse_multi_gpu_flags(int argc, char** argv) {
   if (flags.has("pool-bytes")) o.pool_bytes = parse_size(flags.get("pool-bytes"));
   o.csv = flags.get("csv");
   o.json = flags.get("json");
+  o.emulated = flags.has("emulated");
+  one_gpu_flags(flags, o);
   return o;
 }
 

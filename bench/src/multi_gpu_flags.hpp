@@ -12,8 +12,11 @@
 namespace gfd::bench::multi_gpu {
 
 struct MultiGpuOptions {
-  std::vector<int> gpus;    // --gpus; empty: every visible GPU
-  std::vector<int> counts;  // --counts; empty: 1, 2, 4, ... up to all, and all
+  std::vector<int> gpus;     // --gpus; empty: every visible GPU (--one-gpu: GPU 0)
+  std::vector<int> counts;   // --counts; empty: 1, 2, 4, ... up to all, and all
+  bool one_gpu = false;      // --one-gpu or --engines: engines (caller threads) on one GPU
+  std::vector<int> engines;  // --engines, ascending, 1 first (--one-gpu: 1, 2, 4, 8)
+  bool emulated = false;     // --emulated: the host-emulated device even where a GPU is visible
   std::size_t blocks = 2048, block_size = 4096;
   std::vector<Backend> backends;
   int iters = 30, warmup = 5;

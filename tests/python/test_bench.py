@@ -141,6 +141,31 @@ def test_summarize_sglang_table_gives_layer_0_on_the_link_where_measured(tmp_pat
     assert rows["write-back"][at] == "-", r.stdout
 
 
+def test_summarize_onegpu_table_gives_each_engine_counts_call_and_the_ratios(tmp_path):
+    # gfd_multi_gpu_benchmark --one-gpu CSVs (onegpu_<run>.csv): a column per engine count, the
+    # caller's CPU time with one engine and with the most, the most engines' ratios as ranges.
+    script = os.path.join(ROOT, "bench", "summarize.py")
+    head = ("mode,sources,engines,backend,blocks,block_size,call_p50_us,call_p90_us,call_ratio,cpu_p50_us,"
+            "cpu_p90_us,cpu_ratio,e2e_p50_us,e2e_p90_us,e2e_ratio,p50_gbps,ref_gbps,threads,caller_cpus,"
+            "gather_cpus,verified\n")
+    for run, call8 in ((1, "11.0"), (2, "12.0")):
+        (tmp_path / f"onegpu_{run}.csv").write_text(
+            head + "gpu,cold,1,contiguous,2048,4096,2.0,2.5,1,2.1,2.6,1,160,170,1,52,52,0,0,,\n"
+                   "gpu,cold,1,gather,2048,4096,10.0,12,1,9.0,11,1,250,300,1,33,52,15,0,1-15,1\n"
+                   f"gpu,cold,8,gather,2048,4096,{call8},14,{float(call8) / 10},9.5,12,1.05,1900,2000,7.6,35,52,"
+                   "1,0 2 4 6 8 10 12 14,1|3|5|7|9|11|13|15,1\n")
+    r = subprocess.run([sys.executable, script, str(tmp_path), "onegpu"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    header = [c.strip() for c in next(line for line in lines if "call, 1 engine" in line).split("|")[1:-1]]
+    assert header == ["backend", "call, 1 engine", "call, 8 engines", "caller's CPU per transfer, 1 / 8",
+                      "8 over 1: call", "caller's CPU", "end to end"], header
+    rows = {c[0]: c for c in ([x.strip() for x in line.split("|")[1:-1]] for line in lines if line.startswith("| "))}
+    assert rows["gather"][1:] == ["10.0 us", "11.0 - 12.0 us", "9.0 us / 9.5 us", "1.10-1.20x", "1.05x", "7.60x"]
+    assert rows["contiguous DMA"][1:3] == ["2.0 us", "-"], rows
+
+
 @pytest.mark.parametrize("module", ["gfd_bench.vllm", "gfd_bench.sglang"])
 def test_runtime_benches_say_what_is_missing(module):
     try:
