@@ -850,6 +850,39 @@ TEST(PlannerValidationTest, IdenticalDestinationsOverlap) {
   expect_block_error(blocks, small_config(), 2, "overlaps block 0");
 }
 
+// A long list whose destinations cannot all be disjoint (their bytes more than the range they
+// lie in) is rejected before any block is validated or planned: no pointer is classified, and
+// the overlap check names the blocks. A long list of disjoint destinations is planned as usual.
+TEST(PlannerValidationTest, LongListOfCrowdedDestinationsIsRejectedBeforePlanning) {
+  constexpr std::size_t kN = std::size_t{1} << 17;
+  int calls = 0;
+  const gfd::detail::PointerClassifier counting = [&](const void* p) {
+    ++calls;
+    return fake_classify(p);
+  };
+  std::vector<BlockCopy> same(kN, block(kPageBase, kDevBase, 4096));  // every block to one place
+  for (std::size_t i = 0; i < kN; ++i) same[i].src = src_at(kPageBase + i * 4096);
+  std::vector<BlockCopy> shuffled = same;  // and onto a few pages, in random order
+  std::mt19937_64 rng(7);
+  for (BlockCopy& b : shuffled) b.dst = dst_at(kDevBase + (rng() % 64) * 4096);
+  for (const auto* list : {&same, &shuffled}) {
+    calls = 0;
+    try {
+      (void)gfd::detail::make_plan(*list, small_config(), counting);
+      ADD_FAILURE() << "make_plan accepted destinations that overlap";
+    } catch (const gfd::Error& e) {
+      EXPECT_EQ(e.code(), gfd::ErrorCode::kInvalidArgument);
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring, "destination range overlaps block", e.what());
+      EXPECT_NE(e.block(), gfd::kNoBlock);
+    }
+    EXPECT_EQ(calls, 0) << "pointers were classified before the overlap was found";
+  }
+  std::vector<BlockCopy> disjoint = same;
+  for (std::size_t i = 0; i < kN; ++i)
+    disjoint[i].dst = dst_at(kDevBase + ((i * 7919) % kN) * 4096);
+  EXPECT_NO_THROW((void)gfd::detail::make_plan(disjoint, small_config(), counting));
+}
+
 // Scattered destinations of a paged KV cache (equal power-of-two blocks on one grid, checked
 // with a hash set of grid slots) and the same lists off the grid or with other sizes (checked by
 // sorting): a shared destination is found wherever it is, naming the later block, and a list

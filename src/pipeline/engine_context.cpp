@@ -141,12 +141,8 @@ Plan EngineContext::plan(std::span<const BlockCopy> blocks, const PlanConfig& co
                          std::optional<std::uint64_t> bytes) {
   const auto t0 = Clock::now();
   Plan p = plans.take();
-  try {
-    make_plan(blocks, config, classifier(), p, &pageable, bytes);
-  } catch (...) {
-    plans.put(std::move(p));
-    throw;
-  }
+  // A rejected list's plan (and its scratch, sized by the list) is freed here, not pooled.
+  make_plan(blocks, config, classifier(), p, &pageable, bytes);
   Counters::add(counters.plan_ns, ns_since(t0));
   tracer.record(id, TraceEvent::kPlanned);
   return p;

@@ -18,7 +18,7 @@ TransferPtr make_transfer(const std::shared_ptr<EngineContext>& ctx, std::uint32
 TransferState::~TransferState() {
   // Every wait on these events was enqueued when the transfer was issued (CUDA captures the
   // record current at the time of the wait), so the events can be re-recorded by others now.
-  ctx->plans.put(std::move(plan));
+  if (keep_plan) ctx->plans.put(std::move(plan));
   // Tracing: the DMA points are read when the trace is taken, not here (this may run on a
   // gather thread, which must not wait for the GPU).
   if (trace_start != nullptr) ctx->tracer.keep(id, trace_start_ns, trace_start, std::move(trace_dma));

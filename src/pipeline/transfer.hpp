@@ -48,6 +48,9 @@ struct TransferState {
   const std::uint32_t id;
   const Direction direction;
   Plan plan;
+  // False once the call that made it was rejected (it threw): the plan's memory, sized by the
+  // rejected list, is freed with the transfer instead of going back to the pool.
+  bool keep_plan = true;
   EventHandle start_event = nullptr;  // on the caller's stream at submission (copy lanes wait on it)
   EventHandle done_event = nullptr;
   std::vector<EventHandle> lane_events;  // one per lane, used when the transfer finalizes
@@ -85,6 +88,22 @@ struct TransferState {
 };
 
 using TransferPtr = std::shared_ptr<TransferState>;
+
+// Marks `t` rejected (keep_plan false) when the scope is left by an exception: a submission's
+// guard, so that nothing of a rejected list's size stays in the plan pool.
+class RejectedOnThrow {
+ public:
+  explicit RejectedOnThrow(TransferState& t) : t_(t), unwinding_(std::uncaught_exceptions()) {}
+  ~RejectedOnThrow() {
+    if (std::uncaught_exceptions() > unwinding_) t_.keep_plan = false;
+  }
+  RejectedOnThrow(const RejectedOnThrow&) = delete;
+  RejectedOnThrow& operator=(const RejectedOnThrow&) = delete;
+
+ private:
+  TransferState& t_;
+  int unwinding_;
+};
 
 // A new transfer with its done event taken from the context's pool.
 TransferPtr make_transfer(const std::shared_ptr<EngineContext>& ctx, std::uint32_t id, Direction d);

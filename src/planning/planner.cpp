@@ -39,6 +39,28 @@ bool takes_2d(std::uint64_t rows, std::uint64_t width, std::int64_t sp, std::int
     return false;
   return rows * width >= cfg.strided_min_bytes;
 }
+
+// From this many blocks a list is first checked for destinations that cannot all be disjoint:
+// one pass with no memory, where the planner would otherwise allocate and validate in proportion
+// to the list before the overlap check rejects it (a list of 10^8 blocks to one place). Shorter
+// lists skip the pass: their overlap check comes soon enough.
+constexpr std::size_t kCrowdedCheckBlocks = std::size_t{1} << 16;
+
+// Throws (through the overlap check, which names the blocks) where the destinations' bytes are
+// more than the address range they lie in: then some must overlap. Blocks a validation would
+// refuse (null, empty, running past the address space) leave the list to it.
+void reject_crowded(std::span<const BlockCopy> blocks, Plan::Scratch& scratch) {
+  std::uintptr_t lo = UINTPTR_MAX, hi = 0;
+  std::uint64_t bytes = 0;
+  for (const BlockCopy& b : blocks) {
+    const auto d = reinterpret_cast<std::uintptr_t>(b.dst);
+    if (d == 0 || b.bytes == 0 || b.bytes > UINTPTR_MAX - d) return;
+    lo = std::min(lo, d);
+    hi = std::max(hi, d + b.bytes);
+    bytes = b.bytes > UINT64_MAX - bytes ? UINT64_MAX : bytes + b.bytes;
+  }
+  if (bytes > hi - lo) check_overlaps(blocks, scratch);
+}
 }  // namespace
 
 struct PlanBuilder::State {
@@ -198,6 +220,8 @@ PlanBuilder::PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& cf
   if (blocks.size() > UINT32_MAX / 2)
     throw Error(ErrorCode::kInvalidArgument,
                 "blocks: " + std::to_string(blocks.size()) + " blocks is more than one transfer takes");
+  if (cfg.check_overlaps && cfg.trust == nullptr && blocks.size() >= kCrowdedCheckBlocks)
+    reject_crowded(blocks, plan.scratch);
   // Only packing needs the sum (a pass-through plan adds the sizes up as it lists the blocks).
   const bool staged = cfg.mode == PlanConfig::Mode::kStaged;
   const std::uint64_t block_bytes = known_bytes ? *known_bytes : staged ? total_bytes(blocks) : 0;

@@ -167,6 +167,37 @@ def test_error_classes():
     assert issubclass(gfd.Error, RuntimeError)
 
 
+def resident_mib():
+    """This process's resident memory (MiB)."""
+    import os
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MiB
+
+
+@pytest.mark.parametrize("call", ["copy_to_device", "copy_to_host"])
+def test_a_rejected_list_of_a_hundred_million_blocks_leaves_nothing_of_its_size(engine, call):
+    """10^8 blocks to one destination (the caller's arrays stride-0 views: no memory of theirs):
+    rejected naming two blocks, and afterwards the process holds no more memory than before
+    (the engine kept a byte a block of a rejected list, about 95 MiB, until it closed)."""
+    host = np.asarray(testing.pinned_buffer(engine, (4, 4096), "uint8"))
+    dev = np.asarray(testing.device_buffer(engine, (4, 4096), "uint8"))
+    hp, dp = host.ctypes.data, dev.ctypes.data
+    fn = getattr(engine, call)
+    ends = (hp, dp) if call == "copy_to_device" else (dp, hp)
+    fn([ends[0]], [ends[1]], 4096).wait()  # the engine's pools made
+    n = 10**8
+    src, dst = (np.broadcast_to(np.uint64(a), (n,)) for a in ends)
+    before = resident_mib()
+    err = rejects(fn, src, dst, 4096, match=rf"{call}: block 1: destination range overlaps block 0")
+    assert err.block == 1
+    after = resident_mib()
+    assert after - before < 32, f"{after - before:.0f} MiB more resident after the rejection"
+    source, destination = (host, dev) if call == "copy_to_device" else (dev, host)
+    source[0] = 9
+    fn([ends[0]], [ends[1]], 4096).wait()  # usable after
+    assert (destination[0] == 9).all()
+
+
 # 6. Messages name the argument as the caller spelled it.
 
 def test_messages_name_the_argument(engine, cached, worker):

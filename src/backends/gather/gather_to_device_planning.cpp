@@ -155,6 +155,7 @@ class GatherToDevice::Planning {
 TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t bytes) {
   EngineContext& ctx = *p_.ctx;
   TransferPtr t = make_transfer(p_.ctx, r.id, Direction::kToDevice);
+  const RejectedOnThrow rejected(*t);
   t->plan = ctx.plans.take();
   std::uint64_t plan_ns = 0;
   struct Account {

@@ -136,6 +136,7 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::opt
   EngineContext& ctx = *p_.ctx;
   const bool plan_here = !planned;
   TransferPtr t = plan_here ? make_transfer(p_.ctx, r.id, Direction::kToHost) : std::move(planned);
+  const RejectedOnThrow rejected_guard(*t);
   std::uint64_t plan_ns = 0;
   const PointerClassifier classify = ctx.classifier();  // outlives the builder, which keeps it
   std::optional<PlanBuilder> builder;
