@@ -235,6 +235,55 @@ TEST(EmulatedFaultToHostTest, ReportedAndTheEngineRecovers) {
   }
 }
 
+// A stream handle the emulated device did not make (a made-up integer, one destroyed) is
+// refused with gfd::Error naming it, by the device and by an engine given it, not followed; the
+// engine moves data afterwards on a real stream. (A GPU would fault on such a handle.)
+TEST(EmulatedStreamTest, UnknownStreamHandlesAreRefused) {
+  testkit::Device emulated = testkit::Device::emulated(0);
+  detail::Device& device = emulated.internal();
+  const auto made_up = reinterpret_cast<detail::StreamHandle>(std::uintptr_t{0x1234});
+  detail::StreamHandle gone = device.create_stream();
+  device.destroy_stream(gone);
+  for (const detail::StreamHandle s : {made_up, gone}) {
+    try {
+      device.stream_sync(s);
+      ADD_FAILURE() << "stream_sync took an unknown stream";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("not a stream of the emulated device"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  device.destroy_stream(made_up);  // nothing to destroy: ignored
+  constexpr std::size_t kBlocks = 64, kSize = 4096;
+  auto* dst = static_cast<std::byte*>(device.alloc_device(kBlocks * kSize));
+  std::vector<std::byte> src(kBlocks * kSize);
+  fill_random(src.data(), src.size(), 7);
+  std::vector<BlockCopy> v;
+  for (std::size_t i = 0; i < kBlocks; ++i)
+    v.push_back({src.data() + i * kSize, dst + ((i * 7) % kBlocks) * kSize, kSize});
+  {
+    Engine engine = emulated.make_engine(small_options());
+    try {
+      (void)engine.copy_to_device(v, static_cast<cudaStream_t>(made_up));
+      ADD_FAILURE() << "copy_to_device took an unknown stream";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("not a stream of the emulated device"),
+                std::string::npos)
+          << e.what();
+    }
+    const cudaStream_t s = emulated.create_stream();
+    engine.copy_to_device(v, s).wait();
+    for (std::size_t i = 0; i < kBlocks; ++i)
+      ASSERT_EQ(std::memcmp(dst + ((i * 7) % kBlocks) * kSize, src.data() + i * kSize, kSize), 0)
+          << i;
+    emulated.destroy_stream(s);
+  }
+  device.free_device(dst);
+}
+
 // On a GPU: a kernel on the caller's stream writes to an invalid address, which poisons the
 // context. The engine must report the sticky error, naming the failing call, and not hang.
 TEST(CudaFaultTest, StickyErrorIsReportedNamingTheCall) {

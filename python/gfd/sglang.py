@@ -27,7 +27,9 @@ SGLang's (mmap + cudaHostRegister); each pool's caches are registered with gfd o
 
 At load the plugin checks SGLang's version and the signatures it hooks; on a mismatch it logs
 why and leaves SGLang as it is. ``GFD_EMULATED_DEVICE`` (see :mod:`gfd.testing`) puts it on gfd's
-emulated device, SGLang's "GPU" pools being CPU tensors there.
+emulated device, SGLang's "GPU" pools being CPU tensors there; torch's CPU streams (SGLang's
+streams there) then get the ``synchronize()`` SGLang calls when a transfer fails, so that a
+gfd.Error reaches the caller as itself.
 
 Lifetimes: the cache sets registered for a pool hold its buffers, and each transfer holds its
 sets until it is done, so a pool dropped (or a scheduler ending) with a write-back in flight
@@ -237,7 +239,10 @@ def _pages(transfer: Any, page: int) -> Optional[tuple]:
     host = host.cpu().numpy() if hasattr(host, "cpu") else np.asarray(host)
     device = transfer.device_indices
     device = device.cpu().numpy() if hasattr(device, "cpu") else np.asarray(device)
-    if len(host) != len(device) or len(host) % page:
+    if len(host) != len(device):
+        raise _error(f"gfd.sglang: host_indices has {len(host)} entries, device_indices {len(device)} "
+                     "(a transfer moves one host token to one device token)")
+    if len(host) % page:
         return None
     hp, dp = host[::page], device[::page]
     offsets = np.arange(page, dtype=host.dtype)
@@ -266,11 +271,29 @@ def _engine_for(device_buffers: list) -> Engine:
                 engine = Engine.from_env(device=index, stream_ordered_to_host=True)
             else:
                 engine = testing.emulated_engine(**emulated, stream_ordered_to_host=True)
+                _give_cpu_streams_synchronize()
             adopted = []
             _engines[index] = (engine, adopted)
         if engine._emulated:
             adopted += testing.adopt_tensors(engine, device_buffers)  # kept: the pools live as long
     return engine
+
+
+def _give_cpu_streams_synchronize() -> None:
+    """On the emulated device SGLang's streams are torch's CPU streams, which have no
+    synchronize(); SGLang's transfer engine calls it when a transfer raises, and the error would
+    reach the caller as an AttributeError instead of the gfd.Error. They get one that waits for
+    the work on the emulated device (where gfd orders what SGLang puts on them)."""
+    import torch
+    stream = getattr(getattr(torch, "cpu", None), "Stream", None)
+    if stream is None or hasattr(stream, "synchronize"):
+        return
+
+    def synchronize(self: Any) -> None:
+        for engine, _ in list(_engines.values()):
+            if engine._emulated and not engine.closed:
+                testing.stream_sync(engine)
+    stream.synchronize = synchronize
 
 
 def _page_rows(t: Any, page: int, name: str) -> Rows:

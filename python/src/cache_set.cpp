@@ -145,6 +145,11 @@ std::shared_ptr<PyCacheSet> register_caches(Engine& engine, int ordinal, py::han
     // is ordered on its caller's stream.
     const TensorView a = tensor_view(hosts[p], an, std::nullopt, {});
     const TensorView b = tensor_view(devices[p], bn, std::nullopt, {});
+    // Both sides wrong: the arguments are given the wrong way round, and both are named.
+    if (!a.host() && !b.cuda() && b.host())
+      bad_argument(an + " is on " + device_text(a) + " and " + device_names[p] + " on " +
+                   device_text(b) +
+                   ": host and device swapped? (register_caches(host, device): host memory first)");
     if (!a.host())
       bad_argument(an + " is on " + device_text(a) + "; the host caches must be in host memory");
     if (!b.cuda())

@@ -2,9 +2,11 @@
 #include "testkit/emulated_device.hpp"
 
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "gfd/error.hpp"
@@ -46,11 +48,32 @@ struct EmuStream {
   }
 };
 
-EmuStream* stream_of(StreamHandle s) {
-  if (s == nullptr)
-    throw Error(ErrorCode::kInvalidArgument,
-                "stream: the emulated device has no default stream; pass one of its streams");
-  return static_cast<EmuStream*>(s);
+// Every live stream of every emulated device of the process: one may be used by any of them,
+// as a GPU's streams are by every engine of that GPU (each emulated engine has a device of its
+// own). A handle not in it is refused.
+struct LiveStreams {
+  std::mutex m;
+  std::set<EmuStream*> streams;
+};
+LiveStreams& live_streams() {
+  static auto* l = new LiveStreams();  // never destroyed: streams may outlive static destruction
+  return *l;
+}
+
+// Stops a stream once its queued work has run (like cudaStreamDestroy) and frees it.
+void stop_and_delete(EmuStream* s) {
+  {
+    LiveStreams& l = live_streams();
+    std::lock_guard lk(l.m);
+    l.streams.erase(s);
+  }
+  {
+    std::lock_guard lk(s->m);
+    s->stop = true;
+    s->cv.notify_all();
+  }
+  s->thread.join();
+  delete s;
 }
 
 }  // namespace
@@ -67,6 +90,27 @@ struct EmulatedDevice::Impl {
   int running = 0;
   // testkit::EmulatedOptions::free_waits_for_device: the driver's lock.
   std::shared_mutex driver;
+
+  // The stream behind handle `h`. A handle no emulated device made (a made-up integer from
+  // Python, a stream destroyed) is refused rather than followed: the emulator knows its
+  // streams, where a GPU would fault on such a handle.
+  static EmuStream* stream(StreamHandle h) {
+    if (h == nullptr)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "stream: the emulated device has no default stream; pass one of its streams");
+    auto* s = static_cast<EmuStream*>(h);
+    LiveStreams& l = live_streams();
+    std::lock_guard lk(l.m);
+    if (l.streams.count(s) == 0) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%p", h);
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("stream ") + text +
+                      ": not a stream of the emulated device (one it made and "
+                      "has not destroyed)");
+    }
+    return s;
+  }
 };
 
 EmulatedDevice::ApiLock EmulatedDevice::api_call() const {
@@ -137,13 +181,18 @@ EmulatedDevice::~EmulatedDevice() {
     std::lock_guard lk(impl_->m);
     left.swap(impl_->streams);
   }
-  for (EmuStream* s : left) destroy_stream(s);
+  for (EmuStream* s : left) stop_and_delete(s);
 }
 
 StreamHandle EmulatedDevice::create_stream() {
   const auto api = api_call();
   auto* s = new EmuStream;
   s->thread = std::thread([s] { s->run(); });
+  {
+    LiveStreams& l = live_streams();
+    std::lock_guard lk(l.m);
+    l.streams.insert(s);
+  }
   std::lock_guard lk(impl_->m);
   impl_->streams.insert(s);
   return s;
@@ -154,21 +203,15 @@ void EmulatedDevice::destroy_stream(StreamHandle h) noexcept {
   auto* s = static_cast<EmuStream*>(h);
   {
     std::lock_guard lk(impl_->m);
-    impl_->streams.erase(s);
+    if (impl_->streams.erase(s) == 0) return;  // not one of its streams: nothing to destroy
   }
-  {
-    std::lock_guard lk(s->m);
-    s->stop = true;  // like cudaStreamDestroy: queued work still runs
-    s->cv.notify_all();
-  }
-  s->thread.join();
-  delete s;
+  stop_and_delete(s);
 }
 
 void EmulatedDevice::enqueue(StreamHandle h, std::function<void()> op) {
   const auto api = api_call();
   check_sticky();
-  EmuStream* s = stream_of(h);
+  EmuStream* s = impl_->stream(h);
   std::lock_guard lk(s->m);
   s->ops.push_back(std::move(op));
   ++s->enqueued;
@@ -177,7 +220,7 @@ void EmulatedDevice::enqueue(StreamHandle h, std::function<void()> op) {
 
 void EmulatedDevice::stream_sync(StreamHandle h) {
   api_gate();
-  EmuStream* s = stream_of(h);
+  EmuStream* s = impl_->stream(h);
   {
     std::unique_lock lk(s->m);
     const std::uint64_t target = s->enqueued;

@@ -92,8 +92,11 @@ def test_copy_blocks_errors(engine):
 
 def test_register_errors(engine):
     hs, ds, _, _ = layers(engine, 2)
+    # Given the wrong way round: both sides named.
+    expect_error(r"register_caches: host\[0\] is on cuda:0 and device\[0\] on cpu( \(pinned\))?: host and device "
+                 r"swapped\?", engine.register_caches, ds, hs)
     expect_error(r"register_caches: host\[0\] is on cuda:0; the host caches must be in host memory",
-                 engine.register_caches, ds, hs)
+                 engine.register_caches, ds, ds)
     expect_error(r"2 host caches but 1 device", engine.register_caches, hs, ds[:1])
     expect_error(r"register_caches: device\[1\] overlaps device\[0\]", engine.register_caches, hs, [ds[0], ds[0]])
     expect_error(r"register_caches: host\[1\] overlaps host\[0\]", engine.register_caches, [hs[0], hs[0]], ds)

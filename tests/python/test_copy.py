@@ -164,6 +164,31 @@ def test_stream_of_the_wrong_type(engine):
         engine.copy_to_device([], [], [], stream=1.5)
 
 
+@pytest.mark.parametrize("n", [4, 64])  # whole on the caller's stream, and planned in stretches
+def test_a_stream_handle_the_emulated_device_never_made_is_refused(engine_b, n):
+    """A made-up handle (or one destroyed) would crash the process if followed: the emulated
+    device knows its streams and refuses it, naming it, as the call's error or the transfer's
+    (where the device is first asked to queue on it after the call returned, as a CUDA error
+    would be); nothing is written, the engine goes on."""
+    host, dev, h, sr, dr, src, dst = setup_blocks(engine_b, n=n)
+    d = np.asarray(dev)
+    d[:] = 0
+    gone = testing.create_stream(engine_b)
+    testing.destroy_stream(engine_b, gone)
+    cs = engine_b.register_caches(host, dev)
+    calls = [lambda s: engine_b.copy_to_device(src, dst, BLOCK, stream=s),
+             lambda s: engine_b.copy_blocks(cs, "to_device", list(range(n)), list(range(n)), stream=s)]
+    if engine_b.options()["backend"] != "zero_copy_kernel":  # it moves host to device only
+        calls.append(lambda s: engine_b.copy_to_host(dst, src, BLOCK, stream=s))
+    for stream in (0x1234, gone):
+        for call in calls:
+            with pytest.raises(gfd.InvalidArgument, match="stream 0x[0-9a-f]+: not a stream of the emulated device"):
+                call(stream).wait()
+    assert not d.any(), "a refused call wrote device memory"
+    engine_b.copy_to_device(src, dst, BLOCK).wait()
+    assert (d[dr] == h[sr]).all()
+
+
 def test_wait_timeout_and_gil_released(slow_engine):
     host, dev, h, sr, dr, src, dst = setup_blocks(slow_engine, n=8)
     slow_engine.options()

@@ -204,6 +204,30 @@ def test_a_different_sglang_is_refused_and_left_alone(plugins, monkeypatch, capl
     assert caplog.text == ""
 
 
+@pytest.mark.parametrize("direction", ["write_back", "load"])
+def test_index_tensors_of_unequal_lengths_are_refused_by_gfd_naming_both(plugins, direction):
+    """gfd refuses them itself (SGLang's path would have been taken, with its own error), and on
+    the emulated device the gfd.Error reaches the caller as itself: SGLang's transfer engine
+    calls synchronize() on its stream when a transfer raises, which torch's CPU streams (its
+    streams there) lack; gfd gives them one."""
+    import gfd
+    from sglang.srt.mem_cache.l2_transfer import L2Transfer, L2TransferEngine
+    dev, host, _ = pools("mha", "layer_first")
+    l2 = L2TransferEngine("direct")
+    bad = L2Transfer(host, dev, tokens([1, 2]), tokens([3]))
+    with pytest.raises(gfd.Error, match=r"host_indices has 32 entries, device_indices 16"):
+        if direction == "write_back":
+            l2.submit_device_to_host([bad])
+        else:
+            l2.submit_host_to_device([bad], transfer_layer_id_max=LAYERS)
+    assert callable(getattr(torch.cpu.Stream, "synchronize", None))
+    # The engine goes on.
+    l2.submit_device_to_host([L2Transfer(host, dev, tokens([5]), tokens([6]))])
+    from gfd import testing
+    testing.stream_sync(gfd_engine())
+    assert same(host_page(host, 0, 5, "mha"), dev.k_buffer[0][6 * P:7 * P])
+
+
 # -- lifetimes: SGLang letting go of its pools with gfd's transfers in flight ------------------------
 # Each scenario runs in a process of its own (a crash fails the test instead of the suite), on the
 # emulated device with every copy held 200 ms, so that the transfers are still in flight when
