@@ -170,18 +170,21 @@ class _Plan:
     def __init__(self, engine: Engine, layer_sets: Dict[int, Any], all_layers: Any, page: int) -> None:
         self.engine, self.layer_sets, self.all_layers, self.page = engine, layer_sets, all_layers, page
         self.in_flight: list = []
+        self._lock = threading.Lock()  # loads and write-backs may be issued from two threads
 
     def issued(self, transfers: list) -> None:
-        self.in_flight = [t for t in self.in_flight if not t.done()] + list(transfers)
+        with self._lock:
+            self.in_flight = [t for t in self.in_flight if not t.done()] + list(transfers)
 
     def drain(self) -> None:
         """Waits for every transfer issued on the pool (their failures are SGLang's to see)."""
-        for t in self.in_flight:
+        with self._lock:
+            waiting, self.in_flight = self.in_flight, []
+        for t in waiting:
             try:
                 t.wait()
             except Exception:  # noqa: BLE001 - reported where the transfer's completion is read
                 pass
-        self.in_flight = []
 
 
 def _drain_then(original: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -301,10 +301,10 @@ print("exiting")
 def test_destroy_waits_for_gfds_transfers_on_the_pool():
     """A pool's destroy() unpins its memory: gfd's transfers on it end first."""
     out = run_scenario("""
-plan = host._gfd_plan[1]
-assert plan.in_flight and not all(t.done() for t in plan.in_flight)
+in_flight = list(host._gfd_plan[1].in_flight)
+assert in_flight and not all(t.done() for t in in_flight)
 host.destroy()
-assert all(t.done() for t in plan.in_flight) or not plan.in_flight
+assert all(t.done() for t in in_flight), "destroy() returned with gfd's transfers on the pool in flight"
 print("ok")
 """)
     assert out.strip().endswith("ok")
