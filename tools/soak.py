@@ -32,9 +32,8 @@ import sys
 import threading
 import time
 
-import numpy as np
-
 import gfd
+import numpy as np
 from gfd import testing
 from gfd.kv_worker import KVTransferWorker
 
@@ -64,17 +63,26 @@ class Soak:
         self.pinned = np.asarray(testing.pinned_buffer(engine, (32 * MiB,), "uint8"))
         self.pageable = np.zeros(16 * MiB, np.uint8)
         self.dev = testing.device_buffer(engine, (32 * MiB,), "uint8")
-        self.scratch = np.asarray(testing.pinned_buffer(engine, (32 * MiB,), "uint8"))  # device read-back
+        self.scratch = np.asarray(
+            testing.pinned_buffer(engine, (32 * MiB,), "uint8")
+        )  # device read-back
         for a in (self.pinned, self.pageable):
             a[:] = self.rng.integers(0, 256, a.shape, dtype=np.uint8)
         # Caches: 8 layers of (host 256 blocks, device 128 blocks) of 4 KiB, each its own set too.
         self.layers = 8
-        self.cache_host = [np.asarray(testing.pinned_buffer(engine, (256, 4096), "uint8")) for _ in range(self.layers)]
-        self.cache_dev = [testing.device_buffer(engine, (128, 4096), "uint8") for _ in range(self.layers)]
+        self.cache_host = [
+            np.asarray(testing.pinned_buffer(engine, (256, 4096), "uint8"))
+            for _ in range(self.layers)
+        ]
+        self.cache_dev = [
+            testing.device_buffer(engine, (128, 4096), "uint8") for _ in range(self.layers)
+        ]
         for h in self.cache_host:
             h[:] = self.rng.integers(0, 256, h.shape, dtype=np.uint8)
         self.caches = engine.register_caches(self.cache_host, self.cache_dev)
-        self.layer_sets = [engine.register_caches(h, d) for h, d in zip(self.cache_host, self.cache_dev)]
+        self.layer_sets = [
+            engine.register_caches(h, d) for h, d in zip(self.cache_host, self.cache_dev)
+        ]
         # An offloading worker: 3 tensors, 64 GPU blocks, 32 chunks of 2 blocks.
         self.kv_gpu = [testing.device_buffer(engine, (64, p), "int8") for p in (2048, 1024, 4096)]
         self.worker = KVTransferWorker(engine, self.kv_gpu, [[0, 1, 2]], 2, 32)
@@ -86,8 +94,10 @@ class Soak:
     def device_bytes(self, buf, offset: int, nbytes: int) -> np.ndarray:
         """``nbytes`` of device buffer ``buf`` at ``offset`` (a copy on a GPU)."""
         if not self.cuda:
-            return np.asarray(buf).reshape(-1).view(np.uint8)[offset:offset + nbytes]
-        testing.copy(self.engine, self.scratch.ctypes.data, buf.ptr + offset, nbytes, False, self.stream)
+            return np.asarray(buf).reshape(-1).view(np.uint8)[offset : offset + nbytes]
+        testing.copy(
+            self.engine, self.scratch.ctypes.data, buf.ptr + offset, nbytes, False, self.stream
+        )
         testing.stream_sync(self.engine, self.stream)
         return self.scratch[:nbytes]
 
@@ -120,21 +130,28 @@ class Soak:
         host_off = src.astype(np.uint64) * size
         to_device = not self.d2h or self.rng.random() < 0.5
         if to_device:
-            t = self.engine.copy_to_device(host.ctypes.data + host_off, self.dev.ptr + dev_off, size, stream=self.stream)
+            t = self.engine.copy_to_device(
+                host.ctypes.data + host_off, self.dev.ptr + dev_off, size, stream=self.stream
+            )
         else:
             got = self.device_bytes(self.dev, 0, self.dev.nbytes)
-            before = [got[d:d + size].copy() for d in dev_off.tolist()]
-            t = self.engine.copy_to_host(self.dev.ptr + dev_off, host.ctypes.data + host_off, size, stream=self.stream)
+            before = [got[d : d + size].copy() for d in dev_off.tolist()]
+            t = self.engine.copy_to_host(
+                self.dev.ptr + dev_off, host.ctypes.data + host_off, size, stream=self.stream
+            )
         t.wait()
         self.transfers += 1
         self.bytes += n * size
         if to_device:
             got = self.device_bytes(self.dev, 0, self.dev.nbytes)
             for h, d in zip(host_off.tolist(), dev_off.tolist()):
-                self.check(np.array_equal(got[d:d + size], host[h:h + size]), f"h2d {size} B block at {d}")
+                self.check(
+                    np.array_equal(got[d : d + size], host[h : h + size]),
+                    f"h2d {size} B block at {d}",
+                )
         else:
             for h, b in zip(host_off.tolist(), before):
-                self.check(np.array_equal(host[h:h + size], b), f"d2h {size} B block at {h}")
+                self.check(np.array_equal(host[h : h + size], b), f"d2h {size} B block at {h}")
 
     def cache_blocks(self) -> None:
         n = int(self.rng.integers(1, 65))
@@ -142,14 +159,29 @@ class Soak:
         src = self.rng.choice(256 if to_device else 128, n, replace=True)
         dst = self.rng.choice(128 if to_device else 256, n, replace=False)
         if not to_device:
-            before = [self.device_bytes(d, 0, d.nbytes).copy().reshape(128, 4096) for d in self.cache_dev]
+            before = [
+                self.device_bytes(d, 0, d.nbytes).copy().reshape(128, 4096) for d in self.cache_dev
+            ]
         if self.rng.random() < 0.5:
-            ts = [self.engine.copy_blocks(self.caches, "to_device" if to_device else "to_host", src, dst,
-                                          stream=self.stream)]
+            ts = [
+                self.engine.copy_blocks(
+                    self.caches,
+                    "to_device" if to_device else "to_host",
+                    src,
+                    dst,
+                    stream=self.stream,
+                )
+            ]
         else:
             seen = []
-            ts = self.engine.copy_blocks(self.layer_sets, "to_device" if to_device else "to_host", src, dst,
-                                         stream=self.stream, after_each=seen.append)
+            ts = self.engine.copy_blocks(
+                self.layer_sets,
+                "to_device" if to_device else "to_host",
+                src,
+                dst,
+                stream=self.stream,
+                after_each=seen.append,
+            )
             self.check(seen == list(range(self.layers)), f"after_each called for {seen}")
         for t in ts:
             t.wait()
@@ -158,10 +190,15 @@ class Soak:
         for layer in range(self.layers):
             if to_device:
                 got = self.device_bytes(self.cache_dev[layer], 0, 128 * 4096).reshape(128, 4096)
-                self.check(np.array_equal(got[dst], self.cache_host[layer][src]), f"copy_blocks h2d layer {layer}")
+                self.check(
+                    np.array_equal(got[dst], self.cache_host[layer][src]),
+                    f"copy_blocks h2d layer {layer}",
+                )
             else:
-                self.check(np.array_equal(self.cache_host[layer][dst], before[layer][src]),
-                           f"copy_blocks d2h layer {layer}")
+                self.check(
+                    np.array_equal(self.cache_host[layer][dst], before[layer][src]),
+                    f"copy_blocks d2h layer {layer}",
+                )
 
     def offload_job(self) -> None:
         w = self.worker
@@ -182,7 +219,9 @@ class Soak:
             for i, b in enumerate(blocks.tolist()):
                 c, j = int(chunks[i // 2]), i % 2
                 want = gpu_before[t][b] if store else pages[c, j]
-                self.check(np.array_equal(pages[c, j] if store else after[b], want), f"offload tensor {t}")
+                self.check(
+                    np.array_equal(pages[c, j] if store else after[b], want), f"offload tensor {t}"
+                )
 
     def run(self, deadline: float) -> None:
         steps = (self.block_list, self.cache_blocks, self.offload_job)
@@ -204,16 +243,30 @@ class Soak:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="tools/soak.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=3600, help="how long (default 3600)")
-    p.add_argument("--device", choices=["emulated", "cuda"], default="emulated",
-                   help="gfd's emulated device (default: no GPU needed) or a CUDA GPU")
+    p.add_argument(
+        "--device",
+        choices=["emulated", "cuda"],
+        default="emulated",
+        help="gfd's emulated device (default: no GPU needed) or a CUDA GPU",
+    )
     p.add_argument("--ordinal", type=int, default=0, help="the GPU (--device cuda)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--report", type=float, default=60, help="seconds between status lines (default 60)")
-    p.add_argument("--rss-slack", type=float, default=64, help="MiB RSS may grow after the first report (default 64)")
+    p.add_argument(
+        "--report", type=float, default=60, help="seconds between status lines (default 60)"
+    )
+    p.add_argument(
+        "--rss-slack",
+        type=float,
+        default=64,
+        help="MiB RSS may grow after the first report (default 64)",
+    )
     a = p.parse_args(argv)
     cuda = a.device == "cuda"
     if cuda and gfd.cuda_device_count() <= a.ordinal:
-        print(f"soak: no CUDA GPU {a.ordinal} here; --device emulated runs without one", file=sys.stderr)
+        print(
+            f"soak: no CUDA GPU {a.ordinal} here; --device emulated runs without one",
+            file=sys.stderr,
+        )
         return 2
 
     def engine(**options):
@@ -221,11 +274,21 @@ def main(argv=None) -> int:
         if cuda:
             return gfd.Engine(a.ordinal, **small, **options)
         return testing.emulated_engine(**small, **options)
-    soaks = [Soak(b, engine(backend=b), a.seed + i, cuda)
-             for i, b in enumerate(("gather", "batch_async", "per_block", "zero_copy_kernel"))]
-    soaks.append(Soak("gather, stream-ordered to host", engine(stream_ordered_to_host=True), a.seed + 9, cuda))
-    print(f"soak: gfd {gfd.__version__}, {'GPU ' + str(a.ordinal) if cuda else 'emulated device'}, "
-          f"{len(soaks)} engines, {a.seconds:.0f} s, seed {a.seed}", flush=True)
+
+    soaks = [
+        Soak(b, engine(backend=b), a.seed + i, cuda)
+        for i, b in enumerate(("gather", "batch_async", "per_block", "zero_copy_kernel"))
+    ]
+    soaks.append(
+        Soak(
+            "gather, stream-ordered to host", engine(stream_ordered_to_host=True), a.seed + 9, cuda
+        )
+    )
+    print(
+        f"soak: gfd {gfd.__version__}, {'GPU ' + str(a.ordinal) if cuda else 'emulated device'}, "
+        f"{len(soaks)} engines, {a.seconds:.0f} s, seed {a.seed}",
+        flush=True,
+    )
     t0 = time.monotonic()
     deadline = t0 + a.seconds
     threads = [threading.Thread(target=s.run, args=(deadline,), daemon=True) for s in soaks]
@@ -245,8 +308,11 @@ def main(argv=None) -> int:
         peak_rss = max(peak_rss, rss)
         n, b = sum(s.transfers for s in soaks), sum(s.bytes for s in soaks)
         wrong, errors = sum(s.wrong for s in soaks), sum(s.errors for s in soaks)
-        print(f"soak: {time.monotonic() - t0:7.0f} s  {n} transfers  {b / 1e9:.2f} GB  wrong {wrong}  errors {errors}  "
-              f"RSS {rss:.0f} MiB  fds {fds}", flush=True)
+        print(
+            f"soak: {time.monotonic() - t0:7.0f} s  {n} transfers  {b / 1e9:.2f} GB  wrong {wrong}  errors {errors}  "
+            f"RSS {rss:.0f} MiB  fds {fds}",
+            flush=True,
+        )
         if time.monotonic() > deadline + 300:
             print("soak: a thread did not finish 300 s after the deadline", file=sys.stderr)
             return 1
@@ -259,10 +325,13 @@ def main(argv=None) -> int:
             print("soak: " + f, file=sys.stderr)
     grew = max(peak_rss, rss) - base[0]
     ok = wrong == 0 and errors == 0 and grew <= a.rss_slack and fds <= base[1]
-    print(f"soak: {'passed' if ok else 'FAILED'}: {sum(s.transfers for s in soaks)} transfers, "
-          f"{sum(s.bytes for s in soaks) / 1e9:.2f} GB, {wrong} wrong, {errors} errors; RSS {base[0]:.0f} MiB "
-          f"after the first report, at most {max(peak_rss, rss):.0f} MiB since (+{grew:.0f}, slack {a.rss_slack:.0f}); "
-          f"fds {base[1]} then, {fds} at the end", flush=True)
+    print(
+        f"soak: {'passed' if ok else 'FAILED'}: {sum(s.transfers for s in soaks)} transfers, "
+        f"{sum(s.bytes for s in soaks) / 1e9:.2f} GB, {wrong} wrong, {errors} errors; RSS {base[0]:.0f} MiB "
+        f"after the first report, at most {max(peak_rss, rss):.0f} MiB since (+{grew:.0f}, slack {a.rss_slack:.0f}); "
+        f"fds {base[1]} then, {fds} at the end",
+        flush=True,
+    )
     return 0 if ok else 1
 
 

@@ -44,7 +44,9 @@ from ._gfd import (
     option_names,
     stats_names,
 )
-from ._gfd import __version__  # project(gfd VERSION ...) in CMakeLists.txt, the version's one source
+from ._gfd import (
+    __version__ as __version__,  # project(gfd VERSION ...) in CMakeLists.txt: the one source
+)
 
 __all__ = [
     "Engine",

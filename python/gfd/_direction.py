@@ -10,4 +10,4 @@ class Direction(str, enum.Enum):
     accepted wherever a direction is taken."""
 
     TO_DEVICE = "to_device"  #: host memory to the engine's GPU
-    TO_HOST = "to_host"      #: the engine's GPU to host memory
+    TO_HOST = "to_host"  #: the engine's GPU to host memory
