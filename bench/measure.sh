@@ -17,7 +17,7 @@
 #   latency  16, 64 and 256 blocks of 4 KB, every backend, three runs (under a minute)
 #   serving  a decode loop (CUDA graph replayed by a Python loop) beside prefix-hit loads through
 #            each path, batch sizes 1, 16 and 64: TPOT P50/P99 (python -m gfd_bench.serving;
-#            about two minutes a run, $SERVING_RUNS runs)
+#            about 40,000 decode steps a run, $SERVING_RUNS runs)
 # Cases may run in separate calls (e.g. `bench/measure.sh paged load`, then
 # `bench/measure.sh pool latency sglang`, then `bench/measure.sh vllm`): each call packs its own
 # archive, and bench/summarize.py reads every archive of $OUT together.

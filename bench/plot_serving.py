@@ -12,9 +12,10 @@ warning; "-": not checked, as for the loop alone). Several CSVs (runs) are merge
 the median of its rows, with the runs' range as an error bar where there are several.
 """
 
-import csv
 import statistics
 from collections import defaultdict
+
+import plot_paged  # beside this file: the CSV reader the two share
 
 REQUIRED = ["batch", "path", "p99_vs_alone", "p99_vs_dma", "verified"]
 
@@ -31,8 +32,7 @@ PATHS = {
 ALONE = "alone"
 
 
-class NoData(Exception):
-    """Nothing to draw from the given CSVs."""
+NoData = plot_paged.NoData  # nothing to draw from the given CSVs
 
 
 def is_serving(header):
@@ -50,25 +50,11 @@ def _number(text):
 
 def read(paths, warn):
     """The usable rows of every CSV: dicts of batch, path, vs_alone, vs_dma."""
-    rows = []
-    for path in paths:
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
-            if missing:
-                raise NoData(f"{path}: missing column(s) {', '.join(missing)}")
-            failed = 0
-            for r in reader:
-                if r["verified"].strip() == "NO":
-                    failed += 1
-                    continue
-                rows.append({"batch": int(r["batch"]), "path": r["path"],
-                             "vs_alone": _number(r["p99_vs_alone"]), "vs_dma": _number(r["p99_vs_dma"])})
-            if failed:
-                warn(f"{path}: {failed} row(s) failed verification and are not drawn")
-    if not rows:
-        raise NoData("no rows in " + ", ".join(paths))
-    return rows
+    return plot_paged.read_csvs(
+        paths, REQUIRED, lambda r: r["verified"].strip() == "NO",
+        lambda r: {"batch": int(r["batch"]), "path": r["path"], "vs_alone": _number(r["p99_vs_alone"]),
+                   "vs_dma": _number(r["p99_vs_dma"])},
+        warn)
 
 
 def _bars(ax, rows, field, title, reference):
