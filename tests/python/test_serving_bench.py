@@ -231,3 +231,25 @@ def test_decode_step_writes_its_slots_and_stays_finite(small):
     # the load region (pages past the batch's) is never written by the model
     lo = caches.batch_pages
     assert all(torch.equal(t[lo:], b[lo:]) for t, b in zip(caches.tensors, before))
+
+
+def test_a_short_run_on_a_gpu(tmp_path):
+    """The whole benchmark, small: every path runs, is verified and gets its ratios."""
+    torch = pytest.importorskip("torch")
+    import gfd
+    if not torch.cuda.is_available() or gfd.cuda_device_count() == 0:
+        pytest.skip("needs torch with a CUDA GPU")
+    out = tmp_path / "serving.csv"
+    r = serving(["--batch-sizes", "1,4", "--layers", "1", "--steps", "40", "--rounds", "2", "--warmup", "4",
+                 "--host-cache-bytes", "256M", "--csv", str(out)], timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = list(csv.DictReader(open(out)))
+    paths = {"alone", "dma", "gfd", "gfd_worker", "batch", "per_block", "uva2", "uva12"}
+    assert {(int(x["batch"]), x["path"]) for x in rows} == {(b, p) for b in (1, 4) for p in paths}, r.stdout
+    for x in rows:
+        assert x["verified"] == ("-" if x["path"] == "alone" else "yes"), x
+        assert int(x["steps"]) == 40 and float(x["tpot_p99_ms"]) >= float(x["tpot_p50_ms"]) > 0
+        assert x["p99_vs_alone"] and x["p99_vs_dma"]
+        if x["path"] != "alone":
+            assert int(x["loads"]) >= 8 and float(x["load_p50_us"]) > 0 and float(x["call_p50_us"]) > 0, x
+    assert "skipped: gfd_sglang" in r.stdout
