@@ -245,9 +245,9 @@ void register_testing(py::module_& m) {
           for (const std::uint64_t at : {p, p + count * 8 - 1}) {
             const std::string kind = d.pointer_kind(reinterpret_cast<const void*>(at));
             if (kind != "device" && kind != "pinned")
-              bad_argument(std::string(name) + ": " + kind + " memory; the kernel reads the array " +
-                           "as it runs, so it must be device memory or pinned host memory of the " +
-                           "engine's GPU");
+              bad_argument(std::string(name) + ": " + kind +
+                           " memory; the kernel reads the array as it runs, so it must be device "
+                           "memory or pinned host memory of the engine's GPU");
           }
         }
         py::gil_scoped_release nogil;

@@ -59,8 +59,9 @@ __global__ void __launch_bounds__(kUvaThreads)
 void require_gpu(const Device& device, const char* call) {
   if (device.emulated())
     throw Error(ErrorCode::kInvalidArgument,
-                std::string(call) + ": an SM copy kernel needs a CUDA GPU, and this device is the "
-                                    "emulated one");
+                std::string(call) +
+                    ": an SM copy kernel needs a CUDA GPU, and this device is the "
+                    "emulated one");
 }
 
 }  // namespace
@@ -70,16 +71,15 @@ void uva_copy(const Device& device, void* const* dsts, const void* const* srcs,
   require_gpu(device, "uva_copy");
   if (ctas < 1 || ctas > kMaxUvaCtas)
     throw Error(ErrorCode::kInvalidArgument, "uva_copy: ctas: " + std::to_string(ctas) +
-                                                 " is not in [1, " +
-                                                 std::to_string(kMaxUvaCtas) + "]");
+                                                 " is not in [1, " + std::to_string(kMaxUvaCtas) +
+                                                 "]");
   if (count == 0) return;
   for (const auto& [p, name] : {std::pair<const void*, const char*>{dsts, "dsts"},
                                 std::pair<const void*, const char*>{srcs, "srcs"},
                                 std::pair<const void*, const char*>{sizes, "sizes"}})
     if (p == nullptr)
-      throw Error(ErrorCode::kInvalidArgument,
-                  std::string("uva_copy: ") + name + ": null, with " + std::to_string(count) +
-                      " copies");
+      throw Error(ErrorCode::kInvalidArgument, std::string("uva_copy: ") + name + ": null, with " +
+                                                   std::to_string(count) + " copies");
   device.internal().make_current();
   uva_copy_kernel<<<static_cast<unsigned>(ctas), kUvaThreads, 0, stream>>>(dsts, srcs, sizes,
                                                                            count);
