@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import sys
 import time
 from typing import Any, Dict, List, Optional
@@ -405,6 +406,7 @@ def run(a: Any, torch: Any, gfd: Any) -> int:
                 srcs = [rng.choice(host_pages, a.load_pages, replace=False).astype(np.int64) for _ in range(n_loads)]
                 dsts = [(region[0] + rng.choice(region[1] - region[0], a.load_pages, replace=False)).astype(np.int64)
                         for _ in range(n_loads)]
+                gc.collect()  # the garbage of setting up falls outside the series, alike for every path
                 t, g = loop.series(path, steps, a.warmup, a.load_every, srcs, dsts, budget)
                 tp[name] += t
                 gp[name] += g
