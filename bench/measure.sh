@@ -148,7 +148,7 @@ fi
 if has onegpu; then
   for r in $(seq "$RUNS"); do
     step "onegpu_$r" 120 "$BUILD_DIR/bench/gfd_multi_gpu_benchmark" --one-gpu
-    done
+  done
 fi
 if has serving; then
   for r in $(seq "$SERVING_RUNS"); do
