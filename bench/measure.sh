@@ -19,6 +19,9 @@
 #            submitting 2048 x 4 KB at once (gfd_multi_gpu_benchmark --one-gpu): the call's time
 #            and the caller's CPU time as engines are added, gather, batch_async and per_block,
 #            three runs
+#   serving  a decode loop (CUDA graph replayed by a Python loop) beside prefix-hit loads through
+#            each path, batch sizes 1, 16 and 64: TPOT P50/P99 (python -m gfd_bench.serving;
+#            about 40,000 decode steps a run, $SERVING_RUNS runs)
 # Cases may run in separate calls (e.g. `bench/measure.sh paged load`, then
 # `bench/measure.sh pool latency sglang`, then `bench/measure.sh vllm`): each call packs its own
 # archive, and bench/summarize.py reads every archive of $OUT together.
@@ -33,11 +36,12 @@
 #   RUNS         runs of the cheap commands (default 3)
 #   LOAD_RUNS    runs of the load sweeps (default 1)
 #   VLLM_RUNS    runs of the vLLM worker's sweep (default 2; the busy-thread case runs once)
+#   SERVING_RUNS runs of the serving loop (default 1)
 #   GFD_COMMIT   the commit named with the figures (default: git rev-parse HEAD)
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-ALL="paged load pool vllm sglang latency onegpu"
+ALL="paged load pool vllm sglang latency onegpu serving"
 CASES=${*:-$ALL}
 for c in $CASES; do
   case " $ALL " in *" $c "*) ;; *) echo "measure: unknown case '$c' (cases: $ALL)" >&2; exit 2 ;; esac
@@ -47,6 +51,7 @@ OUT=${OUT:-$ROOT/bench-out}
 RUNS=${RUNS:-3}
 LOAD_RUNS=${LOAD_RUNS:-1}
 VLLM_RUNS=${VLLM_RUNS:-2}
+SERVING_RUNS=${SERVING_RUNS:-1}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 NAME=measure-$(echo $CASES | tr ' ' '-')
@@ -145,8 +150,22 @@ if has onegpu; then
     step "onegpu_$r" 120 "$BUILD_DIR/bench/gfd_multi_gpu_benchmark" --one-gpu
   done
 fi
+if has serving; then
+  for r in $(seq "$SERVING_RUNS"); do
+    step "serving_$r" 360 "$PY" -m gfd_bench.serving
+  done
+fi
 
-"$PY" "$ROOT/bench/summarize.py" "$W" $CASES > "$W/summary.md" 2> "$W/summary.err"
+# bench/summarize.py prints every case's table but the serving loop's, which its own module
+# prints from the runs' CSVs.
+others=$(for c in $CASES; do [ "$c" = serving ] || echo "$c"; done)
+: > "$W/summary.md"
+: > "$W/summary.err"
+[ -z "$others" ] || "$PY" "$ROOT/bench/summarize.py" "$W" $others > "$W/summary.md" 2> "$W/summary.err"
+if has serving && ls "$W"/serving_*.csv > /dev/null 2>&1; then
+  { echo "### serving"; echo; "$PY" -m gfd_bench.serving --table "$W"/serving_*.csv; echo; } \
+    >> "$W/summary.md" 2>> "$W/summary.err"
+fi
 { echo "# $(head -1 "$W/machine.txt")"; sed -n '2,$p' "$W/machine.txt" | sed 's/^/# /'; echo; cat "$W/summary.md"; } \
   > "$OUT/$NAME.md"
 pack

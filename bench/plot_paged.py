@@ -48,35 +48,46 @@ def _number(text):
     return float(text) if text else None
 
 
-def read(paths, warn):
-    """The usable rows of every CSV: dicts of direction, load, size, method, gbps, slowdown."""
+def read_csvs(paths, required, failed, make_row, warn):
+    """make_row(row) of every row of every CSV, after checking that each has the `required`
+    columns; the rows for which failed(row) is true are left out, with a warning per file.
+    Raises NoData for a missing column or when no row is left."""
     rows = []
     for path in paths:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
-            missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
+            missing = [c for c in required if c not in (reader.fieldnames or [])]
             if missing:
                 raise NoData(f"{path}: missing column(s) {', '.join(missing)}")
-            failed = 0
+            dropped = 0
             for r in reader:
-                if r["verified"].strip() == "0":
-                    failed += 1
+                if failed(r):
+                    dropped += 1
                     continue
-                rows.append(
-                    {
-                        "direction": r["direction"],
-                        "load": r["load"],
-                        "size": int(float(r["block_size"])),
-                        "method": r["method"],
-                        "gbps": _number(r["p50_gbps"]),
-                        "slowdown": _number(r["load_slowdown"]),
-                    }
-                )
-            if failed:
-                warn(f"{path}: {failed} row(s) failed verification and are not drawn")
+                rows.append(make_row(r))
+            if dropped:
+                warn(f"{path}: {dropped} row(s) failed verification and are not drawn")
     if not rows:
         raise NoData("no rows in " + ", ".join(paths))
     return rows
+
+
+def read(paths, warn):
+    """The usable rows of every CSV: dicts of direction, load, size, method, gbps, slowdown."""
+    return read_csvs(
+        paths,
+        REQUIRED,
+        lambda r: r["verified"].strip() == "0",
+        lambda r: {
+            "direction": r["direction"],
+            "load": r["load"],
+            "size": int(float(r["block_size"])),
+            "method": r["method"],
+            "gbps": _number(r["p50_gbps"]),
+            "slowdown": _number(r["load_slowdown"]),
+        },
+        warn,
+    )
 
 
 def medians(rows, field):

@@ -12,6 +12,10 @@ CSVs are packed in $OUT/measure-<cases>.tgz:
 
 CSVs of `gfd_benchmark --layout paged` (recognised by their `method` and `load_slowdown`
 columns) give two charts, rate_vs_block_size.png and load_slowdown.png: see bench/plot_paged.py.
+CSVs of `python -m gfd_bench.serving` (bench/measure.sh's serving_*.csv; recognised by their
+`path` and `tpot_p99_ms` columns) give serving_tpot_p99.png, the decode loop's TPOT P99 beside each
+load path as a ratio to the loop alone and to the loop beside the contiguous DMA: see
+bench/plot_serving.py.
 The rest of this text is about the other layouts (pool, strided).
 
 Expected CSV header (one row per configuration and backend; extra columns are ignored):
@@ -67,6 +71,7 @@ import sys
 from collections import defaultdict
 
 import plot_paged  # beside this file
+import plot_serving  # beside this file
 
 PROG = "plot_results.py"
 
@@ -325,18 +330,19 @@ def main():
         die("matplotlib is not installed (python3 -m pip install --user matplotlib)")
 
     # Each file goes to the charts of its own program, recognised by its header.
-    by_kind = {"single": [], "multi": [], "paged": []}
+    by_kind = {"single": [], "multi": [], "paged": [], "serving": []}
     for path in args.csv:
         by_kind[csv_kind(path)].append(path)
-    kinds = [k for k in ("single", "multi", "paged") if by_kind[k]]
-    plots = {"single": plot_benchmark, "multi": plot_multi_gpu, "paged": plot_paged_csvs}
+    kinds = [k for k in ("single", "multi", "paged", "serving") if by_kind[k]]
+    plots = {"single": plot_benchmark, "multi": plot_multi_gpu, "paged": plot_paged_csvs,
+             "serving": plot_serving_csvs}
     names = {"single": "gfd_benchmark", "multi": "gfd_multi_gpu_benchmark",
-             "paged": "gfd_benchmark --layout paged"}
+             "paged": "gfd_benchmark --layout paged", "serving": "gfd_bench.serving"}
     written = 0
     for kind in kinds:
         try:
             written += plots[kind](plt, by_kind[kind], args)
-        except (NoData, plot_paged.NoData) as e:
+        except (NoData, plot_paged.NoData, plot_serving.NoData) as e:
             if len(kinds) == 1:
                 die(str(e))
             warn(f"{names[kind]} CSV(s): {e}")
@@ -354,10 +360,16 @@ def plot_paged_csvs(plt, paths, args):
     return plot_paged.plot(plt, paths, args.out, args.title, warn)
 
 
+def plot_serving_csvs(plt, paths, args):
+    """The serving loop's chart from gfd_bench.serving CSVs."""
+    return plot_serving.plot(plt, paths, args.out, args.title, warn)
+
+
 def csv_kind(path):
-    """'paged' for a gfd_benchmark --layout paged CSV, 'multi' for a gfd_multi_gpu_benchmark CSV
-    (its header has `gpus` or `scaling_efficiency`; a file with one but not the other is then
-    reported as missing a column), else 'single' (gfd_benchmark's other layouts)."""
+    """'paged' for a gfd_benchmark --layout paged CSV, 'serving' for a gfd_bench.serving CSV,
+    'multi' for a gfd_multi_gpu_benchmark CSV (its header has `gpus` or `scaling_efficiency`; a
+    file with one but not the other is then reported as missing a column), else 'single'
+    (gfd_benchmark's other layouts)."""
     try:
         f = open(path, newline="")
     except OSError as e:
@@ -366,6 +378,8 @@ def csv_kind(path):
         header = {h.strip() for h in next(csv.reader(f), [])}
     if plot_paged.is_paged(header):
         return "paged"
+    if plot_serving.is_serving(header):
+        return "serving"
     return "multi" if header & {"gpus", "scaling_efficiency"} else "single"
 
 

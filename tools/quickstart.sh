@@ -77,8 +77,10 @@ list_skips() {
 # count_tests LOG: how many tests of a ctest log passed, failed and were skipped. CTest's own
 # summary ("100% tests passed ... out of N") counts a skipped test as passed.
 count_tests() {
-  awk '/tests passed, [0-9]+ tests? failed out of [0-9]+/ {
-         for (i = 1; i <= NF; i++) if ($i == "failed") failed = $(i - 1)
+  # CTest 3.x: "100% tests passed, 0 tests failed out of N"; 4.x leaves out ", 0 tests failed".
+  awk '/tests passed.* out of [0-9]+/ {
+         failed = 0
+         for (i = 1; i <= NF; i++) if ($i == "failed") failed = $(i - 2)
          total = $NF
        }
        /\*\*\*Skipped/ { skipped++ }

@@ -166,6 +166,7 @@ void allocate(PagedRunner& b, const Plan& p) {
     b.stream_priority = least;
     GFD_BENCH_CUDA(cudaStreamCreateWithPriority(&b.stream, cudaStreamNonBlocking, least));
     GFD_BENCH_CUDA(preload_peer_kernels());
+    testkit::preload_uva_copy(b.dev);
   }
   b.make_scratch(p.entries);
 }

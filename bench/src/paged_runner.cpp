@@ -1,6 +1,7 @@
 #include "paged_runner.hpp"
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -39,7 +40,8 @@ void PagedRunner::make_scratch(std::size_t entries) {
   lists_.reserve(entries);
   if (host_only) return;
   scratch_bytes_ = entries * sizeof(PatternCheck);
-  static_assert(sizeof(PatternCheck) >= sizeof(PeerCopy));
+  // The UVA kernel's three descriptor arrays (destinations, sources, sizes) fit as well.
+  static_assert(sizeof(PatternCheck) >= 3 * sizeof(std::uint64_t));
   GFD_BENCH_CUDA(cudaHostAlloc(&scratch_host_, scratch_bytes_, cudaHostAllocDefault));
   GFD_BENCH_CUDA(cudaMalloc(&scratch_device_, scratch_bytes_));
   GFD_BENCH_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&mismatches_host_), 8, 0));
@@ -146,19 +148,26 @@ Ops PagedRunner::uva_ops(Method m, const Config& c, bool to_host) {
   const int ctas = m == Method::kUva2 ? 2 : 12;
   Ops ops;
   // The descriptors go to device memory before the timer starts: the kernel alone is timed.
+  // Three arrays of n words each: destinations, sources, sizes.
   ops.prepare = [this, &c, to_host](const Ids& ids) {
     build_lists(c, to_host, ids);
-    auto* d = reinterpret_cast<PeerCopy*>(scratch_host_);
-    for (std::size_t i = 0; i < lists_.dsts.size(); ++i)
-      d[i] = PeerCopy{lists_.srcs[i], lists_.dsts[i], lists_.sizes[i]};
-    GFD_BENCH_CUDA(cudaMemcpyAsync(scratch_device_, scratch_host_,
-                                   lists_.dsts.size() * sizeof(PeerCopy), cudaMemcpyHostToDevice,
-                                   stream));
+    const std::size_t n = lists_.dsts.size();
+    auto* words = reinterpret_cast<std::uint64_t*>(scratch_host_);
+    for (std::size_t i = 0; i < n; ++i) {
+      words[i] = reinterpret_cast<std::uintptr_t>(lists_.dsts[i]);
+      words[n + i] = reinterpret_cast<std::uintptr_t>(lists_.srcs[i]);
+      words[2 * n + i] = lists_.sizes[i];
+    }
+    GFD_BENCH_CUDA(cudaMemcpyAsync(scratch_device_, scratch_host_, 3 * n * sizeof(std::uint64_t),
+                                   cudaMemcpyHostToDevice, stream));
     GFD_BENCH_CUDA(cudaStreamSynchronize(stream));
   };
   ops.submit = [this, ctas] {
-    GFD_BENCH_CUDA(launch_uva_copy(static_cast<const PeerCopy*>(scratch_device_),
-                                   static_cast<std::uint32_t>(lists_.dsts.size()), ctas, stream));
+    const std::size_t n = lists_.dsts.size();
+    auto* words = static_cast<std::uint64_t*>(scratch_device_);
+    testkit::uva_copy(dev, reinterpret_cast<void* const*>(words),
+                      reinterpret_cast<const void* const*>(words + n), words + 2 * n, n, ctas,
+                      stream);
   };
   ops.finish = [this] { sync(); };
   return ops;

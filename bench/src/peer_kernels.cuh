@@ -1,6 +1,6 @@
-// The SM-side pieces of gfd_benchmark --layout paged: the UVA copy kernel it measures as a peer
-// of gfd (SMs reading or writing pinned host memory directly over the link), and the pattern
-// fill and check kernels that verify the device caches without copying them back.
+// The SM-side pieces of gfd_benchmark --layout paged that only it needs: the pattern fill and
+// check kernels that verify the device caches without copying them back. (The UVA copy kernel it
+// measures as a peer is the test-device facade's, testkit::uva_copy, which gfd.testing shares.)
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,17 +16,6 @@
 
 namespace gfd::bench {
 
-// One copy of the UVA kernel's descriptor list: `bytes` from `src` to `dst`, either side device
-// memory or pinned host memory (unified addressing).
-struct PeerCopy {
-  const void* src = nullptr;
-  void* dst = nullptr;
-  std::uint64_t bytes = 0;
-};
-
-// Threads of one UVA-kernel CTA: 32 warps, one copy per warp at a time.
-constexpr int kUvaThreads = 1024;
-
 // 64-bit word `word` of a cache tagged `tag` (splitmix64 of both): indexed by the word's place
 // in the whole cache, so that one fill serves every block size. Never zero, the poison.
 GFD_BENCH_HD inline std::uint64_t pattern_word(std::uint64_t tag, std::uint64_t word) {
@@ -36,11 +25,6 @@ GFD_BENCH_HD inline std::uint64_t pattern_word(std::uint64_t tag, std::uint64_t 
   x ^= x >> 31;
   return x | 1;
 }
-
-// `count` copies of `copies` (device memory, or pinned host memory) on `ctas` CTAs of
-// kUvaThreads threads, one warp per copy, 16-byte loads with several in flight per lane.
-cudaError_t launch_uva_copy(const PeerCopy* copies, std::uint32_t count, int ctas,
-                            cudaStream_t stream);
 
 // Writes pattern_word(tag, first_word + i) to word i of the `words` words at `data` (device).
 cudaError_t launch_fill_pattern(std::uint64_t* data, std::uint64_t words, std::uint64_t first_word,
@@ -60,7 +44,8 @@ cudaError_t launch_check_pattern(const PatternCheck* checks, std::uint32_t count
                                  unsigned long long* mismatches, cudaStream_t stream);
 
 // Loads this file's kernels now: a lazy module load at first launch synchronises the context,
-// which would deadlock while an engine's stream waits on a host flag.
+// which would deadlock while an engine's stream waits on a host flag (testkit::preload_uva_copy
+// does the same for the UVA kernel).
 cudaError_t preload_peer_kernels();
 
 }  // namespace gfd::bench

@@ -214,6 +214,49 @@ void register_testing(py::module_& m) {
       },
       py::arg("engine"), py::arg("dsts"), py::arg("srcs"), py::arg("sizes"), py::arg("count"),
       py::arg("to_device"), py::arg("stream"));
+  t.def(
+      "uva_copy",
+      [](PyEngine& e, py::handle dsts_arg, py::handle srcs_arg, py::handle sizes_arg,
+         py::handle count_arg, py::handle ctas_arg, py::handle stream_arg_) {
+        // The SM peer of the copy engines (testkit::uva_copy, the kernel gfd_benchmark measures):
+        // `count` pointers / sizes at those addresses, which the kernel itself reads as it runs,
+        // so they must be memory the GPU reads (device, or pinned host memory), unlike
+        // memcpy_batch's, which the call reads.
+        // The arguments are checked first, on any device, then the device.
+        (void)e.engine();  // closed: gfd.Error
+        const std::uint64_t dsts = address(dsts_arg, "uva_copy: dsts"),
+                            srcs = address(srcs_arg, "uva_copy: srcs");
+        const std::uint64_t sizes = address(sizes_arg, "uva_copy: sizes");
+        const std::uint64_t count = uint_arg(count_arg, "uva_copy: count", host_address_end() / 8);
+        const int ctas =
+            static_cast<int>(int_arg(ctas_arg, "uva_copy: ctas", 1, testkit::kMaxUvaCtas));
+        const auto stream = e.stream_of(stream_arg_, "uva_copy");
+        const std::pair<std::uint64_t, const char*> arrays[] = {
+            {dsts, "uva_copy: dsts"}, {srcs, "uva_copy: srcs"}, {sizes, "uva_copy: sizes"}};
+        for (const auto& [p, name] : arrays)
+          if (p == 0 && count != 0)
+            bad_argument(std::string(name) + ": null, with " + std::to_string(count) + " copies");
+        if (e.emulated())
+          bad_argument("uva_copy: an SM copy kernel needs a CUDA device, not the emulated one");
+        if (count == 0) return;
+        testkit::Device d = device_of(e);
+        KeepCurrentDevice keep;
+        for (const auto& [p, name] : arrays) {
+          for (const std::uint64_t at : {p, p + count * 8 - 1}) {
+            const std::string kind = d.pointer_kind(reinterpret_cast<const void*>(at));
+            if (kind != "device" && kind != "pinned")
+              bad_argument(std::string(name) + ": " + kind +
+                           " memory; the kernel reads the array as it runs, so it must be device "
+                           "memory or pinned host memory of the engine's GPU");
+          }
+        }
+        py::gil_scoped_release nogil;
+        testkit::uva_copy(d, reinterpret_cast<void* const*>(dsts),
+                          reinterpret_cast<const void* const*>(srcs),
+                          reinterpret_cast<const std::uint64_t*>(sizes), count, ctas, stream);
+      },
+      py::arg("engine"), py::arg("dsts"), py::arg("srcs"), py::arg("sizes"), py::arg("count"),
+      py::arg("ctas"), py::arg("stream"));
   // The engine's trace: start, then take the points as tuples (ns, transfer, what, thread, a, b)
   // with `what` a TraceEvent::What (src/trace_event.hpp).
   t.def(

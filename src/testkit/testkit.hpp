@@ -10,7 +10,8 @@
 //  - the GPU's locality as gfd sees it, for the benchmarks' topology lines;
 //  - the staging write loop itself, for host-memory load probes and gather-only rates, and the
 //    engine's piece loops (gather into staging, place from it) over a caller's block list;
-//  - gfd::HostPool over this device (on the emulated device too).
+//  - gfd::HostPool over this device (on the emulated device too);
+//  - the SM copy kernel the benchmarks measure as a peer (a GPU only).
 // Everything here is for testing and measurement; none of it is a stable API.
 #pragma once
 
@@ -138,5 +139,22 @@ void place_like_engine(const StagedBlock* blocks, std::size_t count, const void*
 /// the emulated device the pool is registered with the emulator (pinned as far as engines over
 /// it are concerned) and gets no NUMA locality.
 HostPool make_host_pool(const Device& device, const HostPoolOptions& options);
+
+/// Threads of one CTA of the UVA copy kernel: 32 warps, one copy per warp at a time.
+inline constexpr int kUvaThreads = 1024;
+/// The most CTAs uva_copy takes (a peer measured on a few SMs, not a full-GPU kernel).
+inline constexpr int kMaxUvaCtas = 1024;
+
+/// The UVA copy kernel on `ctas` CTAs of kUvaThreads threads on `stream`: `count` copies of
+/// `sizes[i]` bytes from `srcs[i]` to `dsts[i]`, either side device memory or pinned host memory
+/// (unified addressing), a warp per copy, 16-byte loads with several in flight per lane. The
+/// three arrays are read by the kernel as it runs: device or pinned host memory, unchanged until
+/// the stream has passed the kernel. A GPU only: gfd::Error on the emulated device, for `ctas`
+/// outside [1, kMaxUvaCtas], for a null array, and when the launch fails.
+void uva_copy(const Device& device, void* const* dsts, const void* const* srcs,
+              const std::uint64_t* sizes, std::size_t count, int ctas, cudaStream_t stream);
+/// Loads the UVA kernel's module now: a lazy module load at its first launch synchronises the
+/// context, which would deadlock while an engine's stream waits on a host flag. A GPU only.
+void preload_uva_copy(const Device& device);
 
 }  // namespace gfd::testkit

@@ -119,3 +119,44 @@ def test_a_csv_without_the_columns_is_refused_naming_them(tmp_path):
         r.returncode == 1 and "missing column(s) load, block_size, p50_gbps, verified" in r.stderr
     ), r.stderr
     assert not out.exists() or not os.listdir(out)
+
+
+# python -m gfd_bench.serving's CSV (bench/measure.sh's serving_*.csv): the TPOT P99 chart.
+SERVING_HEADER = (
+    "batch,path,device,layers,context,output_len,sched_us,load_every,load_pages,load_bytes,steps,loads,"
+    "tpot_p50_ms,tpot_p99_ms,tpot_mean_ms,p50_vs_alone,p99_vs_alone,p50_vs_dma,p99_vs_dma,gpu_step_p50_ms,"
+    "gpu_step_p99_ms,load_p50_us,load_p99_us,load_gbps,call_p50_us,call_p99_us,backlog,verified"
+).split(",")
+
+
+def serving_csv(path, spread=0.0, failed=()):
+    """Every path at batch sizes 1, 16 and 64; (batch, path) pairs in `failed` fail verification."""
+    paths = ["alone", "dma", "gfd", "gfd_worker", "batch", "per_block", "uva2", "uva12"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, SERVING_HEADER)
+        w.writeheader()
+        for batch in (1, 16, 64):
+            for j, p in enumerate(paths):
+                slow = 1.0 + 0.02 * j + spread
+                row = dict.fromkeys(SERVING_HEADER, "")
+                row.update(batch=batch, path=p, tpot_p50_ms=2.0 * slow, tpot_p99_ms=2.4 * slow,
+                           p50_vs_alone=slow, p99_vs_alone=slow, p50_vs_dma=slow / 1.02 + spread,
+                           p99_vs_dma=slow / 1.02 + spread,
+                           verified="-" if p == "alone" else "NO" if (batch, p) in failed else "yes")
+                w.writerow(row)
+    return path
+
+
+def test_the_serving_chart_from_runs_of_the_serving_loop(tmp_path):
+    r, out = plot(tmp_path, serving_csv(tmp_path / "serving_1.csv"),
+                  serving_csv(tmp_path / "serving_2.csv", spread=0.01, failed={(64, "uva2")}))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert os.listdir(out) == ["serving_tpot_p99.png"] and is_png(out / "serving_tpot_p99.png")
+    assert str(out / "serving_tpot_p99.png") in r.stdout
+    assert "serving_2.csv: 1 row(s) failed verification and are not drawn" in r.stderr
+
+
+def test_serving_and_paged_csvs_in_one_call_each_give_their_charts(tmp_path):
+    r, out = plot(tmp_path, serving_csv(tmp_path / "serving_1.csv"), sweep_csv(tmp_path / "load_sweep_h2d_1.csv"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(os.listdir(out)) == ["load_slowdown.png", "rate_vs_block_size.png", "serving_tpot_p99.png"]
