@@ -84,12 +84,26 @@ METRICS = {
 }
 
 # Columns every input CSV must have (the chosen metric column is added at run time).
-REQUIRED = ["mode", "sources", "direction", "load", "blocks", "block_size", "dst", "backend",
-            "ref_gbps", "verified"]
+REQUIRED = [
+    "mode",
+    "sources",
+    "direction",
+    "load",
+    "blocks",
+    "block_size",
+    "dst",
+    "backend",
+    "ref_gbps",
+    "verified",
+]
 
 BACKEND_ORDER = ["gather", "batch_async", "per_block", "zero_copy_kernel"]
-BACKEND_COLOURS = {"gather": "tab:blue", "batch_async": "tab:orange", "per_block": "tab:green",
-                   "zero_copy_kernel": "tab:red"}
+BACKEND_COLOURS = {
+    "gather": "tab:blue",
+    "batch_async": "tab:orange",
+    "per_block": "tab:green",
+    "zero_copy_kernel": "tab:red",
+}
 EXTRA_COLOURS = ["tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray"]
 SOURCES_STYLE = {"cold": "-", "warm": "--"}
 SOURCES_ORDER = ["cold", "warm"]
@@ -147,17 +161,22 @@ def _read_rows(paths, required, expected, make_row, bad_what, on_header=None):
             reader.fieldnames = header
             missing = [c for c in required if c not in header]
             if missing:
-                die(f"{path}: missing required column(s): {', '.join(missing)}\n"
+                die(
+                    f"{path}: missing required column(s): {', '.join(missing)}\n"
                     f"  expected at least{expected}: {','.join(required)}\n"
-                    f"  found: {','.join(header) if header else '(empty file)'}")
+                    f"  found: {','.join(header) if header else '(empty file)'}"
+                )
             if on_header:
                 on_header(path, header)
             unverified, bad = [], []
             for line_no, raw in enumerate(reader, start=2):
                 if not any((v or "").strip() for v in raw.values() if isinstance(v, str)):
                     continue  # blank line
-                r = {k: (v or "").strip() if isinstance(v, str) else "" for k, v in raw.items()
-                     if k is not None}
+                r = {
+                    k: (v or "").strip() if isinstance(v, str) else ""
+                    for k, v in raw.items()
+                    if k is not None
+                }
                 if r["verified"].lower() not in TRUE_WORDS:
                     unverified.append(line_no)
                     continue
@@ -170,25 +189,35 @@ def _read_rows(paths, required, expected, make_row, bad_what, on_header=None):
                     continue
                 rows.append(row)
             if unverified:
-                warn(f"{path}: skipped {len(unverified)} row(s) whose 'verified' is not 1/true "
-                     f"(line(s) {_lines(unverified)})")
+                warn(
+                    f"{path}: skipped {len(unverified)} row(s) whose 'verified' is not 1/true "
+                    f"(line(s) {_lines(unverified)})"
+                )
             if bad:
-                warn(f"{path}: skipped {len(bad)} row(s) with an empty or unreadable {bad_what} "
-                     f"(line(s) {_lines(bad)})")
+                warn(
+                    f"{path}: skipped {len(bad)} row(s) with an empty or unreadable {bad_what} "
+                    f"(line(s) {_lines(bad)})"
+                )
     if not rows:
-        raise NoData("no usable rows (every row was unverified or unreadable, or the files are "
-                     "empty)")
+        raise NoData(
+            "no usable rows (every row was unverified or unreadable, or the files are empty)"
+        )
     return rows
 
 
 def read_csvs(paths, metric):
     """Reads and validates every gfd_benchmark CSV; returns the usable rows as dicts with typed
     fields."""
+
     def make_row(r, name):
         row = {
             "file": name,
-            "mode": r["mode"], "sources": r["sources"], "direction": r["direction"],
-            "load": r["load"], "dst": r["dst"], "backend": r["backend"],
+            "mode": r["mode"],
+            "sources": r["sources"],
+            "direction": r["direction"],
+            "load": r["load"],
+            "dst": r["dst"],
+            "backend": r["backend"],
             "blocks": int(float(r["blocks"])),
             "block_size": int(float(r["block_size"])),
             "value": parse_float(r[metric]),
@@ -203,8 +232,9 @@ def read_csvs(paths, metric):
         if "compute_slowdown" not in header:
             warn(f"{path}: no compute_slowdown column; the under-load chart is not annotated")
 
-    return _read_rows(paths, REQUIRED + [metric], "", make_row, f"{metric}, blocks or block_size",
-                      on_header)
+    return _read_rows(
+        paths, REQUIRED + [metric], "", make_row, f"{metric}, blocks or block_size", on_header
+    )
 
 
 def _lines(nums, limit=8):
@@ -217,8 +247,16 @@ def aggregate(rows):
     twice) into one: the median of their values. Key -> dict(value, ref_gbps, slowdown, files)."""
     groups = defaultdict(list)
     for r in rows:
-        key = (r["mode"], r["direction"], r["load"], r["sources"], r["dst"], r["backend"],
-               r["blocks"], r["block_size"])
+        key = (
+            r["mode"],
+            r["direction"],
+            r["load"],
+            r["sources"],
+            r["dst"],
+            r["backend"],
+            r["blocks"],
+            r["block_size"],
+        )
         groups[key].append(r)
     dup = sum(1 for g in groups.values() if len(g) > 1)
     if dup:
@@ -259,12 +297,25 @@ def finish(fig, ax, path, title, subtitle):
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     import matplotlib.pyplot as plt
+
     plt.close(fig)
     print(path)
 
 
-def draw_sweep(plt, points, x_of, x_values, x_tick_labels, x_label, ref_at, metric, path,
-               title, subtitle, all_backends):
+def draw_sweep(
+    plt,
+    points,
+    x_of,
+    x_values,
+    x_tick_labels,
+    x_label,
+    ref_at,
+    metric,
+    path,
+    title,
+    subtitle,
+    all_backends,
+):
     """One line per (backend, sources) of `points` ([(key, point)]) against x_of(key), plus the
     black dotted contiguous reference `ref_at[x]`."""
     _, y_label, is_ratio = METRICS[metric]
@@ -279,20 +330,39 @@ def draw_sweep(plt, points, x_of, x_values, x_tick_labels, x_label, ref_at, metr
             pts = sorted(lines.get((b, s), []))
             if not pts:
                 continue
-            ax.plot([x for x, _ in pts], [y for _, y in pts],
-                    linestyle=SOURCES_STYLE.get(s, "-."),
-                    marker=MARKERS.get(b, "o"), markersize=4, linewidth=1.6,
-                    color=backend_colour(b, all_backends), label=f"{b} ({s})")
+            ax.plot(
+                [x for x, _ in pts],
+                [y for _, y in pts],
+                linestyle=SOURCES_STYLE.get(s, "-."),
+                marker=MARKERS.get(b, "o"),
+                markersize=4,
+                linewidth=1.6,
+                color=backend_colour(b, all_backends),
+                label=f"{b} ({s})",
+            )
     if is_ratio:
-        ax.axhline(1.0, color="black", linestyle=":", linewidth=1.5,
-                   label="contiguous pinned cudaMemcpyAsync (= 1)")
+        ax.axhline(
+            1.0,
+            color="black",
+            linestyle=":",
+            linewidth=1.5,
+            label="contiguous pinned cudaMemcpyAsync (= 1)",
+        )
         from matplotlib.ticker import PercentFormatter
+
         ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
     else:
         ref = sorted((x, v) for x, v in ref_at.items() if v is not None)
         if ref:
-            ax.plot([x for x, _ in ref], [v for _, v in ref], color="black", linestyle=":",
-                    linewidth=1.8, marker=".", label="contiguous pinned cudaMemcpyAsync (ref_gbps)")
+            ax.plot(
+                [x for x, _ in ref],
+                [v for _, v in ref],
+                color="black",
+                linestyle=":",
+                linewidth=1.8,
+                marker=".",
+                label="contiguous pinned cudaMemcpyAsync (ref_gbps)",
+            )
     ax.set_xscale("log", base=2)
     ax.set_xticks(x_values)
     ax.set_xticklabels(x_tick_labels, fontsize=8)
@@ -306,24 +376,42 @@ def draw_sweep(plt, points, x_of, x_values, x_tick_labels, x_label, ref_at, metr
 
 def main():
     ap = argparse.ArgumentParser(
-        prog=PROG, description="Draw the charts of gfd_benchmark's and gfd_multi_gpu_benchmark's "
-        "CSV output (see the module docstring for the CSV columns and the files written).")
-    ap.add_argument("csv", nargs="+", help="gfd_benchmark and/or gfd_multi_gpu_benchmark --csv "
-                    "output(s); several of a kind are merged")
+        prog=PROG,
+        description="Draw the charts of gfd_benchmark's and gfd_multi_gpu_benchmark's "
+        "CSV output (see the module docstring for the CSV columns and the files written).",
+    )
+    ap.add_argument(
+        "csv",
+        nargs="+",
+        help="gfd_benchmark and/or gfd_multi_gpu_benchmark --csv "
+        "output(s); several of a kind are merged",
+    )
     ap.add_argument("--out", required=True, help="directory for the PNGs (created if needed)")
-    ap.add_argument("--metric", default="p50_gbps", choices=sorted(METRICS),
-                    help="y value (default p50_gbps); ratio_* are fractions of ref_gbps")
+    ap.add_argument(
+        "--metric",
+        default="p50_gbps",
+        choices=sorted(METRICS),
+        help="y value (default p50_gbps); ratio_* are fractions of ref_gbps",
+    )
     ap.add_argument("--title", default=None, help="headline of every chart")
-    ap.add_argument("--sweep-block-size", type=int, default=4096,
-                    help="block size of the block-count sweep (default 4096)")
-    ap.add_argument("--slowdown-format", choices=["fraction", "ratio", "percent"],
-                    default="fraction",
-                    help="how compute_slowdown is written: fraction (0.12 = +12%%, default), "
-                    "ratio (1.12 = +12%%) or percent (12 = +12%%)")
+    ap.add_argument(
+        "--sweep-block-size",
+        type=int,
+        default=4096,
+        help="block size of the block-count sweep (default 4096)",
+    )
+    ap.add_argument(
+        "--slowdown-format",
+        choices=["fraction", "ratio", "percent"],
+        default="fraction",
+        help="how compute_slowdown is written: fraction (0.12 = +12%%, default), "
+        "ratio (1.12 = +12%%) or percent (12 = +12%%)",
+    )
     args = ap.parse_args()
 
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -334,10 +422,18 @@ def main():
     for path in args.csv:
         by_kind[csv_kind(path)].append(path)
     kinds = [k for k in ("single", "multi", "paged", "serving") if by_kind[k]]
-    plots = {"single": plot_benchmark, "multi": plot_multi_gpu, "paged": plot_paged_csvs,
-             "serving": plot_serving_csvs}
-    names = {"single": "gfd_benchmark", "multi": "gfd_multi_gpu_benchmark",
-             "paged": "gfd_benchmark --layout paged", "serving": "gfd_bench.serving"}
+    plots = {
+        "single": plot_benchmark,
+        "multi": plot_multi_gpu,
+        "paged": plot_paged_csvs,
+        "serving": plot_serving_csvs,
+    }
+    names = {
+        "single": "gfd_benchmark",
+        "multi": "gfd_multi_gpu_benchmark",
+        "paged": "gfd_benchmark --layout paged",
+        "serving": "gfd_bench.serving",
+    }
     written = 0
     for kind in kinds:
         try:
@@ -395,17 +491,23 @@ def plot_benchmark(plt, paths, args):
     loads = {k[2] for k in data}
     unknown_loads = loads - {"none"} - set(LOAD_MODES)
     if unknown_loads:
-        warn(f"rows with load {', '.join(sorted(unknown_loads))} are not drawn "
-             f"(only 'none', {', '.join(repr(m) for m in LOAD_MODES)} are known)")
+        warn(
+            f"rows with load {', '.join(sorted(unknown_loads))} are not drawn "
+            f"(only 'none', {', '.join(repr(m) for m in LOAD_MODES)} are known)"
+        )
     os.makedirs(args.out, exist_ok=True)
     written = 0
 
     for mode in modes:
         for direction in directions:
-            suffix_md = (f"_{mode}" if len(modes) > 1 else "") + \
-                        (f"_{direction}" if len(directions) > 1 else "")
-            unloaded = [(k, p) for k, p in data.items()
-                        if k[0] == mode and k[1] == direction and k[2] == "none"]
+            suffix_md = (f"_{mode}" if len(modes) > 1 else "") + (
+                f"_{direction}" if len(directions) > 1 else ""
+            )
+            unloaded = [
+                (k, p)
+                for k, p in data.items()
+                if k[0] == mode and k[1] == direction and k[2] == "none"
+            ]
             for dst in ordered({k[4] for k, _ in unloaded}, DST_ORDER):
                 pts = [(k, p) for k, p in unloaded if k[4] == dst]
                 meta = f"mode {mode}, {direction}, destinations {dst}; {sources_text(pts)}"
@@ -415,18 +517,30 @@ def plot_benchmark(plt, paths, args):
                 sweep = [(k, p) for k, p in pts if k[7] == bs]
                 xs = sorted({k[6] for k, _ in sweep})
                 if len(xs) >= 2:
-                    ref_at = {x: _median([p["ref_gbps"] for k, p in sweep if k[6] == x])
-                              for x in xs}
+                    ref_at = {
+                        x: _median([p["ref_gbps"] for k, p in sweep if k[6] == x]) for x in xs
+                    }
                     path = os.path.join(args.out, f"{prefix}_vs_blocks_{dst}{suffix_md}.png")
-                    draw_sweep(plt, sweep, lambda k: k[6], xs, [str(x) for x in xs],
-                               f"blocks per transfer (block size {bs} B)", ref_at,
-                               args.metric, path, headline,
-                               f"{_short(y_label)} vs block count, {bs} B blocks\n"
-                               f"{meta}", all_backends)
+                    draw_sweep(
+                        plt,
+                        sweep,
+                        lambda k: k[6],
+                        xs,
+                        [str(x) for x in xs],
+                        f"blocks per transfer (block size {bs} B)",
+                        ref_at,
+                        args.metric,
+                        path,
+                        headline,
+                        f"{_short(y_label)} vs block count, {bs} B blocks\n{meta}",
+                        all_backends,
+                    )
                     written += 1
                 else:
-                    warn(f"{mode}/{direction}/{dst}: fewer than two block counts at block size "
-                         f"{bs}; no block-count chart")
+                    warn(
+                        f"{mode}/{direction}/{dst}: fewer than two block counts at block size "
+                        f"{bs}; no block-count chart"
+                    )
 
                 # 2. Block-size sweep. The default sweep uses one block count (2048) for every
                 # size except the largest ones, where fewer blocks cap a transfer at 256 MB; the
@@ -448,38 +562,56 @@ def plot_benchmark(plt, paths, args):
                         for n in counts_at[s]:
                             popularity[n] += 1
                     n_sweep = max(popularity, key=lambda n: (popularity[n], n))
-                    chosen = {s: (n_sweep if n_sweep in counts_at[s] else max(counts_at[s]))
-                              for s in sizes}
+                    chosen = {
+                        s: (n_sweep if n_sweep in counts_at[s] else max(counts_at[s]))
+                        for s in sizes
+                    }
                     sweep = [(k, p) for k, p in pts if chosen[k[7]] == k[6]]
-                    ref_at = {s: _median([p["ref_gbps"] for k, p in sweep if k[7] == s])
-                              for s in sizes}
-                    labels = [size_label(s) + ("" if chosen[s] == n_sweep else f"\nN={chosen[s]}")
-                              for s in sizes]
+                    ref_at = {
+                        s: _median([p["ref_gbps"] for k, p in sweep if k[7] == s]) for s in sizes
+                    }
+                    labels = [
+                        size_label(s) + ("" if chosen[s] == n_sweep else f"\nN={chosen[s]}")
+                        for s in sizes
+                    ]
                     path = os.path.join(args.out, f"{prefix}_vs_block_size_{dst}{suffix_md}.png")
                     other = any(chosen[s] != n_sweep for s in sizes)
-                    draw_sweep(plt, sweep, lambda k: k[7], sizes, labels,
-                               f"block size (bytes); {n_sweep} blocks per transfer"
-                               + (" (N = blocks where marked)" if other else ""),
-                               ref_at, args.metric, path, headline,
-                               f"{_short(y_label)} vs block size, {n_sweep} blocks\n{meta}",
-                               all_backends)
+                    draw_sweep(
+                        plt,
+                        sweep,
+                        lambda k: k[7],
+                        sizes,
+                        labels,
+                        f"block size (bytes); {n_sweep} blocks per transfer"
+                        + (" (N = blocks where marked)" if other else ""),
+                        ref_at,
+                        args.metric,
+                        path,
+                        headline,
+                        f"{_short(y_label)} vs block size, {n_sweep} blocks\n{meta}",
+                        all_backends,
+                    )
                     written += 1
                 else:
-                    warn(f"{mode}/{direction}/{dst}: fewer than two block sizes; "
-                         "no block-size chart")
+                    warn(
+                        f"{mode}/{direction}/{dst}: fewer than two block sizes; no block-size chart"
+                    )
 
     # 3. Under SM load, one chart per load mode.
     for load, what in LOAD_MODES.items():
         loaded = [(k, p) for k, p in data.items() if k[2] == load]
         if loaded:
             name = "under_load" + ("" if load == "sm" else "_" + load.replace("sm-", ""))
-            path = os.path.join(args.out, name + ("" if prefix == "gbps" else f"_{prefix}") + ".png")
+            path = os.path.join(
+                args.out, name + ("" if prefix == "gbps" else f"_{prefix}") + ".png"
+            )
             draw_under_load(plt, data, loaded, args, path, headline, all_backends, what)
             written += 1
 
     if not written:
-        raise NoData("nothing to draw: no sweep has two or more points and there are no "
-                     "load == 'sm' rows")
+        raise NoData(
+            "nothing to draw: no sweep has two or more points and there are no load == 'sm' rows"
+        )
     return written
 
 
@@ -522,10 +654,23 @@ def draw_under_load(plt, data, loaded, args, path, headline, all_backends, what)
 
     def cfg_order(c):
         mode, direction, sources, dst, blocks, bsize = c
-        rank = lambda v, pref: pref.index(v) if v in pref else len(pref)
-        return (rank(mode, ["gpu", "host-only"]), mode, rank(direction, ["h2d", "d2h"]),
-                direction, rank(dst, DST_ORDER), dst, rank(sources, SOURCES_ORDER), sources,
-                blocks, bsize)
+
+        def rank(v, pref):
+            return pref.index(v) if v in pref else len(pref)
+
+        return (
+            rank(mode, ["gpu", "host-only"]),
+            mode,
+            rank(direction, ["h2d", "d2h"]),
+            direction,
+            rank(dst, DST_ORDER),
+            dst,
+            rank(sources, SOURCES_ORDER),
+            sources,
+            blocks,
+            bsize,
+        )
+
     cfgs = sorted(configs, key=cfg_order)
     n = len(cfgs)
     size = (9, 3.6 * n + 0.8)
@@ -546,17 +691,44 @@ def draw_under_load(plt, data, loaded, args, path, headline, all_backends, what)
             files |= ld["files"] | (unl["files"] if unl else set())
             colour = backend_colour(b, all_backends)
             if unl is not None:
-                ax.bar(i - width / 2, unl["value"], width, color=colour, edgecolor="black",
-                       linewidth=0.6)
-                ax.text(i - width / 2, unl["value"], _fmt(unl["value"], is_ratio),
-                        ha="center", va="bottom", fontsize=7)
+                ax.bar(
+                    i - width / 2,
+                    unl["value"],
+                    width,
+                    color=colour,
+                    edgecolor="black",
+                    linewidth=0.6,
+                )
+                ax.text(
+                    i - width / 2,
+                    unl["value"],
+                    _fmt(unl["value"], is_ratio),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
                 ymax = max(ymax, unl["value"])
             else:
                 missing_unloaded += 1
-                ax.text(i - width / 2, 0, "no\nunloaded\nrow", ha="center", va="bottom",
-                        fontsize=7, color="gray")
-            ax.bar(i + width / 2, ld["value"], width, color=colour, edgecolor="black",
-                   linewidth=0.6, hatch="///", alpha=0.75)
+                ax.text(
+                    i - width / 2,
+                    0,
+                    "no\nunloaded\nrow",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    color="gray",
+                )
+            ax.bar(
+                i + width / 2,
+                ld["value"],
+                width,
+                color=colour,
+                edgecolor="black",
+                linewidth=0.6,
+                hatch="///",
+                alpha=0.75,
+            )
             pct = slowdown_pct(ld["slowdown"], args.slowdown_format)
             if pct is None and unl is not None:
                 pct = slowdown_pct(unl["slowdown"], args.slowdown_format)
@@ -571,21 +743,33 @@ def draw_under_load(plt, data, loaded, args, path, headline, all_backends, what)
         ax.set_ylabel(_short(y_label) + (" (GB/s)" if not is_ratio else ""))
         if is_ratio:
             from matplotlib.ticker import PercentFormatter
+
             ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
         ax.set_ylim(0, ymax * 1.3 if ymax > 0 else 1)
-        ax.set_title(f"mode {mode}, {direction}, {sources} sources, destinations {dst}, "
-                     f"{blocks} blocks x {bsize} B", fontsize=9)
+        ax.set_title(
+            f"mode {mode}, {direction}, {sources} sources, destinations {dst}, "
+            f"{blocks} blocks x {bsize} B",
+            fontsize=9,
+        )
         ax.grid(True, axis="y", alpha=0.4)
         ax.set_axisbelow(True)
         from matplotlib.patches import Patch
-        ax.legend(handles=[Patch(facecolor="white", edgecolor="black", label="unloaded"),
-                           Patch(facecolor="white", edgecolor="black", hatch="///",
-                                 label="under SM load")], fontsize=8, loc="upper right")
+
+        ax.legend(
+            handles=[
+                Patch(facecolor="white", edgecolor="black", label="unloaded"),
+                Patch(facecolor="white", edgecolor="black", hatch="///", label="under SM load"),
+            ],
+            fontsize=8,
+            loc="upper right",
+        )
     if missing_unloaded:
         warn(f"under_load: {missing_unloaded} loaded row(s) without a matching unloaded row")
-    fig.suptitle(f"{headline}\n{_short(y_label)}: unloaded vs {what} "
-                 f"(hatched; label: compute slowdown)\nfiles: {', '.join(sorted(files))}",
-                 fontsize=10)
+    fig.suptitle(
+        f"{headline}\n{_short(y_label)}: unloaded vs {what} "
+        f"(hatched; label: compute slowdown)\nfiles: {', '.join(sorted(files))}",
+        fontsize=10,
+    )
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     print(path)
@@ -598,14 +782,26 @@ def _fmt(v, is_ratio):
 # ---------------------------------------------------------------------------------------------
 # gfd_multi_gpu_benchmark
 
-MULTI_REQUIRED = ["mode", "sources", "backend", "gpus", "gpu", "blocks", "block_size",
-                  "p50_gbps", "ref_gbps", "scaling_efficiency", "verified"]
+MULTI_REQUIRED = [
+    "mode",
+    "sources",
+    "backend",
+    "gpus",
+    "gpu",
+    "blocks",
+    "block_size",
+    "p50_gbps",
+    "ref_gbps",
+    "scaling_efficiency",
+    "verified",
+]
 REF_BACKEND = "contiguous"  # the contiguous pinned DMA reference's rows
-ALL_GPUS = "all"            # `gpu` of the aggregate rows
+ALL_GPUS = "all"  # `gpu` of the aggregate rows
 
 
 def read_multi_csvs(paths):
     """Reads and validates gfd_multi_gpu_benchmark CSVs; returns the usable rows."""
+
     def make_row(r, name):
         gpu = r["gpu"]
         if gpu.lower() == ALL_GPUS:
@@ -616,8 +812,11 @@ def read_multi_csvs(paths):
             except ValueError:
                 pass  # a name other than a number: drawn as given
         row = {
-            "file": name, "mode": r["mode"], "sources": r["sources"],
-            "backend": r["backend"], "gpu": gpu,
+            "file": name,
+            "mode": r["mode"],
+            "sources": r["sources"],
+            "backend": r["backend"],
+            "gpu": gpu,
             "gpus": int(float(r["gpus"])),
             "blocks": int(float(r["blocks"])),
             "block_size": int(float(r["block_size"])),
@@ -625,13 +824,23 @@ def read_multi_csvs(paths):
             "ref_gbps": parse_float(r["ref_gbps"]),
             "efficiency": parse_float(r["scaling_efficiency"]),
         }
-        if row["value"] is None or row["gpus"] <= 0 or row["blocks"] <= 0 \
-                or row["block_size"] <= 0 or gpu == "":
+        if (
+            row["value"] is None
+            or row["gpus"] <= 0
+            or row["blocks"] <= 0
+            or row["block_size"] <= 0
+            or gpu == ""
+        ):
             return None
         return row
 
-    return _read_rows(paths, MULTI_REQUIRED, " (gfd_multi_gpu_benchmark)", make_row,
-                      "p50_gbps, gpus, gpu, blocks or block_size")
+    return _read_rows(
+        paths,
+        MULTI_REQUIRED,
+        " (gfd_multi_gpu_benchmark)",
+        make_row,
+        "p50_gbps, gpus, gpu, blocks or block_size",
+    )
 
 
 def aggregate_multi(rows):
@@ -639,17 +848,29 @@ def aggregate_multi(rows):
     efficiency, files); rows of one key (measured twice, a file given twice) -> the median."""
     groups = defaultdict(list)
     for r in rows:
-        groups[(r["mode"], r["sources"], r["blocks"], r["block_size"], r["backend"], r["gpus"],
-                r["gpu"])].append(r)
+        groups[
+            (
+                r["mode"],
+                r["sources"],
+                r["blocks"],
+                r["block_size"],
+                r["backend"],
+                r["gpus"],
+                r["gpu"],
+            )
+        ].append(r)
     dup = sum(1 for g in groups.values() if len(g) > 1)
     if dup:
-        warn(f"{dup} multi-GPU row key(s) appear more than once; the median of their rows is "
-             "drawn")
-    return {key: {"value": statistics.median(r["value"] for r in g),
-                  "ref_gbps": _median([r["ref_gbps"] for r in g]),
-                  "efficiency": _median([r["efficiency"] for r in g]),
-                  "files": {r["file"] for r in g}}
-            for key, g in groups.items()}
+        warn(f"{dup} multi-GPU row key(s) appear more than once; the median of their rows is drawn")
+    return {
+        key: {
+            "value": statistics.median(r["value"] for r in g),
+            "ref_gbps": _median([r["ref_gbps"] for r in g]),
+            "efficiency": _median([r["efficiency"] for r in g]),
+            "files": {r["file"] for r in g},
+        }
+        for key, g in groups.items()
+    }
 
 
 def _gpu_order(gpu):
@@ -660,16 +881,19 @@ def _multi_sources_text(points):
     by_src = defaultdict(set)
     for key, p in points:
         by_src[key[1]].update(p["files"])
-    return "sources: " + "; ".join(f"{s} ({', '.join(sorted(by_src[s]))})"
-                                   for s in ordered(by_src, SOURCES_ORDER))
+    return "sources: " + "; ".join(
+        f"{s} ({', '.join(sorted(by_src[s]))})" for s in ordered(by_src, SOURCES_ORDER)
+    )
 
 
 def plot_multi_gpu(plt, paths, args):
     """gfd_multi_gpu_benchmark's charts from `paths`; returns how many were written (raises
     NoData). One pair of charts per (mode, blocks, block size); cold and warm share them."""
     if args.metric != "p50_gbps":
-        warn(f"the multi-GPU charts show p50_gbps (--metric {args.metric} applies to "
-             "gfd_benchmark CSVs only)")
+        warn(
+            f"the multi-GPU charts show p50_gbps (--metric {args.metric} applies to "
+            "gfd_benchmark CSVs only)"
+        )
     data = aggregate_multi(read_multi_csvs(paths))
     headline = args.title or "gfd_multi_gpu_benchmark"
     all_backends = ordered({k[4] for k in data if k[4] != REF_BACKEND}, BACKEND_ORDER)
@@ -679,20 +903,28 @@ def plot_multi_gpu(plt, paths, args):
     written = 0
     for mode in modes:
         for blocks, bsize in shapes:
-            pts = [(k, p) for k, p in data.items()
-                   if k[0] == mode and k[2] == blocks and k[3] == bsize]
+            pts = [
+                (k, p) for k, p in data.items() if k[0] == mode and k[2] == blocks and k[3] == bsize
+            ]
             if not pts:
                 continue
-            suffix = (f"_{mode}" if len(modes) > 1 else "") + \
-                     (f"_{blocks}x{size_label(bsize)}" if len(shapes) > 1 else "")
+            suffix = (f"_{mode}" if len(modes) > 1 else "") + (
+                f"_{blocks}x{size_label(bsize)}" if len(shapes) > 1 else ""
+            )
             where = f"mode {mode}, {blocks} blocks x {bsize} B"
             agg = [(k, p) for k, p in pts if k[6] == ALL_GPUS]
             per = [(k, p) for k, p in pts if k[6] != ALL_GPUS]
             if agg:
                 path = os.path.join(args.out, f"multi_gpu_aggregate{suffix}.png")
-                draw_multi_aggregate(plt, agg, path, headline,
-                                     f"aggregate p50 GB/s (all bytes / slowest GPU's time) vs GPU "
-                                     f"count; {where}\n{_multi_sources_text(agg)}", all_backends)
+                draw_multi_aggregate(
+                    plt,
+                    agg,
+                    path,
+                    headline,
+                    f"aggregate p50 GB/s (all bytes / slowest GPU's time) vs GPU "
+                    f"count; {where}\n{_multi_sources_text(agg)}",
+                    all_backends,
+                )
                 written += 1
             else:
                 warn(f"{where}: no aggregate (gpu == 'all') rows; no aggregate chart")
@@ -727,19 +959,31 @@ def draw_multi_aggregate(plt, agg, path, headline, subtitle, all_backends):
             ys = [p["value"] for _, p in pts]
             ymax = max(ymax, max(ys))
             colour = backend_colour(b, all_backends)
-            ax.plot([g for g, _ in pts], ys, linestyle=SOURCES_STYLE.get(s, "-."),
-                    marker=MARKERS.get(b, "o"), markersize=5, linewidth=1.6, color=colour,
-                    label=f"{b} ({s})")
+            ax.plot(
+                [g for g, _ in pts],
+                ys,
+                linestyle=SOURCES_STYLE.get(s, "-."),
+                marker=MARKERS.get(b, "o"),
+                markersize=5,
+                linewidth=1.6,
+                color=colour,
+                label=f"{b} ({s})",
+            )
             if b != "gather":
                 continue
             one = dict(pts).get(1)
             base = one["value"] if one else None
             if base and len(gs) > 1:
                 ideal = [(g, g * base) for g in gs if g >= 1]
-                ax.plot([g for g, _ in ideal], [v for _, v in ideal], color="grey",
-                        linewidth=0.9, linestyle=SOURCES_STYLE.get(s, "-."),
-                        label="ideal gather (G x 1-GPU)" + (f" ({s})" if len(sources) > 1 else ""),
-                        zorder=1)
+                ax.plot(
+                    [g for g, _ in ideal],
+                    [v for _, v in ideal],
+                    color="grey",
+                    linewidth=0.9,
+                    linestyle=SOURCES_STYLE.get(s, "-."),
+                    label="ideal gather (G x 1-GPU)" + (f" ({s})" if len(sources) > 1 else ""),
+                    zorder=1,
+                )
                 ymax = max(ymax, max(v for _, v in ideal))
             elif not base:
                 warn(f"{s} sources: no 1-GPU gather aggregate row; no ideal line")
@@ -752,12 +996,20 @@ def draw_multi_aggregate(plt, agg, path, headline, subtitle, all_backends):
                     eff = p["value"] / (g * base)  # the column's definition
                 if eff is None:
                     continue
-                ax.annotate(f"{100 * eff:.0f}%", (g, p["value"]), textcoords="offset points",
-                            xytext=(6, -6) if under else (-6, 6),
-                            ha="left" if under else "right", va="top" if under else "bottom",
-                            fontsize=8, color=colour, fontweight="bold",
-                            bbox=dict(boxstyle="round,pad=0.15", facecolor="white",
-                                      edgecolor="none", alpha=0.8))
+                ax.annotate(
+                    f"{100 * eff:.0f}%",
+                    (g, p["value"]),
+                    textcoords="offset points",
+                    xytext=(6, -6) if under else (-6, 6),
+                    ha="left" if under else "right",
+                    va="top" if under else "bottom",
+                    fontsize=8,
+                    color=colour,
+                    fontweight="bold",
+                    bbox=dict(
+                        boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.8
+                    ),
+                )
     # Reference: the `contiguous` backend's aggregate rows, else the rows' ref_gbps.
     for i, s in enumerate(sources):
         ref = sorted(((g, p["value"]) for g, p in lines.get((REF_BACKEND, s), [])))
@@ -770,13 +1022,21 @@ def draw_multi_aggregate(plt, agg, path, headline, subtitle, all_backends):
             ref = sorted((g, _median(v)) for g, v in ref_at.items() if _median(v) is not None)
             label += " (ref_gbps)"
         if ref:
-            ax.plot([g for g, _ in ref], [v for _, v in ref], color="black", linestyle=":",
-                    linewidth=1.8, marker="." if i == 0 else "x", markersize=6,
-                    label=label + (f" ({s})" if len(sources) > 1 else ""))
+            ax.plot(
+                [g for g, _ in ref],
+                [v for _, v in ref],
+                color="black",
+                linestyle=":",
+                linewidth=1.8,
+                marker="." if i == 0 else "x",
+                markersize=6,
+                label=label + (f" ({s})" if len(sources) > 1 else ""),
+            )
             ymax = max(ymax, max(v for _, v in ref))
     if len(gs) == 1:
-        warn(f"{os.path.basename(path)}: only G = {gs[0]} present; the chart has one point "
-             "per line")
+        warn(
+            f"{os.path.basename(path)}: only G = {gs[0]} present; the chart has one point per line"
+        )
     ax.set_xticks(gs)
     ax.set_xticklabels([str(g) for g in gs])
     ax.set_xlim(min(gs) - 0.5, max(gs) + 0.5)
@@ -785,14 +1045,20 @@ def draw_multi_aggregate(plt, agg, path, headline, subtitle, all_backends):
     ax.set_ylabel("aggregate p50 throughput (GB/s, 1 GB = 10^9 B)")
     ax.set_ylim(0, ymax * 1.1 if ymax > 0 else 1)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=True)
-    finish(fig, ax, path, headline, subtitle + "\nlabels: gather's scaling efficiency "
-           "(aggregate / (G x 1-GPU aggregate))")
+    finish(
+        fig,
+        ax,
+        path,
+        headline,
+        subtitle + "\nlabels: gather's scaling efficiency (aggregate / (G x 1-GPU aggregate))",
+    )
 
 
 def draw_multi_per_gpu(plt, per, agg, path, headline, where, all_backends):
     """Per-GPU GB/s at the largest G: one panel per sources; in each, a group of bars per
     backend, one bar per GPU, with a black dash at that GPU's contiguous rate alone."""
     from matplotlib.lines import Line2D
+
     sources = ordered({k[1] for k, _ in per}, SOURCES_ORDER)
     agg_of = {(k[1], k[5], k[4]): p for k, p in agg}
     panels = []
@@ -804,11 +1070,11 @@ def draw_multi_per_gpu(plt, per, agg, path, headline, where, all_backends):
     width_in = max(9.0, 0.25 * n_bars + 3.0)
     size = (width_in, 4.4 * len(panels) + 1.0)
     try:
-        fig, axes = plt.subplots(len(panels), 1, figsize=size, squeeze=False,
-                                 layout="constrained")
+        fig, axes = plt.subplots(len(panels), 1, figsize=size, squeeze=False, layout="constrained")
     except TypeError:  # matplotlib < 3.5
-        fig, axes = plt.subplots(len(panels), 1, figsize=size, squeeze=False,
-                                 constrained_layout=True)
+        fig, axes = plt.subplots(
+            len(panels), 1, figsize=size, squeeze=False, constrained_layout=True
+        )
     files = set()
     for ax, (s, g_max, rows) in zip(axes[:, 0], panels):
         backends = ordered({b for b, _ in rows if b != REF_BACKEND}, BACKEND_ORDER)
@@ -831,12 +1097,20 @@ def draw_multi_per_gpu(plt, per, agg, path, headline, where, all_backends):
                 ax.bar(x, p["value"], w * 0.9, color=colour, edgecolor="black", linewidth=0.5)
                 ymax = max(ymax, p["value"])
                 if p["ref_gbps"] is not None:
-                    ax.hlines(p["ref_gbps"], x - w * 0.45, x + w * 0.45, color="black",
-                              linewidth=1.6)
+                    ax.hlines(
+                        p["ref_gbps"], x - w * 0.45, x + w * 0.45, color="black", linewidth=1.6
+                    )
                     ymax = max(ymax, p["ref_gbps"])
                 if n_bars <= 24:
-                    ax.text(x, p["value"], f"{p['value']:.1f}", ha="center", va="bottom",
-                            fontsize=6, rotation=90 if len(gpus) > 2 else 0)
+                    ax.text(
+                        x,
+                        p["value"],
+                        f"{p['value']:.1f}",
+                        ha="center",
+                        va="bottom",
+                        fontsize=6,
+                        rotation=90 if len(gpus) > 2 else 0,
+                    )
             a = agg_of.get((s, g_max, b))
             group_labels.append(b + (f"\naggregate {a['value']:.1f} GB/s" if a else ""))
         ax.set_xticks(ticks)
@@ -849,15 +1123,27 @@ def draw_multi_per_gpu(plt, per, agg, path, headline, where, all_backends):
         ax.set_xlim(-0.6, max(len(backends), 3) - 0.4)
         ax.set_ylabel("p50 throughput per GPU (GB/s)")
         ax.set_ylim(0, ymax * 1.18 if ymax > 0 else 1)
-        ax.set_title(f"{where}, {s} sources, G = {g_max} GPU{'s' if g_max > 1 else ''}",
-                     fontsize=9)
+        ax.set_title(f"{where}, {s} sources, G = {g_max} GPU{'s' if g_max > 1 else ''}", fontsize=9)
         ax.grid(True, axis="y", alpha=0.4)
         ax.set_axisbelow(True)
-        ax.legend(handles=[Line2D([], [], color="black", linewidth=1.6,
-                                  label="that GPU's contiguous rate, measured alone")],
-                  fontsize=8, loc="upper right")
-    fig.suptitle(f"{headline}\nper-GPU p50 GB/s at the largest GPU count, one bar per GPU"
-                 f"\nfiles: {', '.join(sorted(files))}", fontsize=10)
+        ax.legend(
+            handles=[
+                Line2D(
+                    [],
+                    [],
+                    color="black",
+                    linewidth=1.6,
+                    label="that GPU's contiguous rate, measured alone",
+                )
+            ],
+            fontsize=8,
+            loc="upper right",
+        )
+    fig.suptitle(
+        f"{headline}\nper-GPU p50 GB/s at the largest GPU count, one bar per GPU"
+        f"\nfiles: {', '.join(sorted(files))}",
+        fontsize=10,
+    )
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     print(path)

@@ -51,10 +51,17 @@ def _number(text):
 def read(paths, warn):
     """The usable rows of every CSV: dicts of batch, path, vs_alone, vs_dma."""
     return plot_paged.read_csvs(
-        paths, REQUIRED, lambda r: r["verified"].strip() == "NO",
-        lambda r: {"batch": int(r["batch"]), "path": r["path"], "vs_alone": _number(r["p99_vs_alone"]),
-                   "vs_dma": _number(r["p99_vs_dma"])},
-        warn)
+        paths,
+        REQUIRED,
+        lambda r: r["verified"].strip() == "NO",
+        lambda r: {
+            "batch": int(r["batch"]),
+            "path": r["path"],
+            "vs_alone": _number(r["p99_vs_alone"]),
+            "vs_dma": _number(r["p99_vs_dma"]),
+        },
+        warn,
+    )
 
 
 def _bars(ax, rows, field, title, reference):
@@ -81,8 +88,15 @@ def _bars(ax, rows, field, title, reference):
             lo.append(m - min(v))
             hi.append(max(v) - m)
         label, colour = PATHS.get(p, (p, None))
-        ax.bar(xs, ys, width * 0.9, label=label, color=colour,
-               yerr=[lo, hi] if any(lo) or any(hi) else None, capsize=2)
+        ax.bar(
+            xs,
+            ys,
+            width * 0.9,
+            label=label,
+            color=colour,
+            yerr=[lo, hi] if any(lo) or any(hi) else None,
+            capsize=2,
+        )
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
     ax.set_xticks(range(len(batches)))
     ax.set_xticklabels([str(b) for b in batches])
@@ -102,14 +116,20 @@ def plot(plt, paths, out_dir, title, warn):
     os.makedirs(out_dir, exist_ok=True)
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), sharey=False)
     drawn = _bars(axes[0], rows, "vs_alone", "TPOT P99 / the loop alone", ALONE)
-    drawn = _bars(axes[1], rows, "vs_dma", "TPOT P99 / the loop beside the contiguous DMA", "dma") or drawn
+    drawn = (
+        _bars(axes[1], rows, "vs_dma", "TPOT P99 / the loop beside the contiguous DMA", "dma")
+        or drawn
+    )
     if not drawn:
         plt.close(fig)
         raise NoData("no ratios to draw in " + ", ".join(paths))
     axes[0].set_ylabel("TPOT P99 ratio")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    fig.suptitle(title or "the decode loop beside prefix-hit loads (python -m gfd_bench.serving)", fontsize=12)
+    fig.suptitle(
+        title or "the decode loop beside prefix-hit loads (python -m gfd_bench.serving)",
+        fontsize=12,
+    )
     fig.tight_layout()
     path = os.path.join(out_dir, "serving_tpot_p99.png")
     fig.savefig(path, dpi=120, bbox_inches="tight")

@@ -61,7 +61,11 @@ def pct_range(values):
     if not values:
         return "-"
     lo, hi = min(values), max(values)
-    return f"{100 * lo:.1f}%" if f"{100 * lo:.1f}" == f"{100 * hi:.1f}" else f"{100 * lo:.1f}-{100 * hi:.1f}%"
+    return (
+        f"{100 * lo:.1f}%"
+        if f"{100 * lo:.1f}" == f"{100 * hi:.1f}"
+        else f"{100 * lo:.1f}-{100 * hi:.1f}%"
+    )
 
 
 def us_range(values):
@@ -145,37 +149,89 @@ def paged(d):
                 pm = dict(direction=direction, block_bytes=str(s))
                 py_ratio = col(py, "ratio", method="gfd", **pm) if py else []
                 py_call = col(py, "call_p50_us", method="gfd", **pm) if py else []
-                body.append([
-                    size_label(s), direction,
-                    pct(col(cpp, "ratio_p50", method="gfd", **m)),
-                    gbps(col(cpp, "p50_gbps", method="gfd", **m)),
-                    us_range(col(cpp, "submit_p50_us", method="gfd", **m)),
-                    pct(py_ratio), us_range(py_call),
-                    pct_range(col(cpp, "ratio_p50", method="batch", **m)),
-                    pct_range(col(cpp, "ratio_p50", method="uva12", **m)),
-                    gbps(col(cpp, "p50_gbps", method="dma_contiguous", **m)),
-                ])
-        parts.append(table(["block", "dir", "gfd, C++", "gfd GB/s (median)", "call", "gfd, Python",
-                            "Python call", "batch DMA (vLLM)", "UVA kernel, 12 CTAs",
-                            "contiguous DMA GB/s"], body))
+                body.append(
+                    [
+                        size_label(s),
+                        direction,
+                        pct(col(cpp, "ratio_p50", method="gfd", **m)),
+                        gbps(col(cpp, "p50_gbps", method="gfd", **m)),
+                        us_range(col(cpp, "submit_p50_us", method="gfd", **m)),
+                        pct(py_ratio),
+                        us_range(py_call),
+                        pct_range(col(cpp, "ratio_p50", method="batch", **m)),
+                        pct_range(col(cpp, "ratio_p50", method="uva12", **m)),
+                        gbps(col(cpp, "p50_gbps", method="dma_contiguous", **m)),
+                    ]
+                )
+        parts.append(
+            table(
+                [
+                    "block",
+                    "dir",
+                    "gfd, C++",
+                    "gfd GB/s (median)",
+                    "call",
+                    "gfd, Python",
+                    "Python call",
+                    "batch DMA (vLLM)",
+                    "UVA kernel, 12 CTAs",
+                    "contiguous DMA GB/s",
+                ],
+                body,
+            )
+        )
     ids = runs(d, "ids_*.csv")
     if ids:
         body = []
         methods = ["gfd", "batch", "per_block", "gfd_zero_copy", "uva2", "uva12"]
         for rows in sorted(ids, key=lambda rs: bool(rs) and rs[0]["direction"] != "h2d"):
-            points = sorted({(r["direction"] != "h2d", int(r["blocks"]), r["direction"]) for r in rows
-                             if r["method"] == "gfd" and r["load"] == "none" and r["block_size"] == "4096"})
+            points = sorted(
+                {
+                    (r["direction"] != "h2d", int(r["blocks"]), r["direction"])
+                    for r in rows
+                    if r["method"] == "gfd" and r["load"] == "none" and r["block_size"] == "4096"
+                }
+            )
             for _, blocks, direction in points:
-                r = one(rows, method="gfd", direction=direction, load="none", block_size="4096", blocks=str(blocks))
+                r = one(
+                    rows,
+                    method="gfd",
+                    direction=direction,
+                    load="none",
+                    block_size="4096",
+                    blocks=str(blocks),
+                )
                 cells = [r["direction"], r["blocks"]]
                 for m in methods:
-                    x = one(rows, method=m, direction=r["direction"], load="none", block_size="4096",
-                            blocks=r["blocks"])
-                    cells.append(f"{100 * num(x['ratio_p50']):.1f}% ({us_range([num(x['submit_p50_us'])])})"
-                                 if x else "-")
+                    x = one(
+                        rows,
+                        method=m,
+                        direction=r["direction"],
+                        load="none",
+                        block_size="4096",
+                        blocks=r["blocks"],
+                    )
+                    cells.append(
+                        f"{100 * num(x['ratio_p50']):.1f}% ({us_range([num(x['submit_p50_us'])])})"
+                        if x
+                        else "-"
+                    )
                 body.append(cells)
-        parts.append(table(["dir", "ids x caches", "gfd", "batch (vLLM)", "per block", "gfd zero-copy",
-                            "UVA 2 CTAs", "UVA 12 CTAs"], body))
+        parts.append(
+            table(
+                [
+                    "dir",
+                    "ids x caches",
+                    "gfd",
+                    "batch (vLLM)",
+                    "per block",
+                    "gfd zero-copy",
+                    "UVA 2 CTAs",
+                    "UVA 12 CTAs",
+                ],
+                body,
+            )
+        )
     return parts
 
 
@@ -202,10 +258,28 @@ def load(d):
                             cell += f" / {100 * num(busy['ratio_p50']):.1f}% {100 * num(busy['load_slowdown']):+.1f}%"
                         cells.append(cell)
                     dma = one(rows, method="dma_contiguous", load="decode", **m)
-                    cells.append(f"{100 * num(dma['load_slowdown']):+.1f}%" if dma and num(dma["load_slowdown"]) is not None else "-")
+                    cells.append(
+                        f"{100 * num(dma['load_slowdown']):+.1f}%"
+                        if dma and num(dma["load_slowdown"]) is not None
+                        else "-"
+                    )
                     body.append(cells)
-        parts.append(table(["dir", "block", "gfd", "batch (vLLM)", "per block", "gfd zero-copy", "UVA 2 CTAs",
-                            "UVA 12 CTAs", "contiguous DMA's slowdown"], body))
+        parts.append(
+            table(
+                [
+                    "dir",
+                    "block",
+                    "gfd",
+                    "batch (vLLM)",
+                    "per block",
+                    "gfd zero-copy",
+                    "UVA 2 CTAs",
+                    "UVA 12 CTAs",
+                    "contiguous DMA's slowdown",
+                ],
+                body,
+            )
+        )
     if sweep:
         parts.append(speed(sweep))
     py = runs(d, "load_py_*.csv")
@@ -215,8 +289,14 @@ def load(d):
             for r in rows:
                 if r["method"] != "gfd" or r.get("load") != "decode":
                     continue
-                body.append([size_label(r["block_bytes"]), r["direction"], f"{100 * num(r['ratio']):.1f}%",
-                             f"{100 * num(r['rate_kept']):.1f}%"])
+                body.append(
+                    [
+                        size_label(r["block_bytes"]),
+                        r["direction"],
+                        f"{100 * num(r['ratio']):.1f}%",
+                        f"{100 * num(r['rate_kept']):.1f}%",
+                    ]
+                )
         parts.append(table(["block", "dir", "gfd, Python, idle", "rate kept under the load"], body))
     return parts
 
@@ -234,16 +314,33 @@ def speed(sweep):
                 cells = [size_label(s), label]
                 for meth in ("gfd", "batch", "uva12", "per_block"):
                     r = one(rows, method=meth, load="none", **m)
-                    cells.append(f"{num(r['p50_gbps']):.1f} GB/s ({100 * num(r['ratio_p50']):.0f}%)" if r else "-")
+                    cells.append(
+                        f"{num(r['p50_gbps']):.1f} GB/s ({100 * num(r['ratio_p50']):.0f}%)"
+                        if r
+                        else "-"
+                    )
                 slow = []
                 for meth in ("gfd", "uva12", "dma_contiguous"):
                     r = one(rows, method=meth, load="decode", **m)
-                    slow.append(f"{100 * num(r['load_slowdown']):+.1f}%" if r and num(r["load_slowdown"]) is not None
-                                else "-")
+                    slow.append(
+                        f"{100 * num(r['load_slowdown']):+.1f}%"
+                        if r and num(r["load_slowdown"]) is not None
+                        else "-"
+                    )
                 cells.append(" / ".join(slow))
                 body.append(cells)
-    return table(["block", "direction", "gfd", "batch DMA (vLLM's)", "SM copy kernel (12 CTAs)", "per-block memcpy",
-                  "matmul slowdown: gfd / SM kernel / DMA alone"], body)
+    return table(
+        [
+            "block",
+            "direction",
+            "gfd",
+            "batch DMA (vLLM's)",
+            "SM copy kernel (12 CTAs)",
+            "per-block memcpy",
+            "matmul slowdown: gfd / SM kernel / DMA alone",
+        ],
+        body,
+    )
 
 
 def pool(d):
@@ -256,27 +353,48 @@ def pool(d):
             ratios = col(quick, "ratio_p50", **m)
             if any(v is not None for v in ratios):
                 body.append([b, pct(ratios), gbps(col(quick, "p50_gbps", **m))])
-        ref = col(quick, "ref_gbps", backend="gather", blocks="2048", block_size="4096", load="none")
+        ref = col(
+            quick, "ref_gbps", backend="gather", blocks="2048", block_size="4096", load="none"
+        )
         body.append(["contiguous DMA", "100%", gbps(ref)])
         parts.append(table(["backend", "2048 x 4 KB, one pool, h2d", "GB/s (median)"], body))
     strided_h = runs(d, "strided_h2d_*.csv")
     strided_d = runs(d, "strided_d2h_*.csv")
     random_h = runs(d, "random_h2d_*.csv")
     if strided_h or strided_d or random_h:
-        counts = sorted({int(r["blocks"]) for rows in strided_h + strided_d + random_h for r in rows})
+        counts = sorted(
+            {int(r["blocks"]) for rows in strided_h + strided_d + random_h for r in rows}
+        )
         body = []
         for n in counts:
             m = dict(blocks=str(n), block_size="4096", load="none")
-            body.append([str(n),
-                         pct_range(col(strided_h, "ratio_p50", backend="gather", **m)),
-                         pct_range(col(strided_d, "ratio_p50", backend="gather", **m)),
-                         pct_range(col(random_h, "ratio_p50", backend="gather", **m)),
-                         pct_range(col(strided_h, "ratio_p50", backend="batch_async", **m)) + " / " +
-                         pct_range(col(strided_d, "ratio_p50", backend="batch_async", **m)),
-                         pct_range(col(strided_h, "ratio_p50", backend="zero_copy_kernel", **m)) + " / " +
-                         pct_range(col(strided_d, "ratio_p50", backend="zero_copy_kernel", **m))])
-        parts.append(table(["4 KB blocks at a pitch of 2", "gather h2d", "gather d2h", "gather, random blocks h2d",
-                            "batch_async h2d / d2h", "zero_copy_kernel h2d / d2h"], body))
+            body.append(
+                [
+                    str(n),
+                    pct_range(col(strided_h, "ratio_p50", backend="gather", **m)),
+                    pct_range(col(strided_d, "ratio_p50", backend="gather", **m)),
+                    pct_range(col(random_h, "ratio_p50", backend="gather", **m)),
+                    pct_range(col(strided_h, "ratio_p50", backend="batch_async", **m))
+                    + " / "
+                    + pct_range(col(strided_d, "ratio_p50", backend="batch_async", **m)),
+                    pct_range(col(strided_h, "ratio_p50", backend="zero_copy_kernel", **m))
+                    + " / "
+                    + pct_range(col(strided_d, "ratio_p50", backend="zero_copy_kernel", **m)),
+                ]
+            )
+        parts.append(
+            table(
+                [
+                    "4 KB blocks at a pitch of 2",
+                    "gather h2d",
+                    "gather d2h",
+                    "gather, random blocks h2d",
+                    "batch_async h2d / d2h",
+                    "zero_copy_kernel h2d / d2h",
+                ],
+                body,
+            )
+        )
     return parts
 
 
@@ -287,7 +405,9 @@ def vllm(d):
         return []
     body = []
     pages = sorted({int(r["page"]) for rows in rs for r in rows}, reverse=True)
-    layouts = [x for x in ("block", "region") if any(r["host_layout"] == x for rows in rs for r in rows)]
+    layouts = [
+        x for x in ("block", "region") if any(r["host_layout"] == x for rows in rs for r in rows)
+    ]
     for direction, job in (("h2d", "load"), ("d2h", "store")):
         for layout in layouts:
             for p in pages:
@@ -295,21 +415,46 @@ def vllm(d):
                 g = col(rs, "ratio_p50", method="gfd", **m)
                 if not any(v is not None for v in g):
                     continue
-                body.append([size_label(p).replace("KB", "KiB"), job, layout, pct(g),
-                             gbps(col(rs, "gbps_p50", method="gfd", **m)),
-                             us_range(col(rs, "submit_us_p50", method="gfd", **m)),
-                             pct(col(rs, "ratio_p50", method="vllm_batch", **m)),
-                             us_range(col(rs, "submit_us_p50", method="vllm_batch", **m))])
-    out = [table(["page", "job", "host layout", "gfd", "gfd GB/s (median)", "submit", "vLLM's batch path (same runs)",
-                  "its submit"], body)]
+                body.append(
+                    [
+                        size_label(p).replace("KB", "KiB"),
+                        job,
+                        layout,
+                        pct(g),
+                        gbps(col(rs, "gbps_p50", method="gfd", **m)),
+                        us_range(col(rs, "submit_us_p50", method="gfd", **m)),
+                        pct(col(rs, "ratio_p50", method="vllm_batch", **m)),
+                        us_range(col(rs, "submit_us_p50", method="vllm_batch", **m)),
+                    ]
+                )
+    out = [
+        table(
+            [
+                "page",
+                "job",
+                "host layout",
+                "gfd",
+                "gfd GB/s (median)",
+                "submit",
+                "vLLM's batch path (same runs)",
+                "its submit",
+            ],
+            body,
+        )
+    ]
     if busy:
         rows = []
         for direction, job in (("h2d", "load"), ("d2h", "store")):
             m = dict(direction=direction, host_layout="region")
             # Submit times only: the rates of such a run time the GIL's hand-overs between the
             # timing events as much as the copy (the contiguous DMA's own rate drops as much).
-            rows.append([job, us_range(col(busy, "submit_us_p50", method="gfd", **m)),
-                         us_range(col(busy, "submit_us_p50", method="vllm_batch", **m))])
+            rows.append(
+                [
+                    job,
+                    us_range(col(busy, "submit_us_p50", method="gfd", **m)),
+                    us_range(col(busy, "submit_us_p50", method="vllm_batch", **m)),
+                ]
+            )
         out.append(table(["job (another Python thread busy)", "gfd submit", "vLLM's submit"], rows))
     return out
 
@@ -328,16 +473,44 @@ def sglang(d):
                     g = col(rs, "ratio_p50", **m)
                     if not any(v is not None for v in g):
                         continue
-                    slow = [v for v in col(loaded, "matmul_slowdown", **m) if v is not None] if loaded else []
-                    body.append([model, layout, direction.replace("_", "-"), method, pct(g),
-                                 gbps(col(rs, "gbps_p50", **m)), us_range(col(rs, "layer0_us_p50", **m)),
-                                 us_range(col(rs, "layer0_link_us_p50", **m)),
-                                 us_range(col(rs, "layer0_enqueued_us_p50", **m)),
-                                 us_range(col(rs, "call_us_p50", **m)),
-                                 f"{100 * statistics.median(slow):+.1f}%" if slow else "-"])
-    return [table(["model", "host layout", "batch", "method", "ratio to the line rate", "GB/s (median)",
-                   "layer 0 usable after", "layer 0's copies alone", "layer 0 enqueued after", "scheduler thread",
-                   "matmul slowdown"], body)]
+                    slow = (
+                        [v for v in col(loaded, "matmul_slowdown", **m) if v is not None]
+                        if loaded
+                        else []
+                    )
+                    body.append(
+                        [
+                            model,
+                            layout,
+                            direction.replace("_", "-"),
+                            method,
+                            pct(g),
+                            gbps(col(rs, "gbps_p50", **m)),
+                            us_range(col(rs, "layer0_us_p50", **m)),
+                            us_range(col(rs, "layer0_link_us_p50", **m)),
+                            us_range(col(rs, "layer0_enqueued_us_p50", **m)),
+                            us_range(col(rs, "call_us_p50", **m)),
+                            f"{100 * statistics.median(slow):+.1f}%" if slow else "-",
+                        ]
+                    )
+    return [
+        table(
+            [
+                "model",
+                "host layout",
+                "batch",
+                "method",
+                "ratio to the line rate",
+                "GB/s (median)",
+                "layer 0 usable after",
+                "layer 0's copies alone",
+                "layer 0 enqueued after",
+                "scheduler thread",
+                "matmul slowdown",
+            ],
+            body,
+        )
+    ]
 
 
 def latency(d):
@@ -380,12 +553,26 @@ def onegpu(d):
             continue
         cells = ["contiguous DMA" if b == "contiguous" else b]
         cells += [fine_us_range(col(rs, "call_p50_us", backend=b, engines=str(n))) for n in counts]
-        cells.append(fine_us_range(col(rs, "cpu_p50_us", backend=b, engines="1")) + " / " +
-                     fine_us_range(col(rs, "cpu_p50_us", backend=b, engines=most)))
-        cells += [x_range(col(rs, k, backend=b, engines=most)) for k in ("call_ratio", "cpu_ratio", "e2e_ratio")]
+        cells.append(
+            fine_us_range(col(rs, "cpu_p50_us", backend=b, engines="1"))
+            + " / "
+            + fine_us_range(col(rs, "cpu_p50_us", backend=b, engines=most))
+        )
+        cells += [
+            x_range(col(rs, k, backend=b, engines=most))
+            for k in ("call_ratio", "cpu_ratio", "e2e_ratio")
+        ]
         body.append(cells)
-    header = (["backend"] + [f"call, {n} engine{'s' if n > 1 else ''}" for n in counts] +
-              [f"caller's CPU per transfer, 1 / {most}", f"{most} over 1: call", "caller's CPU", "end to end"])
+    header = (
+        ["backend"]
+        + [f"call, {n} engine{'s' if n > 1 else ''}" for n in counts]
+        + [
+            f"caller's CPU per transfer, 1 / {most}",
+            f"{most} over 1: call",
+            "caller's CPU",
+            "end to end",
+        ]
+    )
     return [table(header, body)]
 
 
@@ -397,16 +584,26 @@ def host_speed(d, slow_us=7.5, max_bytes=256 << 20):
     subs = []
     for p in glob.glob(os.path.join(d, "*.csv")):
         for r in read(p):
-            if r.get("method") != "dma_contiguous" or r.get("load") != "none" or r.get("mode", "gpu") != "gpu":
+            if (
+                r.get("method") != "dma_contiguous"
+                or r.get("load") != "none"
+                or r.get("mode", "gpu") != "gpu"
+            ):
                 continue
-            if int(num(r.get("transfer_bytes")) or 0) > max_bytes or num(r.get("submit_p50_us")) is None:
+            if (
+                int(num(r.get("transfer_bytes")) or 0) > max_bytes
+                or num(r.get("submit_p50_us")) is None
+            ):
                 continue
             subs.append(num(r["submit_p50_us"]))
     if not subs:
         return ""
     m = statistics.median(subs)
-    verdict = (f"SLOW (over {slow_us} us): gfd's staged rates read low on such a host; measure again on another"
-               if m > slow_us else "as usual (2-6 us)")
+    verdict = (
+        f"SLOW (over {slow_us} us): gfd's staged rates read low on such a host; measure again on another"
+        if m > slow_us
+        else "as usual (2-6 us)"
+    )
     return f"host: the contiguous DMA's submit took {m:.1f} us (median of {len(subs)} idle rows): {verdict}"
 
 
@@ -426,12 +623,19 @@ def main(argv):
     wanted = argv[2:] or list(CASES)
     bad = [c for c in wanted if c not in CASES]
     if bad:
-        print(f"summarize.py: unknown case(s) {', '.join(bad)}; cases: {', '.join(CASES)}", file=sys.stderr)
+        print(
+            f"summarize.py: unknown case(s) {', '.join(bad)}; cases: {', '.join(CASES)}",
+            file=sys.stderr,
+        )
         return 2
-    host_only = any(r.get("mode") == "host-only" for p in glob.glob(os.path.join(d, "*.csv")) for r in read(p))
+    host_only = any(
+        r.get("mode") == "host-only" for p in glob.glob(os.path.join(d, "*.csv")) for r in read(p)
+    )
     if host_only:
-        print("host-only: no GPU was used (the emulated device stood in for it); these figures say nothing "
-              "about PCIe or the GPU\n")
+        print(
+            "host-only: no GPU was used (the emulated device stood in for it); these figures say nothing "
+            "about PCIe or the GPU\n"
+        )
     host = host_speed(d)
     if host:
         print(host + "\n")

@@ -6,11 +6,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <gfd/gfd.hpp>
 #include <numeric>
 #include <random>
 #include <vector>
-
-#include <gfd/gfd.hpp>
 
 namespace {
 
@@ -60,8 +59,8 @@ int main(int argc, char** argv) try {
   out.wait();  // every byte is in host memory once the handle is done
 
   const bool ok = back == host;
-  std::printf("block_list: %zu blocks of %zu KB to the GPU and back: %s\n", kBlocks, kBlockBytes >> 10,
-              ok ? "every byte matches" : "MISMATCH");
+  std::printf("block_list: %zu blocks of %zu KB to the GPU and back: %s\n", kBlocks,
+              kBlockBytes >> 10, ok ? "every byte matches" : "MISMATCH");
   check(cudaStreamDestroy(stream), "cudaStreamDestroy");
   check(cudaFree(dev), "cudaFree");
   return ok ? 0 : 2;

@@ -6,10 +6,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <gfd/gfd.hpp>
 #include <random>
 #include <vector>
-
-#include <gfd/gfd.hpp>
 
 namespace {
 
@@ -31,7 +30,8 @@ int main(int argc, char** argv) try {
   check(cudaSetDevice(device), "cudaSetDevice");
   // 8 layers x (K, V): 16 arrays of 512 device blocks of 16 KB, each mirrored by a host array of
   // 256 blocks in one pinned pool.
-  constexpr std::size_t kArrays = 16, kDeviceBlocks = 512, kHostBlocks = 256, kBlockBytes = 16 << 10;
+  constexpr std::size_t kArrays = 16, kDeviceBlocks = 512, kHostBlocks = 256,
+                        kBlockBytes = 16 << 10;
   const std::size_t device_bytes = kArrays * kDeviceBlocks * kBlockBytes;
   void* raw = nullptr;
   check(cudaMalloc(&raw, device_bytes), "cudaMalloc");
@@ -61,19 +61,23 @@ int main(int argc, char** argv) try {
   engine.copy_blocks(caches, gfd::Direction::kToHost, device_ids, host_ids, stream).wait();
   // The runtime reuses those device blocks...
   for (std::size_t a = 0; a < kArrays; ++a)
-    check(cudaMemsetAsync(dev + (a * kDeviceBlocks + 10) * kBlockBytes, 0, 200 * kBlockBytes, stream),
-          "cudaMemsetAsync");
+    check(
+        cudaMemsetAsync(dev + (a * kDeviceBlocks + 10) * kBlockBytes, 0, 200 * kBlockBytes, stream),
+        "cudaMemsetAsync");
   // ...and brings them back. Ordered after the memsets; work queued on the stream next (here the
   // download) sees the data.
-  const gfd::Transfer in = engine.copy_blocks(caches, gfd::Direction::kToDevice, host_ids, device_ids, stream);
+  const gfd::Transfer in =
+      engine.copy_blocks(caches, gfd::Direction::kToDevice, host_ids, device_ids, stream);
   std::vector<std::byte> back(device_bytes);
-  check(cudaMemcpyAsync(back.data(), dev, device_bytes, cudaMemcpyDeviceToHost, stream), "download");
+  check(cudaMemcpyAsync(back.data(), dev, device_bytes, cudaMemcpyDeviceToHost, stream),
+        "download");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   in.wait();  // throws the transfer's gfd::Error if it failed
 
   const bool ok = back == original;
-  std::printf("registered_caches: %zu ids x %zu arrays (%.1f MB) to host and back: %s\n", device_ids.size(),
-              kArrays, static_cast<double>(in.bytes()) / 1e6, ok ? "every byte matches" : "MISMATCH");
+  std::printf("registered_caches: %zu ids x %zu arrays (%.1f MB) to host and back: %s\n",
+              device_ids.size(), kArrays, static_cast<double>(in.bytes()) / 1e6,
+              ok ? "every byte matches" : "MISMATCH");
   check(cudaStreamDestroy(stream), "cudaStreamDestroy");
   check(cudaFree(dev), "cudaFree");
   return ok ? 0 : 2;

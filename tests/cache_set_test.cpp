@@ -26,9 +26,13 @@ void fill_device_random(TestDevice& td, std::byte* dev, HostBuffer& init, std::u
 // tensors) and host arrays of `host_blocks` blocks, either one allocation each or, with
 // `page_first`, interleaved in one allocation (block b of pair p at (b * pairs + p) * bytes).
 struct Caches {
-  Caches(TestDevice& td, std::size_t pairs, std::size_t blocks, std::size_t host_blocks, std::size_t bytes,
-         bool pinned, bool page_first)
-      : td(td), bytes(bytes), host_blocks(host_blocks), blocks(blocks), page_first(page_first),
+  Caches(TestDevice& td, std::size_t pairs, std::size_t blocks, std::size_t host_blocks,
+         std::size_t bytes, bool pinned, bool page_first)
+      : td(td),
+        bytes(bytes),
+        host_blocks(host_blocks),
+        blocks(blocks),
+        page_first(page_first),
         host(*td.device, pairs * host_blocks * bytes, pinned) {
     fill_random(host.data(), host.size(), 7);
     for (std::size_t p = 0; p < pairs; ++p) {
@@ -37,8 +41,9 @@ struct Caches {
       fill_device_random(td, dev.back()->data(), init, 100 + p);
       CachePair q;
       q.device = {dev.back()->data(), blocks, bytes, 0};
-      q.host = page_first ? BlockArray{host.data() + p * bytes, host_blocks, bytes, pairs * bytes}
-                          : BlockArray{host.data() + p * host_blocks * bytes, host_blocks, bytes, 0};
+      q.host = page_first
+                   ? BlockArray{host.data() + p * bytes, host_blocks, bytes, pairs * bytes}
+                   : BlockArray{host.data() + p * host_blocks * bytes, host_blocks, bytes, 0};
       list.push_back(q);
     }
   }
@@ -105,46 +110,50 @@ TEST_P(CacheSetRoundTrip, EveryBlockOfEveryPair) {
     for (std::size_t i = 0; i < kMoved; ++i) expect.push_back(c.device_block(p, out_src[i]));
   engine.copy_blocks(set, Direction::kToHost, out_src, out_dst, td->cuda_stream()).wait();
   // Host rows side by side (page-first) at least direct_min_bytes long move in place, both ways.
-  const bool in_place = rt.backend == Backend::kGather && rt.page_first && kPairs * rt.bytes >= o.direct_min_bytes;
+  const bool in_place =
+      rt.backend == Backend::kGather && rt.page_first && kPairs * rt.bytes >= o.direct_min_bytes;
   const std::uint64_t out_in_place = tuning_stats(engine).host_direct_chunks;
   EXPECT_EQ(out_in_place > 0, in_place);
   for (std::size_t p = 0; p < kPairs; ++p)
     for (std::size_t i = 0; i < kMoved; ++i)
-      ASSERT_EQ(std::memcmp(c.host_block(p, out_dst[i]), expect[p * kMoved + i].data(), rt.bytes), 0)
+      ASSERT_EQ(std::memcmp(c.host_block(p, out_dst[i]), expect[p * kMoved + i].data(), rt.bytes),
+                0)
           << "swap-out pair " << p << " row " << i;
 
   // In, as int32 ids (SGLang passes them so), from other host blocks to other device blocks.
   const auto in_src64 = distinct(kMoved, kHostBlocks, 3), in_dst64 = distinct(kMoved, kBlocks, 4);
-  const std::vector<std::int32_t> in_src(in_src64.begin(), in_src64.end()), in_dst(in_dst64.begin(), in_dst64.end());
+  const std::vector<std::int32_t> in_src(in_src64.begin(), in_src64.end()),
+      in_dst(in_dst64.begin(), in_dst64.end());
   engine.copy_blocks(set, Direction::kToDevice, in_src, in_dst, td->cuda_stream()).wait();
   td->device->stream_sync(td->stream);
   EXPECT_EQ(tuning_stats(engine).host_direct_chunks > out_in_place, in_place);
   // Equal blocks below the direct path's size in arrays not side by side: planned from the ids
   // (plan_from_ids), both ways.
-  const bool from_ids = rt.backend == Backend::kGather && !rt.page_first && rt.bytes < o.direct_min_bytes;
+  const bool from_ids =
+      rt.backend == Backend::kGather && !rt.page_first && rt.bytes < o.direct_min_bytes;
   EXPECT_EQ(tuning_stats(engine).id_planned_transfers, from_ids ? 2u : 0u);
   for (std::size_t p = 0; p < kPairs; ++p)
     for (std::size_t i = 0; i < kMoved; ++i)
-      ASSERT_EQ(std::memcmp(c.device_block(p, in_dst[i]).data(), c.host_block(p, in_src[i]), rt.bytes), 0)
+      ASSERT_EQ(
+          std::memcmp(c.device_block(p, in_dst[i]).data(), c.host_block(p, in_src[i]), rt.bytes), 0)
           << "swap-in pair " << p << " row " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Devices, CacheSetRoundTrip,
-    ::testing::Combine(::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
-                       ::testing::Values(RoundTrip{Backend::kGather, 4096, false},
-                                         RoundTrip{Backend::kGather, 4096, true},
-                                         // page-first rows of 6 x 16 KB: read in place (host_direct)
-                                         RoundTrip{Backend::kGather, 16384, true},
-                                         RoundTrip{Backend::kGather, 32768, false},
-                                         RoundTrip{Backend::kGather, 131072, false},  // the direct path
-                                         RoundTrip{Backend::kBatchAsync, 4096, false},
-                                         RoundTrip{Backend::kPerBlock, 8192, true},
-                                         RoundTrip{Backend::kZeroCopyKernel, 4096, false})),
+    ::testing::Combine(
+        ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
+        ::testing::Values(
+            RoundTrip{Backend::kGather, 4096, false}, RoundTrip{Backend::kGather, 4096, true},
+            // page-first rows of 6 x 16 KB: read in place (host_direct)
+            RoundTrip{Backend::kGather, 16384, true}, RoundTrip{Backend::kGather, 32768, false},
+            RoundTrip{Backend::kGather, 131072, false},  // the direct path
+            RoundTrip{Backend::kBatchAsync, 4096, false}, RoundTrip{Backend::kPerBlock, 8192, true},
+            RoundTrip{Backend::kZeroCopyKernel, 4096, false})),
     [](const auto& info) {
       const RoundTrip& rt = std::get<1>(info.param);
-      return to_string(std::get<0>(info.param)) + "_" + to_string(rt.backend) + "_" + std::to_string(rt.bytes) +
-             (rt.page_first ? "_page_first" : "");
+      return to_string(std::get<0>(info.param)) + "_" + to_string(rt.backend) + "_" +
+             std::to_string(rt.bytes) + (rt.page_first ? "_page_first" : "");
     });
 
 class CacheSetTest : public DeviceParamTest {};
@@ -168,18 +177,25 @@ TEST_P(CacheSetTest, BadIdsNameTheArgumentAndRowAndMoveNothing) {
   const CacheSet set = engine.register_caches(c.list);
   const auto before = c.device_block(1, 3);
   auto in = [&](std::vector<std::int64_t> s, std::vector<std::int64_t> d) {
-    return rejection([&] { (void)engine.copy_blocks(set, Direction::kToDevice, s, d, td_->cuda_stream()); });
+    return rejection(
+        [&] { (void)engine.copy_blocks(set, Direction::kToDevice, s, d, td_->cuda_stream()); });
   };
   auto [m1, b1] = in({0, 8}, {3, 4});
-  EXPECT_NE(m1.find("src_ids[1] (block 8 -> 4): source block 8 is out of range (pairs[0].host has 8 blocks)"),
-            std::string::npos) << m1;
+  EXPECT_NE(
+      m1.find(
+          "src_ids[1] (block 8 -> 4): source block 8 is out of range (pairs[0].host has 8 blocks)"),
+      std::string::npos)
+      << m1;
   EXPECT_EQ(b1, 1u);
   auto [m2, b2] = in({0, 1, 2}, {3, 4, 16});
-  EXPECT_NE(m2.find("dst_ids[2] (block 2 -> 16): destination block 16 is out of range (pairs[0].device has 16 blocks)"),
-            std::string::npos) << m2;
+  EXPECT_NE(m2.find("dst_ids[2] (block 2 -> 16): destination block 16 is out of range "
+                    "(pairs[0].device has 16 blocks)"),
+            std::string::npos)
+      << m2;
   EXPECT_EQ(b2, 2u);
   auto [m3, b3] = in({0, 1, 2}, {3, 5, 3});
-  EXPECT_NE(m3.find("dst_ids[2] (block 2 -> 3): destination block 3 is also that of dst_ids[0]"), std::string::npos)
+  EXPECT_NE(m3.find("dst_ids[2] (block 2 -> 3): destination block 3 is also that of dst_ids[0]"),
+            std::string::npos)
       << m3;
   EXPECT_EQ(b3, 2u);
   auto [m4, b4] = in({-1}, {3});
@@ -187,35 +203,45 @@ TEST_P(CacheSetTest, BadIdsNameTheArgumentAndRowAndMoveNothing) {
   auto [m5, b5] = in({0, 1}, {3});
   EXPECT_NE(m5.find("src_ids has 2 ids, dst_ids 1"), std::string::npos) << m5;
   // Duplicate sources are fine (read twice); a swap-out's destination is the host side.
-  engine.copy_blocks(set, Direction::kToDevice, std::vector<std::int64_t>{2, 2}, std::vector<std::int64_t>{5, 6},
-                     td_->cuda_stream()).wait();
+  engine
+      .copy_blocks(set, Direction::kToDevice, std::vector<std::int64_t>{2, 2},
+                   std::vector<std::int64_t>{5, 6}, td_->cuda_stream())
+      .wait();
   auto [m6, b6] = rejection([&] {
     (void)engine.copy_blocks(set, Direction::kToHost, std::vector<std::int64_t>{9, 1},
                              std::vector<std::int64_t>{7, 7}, td_->cuda_stream());
   });
-  EXPECT_NE(m6.find("dst_ids[1] (block 1 -> 7): destination block 7 is also that of dst_ids[0]"), std::string::npos)
+  EXPECT_NE(m6.find("dst_ids[1] (block 1 -> 7): destination block 7 is also that of dst_ids[0]"),
+            std::string::npos)
       << m6;
   // More ids than destination blocks: rejected before any id is read (block() names no row).
   std::vector<std::int64_t> many(100000, 0);
-  auto [m7, b7] = rejection([&] { (void)engine.copy_blocks(set, Direction::kToHost, many, many, td_->cuda_stream()); });
-  EXPECT_NE(m7.find("dst_ids: 100000 ids, but pairs[0].host has 8 blocks"), std::string::npos) << m7;
+  auto [m7, b7] = rejection(
+      [&] { (void)engine.copy_blocks(set, Direction::kToHost, many, many, td_->cuda_stream()); });
+  EXPECT_NE(m7.find("dst_ids: 100000 ids, but pairs[0].host has 8 blocks"), std::string::npos)
+      << m7;
   EXPECT_EQ(b7, kNoBlock);
   EXPECT_EQ(c.device_block(1, 3), before) << "a rejected transfer moved bytes";
   // The bitmap of destinations is clean again after a rejection: the same ids once each pass.
-  engine.copy_blocks(set, Direction::kToDevice, std::vector<std::int64_t>{0, 1, 2}, std::vector<std::int64_t>{3, 5, 7},
-                     td_->cuda_stream()).wait();
+  engine
+      .copy_blocks(set, Direction::kToDevice, std::vector<std::int64_t>{0, 1, 2},
+                   std::vector<std::int64_t>{3, 5, 7}, td_->cuda_stream())
+      .wait();
   EXPECT_EQ(std::memcmp(c.device_block(1, 3).data(), c.host_block(1, 0), 4096), 0);
 }
 
 TEST_P(CacheSetTest, BadCachesNameThePairAndSide) {
   Caches c(*td_, 2, 16, 8, 4096, true, false);
   Engine engine = td_->make_engine(small_options());
-  auto reg = [&](std::vector<CachePair> l) { return rejection([&] { (void)engine.register_caches(l); }).first; };
+  auto reg = [&](std::vector<CachePair> l) {
+    return rejection([&] { (void)engine.register_caches(l); }).first;
+  };
   EXPECT_NE(reg({}).find("pairs is empty"), std::string::npos);
   {
     auto l = c.list;
     l[1].device.block_bytes = 2048;
-    EXPECT_NE(reg(l).find("pairs[1].host has blocks of 4096 bytes, pairs[1].device of 2048"), std::string::npos);
+    EXPECT_NE(reg(l).find("pairs[1].host has blocks of 4096 bytes, pairs[1].device of 2048"),
+              std::string::npos);
   }
   {
     auto l = c.list;
@@ -225,18 +251,23 @@ TEST_P(CacheSetTest, BadCachesNameThePairAndSide) {
   {
     auto l = c.list;
     l[0].device.blocks = 17;  // one block past the allocation
-    EXPECT_NE(reg(l).find("pairs[0].device: its 17 blocks (69632 bytes) run past the end of their device allocation"),
-              std::string::npos) << reg(l);
+    EXPECT_NE(reg(l).find("pairs[0].device: its 17 blocks (69632 bytes) run past the end of their "
+                          "device allocation"),
+              std::string::npos)
+        << reg(l);
   }
   {
     auto l = c.list;
     std::swap(l[0].host, l[0].device);
-    EXPECT_NE(reg(l).find("pairs[0].host is device memory of GPU 0, not host memory"), std::string::npos) << reg(l);
+    EXPECT_NE(reg(l).find("pairs[0].host is device memory of GPU 0, not host memory"),
+              std::string::npos)
+        << reg(l);
   }
   {
     auto l = c.list;
     l[0].host.stride = 1024;
-    EXPECT_NE(reg(l).find("pairs[0].host: stride 1024 is less than block_bytes 4096"), std::string::npos);
+    EXPECT_NE(reg(l).find("pairs[0].host: stride 1024 is less than block_bytes 4096"),
+              std::string::npos);
   }
   {
     auto l = c.list;
@@ -247,9 +278,12 @@ TEST_P(CacheSetTest, BadCachesNameThePairAndSide) {
   Engine other = td_->make_engine(small_options());
   const CacheSet set = engine.register_caches(c.list);
   const std::vector<std::int64_t> ids{0};
-  const auto m = rejection([&] { (void)other.copy_blocks(set, Direction::kToDevice, ids, ids, td_->cuda_stream()); });
+  const auto m = rejection(
+      [&] { (void)other.copy_blocks(set, Direction::kToDevice, ids, ids, td_->cuda_stream()); });
   EXPECT_NE(m.first.find("registered with another engine"), std::string::npos);
-  const auto e = rejection([&] { (void)engine.copy_blocks(CacheSet{}, Direction::kToDevice, ids, ids, td_->cuda_stream()); });
+  const auto e = rejection([&] {
+    (void)engine.copy_blocks(CacheSet{}, Direction::kToDevice, ids, ids, td_->cuda_stream());
+  });
   EXPECT_NE(e.first.find("empty CacheSet"), std::string::npos);
 }
 
@@ -266,7 +300,8 @@ TEST_P(CacheSetTest, ACacheOnAnotherGpu) {
   l[0].device.base = elsewhere.data();
   Engine engine = td_->make_engine(small_options());
   const auto m = rejection([&] { (void)engine.register_caches(l); });
-  EXPECT_NE(m.first.find("pairs[0].device is device memory of GPU 1, but the engine serves GPU 0"), std::string::npos)
+  EXPECT_NE(m.first.find("pairs[0].device is device memory of GPU 1, but the engine serves GPU 0"),
+            std::string::npos)
       << m.first;
 }
 
@@ -288,9 +323,11 @@ TEST_P(CacheSetTest, PageableHostCache) {
   o.backend = Backend::kZeroCopyKernel;
   Engine zc = td_->make_engine(o);
   const CacheSet zset = zc.register_caches(c.list);
-  const auto m = rejection([&] { (void)zc.copy_blocks(zset, Direction::kToDevice, s, d, td_->cuda_stream()); });
+  const auto m = rejection(
+      [&] { (void)zc.copy_blocks(zset, Direction::kToDevice, s, d, td_->cuda_stream()); });
   EXPECT_NE(m.first.find("pageable"), std::string::npos) << m.first;
-  EXPECT_NE(m.first.find("[pairs[0].host -> pairs[0].device, src_ids[0]]"), std::string::npos) << m.first;
+  EXPECT_NE(m.first.find("[pairs[0].host -> pairs[0].device, src_ids[0]]"), std::string::npos)
+      << m.first;
   EXPECT_EQ(m.second, 0u);
 }
 
@@ -300,7 +337,8 @@ TEST_P(CacheSetTest, PageableHostCache) {
 // constant-stride run (16 x 32 KB = 512 KiB), moved as one 2D copy, both ways, every byte
 // checked.
 TEST_P(CacheSetTest, LayersOfOneAllocationMoveAsOne2DCopyPerId) {
-  constexpr std::size_t kLayers = 16, kBytes = 32 << 10, kBlocks = 24, kHostBlocks = 32, kMoved = 10;
+  constexpr std::size_t kLayers = 16, kBytes = 32 << 10, kBlocks = 24, kHostBlocks = 32,
+                        kMoved = 10;
   DeviceBuffer dev(*td_->device, kLayers * kBlocks * kBytes);
   {
     HostBuffer init(*td_->device, dev.size(), true);
@@ -314,12 +352,14 @@ TEST_P(CacheSetTest, LayersOfOneAllocationMoveAsOne2DCopyPerId) {
     for (std::size_t l = 0; l < kLayers; ++l) {
       CachePair q;
       q.device = {dev.data() + l * kBlocks * kBytes, kBlocks, kBytes, 0};
-      q.host = by_block ? BlockArray{host.data() + l * kBytes, kHostBlocks, kBytes, kLayers * kBytes}
-                        : BlockArray{host.data() + l * kHostBlocks * kBytes, kHostBlocks, kBytes, 0};
+      q.host = by_block
+                   ? BlockArray{host.data() + l * kBytes, kHostBlocks, kBytes, kLayers * kBytes}
+                   : BlockArray{host.data() + l * kHostBlocks * kBytes, kHostBlocks, kBytes, 0};
       list.push_back(q);
     }
     auto host_block = [&](std::size_t l, std::size_t b) {
-      return static_cast<const std::byte*>(list[l].host.base) + b * (by_block ? kLayers * kBytes : kBytes);
+      return static_cast<const std::byte*>(list[l].host.base) +
+             b * (by_block ? kLayers * kBytes : kBytes);
     };
     Engine engine = td_->make_engine(small_options());
     const CacheSet set = engine.register_caches(list);
@@ -328,9 +368,11 @@ TEST_P(CacheSetTest, LayersOfOneAllocationMoveAsOne2DCopyPerId) {
     EXPECT_EQ(engine.stats().strided_copies, kMoved) << "one 2D copy per id";
     for (std::size_t l = 0; l < kLayers; ++l)
       for (std::size_t i = 0; i < kMoved; ++i)
-        ASSERT_EQ(std::memcmp(host_block(l, out_dst[i]),
-                              td_->read(dev.data() + (l * kBlocks + out_src[i]) * kBytes, kBytes).data(), kBytes),
-                  0)
+        ASSERT_EQ(
+            std::memcmp(host_block(l, out_dst[i]),
+                        td_->read(dev.data() + (l * kBlocks + out_src[i]) * kBytes, kBytes).data(),
+                        kBytes),
+            0)
             << "swap-out layer " << l << " row " << i;
     // Back in, to other device blocks.
     const auto in_dst = distinct(kMoved, kBlocks, 7);
@@ -340,17 +382,23 @@ TEST_P(CacheSetTest, LayersOfOneAllocationMoveAsOne2DCopyPerId) {
     EXPECT_EQ(engine.stats().chunks, 0u) << "nothing staged";
     for (std::size_t l = 0; l < kLayers; ++l)
       for (std::size_t i = 0; i < kMoved; ++i)
-        ASSERT_EQ(std::memcmp(td_->read(dev.data() + (l * kBlocks + in_dst[i]) * kBytes, kBytes).data(),
-                              host_block(l, out_dst[i]), kBytes),
-                  0)
+        ASSERT_EQ(
+            std::memcmp(td_->read(dev.data() + (l * kBlocks + in_dst[i]) * kBytes, kBytes).data(),
+                        host_block(l, out_dst[i]), kBytes),
+            0)
             << "swap-in layer " << l << " row " << i;
     // Bad ids through the same path: named by row, nothing moved.
     const auto before = td_->read(dev.data(), kBytes);
-    const std::vector<std::int64_t> dup_src{1, 2}, dup_dst{0, 0}, far_src{1, static_cast<std::int64_t>(kHostBlocks)};
-    auto m = rejection([&] { (void)engine.copy_blocks(set, Direction::kToDevice, dup_src, dup_dst, td_->cuda_stream()); });
+    const std::vector<std::int64_t> dup_src{1, 2}, dup_dst{0, 0},
+        far_src{1, static_cast<std::int64_t>(kHostBlocks)};
+    auto m = rejection([&] {
+      (void)engine.copy_blocks(set, Direction::kToDevice, dup_src, dup_dst, td_->cuda_stream());
+    });
     EXPECT_NE(m.first.find("dst_ids[1]"), std::string::npos) << m.first;
     EXPECT_EQ(m.second, 1u);
-    m = rejection([&] { (void)engine.copy_blocks(set, Direction::kToDevice, far_src, dup_src, td_->cuda_stream()); });
+    m = rejection([&] {
+      (void)engine.copy_blocks(set, Direction::kToDevice, far_src, dup_src, td_->cuda_stream());
+    });
     EXPECT_NE(m.first.find("out of range"), std::string::npos) << m.first;
     EXPECT_EQ(m.second, 1u);
     td_->device->stream_sync(td_->stream);
@@ -361,8 +409,9 @@ TEST_P(CacheSetTest, LayersOfOneAllocationMoveAsOne2DCopyPerId) {
 
 // One device allocation of `layers` arrays of `blocks` pages, layer after layer; host rows of
 // `host_blocks` blocks, each holding its page of every layer side by side.
-std::vector<CachePair> block_major_caches(std::byte* dev, std::byte* host, std::size_t layers, std::size_t blocks,
-                                          std::size_t host_blocks, std::size_t bytes) {
+std::vector<CachePair> block_major_caches(std::byte* dev, std::byte* host, std::size_t layers,
+                                          std::size_t blocks, std::size_t host_blocks,
+                                          std::size_t bytes) {
   std::vector<CachePair> list;
   for (std::size_t l = 0; l < layers; ++l) {
     CachePair q;
@@ -387,8 +436,11 @@ TEST_P(CacheSetTest, ShortRowsBounceThroughTheDeviceTwinEveryByteBothWays) {
     td_->device->stream_sync(td_->stream);
     HostBuffer host(*td_->device, kLayers * kHostBlocks * kBytes, true);
     std::memset(host.data(), 0, host.size());
-    const auto list = block_major_caches(dev.data(), host.data(), kLayers, kBlocks, kHostBlocks, kBytes);
-    auto host_page = [&](std::size_t l, std::size_t b) { return host.data() + (b * kLayers + l) * kBytes; };
+    const auto list =
+        block_major_caches(dev.data(), host.data(), kLayers, kBlocks, kHostBlocks, kBytes);
+    auto host_page = [&](std::size_t l, std::size_t b) {
+      return host.data() + (b * kLayers + l) * kBytes;
+    };
     EngineOptions o = small_options();
     o.strided_min_bytes = kLayers * kBytes;  // one 128 KiB run per id (the default asks 512K)
     Engine engine = td_->make_engine(o);
@@ -399,7 +451,9 @@ TEST_P(CacheSetTest, ShortRowsBounceThroughTheDeviceTwinEveryByteBothWays) {
     EXPECT_EQ(tuning_stats(engine).bounced_runs, kMoved);
     for (std::size_t l = 0; l < kLayers; ++l)
       for (std::size_t i = 0; i < kMoved; ++i)
-        ASSERT_EQ(std::memcmp(host_page(l, out_dst[i]), init.data() + (l * kBlocks + out_src[i]) * kBytes, kBytes), 0)
+        ASSERT_EQ(std::memcmp(host_page(l, out_dst[i]),
+                              init.data() + (l * kBlocks + out_src[i]) * kBytes, kBytes),
+                  0)
             << "swap-out layer " << l << " row " << i;
     // Back in, to other device blocks; the caller's stream sees them once the call returns.
     const auto in_dst = distinct(kMoved, kBlocks, 17);
@@ -432,8 +486,8 @@ TEST_P(CacheSetTest, RowsOfThirtyTwoKiBBounceOnTheWayOutOnly) {
   EngineOptions o = small_options();
   o.strided_min_bytes = kLayers * kBytes;  // one 256 KiB run per id, a slot's worth
   Engine engine = td_->make_engine(o);
-  const CacheSet set =
-      engine.register_caches(block_major_caches(dev.data(), host.data(), kLayers, kBlocks, kHostBlocks, kBytes));
+  const CacheSet set = engine.register_caches(
+      block_major_caches(dev.data(), host.data(), kLayers, kBlocks, kHostBlocks, kBytes));
   const auto out_src = distinct(kMoved, kBlocks, 18), out_dst = distinct(kMoved, kHostBlocks, 19);
   engine.copy_blocks(set, Direction::kToHost, out_src, out_dst, td_->cuda_stream()).wait();
   EXPECT_EQ(tuning_stats(engine).bounced_runs, kMoved);
@@ -447,7 +501,8 @@ TEST_P(CacheSetTest, RowsOfThirtyTwoKiBBounceOnTheWayOutOnly) {
   (void)engine.copy_blocks(set, Direction::kToDevice, out_dst, in_dst, td_->cuda_stream());
   td_->device->stream_sync(td_->stream);
   EXPECT_EQ(engine.stats().strided_copies, 2 * kMoved);
-  EXPECT_EQ(tuning_stats(engine).bounced_runs, kMoved) << "a load of 32 KiB rows went through the device";
+  EXPECT_EQ(tuning_stats(engine).bounced_runs, kMoved)
+      << "a load of 32 KiB rows went through the device";
   const auto now = td_->read(dev.data(), dev.size());
   for (std::size_t l = 0; l < kLayers; ++l)
     for (std::size_t i = 0; i < kMoved; ++i)
@@ -462,14 +517,16 @@ TEST_P(CacheSetTest, RowsOfThirtyTwoKiBBounceOnTheWayOutOnly) {
 // slots of the ring's four); the third finds the first's slots not yet free. Every byte checked
 // once the flag lets the stream go.
 TEST_P(CacheSetTest, ABounceThatFindsTheRingBusyMovesItsRunsAsTheyAre) {
-  if (!td_->device->supports_wait_value()) GTEST_SKIP() << "the device has no stream memory operations";
+  if (!td_->device->supports_wait_value())
+    GTEST_SKIP() << "the device has no stream memory operations";
   constexpr std::size_t kLayers = 16, kBytes = 8 << 10, kBlocks = 16, kHostBlocks = 16, kIds = 4;
   DeviceBuffer dev(*td_->device, kLayers * kBlocks * kBytes);
   HostBuffer host(*td_->device, kLayers * kHostBlocks * kBytes, true);
   fill_random(host.data(), host.size(), 44);
   HostBuffer flag(*td_->device, 4096, true);
   std::memset(flag.data(), 0, flag.size());
-  const auto list = block_major_caches(dev.data(), host.data(), kLayers, kBlocks, kHostBlocks, kBytes);
+  const auto list =
+      block_major_caches(dev.data(), host.data(), kLayers, kBlocks, kHostBlocks, kBytes);
   EngineOptions o = small_options();
   o.strided_min_bytes = kLayers * kBytes;
   Engine engine = td_->make_engine(o);
@@ -482,7 +539,8 @@ TEST_P(CacheSetTest, ABounceThatFindsTheRingBusyMovesItsRunsAsTheyAre) {
     std::iota(ids.begin(), ids.end(), static_cast<std::int64_t>(4 * k));
     loads.push_back(engine.copy_blocks(set, Direction::kToDevice, ids, ids, td_->cuda_stream()));
   }
-  EXPECT_EQ(tuning_stats(engine).bounced_runs, 2 * kIds) << "the third load did not wait for a slot";
+  EXPECT_EQ(tuning_stats(engine).bounced_runs, 2 * kIds)
+      << "the third load did not wait for a slot";
   EXPECT_EQ(engine.stats().strided_copies, 3 * kIds);
   td_->device->signal_value(go, 1);
   for (Transfer& t : loads) t.wait();
@@ -490,7 +548,8 @@ TEST_P(CacheSetTest, ABounceThatFindsTheRingBusyMovesItsRunsAsTheyAre) {
   const auto now = td_->read(dev.data(), dev.size());
   for (std::size_t l = 0; l < kLayers; ++l)
     for (std::size_t b = 0; b < 3 * kIds; ++b)
-      ASSERT_EQ(std::memcmp(now.data() + (l * kBlocks + b) * kBytes, host.data() + (b * kLayers + l) * kBytes, kBytes),
+      ASSERT_EQ(std::memcmp(now.data() + (l * kBlocks + b) * kBytes,
+                            host.data() + (b * kLayers + l) * kBytes, kBytes),
                 0)
           << "layer " << l << " block " << b;
 }
@@ -509,7 +568,8 @@ TEST_P(CacheSetTest, ArraysOfSeparateAllocationsAreNotOne2DCopy) {
   EXPECT_EQ(engine.stats().strided_copies, 0u);
   for (std::size_t p = 0; p < 2; ++p)
     for (std::size_t i = 0; i < s.size(); ++i)
-      ASSERT_EQ(std::memcmp(c.device_block(p, d[i]).data(), c.host_block(p, s[i]), kBytes), 0) << p << " " << i;
+      ASSERT_EQ(std::memcmp(c.device_block(p, d[i]).data(), c.host_block(p, s[i]), kBytes), 0)
+          << p << " " << i;
   engine.copy_blocks(set, Direction::kToHost, d, s, td_->cuda_stream()).wait();
   EXPECT_EQ(engine.stats().strided_copies, 0u);
 }
@@ -520,7 +580,8 @@ TEST_P(CacheSetTest, ArraysOfSeparateAllocationsAreNotOne2DCopy) {
 TEST_P(CacheSetTest, PlannedFromIdsMovesWhatTheListedPathMoves) {
   constexpr std::size_t kPairs = 12, kBytes = 4096, kBlocks = 200, kMoved = 150;  // 7.2 MB each way
   {
-    Caches c(*td_, kPairs, kBlocks, 2 * kBlocks, kBytes, true, false);  // swap-outs to the upper half
+    Caches c(*td_, kPairs, kBlocks, 2 * kBlocks, kBytes, true,
+             false);                                    // swap-outs to the upper half
     Engine engine = td_->make_engine(small_options());  // a 1 MiB ring
     const CacheSet set = engine.register_caches(c.list);
     const auto in_src = distinct(kMoved, kBlocks, 21), in_dst = distinct(kMoved, kBlocks, 22);
@@ -528,7 +589,8 @@ TEST_P(CacheSetTest, PlannedFromIdsMovesWhatTheListedPathMoves) {
     td_->device->stream_sync(td_->stream);
     for (std::size_t p = 0; p < kPairs; ++p)
       for (std::size_t i = 0; i < kMoved; ++i)
-        ASSERT_EQ(std::memcmp(c.device_block(p, in_dst[i]).data(), c.host_block(p, in_src[i]), kBytes), 0)
+        ASSERT_EQ(
+            std::memcmp(c.device_block(p, in_dst[i]).data(), c.host_block(p, in_src[i]), kBytes), 0)
             << "swap-in pair " << p << " row " << i;
     auto out_dst = distinct(kMoved, kBlocks, 23);
     for (auto& b : out_dst) b += kBlocks;
@@ -548,10 +610,13 @@ TEST_P(CacheSetTest, PlannedFromIdsMovesWhatTheListedPathMoves) {
     std::iota(run_dst.begin(), run_dst.end(), 100);
     engine.copy_blocks(set, Direction::kToDevice, run_src, run_dst, td_->cuda_stream()).wait();
     td_->device->stream_sync(td_->stream);
-    EXPECT_EQ(tuning_stats(engine).id_planned_transfers, id_planned) << "adjacent ids keep the listed path";
+    EXPECT_EQ(tuning_stats(engine).id_planned_transfers, id_planned)
+        << "adjacent ids keep the listed path";
     for (std::size_t p = 0; p < kPairs; ++p)
       for (std::size_t i = 0; i < run_src.size(); ++i)
-        ASSERT_EQ(std::memcmp(c.device_block(p, run_dst[i]).data(), c.host_block(p, run_src[i]), kBytes), 0)
+        ASSERT_EQ(
+            std::memcmp(c.device_block(p, run_dst[i]).data(), c.host_block(p, run_src[i]), kBytes),
+            0)
             << "run pair " << p << " row " << i;
   }
 }
@@ -588,8 +653,8 @@ TEST_P(CacheSetTest, ArraysAtOnePitchArePlannedFromIdsRowByRow) {
   engine.copy_blocks(set, Direction::kToHost, dst, back, td_->cuda_stream()).wait();
   for (std::size_t p = 0; p < kPairs; ++p)
     for (std::size_t i = 0; i < kMoved; ++i)
-      ASSERT_EQ(std::memcmp(host.data() + p * 2 * pitch + back[i] * kBytes, host.data() + p * 2 * pitch + src[i] * kBytes,
-                            kBytes),
+      ASSERT_EQ(std::memcmp(host.data() + p * 2 * pitch + back[i] * kBytes,
+                            host.data() + p * 2 * pitch + src[i] * kBytes, kBytes),
                 0)
           << "swap-out pair " << p << " row " << i;
   EXPECT_EQ(tuning_stats(engine).id_planned_transfers, 2u);
@@ -628,7 +693,8 @@ TEST_P(CacheSetTest, SmallTransfersPlannedFromIds) {
 // not waited on before the bytes are checked.
 TEST_P(CacheSetTest, StreamOrderedToHostAnEventAfterTheCallSeesEveryByte) {
   // 16 MB a transfer in a ring that holds it: the call returns before the placing is done.
-  constexpr std::size_t kPairs = 4, kBytes = 4096, kBlocks = 1024, kHostBlocks = 1024, kMoved = 1024;
+  constexpr std::size_t kPairs = 4, kBytes = 4096, kBlocks = 1024, kHostBlocks = 1024,
+                        kMoved = 1024;
   Caches c(*td_, kPairs, kBlocks, kHostBlocks, kBytes, true, false);
   EngineOptions o = small_options();
   o.staging_bytes = 32 << 20;
@@ -639,7 +705,8 @@ TEST_P(CacheSetTest, StreamOrderedToHostAnEventAfterTheCallSeesEveryByte) {
   detail::Device& d = *td_->device;
   const detail::EventHandle after = d.create_event(false);
   for (std::uint64_t round = 0; round < 4; ++round) {
-    const auto src = distinct(kMoved, kBlocks, 60 + round), dst = distinct(kMoved, kHostBlocks, 70 + round);
+    const auto src = distinct(kMoved, kBlocks, 60 + round),
+               dst = distinct(kMoved, kHostBlocks, 70 + round);
     for (const auto b : dst)
       for (std::size_t p = 0; p < kPairs; ++p) std::memset(c.host_block(p, b), 0, kBytes);
     Transfer t = engine.copy_blocks(set, Direction::kToHost, src, dst, td_->cuda_stream());
@@ -649,7 +716,8 @@ TEST_P(CacheSetTest, StreamOrderedToHostAnEventAfterTheCallSeesEveryByte) {
     for (std::size_t i = kMoved; i-- > 0;)
       for (std::size_t p = kPairs; p-- > 0;)
         ASSERT_EQ(std::memcmp(c.host_block(p, dst[i]), c.device_block(p, src[i]).data(), kBytes), 0)
-            << "round " << round << " pair " << p << " row " << i << ": the stream went on before the bytes";
+            << "round " << round << " pair " << p << " row " << i
+            << ": the stream went on before the bytes";
     t.wait();
   }
   EXPECT_GT(engine.stats().chunks, 0u);  // staged: placed by the gather threads, not by DMAs alone
@@ -676,8 +744,8 @@ TEST_P(CacheSetTest, LayersInOneCallCompleteInOrderWithAnEventEach) {
   for (std::size_t l = 0; l < kLayers; ++l) events.push_back(d.create_event(false));
   const auto src = distinct(kMoved, kBlocks, 81), dst = distinct(kMoved, kBlocks, 82);
   std::vector<std::size_t> called;
-  std::vector<Transfer> ts = engine.copy_blocks(sets, Direction::kToDevice, src, dst, td_->cuda_stream(),
-                                                [&](std::size_t k) {
+  std::vector<Transfer> ts = engine.copy_blocks(sets, Direction::kToDevice, src, dst,
+                                                td_->cuda_stream(), [&](std::size_t k) {
                                                   called.push_back(k);
                                                   d.record_event(events[k], td_->stream);
                                                 });
@@ -688,7 +756,9 @@ TEST_P(CacheSetTest, LayersInOneCallCompleteInOrderWithAnEventEach) {
     EXPECT_TRUE(ts[l].done()) << "layer " << l << "'s event fired before its transfer was done";
     for (std::size_t p = 0; p < 2; ++p)
       for (std::size_t i = 0; i < kMoved; ++i)
-        ASSERT_EQ(std::memcmp(layers[l]->device_block(p, dst[i]).data(), layers[l]->host_block(p, src[i]), kBytes), 0)
+        ASSERT_EQ(std::memcmp(layers[l]->device_block(p, dst[i]).data(),
+                              layers[l]->host_block(p, src[i]), kBytes),
+                  0)
             << "layer " << l << " pair " << p << " row " << i;
   }
   for (auto& t : ts) t.wait();
@@ -737,13 +807,16 @@ TEST(CacheSetDirect, LargeBlocksGoAsTheyAreTheFirstLayerInGrowingBatches) {
     sets.push_back(engine.register_caches(layers.back()->list));
   }
   const auto src = distinct(kMoved, kBlocks, 91), dst = distinct(kMoved, kBlocks, 92);
-  for (auto& t : engine.copy_blocks(sets, Direction::kToDevice, src, dst, td->cuda_stream())) t.wait();
+  for (auto& t : engine.copy_blocks(sets, Direction::kToDevice, src, dst, td->cuda_stream()))
+    t.wait();
   // 128 copies a layer: 8 + 16 + 32 + 72 for the first, one call for each later one.
   EXPECT_EQ(batches.load(), 4 + static_cast<int>(kLayers) - 1);
   for (std::size_t l = 0; l < kLayers; ++l)
     for (std::size_t p = 0; p < 2; ++p)
       for (std::size_t i = 0; i < kMoved; ++i)
-        ASSERT_EQ(std::memcmp(layers[l]->device_block(p, dst[i]).data(), layers[l]->host_block(p, src[i]), kBytes), 0)
+        ASSERT_EQ(std::memcmp(layers[l]->device_block(p, dst[i]).data(),
+                              layers[l]->host_block(p, src[i]), kBytes),
+                  0)
             << "layer " << l << " pair " << p << " row " << i;
 
   batches = 0;
@@ -752,14 +825,17 @@ TEST(CacheSetDirect, LargeBlocksGoAsTheyAreTheFirstLayerInGrowingBatches) {
   EXPECT_EQ(batches.load(), 4);
   for (std::size_t p = 0; p < 2; ++p)
     for (std::size_t i = 0; i < kMoved; ++i)
-      ASSERT_EQ(std::memcmp(layers[1]->host_block(p, back[i]), layers[1]->device_block(p, dst[i]).data(), kBytes), 0)
+      ASSERT_EQ(std::memcmp(layers[1]->host_block(p, back[i]),
+                            layers[1]->device_block(p, dst[i]).data(), kBytes),
+                0)
           << "write-back pair " << p << " row " << i;
   const EngineStats st = engine.stats();
   EXPECT_EQ(st.chunks, 0u);  // nothing staged
   EXPECT_EQ(st.direct_copies, (kLayers + 1) * 2 * kMoved);
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, CacheSetTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
+INSTANTIATE_TEST_SUITE_P(Devices, CacheSetTest,
+                         ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
                          [](const auto& info) { return to_string(info.param); });
 
 }  // namespace

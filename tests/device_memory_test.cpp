@@ -44,7 +44,8 @@ std::vector<Mapping> read_maps() {
     in >> range >> perms;
     const std::size_t dash = range.find('-');
     out.push_back({std::stoull(range.substr(0, dash), nullptr, 16),
-                   std::stoull(range.substr(dash + 1), nullptr, 16), !perms.empty() && perms[0] == 'r', line});
+                   std::stoull(range.substr(dash + 1), nullptr, 16),
+                   !perms.empty() && perms[0] == 'r', line});
   }
   return out;
 }
@@ -80,7 +81,8 @@ TEST_P(DeviceMemoryTest, DeviceMemoryNeverSharesA2MiBRegionWithPageableHostMemor
   std::vector<std::unique_ptr<char[]>> host;  // small host allocations in between, touched
   for (std::size_t bytes : sizes) {
     host.emplace_back(new char[bytes]());
-    device_ptrs.emplace_back(dev.alloc_device(bytes), "engine allocation of " + std::to_string(bytes) + " B");
+    device_ptrs.emplace_back(dev.alloc_device(bytes),
+                             "engine allocation of " + std::to_string(bytes) + " B");
     host.emplace_back(new char[4096]());
   }
   std::vector<void*> runtime_ptrs;
@@ -107,7 +109,8 @@ TEST_P(DeviceMemoryTest, DeviceMemoryNeverSharesA2MiBRegionWithPageableHostMemor
   }
   for (std::size_t i = 0; i < std::size(sizes); ++i) dev.free_device(device_ptrs[i].first);
   for (std::size_t i = 0; i < runtime_ptrs.size(); ++i)
-    EXPECT_EQ(i % 2 == 0 ? cudaFree(runtime_ptrs[i]) : cudaFreeAsync(runtime_ptrs[i], stream), cudaSuccess);
+    EXPECT_EQ(i % 2 == 0 ? cudaFree(runtime_ptrs[i]) : cudaFreeAsync(runtime_ptrs[i], stream),
+              cudaSuccess);
   if (stream != nullptr) {
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
@@ -139,11 +142,13 @@ TEST_P(DeviceMemoryTest, FreeingMemoryWaitsForTheCopiesQueuedOnIt) {
     dev.record_event(done, s);
     if (round == 0) {
       dev.free_device(p);
-      EXPECT_TRUE(dev.event_done(done)) << "free_device returned before the copies into the buffer ran";
+      EXPECT_TRUE(dev.event_done(done))
+          << "free_device returned before the copies into the buffer ran";
     } else {
       if (GetParam() == DeviceKind::kEmulated) {
         dev.unregister_host(host.data());
-        EXPECT_TRUE(dev.event_done(done)) << "unregister_host returned before the copies from the memory ran";
+        EXPECT_TRUE(dev.event_done(done))
+            << "unregister_host returned before the copies from the memory ran";
       } else {
         dev.stream_sync(s);
         dev.unregister_host(host.data());
@@ -155,8 +160,11 @@ TEST_P(DeviceMemoryTest, FreeingMemoryWaitsForTheCopiesQueuedOnIt) {
   dev.destroy_stream(s);
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, DeviceMemoryTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
-                         [](const auto& info) { return info.param == DeviceKind::kCuda ? "Cuda" : "Emulated"; });
+INSTANTIATE_TEST_SUITE_P(Devices, DeviceMemoryTest,
+                         ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
+                         [](const auto& info) {
+                           return info.param == DeviceKind::kCuda ? "Cuda" : "Emulated";
+                         });
 
 }  // namespace
 }  // namespace gfd::test

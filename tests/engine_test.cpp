@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <numeric>
@@ -67,14 +67,15 @@ class EngineTest : public ::testing::TestWithParam<std::tuple<DeviceKind, Backen
   // the whole device) until stop(), which returns how many frees got through.
   class Freer {
    public:
-    explicit Freer(detail::Device& d) : thread_([this, &d] {
-      d.make_current();
-      while (!stop_.load(std::memory_order_relaxed)) {
-        void* p = d.alloc_device(1 << 20);
-        d.free_device(p);
-        frees_.fetch_add(1, std::memory_order_relaxed);
-      }
-    }) {}
+    explicit Freer(detail::Device& d)
+        : thread_([this, &d] {
+            d.make_current();
+            while (!stop_.load(std::memory_order_relaxed)) {
+              void* p = d.alloc_device(1 << 20);
+              d.free_device(p);
+              frees_.fetch_add(1, std::memory_order_relaxed);
+            }
+          }) {}
     ~Freer() { stop(); }
     long stop() {
       stop_.store(true);
@@ -90,9 +91,8 @@ class EngineTest : public ::testing::TestWithParam<std::tuple<DeviceKind, Backen
 
   // n blocks of `size` bytes at random places of a pool 4x larger; destinations either
   // consecutive or a random permutation of block-sized pages of `dst`.
-  std::vector<BlockCopy> make_blocks(const HostBuffer& pool, const DeviceBuffer& dst,
-                                     std::size_t n, std::size_t size, bool scattered,
-                                     std::uint64_t seed) {
+  std::vector<BlockCopy> make_blocks(const HostBuffer& pool, const DeviceBuffer& dst, std::size_t n,
+                                     std::size_t size, bool scattered, std::uint64_t seed) {
     std::mt19937_64 rng(seed);
     const std::size_t slots = pool.size() / size;
     std::vector<std::size_t> src_idx(slots);
@@ -376,7 +376,8 @@ TEST_P(EngineTest, CopyToHostPlacesEveryByte) {
     engine.copy_to_host(blocks, td_->cuda_stream()).wait();
     std::size_t bad = 0;
     for (const BlockCopy& b : blocks)
-      bad += std::memcmp(b.dst, init.data() + (static_cast<const std::byte*>(b.src) - src.data()), b.bytes) != 0;
+      bad += std::memcmp(b.dst, init.data() + (static_cast<const std::byte*>(b.src) - src.data()),
+                         b.bytes) != 0;
     EXPECT_EQ(bad, 0u) << "round " << round << ": blocks that differ of " << blocks.size();
   }
 }
@@ -399,7 +400,8 @@ TEST_P(EngineTest, CopyToHostReadsBeforeLaterWorkOnTheStream) {
   t.wait();
   dev().stream_sync(td_->stream);
   for (std::size_t i = 0; i < blocks.size(); ++i)
-    ASSERT_EQ(std::memcmp(blocks[i].dst, init.data() + ((i * 37) % 256) * 4096, 4096), 0) << "block " << i;
+    ASSERT_EQ(std::memcmp(blocks[i].dst, init.data() + ((i * 37) % 256) * 4096, 4096), 0)
+        << "block " << i;
 }
 
 // Swap out, overwrite the device, swap back in: the device holds the original bytes again.
@@ -430,7 +432,8 @@ TEST_P(EngineTest, CopyToHostBadInputIsRejectedNamingTheBlock) {
   HostBuffer pageable(dev(), 1 << 16, false);
   auto good = [&] {
     std::vector<BlockCopy> v;
-    for (std::size_t i = 0; i < 16; ++i) v.push_back({src.data() + i * 4096, out.data() + i * 8192, 4096});
+    for (std::size_t i = 0; i < 16; ++i)
+      v.push_back({src.data() + i * 4096, out.data() + i * 8192, 4096});
     return v;
   };
   struct Case {
@@ -439,7 +442,7 @@ TEST_P(EngineTest, CopyToHostBadInputIsRejectedNamingTheBlock) {
     std::string needle;
   };
   std::vector<Case> cases = {
-      {3, {out.data(), out.data() + 3 * 8192, 4096}, "source"},                       // host source
+      {3, {out.data(), out.data() + 3 * 8192, 4096}, "source"},  // host source
       {4, {src.data() + 4 * 4096, dst_dev.data(), 4096}, "needs a host destination"},  // device dst
       {5, {src.data() + 60 * 4096 + 1, out.data() + 5 * 8192, 4 * 4096}, "past the end"},
       {6, {src.data(), out.data() + 5 * 8192 + 100, 4096}, "overlaps block 5"},
@@ -491,7 +494,8 @@ void expect_rejected(F&& submit, std::size_t block, const std::string& needle, b
 // 128 slots of 256 KB (the whole transfer fits), of 4 (the ring turns: no slot may be lost
 // to a rejected transfer) and of 2 (host to device: one slot only may be taken before the check).
 TEST_P(EngineTest, FoundBadLateRejectsWholeAndCopiesNothing) {
-  for (std::size_t staging : {std::size_t{32} << 20, std::size_t{1} << 20, std::size_t{512} << 10}) {
+  for (std::size_t staging :
+       {std::size_t{32} << 20, std::size_t{1} << 20, std::size_t{512} << 10}) {
     SCOPED_TRACE("staging " + std::to_string(staging));
     copy_to_host_found_bad_late(staging);
     copy_to_device_found_bad_late(staging);
@@ -516,7 +520,9 @@ void EngineTest::copy_to_host_found_bad_late(std::size_t staging) {
   const std::uint64_t transfers_before = engine.stats().transfers;
   const LateCase cases[] = {
       {900, {src.data() + 900 * 4096, dst_dev.data(), 4096}, "needs a host destination"},
-      {1000, {src.data() + 1000 * 4096, out.data() + ((10 * 613) % kBlocks) * 8192 + 100, 4096}, "overlaps"},
+      {1000,
+       {src.data() + 1000 * 4096, out.data() + ((10 * 613) % kBlocks) * 8192 + 100, 4096},
+       "overlaps"},
   };
   for (const LateCase& c : cases) {
     std::memset(out.data(), 0xAB, out.size());
@@ -563,12 +569,15 @@ void EngineTest::copy_to_device_found_bad_late(std::size_t staging) {
       td_->fill(dst.data(), 0x5A, dst.size());
       std::vector<BlockCopy> v = good;
       v[c.block] = c.b;
-      expect_rejected([&] { (void)engine.copy_to_device(v, td_->cuda_stream()); }, c.block, c.needle, true);
+      expect_rejected([&] { (void)engine.copy_to_device(v, td_->cuda_stream()); }, c.block,
+                      c.needle, true);
       dev().stream_sync(td_->stream);
       std::this_thread::sleep_for(std::chrono::milliseconds(5));  // time for a wrong DMA to land
       const auto got = td_->read(dst.data(), dst.size());
-      const auto touched = std::count_if(got.begin(), got.end(), [](std::byte b) { return b != std::byte{0x5A}; });
-      EXPECT_EQ(touched, 0) << c.needle << ": bytes of device memory written by a rejected transfer";
+      const auto touched =
+          std::count_if(got.begin(), got.end(), [](std::byte b) { return b != std::byte{0x5A}; });
+      EXPECT_EQ(touched, 0) << c.needle
+                            << ": bytes of device memory written by a rejected transfer";
     }
   }
   EXPECT_EQ(engine.stats().transfers, transfers_before) << "rejected transfers are not counted";
@@ -580,8 +589,8 @@ void EngineTest::copy_to_device_found_bad_late(std::size_t staging) {
 // ---- bad input: each is rejected whole, copies nothing and leaves the engine usable ----------
 struct BadCase {
   const char* name;
-  std::size_t block;  // expected offending index
-  const char* needle; // expected in the message
+  std::size_t block;   // expected offending index
+  const char* needle;  // expected in the message
 };
 
 TEST_P(EngineTest, BadInputIsRejectedWholeAndEngineStaysUsable) {
@@ -595,7 +604,8 @@ TEST_P(EngineTest, BadInputIsRejectedWholeAndEngineStaysUsable) {
 
   auto good = [&] {
     std::vector<BlockCopy> v;
-    for (std::size_t i = 0; i < 16; ++i) v.push_back({pool.data() + i * 8192, dst.data() + i * 4096, 4096});
+    for (std::size_t i = 0; i < 16; ++i)
+      v.push_back({pool.data() + i * 8192, dst.data() + i * 4096, 4096});
     return v;
   };
   struct Case {
@@ -613,17 +623,20 @@ TEST_P(EngineTest, BadInputIsRejectedWholeAndEngineStaysUsable) {
   with("null source", 3, {nullptr, dst.data() + 3 * 4096, 4096}, "source pointer is null");
   with("null destination", 4, {pool.data(), nullptr, 4096}, "destination pointer is null");
   with("zero size", 5, {pool.data(), dst.data() + 5 * 4096, 0}, "size is zero");
-  with("source overflow", 6, {reinterpret_cast<void*>(UINTPTR_MAX - 10), dst.data() + 6 * 4096, 4096}, "overflows");
-  with("destination overflow", 7, {pool.data(), reinterpret_cast<void*>(UINTPTR_MAX - 10), 4096}, "overflows");
+  with("source overflow", 6,
+       {reinterpret_cast<void*>(UINTPTR_MAX - 10), dst.data() + 6 * 4096, 4096}, "overflows");
+  with("destination overflow", 7, {pool.data(), reinterpret_cast<void*>(UINTPTR_MAX - 10), 4096},
+       "overflows");
   with("host destination", 8, {pool.data(), host_dst.data(), 4096}, "not device memory");
   with("pinned host destination", 9, {pool.data(), pinned.data(), 4096}, "not device memory");
   with("runs past allocation", 10, {pool.data(), dst.data() + 63 * 4096 + 1, 4096}, "past the end");
   with("device source", 11, {other.data(), dst.data() + 11 * 4096, 4096}, "needs a host source");
-  with("overlapping destinations", 12, {pool.data(), dst.data() + 2 * 4096 + 100, 4096}, "overlaps block 2");
+  with("overlapping destinations", 12, {pool.data(), dst.data() + 2 * 4096 + 100, 4096},
+       "overlaps block 2");
   HostBuffer pageable(dev(), 1 << 16, false);
   if (backend() == Backend::kZeroCopyKernel)
-    with("pageable source for the zero-copy kernel", 14, {pageable.data(), dst.data() + 14 * 4096, 4096},
-         "needs pinned host memory");
+    with("pageable source for the zero-copy kernel", 14,
+         {pageable.data(), dst.data() + 14 * 4096, 4096}, "needs pinned host memory");
 
   std::unique_ptr<TestDevice> second;
   std::unique_ptr<DeviceBuffer> foreign;
@@ -642,13 +655,15 @@ TEST_P(EngineTest, BadInputIsRejectedWholeAndEngineStaysUsable) {
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
       EXPECT_EQ(e.block(), c.block);
-      EXPECT_NE(std::string(e.what()).find("block " + std::to_string(c.block)), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("block " + std::to_string(c.block)), std::string::npos)
+          << e.what();
       EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << e.what();
     }
     dev().stream_sync(td_->stream);
     const auto got = td_->read(dst.data(), dst.size());
-    EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](std::byte b) { return b == std::byte{0x5A}; }))
-        << "something was copied";
+    EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](std::byte b) {
+      return b == std::byte{0x5A};
+    })) << "something was copied";
     const auto ok = good();
     engine.copy_to_device(ok, td_->cuda_stream()).wait();
     expect_landed(ok, dst);
@@ -729,15 +744,17 @@ TEST_P(EngineTest, ManySmallTransfersKeepTheRingTurning) {
     engine.copy_to_device({&b, 1}, td_->cuda_stream()).wait();
   }
   std::vector<BlockCopy> all;
-  for (std::size_t i = 0; i < 16; ++i) all.push_back({src.data() + i * 4096, dst.data() + i * 4096, 4096});
+  for (std::size_t i = 0; i < 16; ++i)
+    all.push_back({src.data() + i * 4096, dst.data() + i * 4096, 4096});
   expect_landed(all, dst);
   EXPECT_EQ(engine.stats().transfers, static_cast<std::uint64_t>(n));
 }
 
 // Transfers of one chunk: gathered by the submitter alone (inline), or, above
-// inline_gather_bytes, by the pool with the submitter, which moves the chunk on its own stream. Right after a large transfer (pool awake), from several threads at
-// once, contiguous and scattered destinations, with preissue on and off: every byte lands, and
-// work queued on the stream after the call sees it.
+// inline_gather_bytes, by the pool with the submitter, which moves the chunk on its own stream.
+// Right after a large transfer (pool awake), from several threads at once, contiguous and scattered
+// destinations, with preissue on and off: every byte lands, and work queued on the stream after the
+// call sees it.
 TEST_P(EngineTest, OneChunkTransfersLandWhoeverGathersThem) {
   if (!gather()) GTEST_SKIP() << "a gather-backend option";
   HostBuffer pool(dev(), 16 << 20, pinned_sources());
@@ -798,7 +815,8 @@ TEST_P(EngineTest, BatchedPlacementPlacesSeveralChunksPerLaunch) {
   fill_random(pool.data(), pool.size(), 61);
   for (const bool preissue : {true, false})
     for (const bool batch : {true, false}) {
-      SCOPED_TRACE(std::string(preissue ? "preissue" : "no preissue") + (batch ? ", batched" : ", per chunk"));
+      SCOPED_TRACE(std::string(preissue ? "preissue" : "no preissue") +
+                   (batch ? ", batched" : ", per chunk"));
       EngineOptions o = options();
       o.staging_bytes = 2 << 20;  // 32 slots of 64 KB: up to 8 unplaced chunks per lane
       o.slot_bytes = 64 << 10;
@@ -816,11 +834,13 @@ TEST_P(EngineTest, BatchedPlacementPlacesSeveralChunksPerLaunch) {
       // Swap-out in between, then several submitters at once.
       HostBuffer back(dev(), 1536 * 4096, true);
       std::vector<BlockCopy> out;
-      for (std::size_t i = 0; i < 1536; ++i) out.push_back({dst.data() + ((i * 7) % 1536) * 4096, back.data() + i * 4096, 4096});
+      for (std::size_t i = 0; i < 1536; ++i)
+        out.push_back({dst.data() + ((i * 7) % 1536) * 4096, back.data() + i * 4096, 4096});
       engine.copy_to_host(out, td_->cuda_stream()).wait();
       const std::vector<std::byte> placed = td_->read(dst.data(), dst.size());
       for (std::size_t i = 0; i < 1536; ++i)
-        ASSERT_EQ(std::memcmp(back.data() + i * 4096, placed.data() + ((i * 7) % 1536) * 4096, 4096), 0)
+        ASSERT_EQ(
+            std::memcmp(back.data() + i * 4096, placed.data() + ((i * 7) % 1536) * 4096, 4096), 0)
             << "swapped-out block " << i;
       std::vector<std::thread> threads;
       std::vector<std::vector<BlockCopy>> per(3);
@@ -853,10 +873,12 @@ TEST_P(EngineTest, BatchedPlacementPlacesSeveralChunksPerLaunch) {
 // behind it, on the list path and on a CacheSet's ids.
 TEST_P(EngineTest, SwapInLargerThanTheRingLeavesTheSlotWaitsToTheGatherThreads) {
   if (!gather()) GTEST_SKIP() << "a gather-backend option";
-  if (!dev().host_pointers_usable()) GTEST_SKIP() << "no batched placement on this device (no placed flags)";
+  if (!dev().host_pointers_usable())
+    GTEST_SKIP() << "no batched placement on this device (no placed flags)";
   HostBuffer pool(dev(), 24 << 20, false);
   fill_random(pool.data(), pool.size(), 63);
-  Engine engine = td_->make_engine(sixteen_slot_options());  // the transfers below are six times the ring
+  Engine engine =
+      td_->make_engine(sixteen_slot_options());  // the transfers below are six times the ring
   DeviceBuffer dst(dev(), 1536 * 4096), dst2(dev(), 1536 * 4096);
   const auto blocks = make_blocks(pool, dst, 1536, 4096, true, 64);
   const auto blocks2 = make_blocks(pool, dst2, 1536, 4096, true, 65);
@@ -876,7 +898,8 @@ TEST_P(EngineTest, SwapInLargerThanTheRingLeavesTheSlotWaitsToTheGatherThreads) 
   std::deque<DeviceBuffer> caches;
   for (std::size_t i = 0; i < 8; ++i) {
     caches.emplace_back(dev(), 192 * 4096);
-    pairs.push_back({{pinned.data() + i * 384 * 4096, 384, 4096, 4096}, {caches.back().data(), 192, 4096, 4096}});
+    pairs.push_back({{pinned.data() + i * 384 * 4096, 384, 4096, 4096},
+                     {caches.back().data(), 192, 4096, 4096}});
   }
   CacheSet set = engine.register_caches(pairs);
   std::vector<std::int64_t> src(192), dst_ids(192);
@@ -890,7 +913,9 @@ TEST_P(EngineTest, SwapInLargerThanTheRingLeavesTheSlotWaitsToTheGatherThreads) 
   for (std::size_t i = 0; i < 8; ++i) {
     const std::vector<std::byte> got = td_->read(caches[i].data(), caches[i].size());
     for (std::size_t r = 0; r < 192; ++r)
-      ASSERT_EQ(std::memcmp(got.data() + dst_ids[r] * 4096, pinned.data() + (i * 384 + src[r]) * 4096, 4096), 0)
+      ASSERT_EQ(std::memcmp(got.data() + dst_ids[r] * 4096,
+                            pinned.data() + (i * 384 + src[r]) * 4096, 4096),
+                0)
           << "pair " << i << ", row " << r;
   }
 }
@@ -911,7 +936,8 @@ TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
   auto differ = [&](const std::vector<BlockCopy>& v) {
     std::size_t bad = 0;
     for (const BlockCopy& b : v)
-      bad += std::memcmp(b.dst, init.data() + (static_cast<const std::byte*>(b.src) - src.data()), b.bytes) != 0;
+      bad += std::memcmp(b.dst, init.data() + (static_cast<const std::byte*>(b.src) - src.data()),
+                         b.bytes) != 0;
     return bad;
   };
   {
@@ -926,7 +952,8 @@ TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
     HostBuffer out(dev(), 2 * src.size(), pinned_sources());
     std::vector<BlockCopy> blocks;
     for (std::size_t i = 0; i < kBlocks; ++i)
-      blocks.push_back({src.data() + ((i * 7) % kBlocks) * 4096, out.data() + ((i * 613) % kBlocks) * 8192, 4096});
+      blocks.push_back({src.data() + ((i * 7) % kBlocks) * 4096,
+                        out.data() + ((i * 613) % kBlocks) * 8192, 4096});
     engine.copy_to_host(blocks, td_->cuda_stream()).wait();
     EXPECT_EQ(differ(blocks), 0u) << "blocks of the one large swap-out";
     // Three submitters at once, each into a host buffer of its own.
@@ -951,7 +978,8 @@ TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
     HostBuffer host(dev(), 8 * 384 * 4096, true);
     std::vector<CachePair> pairs;
     for (std::size_t i = 0; i < 8; ++i)
-      pairs.push_back({{host.data() + i * 384 * 4096, 384, 4096, 4096}, {src.data() + i * 192 * 4096, 192, 4096, 4096}});
+      pairs.push_back({{host.data() + i * 384 * 4096, 384, 4096, 4096},
+                       {src.data() + i * 192 * 4096, 192, 4096, 4096}});
     CacheSet set = engine.register_caches(pairs);
     std::vector<std::int64_t> dev_ids(192), host_ids(192);
     for (std::size_t r = 0; r < 192; ++r) {
@@ -961,7 +989,9 @@ TEST_P(EngineTest, BatchedPackingPacksSeveralChunksPerLaunch) {
     engine.copy_blocks(set, Direction::kToHost, dev_ids, host_ids, td_->cuda_stream()).wait();
     for (std::size_t i = 0; i < 8; ++i)
       for (std::size_t r = 0; r < 192; ++r)
-        ASSERT_EQ(std::memcmp(host.data() + (i * 384 + host_ids[r]) * 4096, init.data() + (i * 192 + dev_ids[r]) * 4096, 4096), 0)
+        ASSERT_EQ(std::memcmp(host.data() + (i * 384 + host_ids[r]) * 4096,
+                              init.data() + (i * 192 + dev_ids[r]) * 4096, 4096),
+                  0)
             << "pair " << i << ", row " << r;
     const detail::TuningStats st = tuning_stats(engine);
     EXPECT_GE(st.scattered_chunks, 96u);
@@ -985,7 +1015,8 @@ TEST_P(EngineTest, DeviceMemoryFreedOnAnotherThreadDuringTransfersDoesNotStallTh
   if (!gather()) GTEST_SKIP() << "a gather-backend option";
   open_lock_modelled_device();
   ASSERT_NE(td_, nullptr);
-  Engine engine = td_->make_engine(sixteen_slot_options());  // each transfer below is six times the ring
+  Engine engine =
+      td_->make_engine(sixteen_slot_options());  // each transfer below is six times the ring
   HostBuffer pool(dev(), 24 << 20, true);
   fill_random(pool.data(), pool.size(), 67);
   DeviceBuffer dst(dev(), 1536 * 4096);
@@ -999,12 +1030,15 @@ TEST_P(EngineTest, DeviceMemoryFreedOnAnotherThreadDuringTransfersDoesNotStallTh
     // And back, from scattered device blocks to scattered host blocks.
     std::vector<BlockCopy> out;
     for (std::size_t i = 0; i < 1536; ++i)
-      out.push_back({dst.data() + ((i * 7 + round) % 1536) * 4096, back.data() + ((i * 613) % 1536) * 4096, 4096});
+      out.push_back({dst.data() + ((i * 7 + round) % 1536) * 4096,
+                     back.data() + ((i * 613) % 1536) * 4096, 4096});
     engine.copy_to_host(out, td_->cuda_stream()).wait();
     const std::vector<std::byte> dev_bytes = td_->read(dst.data(), dst.size());
     std::size_t bad = 0;
     for (const BlockCopy& b : out)
-      bad += std::memcmp(b.dst, dev_bytes.data() + (static_cast<const std::byte*>(b.src) - dst.data()), 4096) != 0;
+      bad +=
+          std::memcmp(b.dst, dev_bytes.data() + (static_cast<const std::byte*>(b.src) - dst.data()),
+                      4096) != 0;
     EXPECT_EQ(bad, 0u) << "host blocks that differ from their device block";
   }
   EXPECT_GT(freer.stop(), 0) << "the freeing thread got through while transfers ran";
@@ -1019,7 +1053,8 @@ TEST_P(EngineTest, DeviceMemoryFreedWhileSwapsRunBothWaysAtOnceDoesNotStallThem)
   if (!gather()) GTEST_SKIP() << "a gather-backend option";
   open_lock_modelled_device();
   ASSERT_NE(td_, nullptr);
-  Engine engine = td_->make_engine(sixteen_slot_options());  // each transfer below is six times the ring
+  Engine engine =
+      td_->make_engine(sixteen_slot_options());  // each transfer below is six times the ring
   HostBuffer pool(dev(), 24 << 20, true);
   fill_random(pool.data(), pool.size(), 71);
   DeviceBuffer in(dev(), 1536 * 4096), out_src(dev(), 1536 * 4096);
@@ -1037,10 +1072,14 @@ TEST_P(EngineTest, DeviceMemoryFreedWhileSwapsRunBothWaysAtOnceDoesNotStallThem)
       for (std::uint64_t round = 0; round < 6; ++round) {
         std::vector<BlockCopy> out;
         for (std::size_t i = 0; i < 1536; ++i)
-          out.push_back({out_src.data() + ((i * 7 + round) % 1536) * 4096, back.data() + ((i * 613) % 1536) * 4096, 4096});
+          out.push_back({out_src.data() + ((i * 7 + round) % 1536) * 4096,
+                         back.data() + ((i * 613) % 1536) * 4096, 4096});
         engine.copy_to_host(out, static_cast<cudaStream_t>(s)).wait();
         for (const BlockCopy& b : out)
-          bad_out += std::memcmp(b.dst, out_bytes.data() + (static_cast<const std::byte*>(b.src) - out_src.data()), 4096) != 0;
+          bad_out +=
+              std::memcmp(
+                  b.dst, out_bytes.data() + (static_cast<const std::byte*>(b.src) - out_src.data()),
+                  4096) != 0;
       }
     } catch (const std::exception& e) {
       ADD_FAILURE() << "swap-out failed: " << e.what();
@@ -1078,7 +1117,8 @@ TEST_P(EngineTest, IssuingFromTheGatherThreadsWorksToo) {
     threads.emplace_back([&, t] {
       std::vector<BlockCopy> blocks;
       for (std::size_t i = 0; i < 384; ++i)
-        blocks.push_back({pool.data() + (t * 384 + i) * 8192, dst.data() + (t * 384 + i) * 4096, 4096});
+        blocks.push_back(
+            {pool.data() + (t * 384 + i) * 8192, dst.data() + (t * 384 + i) * 4096, 4096});
       detail::StreamHandle s = dev().create_stream();
       engine.copy_to_device(blocks, static_cast<cudaStream_t>(s)).wait();
       dev().destroy_stream(s);
@@ -1091,7 +1131,8 @@ TEST_P(EngineTest, IssuingFromTheGatherThreadsWorksToo) {
   // Both directions at once: the issuer and a device-to-host submitter share the copy lanes.
   std::vector<std::byte> out(dst.size());
   std::vector<BlockCopy> back;
-  for (std::size_t i = 0; i < 1536; ++i) back.push_back({dst.data() + i * 4096, out.data() + i * 4096, 4096});
+  for (std::size_t i = 0; i < 1536; ++i)
+    back.push_back({dst.data() + i * 4096, out.data() + i * 4096, 4096});
   std::thread up([&] { engine.copy_to_host(back, td_->cuda_stream()).wait(); });
   detail::StreamHandle s2 = dev().create_stream();
   DeviceBuffer dst2(dev(), 768 * 4096);
@@ -1159,7 +1200,8 @@ TEST_P(EngineTest, AllocationsAndFreesElsewhereDuringTransfersDoNotHang) {
 }
 
 TEST_P(EngineTest, CudaEngineByOrdinalRejectsOutOfRangeDevice) {
-  if (kind() != DeviceKind::kCuda) GTEST_SKIP() << "CUDA-only: the ordinal is checked by the driver";
+  if (kind() != DeviceKind::kCuda)
+    GTEST_SKIP() << "CUDA-only: the ordinal is checked by the driver";
   EngineOptions o = options();
   o.device = 4096;
   try {
@@ -1172,7 +1214,8 @@ TEST_P(EngineTest, CudaEngineByOrdinalRejectsOutOfRangeDevice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, EngineTest,
-                         ::testing::Combine(::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
+                         ::testing::Combine(::testing::Values(DeviceKind::kEmulated,
+                                                              DeviceKind::kCuda),
                                             ::testing::ValuesIn(kAllBackends)),
                          [](const auto& info) {
                            return to_string(std::get<0>(info.param)) + "_" +

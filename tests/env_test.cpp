@@ -1,5 +1,7 @@
 // GFD_* booleans outside EngineOptions (env_flag) and the library's one stderr line (log_info,
 // silenced by GFD_QUIET).
+#include "common/env.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -7,7 +9,6 @@
 #include <span>
 #include <string>
 
-#include "common/env.hpp"
 #include "gfd/gfd.hpp"
 
 namespace gfd::detail {
@@ -18,12 +19,16 @@ class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
     if (const char* v = std::getenv(name)) saved_ = v;
-    if (value != nullptr) ::setenv(name, value, 1);
-    else ::unsetenv(name);
+    if (value != nullptr)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
   }
   ~ScopedEnv() {
-    if (saved_) ::setenv(name_, saved_->c_str(), 1);
-    else ::unsetenv(name_);
+    if (saved_)
+      ::setenv(name_, saved_->c_str(), 1);
+    else
+      ::unsetenv(name_);
   }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
@@ -76,7 +81,8 @@ std::string logged(const char* quiet) {
 
 TEST(LogInfo, WritesOneLineUnlessQuiet) {
   EXPECT_EQ(logged(nullptr), "gfd: hello from the test\n");
-  for (const char* v : {"0", "false", "off"}) EXPECT_EQ(logged(v), "gfd: hello from the test\n") << v;
+  for (const char* v : {"0", "false", "off"})
+    EXPECT_EQ(logged(v), "gfd: hello from the test\n") << v;
   for (const char* v : {"1", "true", "on"}) EXPECT_EQ(logged(v), "") << v;
 }
 

@@ -71,7 +71,8 @@ class EmulatedFaultTest : public ::testing::TestWithParam<FaultCase> {
     if (GetParam().scattered) std::shuffle(order.begin(), order.end(), rng);
     std::vector<BlockCopy> v(kBlocks);
     for (std::size_t i = 0; i < kBlocks; ++i)
-      v[i] = {host_.data() + (rng() % (host_.size() / kSize / 2)) * 2 * kSize, dst_ + order[i] * kSize, kSize};
+      v[i] = {host_.data() + (rng() % (host_.size() / kSize / 2)) * 2 * kSize,
+              dst_ + order[i] * kSize, kSize};
     return v;
   }
   bool landed(const std::vector<BlockCopy>& v) {
@@ -79,7 +80,8 @@ class EmulatedFaultTest : public ::testing::TestWithParam<FaultCase> {
     device_->copy_d2h(back.data(), dst_, back.size(), stream_);
     device_->stream_sync(stream_);
     for (const BlockCopy& b : v)
-      if (std::memcmp(back.data() + (static_cast<std::byte*>(b.dst) - dst_), b.src, kSize) != 0) return false;
+      if (std::memcmp(back.data() + (static_cast<std::byte*>(b.dst) - dst_), b.src, kSize) != 0)
+        return false;
     return true;
   }
 
@@ -98,89 +100,107 @@ TEST_P(EmulatedFaultTest, FailedTransferReportsItAndTheEngineRecovers) {
   const auto cuda = static_cast<cudaStream_t>(stream_);
   engine.copy_to_device(blocks(1), cuda).wait();  // healthy first
   armed_ = true;
-  within(30s, [&] {
-    try {
-      engine.copy_to_device(blocks(2), cuda).wait();
-      ADD_FAILURE() << "the injected fault was not reported";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kCuda);
-      EXPECT_NE(std::string(e.what()).find(GetParam().op), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("sticky"), std::string::npos) << e.what();
-    }
-  }, "the failed transfer");
+  within(
+      30s,
+      [&] {
+        try {
+          engine.copy_to_device(blocks(2), cuda).wait();
+          ADD_FAILURE() << "the injected fault was not reported";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), ErrorCode::kCuda);
+          EXPECT_NE(std::string(e.what()).find(GetParam().op), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("sticky"), std::string::npos) << e.what();
+        }
+      },
+      "the failed transfer");
   EXPECT_FALSE(emulated_.fault_message().empty());
   // While the fault is in force every submission fails at once, none hangs.
-  within(30s, [&] {
-    for (int i = 0; i < 3; ++i) {
-      try {
-        engine.copy_to_device(blocks(3 + i), cuda).wait();
-        ADD_FAILURE() << "a transfer succeeded on a faulted device";
-      } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::kCuda) << e.what();
-      }
-    }
-  }, "transfers on the faulted device");
+  within(
+      30s,
+      [&] {
+        for (int i = 0; i < 3; ++i) {
+          try {
+            engine.copy_to_device(blocks(3 + i), cuda).wait();
+            ADD_FAILURE() << "a transfer succeeded on a faulted device";
+          } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::kCuda) << e.what();
+          }
+        }
+      },
+      "transfers on the faulted device");
   // The device works again: the same engine, every slot reused several times, byte-exact.
   armed_ = false;
   emulated_.clear_fault();
-  within(60s, [&] {
-    for (int i = 0; i < 6; ++i) {
-      const auto v = blocks(10 + i);
-      engine.copy_to_device(v, cuda).wait();
-      EXPECT_TRUE(landed(v)) << "round " << i;
-    }
-  }, "transfers after recovery");
+  within(
+      60s,
+      [&] {
+        for (int i = 0; i < 6; ++i) {
+          const auto v = blocks(10 + i);
+          engine.copy_to_device(v, cuda).wait();
+          EXPECT_TRUE(landed(v)) << "round " << i;
+        }
+      },
+      "transfers after recovery");
 }
 
 TEST_P(EmulatedFaultTest, ConcurrentTransfersAndDestructionDuringAFaultNeverHang) {
   auto engine = std::make_unique<Engine>(make_engine());
   armed_ = true;
   std::atomic<int> failed{0}, ok{0};
-  within(60s, [&] {
-    std::vector<std::thread> threads;
-    for (int t = 0; t < 4; ++t)
-      threads.emplace_back([&, t] {
-        detail::StreamHandle s = device_->create_stream();
-        for (int r = 0; r < 5; ++r) {
-          try {
-            engine->copy_to_device(blocks(100 + t * 10 + r), static_cast<cudaStream_t>(s)).wait();
-            ++ok;
-          } catch (const Error&) {
-            ++failed;
-          }
-        }
-        try {
-          device_->stream_sync(s);
-        } catch (const Error&) {
-        }
-        device_->destroy_stream(s);
-      });
-    for (auto& th : threads) th.join();
-  }, "concurrent transfers");
+  within(
+      60s,
+      [&] {
+        std::vector<std::thread> threads;
+        for (int t = 0; t < 4; ++t)
+          threads.emplace_back([&, t] {
+            detail::StreamHandle s = device_->create_stream();
+            for (int r = 0; r < 5; ++r) {
+              try {
+                engine->copy_to_device(blocks(100 + t * 10 + r), static_cast<cudaStream_t>(s))
+                    .wait();
+                ++ok;
+              } catch (const Error&) {
+                ++failed;
+              }
+            }
+            try {
+              device_->stream_sync(s);
+            } catch (const Error&) {
+            }
+            device_->destroy_stream(s);
+          });
+        for (auto& th : threads) th.join();
+      },
+      "concurrent transfers");
   EXPECT_GT(failed.load(), 0);
   // Transfers in flight while the engine is destroyed: the destructor drains them.
-  within(30s, [&] {
-    std::vector<Transfer> pending;
-    for (int i = 0; i < 3; ++i) {
-      try {
-        pending.push_back(engine->copy_to_device(blocks(200 + i), static_cast<cudaStream_t>(stream_)));
-      } catch (const Error&) {
-      }
-    }
-    engine.reset();
-    for (Transfer& t : pending) EXPECT_TRUE(t.done());
-  }, "destroying the engine");
+  within(
+      30s,
+      [&] {
+        std::vector<Transfer> pending;
+        for (int i = 0; i < 3; ++i) {
+          try {
+            pending.push_back(
+                engine->copy_to_device(blocks(200 + i), static_cast<cudaStream_t>(stream_)));
+          } catch (const Error&) {
+          }
+        }
+        engine.reset();
+        for (Transfer& t : pending) EXPECT_TRUE(t.done());
+      },
+      "destroying the engine");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, EmulatedFaultTest,
-    ::testing::Values(FaultCase{Backend::kGather, false, "copy_h2d"}, FaultCase{Backend::kGather, true, "scatter"},
-                      FaultCase{Backend::kBatchAsync, true, "copy_batch"},
-                      FaultCase{Backend::kPerBlock, true, "copy_h2d"},
-                      FaultCase{Backend::kZeroCopyKernel, true, "zero_copy"}),
-    [](const auto& info) {
-      return std::string(to_string(info.param.backend)) + (info.param.scattered ? "_scattered" : "_contiguous");
-    });
+INSTANTIATE_TEST_SUITE_P(Backends, EmulatedFaultTest,
+                         ::testing::Values(FaultCase{Backend::kGather, false, "copy_h2d"},
+                                           FaultCase{Backend::kGather, true, "scatter"},
+                                           FaultCase{Backend::kBatchAsync, true, "copy_batch"},
+                                           FaultCase{Backend::kPerBlock, true, "copy_h2d"},
+                                           FaultCase{Backend::kZeroCopyKernel, true, "zero_copy"}),
+                         [](const auto& info) {
+                           return std::string(to_string(info.param.backend)) +
+                                  (info.param.scattered ? "_scattered" : "_contiguous");
+                         });
 
 // Device to host through staging: a fault in the DMA into the slot (contiguous device blocks) or
 // in the kernel that packs scattered ones is reported; the slots it held are freed once its
@@ -190,7 +210,9 @@ TEST(EmulatedFaultToHostTest, ReportedAndTheEngineRecovers) {
     SCOPED_TRACE(op);
     std::atomic<bool> armed{false};
     testkit::EmulatedOptions emu;
-    emu.fault = [&](const char* what) { return armed.load() && std::strcmp(what, op) == 0 && armed.exchange(false); };
+    emu.fault = [&](const char* what) {
+      return armed.load() && std::strcmp(what, op) == 0 && armed.exchange(false);
+    };
     testkit::Device emulated = testkit::Device::emulated(0, emu);
     const std::shared_ptr<detail::Device>& device = emulated.shared();
     detail::StreamHandle stream = device->create_stream();
@@ -203,32 +225,41 @@ TEST(EmulatedFaultToHostTest, ReportedAndTheEngineRecovers) {
     std::vector<BlockCopy> v;
     const bool scattered = std::strcmp(op, "gather") == 0;
     for (std::size_t i = 0; i < kBlocks; ++i)
-      v.push_back({src + (scattered ? (i * 37) % kBlocks : i) * kSize, out.data() + i * 2 * kSize, kSize});
+      v.push_back(
+          {src + (scattered ? (i * 37) % kBlocks : i) * kSize, out.data() + i * 2 * kSize, kSize});
     {
       EngineOptions o = small_options();
       o.kernel_max_bytes = 0;
       Engine engine = emulated.make_engine(o);
       armed = true;
-      within(30s, [&] {
-        try {
-          engine.copy_to_host(v, cuda).wait();
-          ADD_FAILURE() << "the fault was not reported";
-        } catch (const Error& e) {
-          EXPECT_EQ(e.code(), ErrorCode::kCuda) << e.what();
-          EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
-        }
-      }, "the failed transfer");
+      within(
+          30s,
+          [&] {
+            try {
+              engine.copy_to_host(v, cuda).wait();
+              ADD_FAILURE() << "the fault was not reported";
+            } catch (const Error& e) {
+              EXPECT_EQ(e.code(), ErrorCode::kCuda) << e.what();
+              EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
+            }
+          },
+          "the failed transfer");
       emulated.clear_fault();
-      within(30s, [&] {
-        for (int round = 0; round < 3; ++round) {
-          std::fill(out.begin(), out.end(), std::byte{0});
-          engine.copy_to_host(v, cuda).wait();
-          for (std::size_t i = 0; i < kBlocks; ++i)
-            ASSERT_EQ(std::memcmp(out.data() + i * 2 * kSize,
-                                  init.data() + (scattered ? (i * 37) % kBlocks : i) * kSize, kSize), 0)
-                << "round " << round << " block " << i;
-        }
-      }, "transfers after recovery");
+      within(
+          30s,
+          [&] {
+            for (int round = 0; round < 3; ++round) {
+              std::fill(out.begin(), out.end(), std::byte{0});
+              engine.copy_to_host(v, cuda).wait();
+              for (std::size_t i = 0; i < kBlocks; ++i)
+                ASSERT_EQ(
+                    std::memcmp(out.data() + i * 2 * kSize,
+                                init.data() + (scattered ? (i * 37) % kBlocks : i) * kSize, kSize),
+                    0)
+                    << "round " << round << " block " << i;
+            }
+          },
+          "transfers after recovery");
     }
     device->free_device(src);
     device->destroy_stream(stream);
@@ -295,7 +326,8 @@ TEST(CudaFaultTest, StickyErrorIsReportedNamingTheCall) {
   fill_random(pool.data(), pool.size(), 60);
   DeviceBuffer dst(*td->device, 256 * 4096);
   std::vector<BlockCopy> v;
-  for (std::size_t i = 0; i < 256; ++i) v.push_back({pool.data() + i * 8192, dst.data() + i * 4096, 4096});
+  for (std::size_t i = 0; i < 256; ++i)
+    v.push_back({pool.data() + i * 8192, dst.data() + i * 4096, 4096});
   engine.copy_to_device(v, td->cuda_stream()).wait();  // healthy first
   // One scatter entry aimed at address 16: an illegal address on the GPU.
   DeviceBuffer entries(*td->device, sizeof(detail::ScatterEntry));
@@ -303,18 +335,22 @@ TEST(CudaFaultTest, StickyErrorIsReportedNamingTheCall) {
   HostBuffer host_entry(*td->device, 4096, true);
   std::memcpy(host_entry.data(), &bad, sizeof bad);
   td->device->copy_h2d(entries.data(), host_entry.data(), sizeof bad, td->stream);
-  td->device->scatter(reinterpret_cast<const detail::ScatterEntry*>(entries.data()), 1, dst.data(), td->stream);
-  within(30s, [&] {
-    try {
-      engine.copy_to_device(v, td->cuda_stream()).wait();
-      ADD_FAILURE() << "the illegal address was not reported";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kCuda);
-      const std::string msg = e.what();
-      EXPECT_NE(msg.find("sticky"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("failed: cudaError"), std::string::npos) << "names the call: " << msg;
-    }
-  }, "the transfer after the fault");
+  td->device->scatter(reinterpret_cast<const detail::ScatterEntry*>(entries.data()), 1, dst.data(),
+                      td->stream);
+  within(
+      30s,
+      [&] {
+        try {
+          engine.copy_to_device(v, td->cuda_stream()).wait();
+          ADD_FAILURE() << "the illegal address was not reported";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), ErrorCode::kCuda);
+          const std::string msg = e.what();
+          EXPECT_NE(msg.find("sticky"), std::string::npos) << msg;
+          EXPECT_NE(msg.find("failed: cudaError"), std::string::npos) << "names the call: " << msg;
+        }
+      },
+      "the transfer after the fault");
 }
 
 }  // namespace

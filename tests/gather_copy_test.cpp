@@ -1,7 +1,9 @@
-// Unit tests of the gather threads' copy loop (src/host/gather_copy.*): every staging write mode copies
-// exactly the bytes asked for, whatever the sizes and alignments; gather_ops and scatter_ops over
-// random op lists; the CLDEMOTE bookkeeping (every line written is demoted once, after its last
-// write); how a requested mode resolves on CPUs with and without CLDEMOTE and AVX2.
+// Unit tests of the gather threads' copy loop (src/host/gather_copy.*): every staging write mode
+// copies exactly the bytes asked for, whatever the sizes and alignments; gather_ops and scatter_ops
+// over random op lists; the CLDEMOTE bookkeeping (every line written is demoted once, after its
+// last write); how a requested mode resolves on CPUs with and without CLDEMOTE and AVX2.
+#include "host/gather_copy.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "host/gather_copy.hpp"
 #include "gfd/gfd.hpp"
 
 namespace {
@@ -46,9 +47,9 @@ struct Buffer {
 std::vector<std::size_t> sizes() {
   std::vector<std::size_t> s;
   for (std::size_t n = 1; n <= 300; ++n) s.push_back(n);
-  for (std::size_t base : {383u, 384u, 511u, 512u, 1000u, 1024u, 4095u, 4096u, 4097u, 8191u,
-                           12345u, 16383u, 16384u, 16385u, 32768u, 32769u, 49151u, 65536u,
-                           65537u, 69999u, 70000u})
+  for (std::size_t base :
+       {383u,   384u,   511u,   512u,   1000u,  1024u,  4095u,  4096u,  4097u,  8191u, 12345u,
+        16383u, 16384u, 16385u, 32768u, 32769u, 49151u, 65536u, 65537u, 69999u, 70000u})
     s.push_back(base);
   std::mt19937_64 rng(7);
   for (int i = 0; i < 60; ++i) s.push_back(1 + rng() % 70000);
@@ -64,8 +65,13 @@ TEST(GatherCopyTest, CopyBlockIsExactForEveryModeSizeAndAlignment) {
   for (StoreKind kind : kKinds) {
     for (std::size_t n : all) {
       // Source and destination offsets: aligned, odd, and misaligned to each other.
-      for (auto [so, dof] : {std::pair<std::size_t, std::size_t>{0, 0}, {1, 0}, {0, 1}, {3, 17},
-                             {31, 33}, {63, 63}, {5, 32}}) {
+      for (auto [so, dof] : {std::pair<std::size_t, std::size_t>{0, 0},
+                             {1, 0},
+                             {0, 1},
+                             {3, 17},
+                             {31, 33},
+                             {63, 63},
+                             {5, 32}}) {
         // Everything up to 64 bytes past the block, so that a stray byte is caught too.
         const std::size_t span = dof + n + 64;
         std::memcpy(dst.data, pristine.data, span);
@@ -186,7 +192,8 @@ TEST(GatherCopyTest, DemoteBookkeepingDemotesEachWrittenLineOnceAfterItsLastWrit
       if (rng() % 3 == 0) at += rng() % 150;
     }
     std::map<std::uintptr_t, int> demoted;  // line -> times
-    std::map<std::uintptr_t, std::size_t> last_write;  // line -> index of the last range touching it
+    std::map<std::uintptr_t, std::size_t>
+        last_write;  // line -> index of the last range touching it
     for (std::size_t i = 0; i < ranges.size(); ++i)
       for (std::uintptr_t b = ranges[i].first; b < ranges[i].first + ranges[i].second; ++b)
         last_write[b & ~std::uintptr_t{63}] = i;
@@ -219,10 +226,14 @@ TEST(GatherCopyTest, DemoteBookkeepingDemotesEachWrittenLineOnceAfterItsLastWrit
 
 TEST(StagingWritesResolveTest, AutoPicksTheFastestTheCpuHas) {
   using gfd::detail::resolve_staging_writes;
-  EXPECT_EQ(resolve_staging_writes(StagingWrites::kAuto, CpuStoreFeatures{true, true}), StoreKind::kNonTemporal);
-  EXPECT_EQ(resolve_staging_writes(StagingWrites::kAuto, CpuStoreFeatures{true, false}), StoreKind::kNormal);
-  EXPECT_EQ(resolve_staging_writes(StagingWrites::kAuto, CpuStoreFeatures{false, true}), StoreKind::kNonTemporal);
-  EXPECT_EQ(resolve_staging_writes(StagingWrites::kAuto, CpuStoreFeatures{false, false}), StoreKind::kNormal);
+  EXPECT_EQ(resolve_staging_writes(StagingWrites::kAuto, CpuStoreFeatures{true, true}),
+            StoreKind::kNonTemporal);
+  EXPECT_EQ(resolve_staging_writes(StagingWrites::kAuto, CpuStoreFeatures{true, false}),
+            StoreKind::kNormal);
+  EXPECT_EQ(resolve_staging_writes(StagingWrites::kAuto, CpuStoreFeatures{false, true}),
+            StoreKind::kNonTemporal);
+  EXPECT_EQ(resolve_staging_writes(StagingWrites::kAuto, CpuStoreFeatures{false, false}),
+            StoreKind::kNormal);
 }
 
 TEST(StagingWritesResolveTest, ExplicitModesAreHonouredOrFallBackLikeAuto) {
@@ -234,8 +245,10 @@ TEST(StagingWritesResolveTest, ExplicitModesAreHonouredOrFallBackLikeAuto) {
       EXPECT_EQ(resolve_staging_writes(StagingWrites::kPlain, cpu), StoreKind::kNormal);
       EXPECT_EQ(resolve_staging_writes(StagingWrites::kStreaming, cpu),
                 st ? StoreKind::kNonTemporal : StoreKind::kNormal);
-      EXPECT_EQ(resolve_staging_writes(StagingWrites::kCldemote, cpu),
-                cl ? StoreKind::kCldemote : st ? StoreKind::kNonTemporal : StoreKind::kNormal);
+      EXPECT_EQ(resolve_staging_writes(StagingWrites::kCldemote, cpu), cl ? StoreKind::kCldemote
+                                                                       : st
+                                                                           ? StoreKind::kNonTemporal
+                                                                           : StoreKind::kNormal);
       // Whatever was asked, the result names a real mode.
       for (StagingWrites w : gfd::kAllStagingWrites)
         EXPECT_NE(gfd::detail::to_public(resolve_staging_writes(w, cpu)), StagingWrites::kAuto);
@@ -276,7 +289,8 @@ TEST(StagingWritesResolveTest, DetectionMatchesProcCpuinfo) {
   EXPECT_EQ(cpu.streaming, avx2);
   std::printf("this CPU: cldemote %s, AVX2 %s; auto resolves to %s\n", cldemote ? "yes" : "no",
               avx2 ? "yes" : "no",
-              gfd::to_string(gfd::detail::to_public(gfd::detail::resolve_staging_writes(StagingWrites::kAuto))));
+              gfd::to_string(gfd::detail::to_public(
+                  gfd::detail::resolve_staging_writes(StagingWrites::kAuto))));
 #else
   GTEST_SKIP() << "not x86-64";
 #endif

@@ -1,6 +1,8 @@
 // gfd::HostPool: pages, placement, registration and lifetime of a runtime's host KV pool, on the
 // emulated device everywhere and on CUDA where a GPU exists; the pool as the source and
 // destination of engine transfers, one pool serving two engines.
+#include "host/host_pool.hpp"
+
 #include <gtest/gtest.h>
 #include <numa.h>
 #include <numaif.h>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "host/host_memory.hpp"
-#include "host/host_pool.hpp"
 #include "test_support.hpp"
 
 namespace gfd::test {

@@ -12,8 +12,8 @@
 #include <stdexcept>
 #include <thread>  // operator<< of std::thread::id, for EXPECT_NE
 
-#include "test_support.hpp"
 #include "host/topology.hpp"
+#include "test_support.hpp"
 
 namespace gfd::test {
 namespace {
@@ -71,7 +71,8 @@ TEST_P(MultiEngineTest, ConcurrentTransfersOnEveryDeviceLandExactly) {
         std::vector<BlockCopy> blocks(kBlocks);
         const std::size_t slots = pools[i]->size() / (2 * kSize);
         for (std::size_t k = 0; k < kBlocks; ++k)
-          blocks[k] = {pools[i]->data() + (rng() % slots) * 2 * kSize, dsts[i]->data() + order[k] * kSize, kSize};
+          blocks[k] = {pools[i]->data() + (rng() % slots) * 2 * kSize,
+                       dsts[i]->data() + order[k] * kSize, kSize};
         e.copy_to_device(blocks, td.cuda_stream()).wait();
         last[i] = blocks;
       }
@@ -80,7 +81,8 @@ TEST_P(MultiEngineTest, ConcurrentTransfersOnEveryDeviceLandExactly) {
       const auto got = devices_[i]->read(dsts[i]->data(), dsts[i]->size());
       std::size_t bad = 0;
       for (const BlockCopy& b : last[i])
-        bad += std::memcmp(got.data() + (static_cast<const std::byte*>(b.dst) - dsts[i]->data()), b.src, kSize) != 0;
+        bad += std::memcmp(got.data() + (static_cast<const std::byte*>(b.dst) - dsts[i]->data()),
+                           b.src, kSize) != 0;
       EXPECT_EQ(bad, 0u) << "device " << i << ": blocks that differ";
       EXPECT_EQ(group[i].stats().transfers, 10u);
     }
@@ -100,14 +102,16 @@ TEST_P(MultiEngineTest, RunPinsEachThreadToItsEngineCpus) {
       if (CPU_ISSET(c, &set)) seen[i].push_back(c);
     ids[i] = std::this_thread::get_id();
   });
-  for (std::size_t i = 0; i < group.size(); ++i) EXPECT_EQ(seen[i], group[i].stats().cpus) << "engine " << i;
+  for (std::size_t i = 0; i < group.size(); ++i)
+    EXPECT_EQ(seen[i], group[i].stats().cpus) << "engine " << i;
   EXPECT_NE(ids[0], ids[1]);
   EXPECT_NE(ids[0], std::this_thread::get_id());
 }
 
 // GPUs that share CPUs split them: the gather engines of one process never overlap.
 TEST_P(MultiEngineTest, GatherEnginesOfOneProcessShareNoCpu) {
-  if (GetParam() == DeviceKind::kEmulated) GTEST_SKIP() << "emulated devices have no PCI locality to split";
+  if (GetParam() == DeviceKind::kEmulated)
+    GTEST_SKIP() << "emulated devices have no PCI locality to split";
   EngineGroup group(visible_devices(), small_options());
   for (std::size_t i = 0; i < group.size(); ++i)
     for (std::size_t j = 0; j < i; ++j) {
@@ -129,7 +133,8 @@ TEST_P(MultiEngineTest, EnginesIgnoreAndKeepTheCallersCurrentDevice) {
   devices_[1]->device->make_current();
   const int before = devices_[1]->device->current();
   std::vector<BlockCopy> v;
-  for (std::size_t i = 0; i < 64; ++i) v.push_back({pool.data() + i * 8192, dst.data() + i * 4096, 4096});
+  for (std::size_t i = 0; i < 64; ++i)
+    v.push_back({pool.data() + i * 8192, dst.data() + i * 4096, 4096});
   group[0].copy_to_device(v, devices_[0]->cuda_stream()).wait();
   EXPECT_EQ(devices_[1]->device->current(), before);
   const auto got = devices_[0]->read(dst.data(), dst.size());
@@ -152,7 +157,8 @@ TEST_P(MultiEngineTest, RunRethrowsTheFirstFailureAfterJoiningEveryThread) {
   EXPECT_EQ(finished.load(), static_cast<int>(group.size()) - 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, MultiEngineTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
+INSTANTIATE_TEST_SUITE_P(Devices, MultiEngineTest,
+                         ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
                          [](const auto& info) { return to_string(info.param); });
 
 TEST(EngineGroupTest, RepeatedDeviceIsRejected) {

@@ -14,7 +14,8 @@ namespace {
 
 // The plain statement comes first: no driver or GPU, or a driver too old (CUDA's own words after).
 void expect_plain_no_device(const std::string& msg) {
-  EXPECT_TRUE(msg.rfind("no NVIDIA ", 0) == 0 || msg.rfind("the NVIDIA driver is older", 0) == 0) << msg;
+  EXPECT_TRUE(msg.rfind("no NVIDIA ", 0) == 0 || msg.rfind("the NVIDIA driver is older", 0) == 0)
+      << msg;
 }
 
 void expect_no_path(const std::string& msg) {
@@ -76,7 +77,8 @@ TEST(CudaCheck, NamesTheCallAndTheFileBaseNameOnly) {
     EXPECT_EQ(e.code(), ErrorCode::kCuda);
     const std::string msg = e.what();
     EXPECT_NE(msg.find("cudaMemcpyAsync(dst, src, n, kind, s) failed: cudaErrorInvalidValue"),
-              std::string::npos) << msg;
+              std::string::npos)
+        << msg;
     EXPECT_NE(msg.find(" at cuda_device.cpp:123"), std::string::npos) << msg;
     expect_no_path(msg);
   }

@@ -1,5 +1,6 @@
-// Unit tests of the engine options: GFD_* environment overrides (from_env), set, get and names. Every test runs under an
-// EnvGuard that clears the GFD_* variables first and restores the original environment after.
+// Unit tests of the engine options: GFD_* environment overrides (from_env), set, get and names.
+// Every test runs under an EnvGuard that clears the GFD_* variables first and restores the original
+// environment after.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,9 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "engine/option_table.hpp"
 #include "gfd/gfd.hpp"
 #include "host/topology.hpp"
-#include "engine/option_table.hpp"
 
 namespace {
 
@@ -41,8 +42,10 @@ class EnvGuard {
   }
   ~EnvGuard() {
     for (const auto& [name, value] : saved_) {
-      if (value) ::setenv(name.c_str(), value->c_str(), 1);
-      else ::unsetenv(name.c_str());
+      if (value)
+        ::setenv(name.c_str(), value->c_str(), 1);
+      else
+        ::unsetenv(name.c_str());
     }
   }
   EnvGuard(const EnvGuard&) = delete;
@@ -127,11 +130,12 @@ void expect_rejected(EnvGuard& env, const std::string& name, const std::string& 
 }
 
 const std::vector<std::string> kSizeVariables = {
-    "GFD_STAGING_BYTES", "GFD_SLOT_BYTES", "GFD_FIRST_CHUNK_BYTES", "GFD_PIECE_BYTES",
-    "GFD_DIRECT_MIN_BYTES", "GFD_DIRECT_MIN_BYTES_TO_HOST", "GFD_INLINE_GATHER_BYTES", "GFD_KERNEL_MAX_BYTES"};
-const std::vector<std::string> kIntVariables = {"GFD_DEVICE", "GFD_GATHER_THREADS",
+    "GFD_STAGING_BYTES",       "GFD_SLOT_BYTES",       "GFD_FIRST_CHUNK_BYTES",
+    "GFD_PIECE_BYTES",         "GFD_DIRECT_MIN_BYTES", "GFD_DIRECT_MIN_BYTES_TO_HOST",
+    "GFD_INLINE_GATHER_BYTES", "GFD_KERNEL_MAX_BYTES"};
+const std::vector<std::string> kIntVariables = {"GFD_DEVICE",       "GFD_GATHER_THREADS",
                                                 "GFD_COPY_STREAMS", "GFD_NUMA_NODE",
-                                                "GFD_SPIN_US", "GFD_PAGEABLE_CACHE_MS"};
+                                                "GFD_SPIN_US",      "GFD_PAGEABLE_CACHE_MS"};
 
 TEST(OptionsFromEnvTest, NoVariablesLeavesBaseUnchanged) {
   EnvGuard env;
@@ -161,7 +165,8 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
        [](auto& o) { o.first_chunk_bytes = std::size_t{256} << 10; }},
       {"GFD_PIECE_BYTES", "32k", [](auto& o) { o.piece_bytes = std::size_t{32} << 10; }},
       {"GFD_DIRECT_MIN_BYTES", "1G", [](auto& o) { o.direct_min_bytes = std::size_t{1} << 30; }},
-      {"GFD_DIRECT_MIN_BYTES_TO_HOST", "96K", [](auto& o) { o.direct_min_bytes_to_host = std::size_t{96} << 10; }},
+      {"GFD_DIRECT_MIN_BYTES_TO_HOST", "96K",
+       [](auto& o) { o.direct_min_bytes_to_host = std::size_t{96} << 10; }},
       {"GFD_STRIDED_MIN_ROWS", "0", [](auto& o) { o.strided_min_rows = 0; }},
       {"GFD_STRIDED_MIN_BYTES", "1M", [](auto& o) { o.strided_min_bytes = std::size_t{1} << 20; }},
       {"GFD_CPUS", "0-1", [](auto& o) { o.cpus = "0-1"; }},
@@ -172,11 +177,15 @@ TEST(OptionsFromEnvTest, EachVariableOverridesOnlyItsField) {
       {"GFD_SPIN_US", "0", [](auto& o) { o.spin_us = 0; }},
       {"GFD_CHECK_OVERLAPS", "1", [](auto& o) { o.check_overlaps = true; }},
       {"GFD_SUBMITTER_GATHERS", "off", [](auto& o) { o.submitter_gathers = false; }},
-      {"GFD_STAGING_WRITES", "cldemote", [](auto& o) { o.staging_writes = gfd::StagingWrites::kCldemote; }},
-      {"GFD_CHUNK_BYTES_TO_HOST", "512K", [](auto& o) { o.chunk_bytes_to_host = std::size_t{512} << 10; }},
+      {"GFD_STAGING_WRITES", "cldemote",
+       [](auto& o) { o.staging_writes = gfd::StagingWrites::kCldemote; }},
+      {"GFD_CHUNK_BYTES_TO_HOST", "512K",
+       [](auto& o) { o.chunk_bytes_to_host = std::size_t{512} << 10; }},
       {"GFD_USE_ALL_LOCAL_CPUS", "0", [](auto& o) { o.use_all_local_cpus = false; }},
-      {"GFD_KERNEL_MAX_BYTES", "256K", [](auto& o) { o.kernel_max_bytes = std::size_t{256} << 10; }},
-      {"GFD_BACKEND", "zero_copy_kernel", [](auto& o) { o.backend = gfd::Backend::kZeroCopyKernel; }},
+      {"GFD_KERNEL_MAX_BYTES", "256K",
+       [](auto& o) { o.kernel_max_bytes = std::size_t{256} << 10; }},
+      {"GFD_BACKEND", "zero_copy_kernel",
+       [](auto& o) { o.backend = gfd::Backend::kZeroCopyKernel; }},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.name) + "=" + c.value);
@@ -271,8 +280,8 @@ TEST(OptionsFromEnvTest, ErrorLeavesNothingHalfApplied) {
 
 TEST(OptionsFromEnvTest, GuardRestoresEnvironment) {
   const char* before = std::getenv("GFD_SLOT_BYTES");
-  const std::optional<std::string> saved = before ? std::optional<std::string>(before)
-                                                  : std::nullopt;
+  const std::optional<std::string> saved =
+      before ? std::optional<std::string>(before) : std::nullopt;
   {
     EnvGuard env;
     env.set("GFD_SLOT_BYTES", "8M");
@@ -302,7 +311,8 @@ TEST(OptionsFromEnvTest, OutOfRangeIntegerIsRejected) {
 namespace {
 
 TEST(BackendNamesTest, EveryBackendRoundTripsThroughItsName) {
-  for (gfd::Backend b : gfd::kAllBackends) EXPECT_EQ(gfd::backend_from_string(gfd::to_string(b)), b);
+  for (gfd::Backend b : gfd::kAllBackends)
+    EXPECT_EQ(gfd::backend_from_string(gfd::to_string(b)), b);
   EXPECT_STREQ(gfd::to_string(gfd::Backend::kBatchAsync), "batch_async");
 }
 
@@ -381,14 +391,16 @@ TEST(OptionsCpusTest, ACpuListIsCheckedAndNamed) {
     o.validate();
     ADD_FAILURE() << "a malformed list passed";
   } catch (const gfd::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cpus: '3-x' is not a CPU list"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cpus: '3-x' is not a CPU list"), std::string::npos)
+        << e.what();
   }
   o.cpus = std::to_string(allowed.back() + 1000);
   try {
     o.validate();
     ADD_FAILURE() << "a CPU this process may not use passed";
   } catch (const gfd::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("is not one this process may run on"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is not one this process may run on"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -439,9 +451,8 @@ TEST(OptionsTableTest, UnknownNamesAreNotSet) {
 
 TEST(OptionsTableTest, BadValuesNameTheOption) {
   const std::pair<const char*, const char*> cases[] = {
-      {"slot_bytes", "lots"}, {"device", "1.5"},          {"check_overlaps", "yes"},
-      {"cpus", "3-x"},        {"staging_writes", "fast"}, {"backend", "memcpy"},
-      {"strided_min_rows", "-1"}};
+      {"slot_bytes", "lots"},     {"device", "1.5"},     {"check_overlaps", "yes"}, {"cpus", "3-x"},
+      {"staging_writes", "fast"}, {"backend", "memcpy"}, {"strided_min_rows", "-1"}};
   for (const auto& [name, value] : cases) {
     SCOPED_TRACE(std::string(name) + "=" + value);
     gfd::EngineOptions o;
@@ -478,7 +489,8 @@ TEST(OptionsTableTest, FromEnvReadsEveryOption) {
   const gfd::EngineOptions custom = custom_base();
   for (const auto& opt : gfd::detail::option_table()) env.set(opt.variable, custom.get(opt.name));
   const gfd::EngineOptions o = gfd::EngineOptions::from_env();
-  for (const std::string& name : gfd::EngineOptions::names()) EXPECT_EQ(o.get(name), custom.get(name)) << name;
+  for (const std::string& name : gfd::EngineOptions::names())
+    EXPECT_EQ(o.get(name), custom.get(name)) << name;
 }
 
 }  // namespace

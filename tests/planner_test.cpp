@@ -2,6 +2,8 @@
 // dereferences block pointers, so every test works on fake addresses classified by a fake
 // PointerClassifier: one GPU-0 range, one GPU-1 range, one pinned host range and pageable
 // memory everywhere else.
+#include "planning/planner.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "gfd/gfd.hpp"
-#include "planning/planner.hpp"
 
 namespace {
 
@@ -28,13 +29,13 @@ constexpr std::uintptr_t kMiB = std::uintptr_t{1} << 20;
 constexpr std::uintptr_t kKiB = std::uintptr_t{1} << 10;
 
 // The fake address space. All ranges are 2 MB aligned, as real CUDA allocations are.
-constexpr std::uintptr_t kDevBase = 0x7000'0000'0000;    // device memory of GPU 0
+constexpr std::uintptr_t kDevBase = 0x7000'0000'0000;  // device memory of GPU 0
 constexpr std::uintptr_t kDevSize = kGiB;
 constexpr std::uintptr_t kOtherBase = 0x7100'0000'0000;  // device memory of GPU 1
 constexpr std::uintptr_t kOtherSize = kGiB;
-constexpr std::uintptr_t kPinnedBase = 0x5000'0000'0000; // pinned host memory
+constexpr std::uintptr_t kPinnedBase = 0x5000'0000'0000;  // pinned host memory
 constexpr std::uintptr_t kPinnedSize = kGiB;
-constexpr std::uintptr_t kPageBase = 0x3000'0000'0000;   // pageable host memory (unknown)
+constexpr std::uintptr_t kPageBase = 0x3000'0000'0000;  // pageable host memory (unknown)
 
 bool in_range(std::uintptr_t a, std::uintptr_t base, std::uintptr_t size) {
   return a >= base && a - base < size;
@@ -200,10 +201,9 @@ void check_coverage(const std::vector<BlockCopy>& blocks, const Plan& plan) {
 
   std::vector<std::size_t> order(blocks.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(),
-            [&](std::size_t a, std::size_t b) {
-              return addr(blocks[a].dst) < addr(blocks[b].dst);
-            });
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return addr(blocks[a].dst) < addr(blocks[b].dst);
+  });
   std::size_t j = 0;
   for (std::size_t i : order) {
     SCOPED_TRACE("block " + std::to_string(i));
@@ -464,7 +464,8 @@ TEST(PlannerTest, LargeBlockIsSplitOverManyChunks) {
   for (std::size_t k = 0; k < plan.chunks.size(); ++k) {
     const auto& c = plan.chunks[k];
     EXPECT_TRUE(c.contiguous_device) << "chunk " << k;
-    // Every chunk but the last is filled: its data reach the ramp, or data and entries its capacity.
+    // Every chunk but the last is filled: its data reach the ramp, or data and entries its
+    // capacity.
     if (k + 1 < plan.chunks.size() && c.data_bytes != chunk_data_cap(cfg, k))
       EXPECT_GT(c.data_bytes + (c.op_end - c.op_begin + 1) * sizeof(gfd::detail::ScatterEntry) + 16,
                 chunk_cap(cfg, k))
@@ -506,7 +507,8 @@ TEST(PlannerTest, FirstChunkHoldsItsBytesInSmallPieces) {
 
   // 16 MB: the 256 KB, 512 KB and 1 MB chunks are cut into 32 KB pieces (8, 16 and 32).
   blocks.clear();
-  for (int i = 0; i < 4096; ++i) blocks.push_back(block(kPageBase + i * 8192, kDevBase + i * 4096, 4096));
+  for (int i = 0; i < 4096; ++i)
+    blocks.push_back(block(kPageBase + i * 8192, kDevBase + i * 4096, 4096));
   plan = plan_of(blocks, cfg);
   ASSERT_NO_FATAL_FAILURE(check_plan(blocks, plan, cfg));
   ASSERT_GE(plan.chunks.size(), 5u);
@@ -576,8 +578,7 @@ TEST(PlannerTest, SmallScatteredPinnedBlocksAreStaged) {
   const PlanConfig cfg = small_config();
   std::vector<BlockCopy> blocks;
   for (int i = 0; i < 16; ++i)
-    blocks.push_back(
-        block(kPinnedBase + i * 256 * kKiB, kDevBase + i * 128 * kKiB, 128 * kKiB));
+    blocks.push_back(block(kPinnedBase + i * 256 * kKiB, kDevBase + i * 128 * kKiB, 128 * kKiB));
   const Plan plan = plan_of(blocks, cfg);
   ASSERT_NO_FATAL_FAILURE(check_plan(blocks, plan, cfg));
   EXPECT_TRUE(plan.direct.empty());
@@ -632,66 +633,68 @@ TEST(PlannerTest, PinnedSourceRunningPastItsAllocationIsStaged) {
 // neither coalesce (arrays at twice the block size) nor go direct, both directions, sizes that
 // do and do not divide a chunk, down to a transfer of one block. The plan keeps every structural
 // invariant and covers every byte; its ops are the listed blocks in CacheSetState::build's order
-// (pair by pair, or row by row); it has as many chunks as make_plan of that list, or one more where make_plan
-// splits a block across two.
+// (pair by pair, or row by row); it has as many chunks as make_plan of that list, or one more where
+// make_plan splits a block across two.
 TEST(PlannerTest, PlanFromIdsCutsChunksByArithmetic) {
   using gfd::detail::Direction;
   using gfd::detail::IdOps;
   for (const Direction dir : {Direction::kToDevice, Direction::kToHost})
-    for (const std::uint64_t bytes : {std::uint64_t{1024}, std::uint64_t{3000}, std::uint64_t{4096}})
+    for (const std::uint64_t bytes :
+         {std::uint64_t{1024}, std::uint64_t{3000}, std::uint64_t{4096}})
       for (const std::size_t rows : {std::size_t{1}, std::size_t{37}, std::size_t{300}})
         for (const bool row_major : {false, true}) {
-        SCOPED_TRACE((dir == Direction::kToDevice ? "to device, " : "to host, ") + std::to_string(bytes) +
-                     " bytes, " + std::to_string(rows) + " rows" + (row_major ? ", row-major" : ""));
-        PlanConfig cfg = small_config();
-        cfg.direction = dir;
-        ASSERT_TRUE(gfd::detail::fits_from_ids(bytes, cfg));
-        constexpr std::size_t kPairs = 5;
-        std::mt19937_64 rng(bytes + rows);
-        std::vector<std::uint64_t> src_ids(rows), dst_ids(rows);
-        std::iota(src_ids.begin(), src_ids.end(), 0);
-        std::iota(dst_ids.begin(), dst_ids.end(), 0);
-        std::shuffle(src_ids.begin(), src_ids.end(), rng);
-        std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
-        Plan plan;
-        plan.reset(kPairs * rows);
-        IdOps& ids = plan.id_ops;
-        ids.rows = rows;
-        ids.block_bytes = bytes;
-        ids.row_major = row_major;
-        for (std::size_t i = 0; i < rows; ++i) {
-          ids.ids.push_back(src_ids[i]);
-          ids.ids.push_back(dst_ids[i]);
-        }
-        const std::uint64_t stride = 2 * bytes, span = 512 * stride;
-        std::vector<BlockCopy> list;
-        for (std::size_t p = 0; p < kPairs; ++p) {
-          const std::uintptr_t host = kPinnedBase + p * span, dev = kDevBase + p * span;
-          const std::uintptr_t from = dir == Direction::kToDevice ? host : dev;
-          const std::uintptr_t to = dir == Direction::kToDevice ? dev : host;
-          ids.pairs.push_back({static_cast<const std::byte*>(src_at(from)), static_cast<std::byte*>(dst_at(to)),
-                               stride, stride});
-        }
-        // CacheSetState::build's order: pair by pair, or (row_major) row by row.
-        for (std::size_t a = 0; a < (row_major ? rows : kPairs); ++a)
-          for (std::size_t z = 0; z < (row_major ? kPairs : rows); ++z) {
-            const std::size_t p = row_major ? z : a, i = row_major ? a : z;
-            list.push_back(block(addr(ids.pairs[p].from) + src_ids[i] * stride,
-                                 addr(ids.pairs[p].to) + dst_ids[i] * stride, bytes));
+          SCOPED_TRACE((dir == Direction::kToDevice ? "to device, " : "to host, ") +
+                       std::to_string(bytes) + " bytes, " + std::to_string(rows) + " rows" +
+                       (row_major ? ", row-major" : ""));
+          PlanConfig cfg = small_config();
+          cfg.direction = dir;
+          ASSERT_TRUE(gfd::detail::fits_from_ids(bytes, cfg));
+          constexpr std::size_t kPairs = 5;
+          std::mt19937_64 rng(bytes + rows);
+          std::vector<std::uint64_t> src_ids(rows), dst_ids(rows);
+          std::iota(src_ids.begin(), src_ids.end(), 0);
+          std::iota(dst_ids.begin(), dst_ids.end(), 0);
+          std::shuffle(src_ids.begin(), src_ids.end(), rng);
+          std::shuffle(dst_ids.begin(), dst_ids.end(), rng);
+          Plan plan;
+          plan.reset(kPairs * rows);
+          IdOps& ids = plan.id_ops;
+          ids.rows = rows;
+          ids.block_bytes = bytes;
+          ids.row_major = row_major;
+          for (std::size_t i = 0; i < rows; ++i) {
+            ids.ids.push_back(src_ids[i]);
+            ids.ids.push_back(dst_ids[i]);
           }
-        gfd::detail::plan_from_ids(plan, cfg);
-        EXPECT_TRUE(plan.from_ids);
-        gfd::detail::make_all_ops(plan);
-        ASSERT_NO_FATAL_FAILURE(check_plan(list, plan, cfg));
-        ASSERT_EQ(plan.ops.size(), list.size());
-        for (std::size_t k = 0; k < list.size(); ++k) {
-          ASSERT_EQ(plan.ops[k].src, list[k].src) << "op " << k;
-          ASSERT_EQ(plan.ops[k].dst, list[k].dst) << "op " << k;
+          const std::uint64_t stride = 2 * bytes, span = 512 * stride;
+          std::vector<BlockCopy> list;
+          for (std::size_t p = 0; p < kPairs; ++p) {
+            const std::uintptr_t host = kPinnedBase + p * span, dev = kDevBase + p * span;
+            const std::uintptr_t from = dir == Direction::kToDevice ? host : dev;
+            const std::uintptr_t to = dir == Direction::kToDevice ? dev : host;
+            ids.pairs.push_back({static_cast<const std::byte*>(src_at(from)),
+                                 static_cast<std::byte*>(dst_at(to)), stride, stride});
+          }
+          // CacheSetState::build's order: pair by pair, or (row_major) row by row.
+          for (std::size_t a = 0; a < (row_major ? rows : kPairs); ++a)
+            for (std::size_t z = 0; z < (row_major ? kPairs : rows); ++z) {
+              const std::size_t p = row_major ? z : a, i = row_major ? a : z;
+              list.push_back(block(addr(ids.pairs[p].from) + src_ids[i] * stride,
+                                   addr(ids.pairs[p].to) + dst_ids[i] * stride, bytes));
+            }
+          gfd::detail::plan_from_ids(plan, cfg);
+          EXPECT_TRUE(plan.from_ids);
+          gfd::detail::make_all_ops(plan);
+          ASSERT_NO_FATAL_FAILURE(check_plan(list, plan, cfg));
+          ASSERT_EQ(plan.ops.size(), list.size());
+          for (std::size_t k = 0; k < list.size(); ++k) {
+            ASSERT_EQ(plan.ops[k].src, list[k].src) << "op " << k;
+            ASSERT_EQ(plan.ops[k].dst, list[k].dst) << "op " << k;
+          }
+          const Plan listed = plan_of(list, cfg);
+          EXPECT_GE(plan.chunks.size(), listed.chunks.size());
+          EXPECT_LE(plan.chunks.size(), listed.chunks.size() + 1 + listed.chunks.size() / 4);
         }
-        const Plan listed = plan_of(list, cfg);
-        EXPECT_GE(plan.chunks.size(), listed.chunks.size());
-        EXPECT_LE(plan.chunks.size(), listed.chunks.size() + 1 + listed.chunks.size() / 4);
-      }
 }
 
 // Blocks larger than a piece: one block per piece (plan_from_ids never splits a block), every
@@ -895,7 +898,8 @@ TEST(PlannerValidationTest, ScatteredPagesOverlapFoundOnAndOffTheGrid) {
   for (const std::size_t size : {std::size_t{4096}, std::size_t{3072}}) {
     SCOPED_TRACE("block size " + std::to_string(size));
     std::vector<BlockCopy> blocks;
-    for (std::size_t i = 0; i < kN; ++i) blocks.push_back(block(kPageBase + i * 2 * size, kDevBase + page[i] * size, size));
+    for (std::size_t i = 0; i < kN; ++i)
+      blocks.push_back(block(kPageBase + i * 2 * size, kDevBase + page[i] * size, size));
     EXPECT_NO_THROW((void)plan_of(blocks, small_config()));
     std::vector<BlockCopy> dup = blocks;
     dup[1500].dst = dup[700].dst;  // the same page twice
@@ -1046,8 +1050,8 @@ std::vector<ExpectedSegment> model_segments(const std::vector<BlockCopy>& blocks
   std::vector<ExpectedSegment> segs;
   for (const auto& b : blocks) {
     const std::uintptr_t s = addr(b.src), d = addr(b.dst);
-    const bool pinned = in_range(s, kPinnedBase, kPinnedSize) &&
-                        s + b.bytes <= kPinnedBase + kPinnedSize;
+    const bool pinned =
+        in_range(s, kPinnedBase, kPinnedSize) && s + b.bytes <= kPinnedBase + kPinnedSize;
     if (!segs.empty() && segs.back().src + segs.back().bytes == s &&
         segs.back().dst + segs.back().bytes == d) {
       segs.back().bytes += b.bytes;
@@ -1105,8 +1109,9 @@ RandomTransfer random_transfer(std::uint64_t seed) {
   const std::size_t slots[] = {4096, 16 * kKiB, 64 * kKiB, 256 * kKiB, 2 * kMiB};
   t.cfg.slot_bytes = slots[uniform(0, 4)];
   // A power-of-two fraction of the slot, or any size (pieces of a 32nd of it are then odd sizes).
-  t.cfg.first_chunk_bytes = uniform(0, 1) == 0 ? std::max<std::size_t>(4096, t.cfg.slot_bytes >> uniform(0, 4))
-                                               : uniform(4096, std::max<std::size_t>(4096, t.cfg.slot_bytes));
+  t.cfg.first_chunk_bytes = uniform(0, 1) == 0
+                                ? std::max<std::size_t>(4096, t.cfg.slot_bytes >> uniform(0, 4))
+                                : uniform(4096, std::max<std::size_t>(4096, t.cfg.slot_bytes));
   const std::size_t pieces[] = {256, 1000, 4096, 64 * kKiB, 1 * kMiB};
   t.cfg.piece_bytes = pieces[uniform(0, 4)];
   const std::size_t directs[] = {0, 64 * kKiB, 256 * kKiB, 1 * kMiB};
@@ -1196,11 +1201,13 @@ PlanConfig to_host_config() {
 TEST(PlannerToHostTest, DeviceSourcesToHostDestinationsArePacked) {
   // Device sources in order (one DMA per chunk), host destinations scattered.
   std::vector<BlockCopy> blocks;
-  for (std::size_t i = 0; i < 8; ++i) blocks.push_back(block(kDevBase + i * 4 * kKiB, kPageBase + (7 - i) * 8 * kKiB, 4 * kKiB));
+  for (std::size_t i = 0; i < 8; ++i)
+    blocks.push_back(block(kDevBase + i * 4 * kKiB, kPageBase + (7 - i) * 8 * kKiB, 4 * kKiB));
   const Plan plan = plan_of(blocks, to_host_config());
   EXPECT_EQ(plan.total_bytes, 32 * kKiB);
   ASSERT_FALSE(plan.chunks.empty());
-  for (const auto& c : plan.chunks) EXPECT_TRUE(c.contiguous_device) << "device side is consecutive";
+  for (const auto& c : plan.chunks)
+    EXPECT_TRUE(c.contiguous_device) << "device side is consecutive";
   EXPECT_FALSE(plan.all_pinned_host);
   // Each op keeps its device source and host destination.
   for (const auto& op : plan.ops) {
@@ -1211,7 +1218,8 @@ TEST(PlannerToHostTest, DeviceSourcesToHostDestinationsArePacked) {
 
 TEST(PlannerToHostTest, ScatteredDeviceSourcesAreNotContiguous) {
   std::vector<BlockCopy> blocks;
-  for (std::size_t i = 0; i < 8; ++i) blocks.push_back(block(kDevBase + (7 - i) * 8 * kKiB, kPinnedBase + i * 4 * kKiB, 4 * kKiB));
+  for (std::size_t i = 0; i < 8; ++i)
+    blocks.push_back(block(kDevBase + (7 - i) * 8 * kKiB, kPinnedBase + i * 4 * kKiB, 4 * kKiB));
   const Plan plan = plan_of(blocks, to_host_config());
   ASSERT_FALSE(plan.chunks.empty());
   EXPECT_FALSE(plan.chunks[0].contiguous_device);
@@ -1234,7 +1242,8 @@ TEST(PlannerToHostTest, ChunkBytesToHostCapsOnlyDeviceToHostChunks) {
     std::vector<BlockCopy> blocks;
     for (std::uint64_t i = 0; i < 400; ++i) {
       const std::uintptr_t host = kPinnedBase + i * 2 * kKiB, dev = kDevBase + (399 - i) * 2 * kKiB;
-      blocks.push_back(dir == Direction::kToDevice ? block(host, dev, kKiB) : block(dev, host, kKiB));
+      blocks.push_back(dir == Direction::kToDevice ? block(host, dev, kKiB)
+                                                   : block(dev, host, kKiB));
     }
     const Plan listed = plan_of(blocks, cfg);
     ASSERT_NO_FATAL_FAILURE(check_plan(blocks, listed, cfg));
@@ -1254,8 +1263,8 @@ TEST(PlannerToHostTest, ChunkBytesToHostCapsOnlyDeviceToHostChunks) {
     }
     const std::uintptr_t from = dir == Direction::kToDevice ? kPinnedBase : kDevBase;
     const std::uintptr_t to = dir == Direction::kToDevice ? kDevBase : kPinnedBase;
-    ids.pairs.push_back({static_cast<const std::byte*>(src_at(from)), static_cast<std::byte*>(dst_at(to)), 2 * kKiB,
-                         2 * kKiB});
+    ids.pairs.push_back({static_cast<const std::byte*>(src_at(from)),
+                         static_cast<std::byte*>(dst_at(to)), 2 * kKiB, 2 * kKiB});
     gfd::detail::plan_from_ids(plan, cfg);
     gfd::detail::make_all_ops(plan);
     ASSERT_NO_FATAL_FAILURE(check_plan(blocks, plan, cfg));
@@ -1289,7 +1298,8 @@ TEST(PlannerToHostTest, ChunksTaperTowardsTheEnd) {
   // Host to device keeps full slots to the end (the DMA is last there, and it is the slower).
   cfg.direction = gfd::detail::Direction::kToDevice;
   std::vector<BlockCopy> up;
-  for (std::uintptr_t i = 0; i < 2048; ++i) up.push_back(block(kPageBase + i * 8192, kDevBase + i * 4096, 4096));
+  for (std::uintptr_t i = 0; i < 2048; ++i)
+    up.push_back(block(kPageBase + i * 8192, kDevBase + i * 4096, 4096));
   const Plan plan_up = plan_of(up, cfg);
   EXPECT_LT(plan_up.chunks.size(), down.chunks.size());
   EXPECT_GT(plan_up.chunks[plan_up.chunks.size() - 2].data_bytes, cfg.slot_bytes / 2);
@@ -1307,7 +1317,7 @@ TEST(PlannerToHostTest, SidesAreNamedInErrors) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  reject(block(kPageBase + 8192, kPageBase + 65536, 4096), "source");          // host source
+  reject(block(kPageBase + 8192, kPageBase + 65536, 4096), "source");  // host source
   reject(block(kDevBase + 8192, kDevBase + 65536, 4096), "needs a host destination");
   reject(block(kOtherBase, kPageBase + 65536, 4096), "device memory of GPU 1");
   reject(block(kDevBase + 8192, kPageBase + 100, 4096), "overlaps block 0");
@@ -1362,7 +1372,8 @@ struct CountingClassifier {
       ++calls;
       const auto a = reinterpret_cast<std::uintptr_t>(p);
       if (registered_bytes != 0 && in_range(a, registered_base, registered_bytes))
-        return PointerInfo{PointerKind::kPinnedHost, -1, registered_base, registered_base + registered_bytes};
+        return PointerInfo{PointerKind::kPinnedHost, -1, registered_base,
+                           registered_base + registered_bytes};
       return fake_classify(p);
     };
   }
@@ -1452,7 +1463,8 @@ bool same_plan(const Plan& a, const Plan& b) {
       return false;
   for (std::size_t i = 0; i < a.chunks.size(); ++i)
     if (a.chunks[i].op_begin != b.chunks[i].op_begin || a.chunks[i].op_end != b.chunks[i].op_end ||
-        a.chunks[i].piece_end != b.chunks[i].piece_end || a.chunks[i].data_bytes != b.chunks[i].data_bytes ||
+        a.chunks[i].piece_end != b.chunks[i].piece_end ||
+        a.chunks[i].data_bytes != b.chunks[i].data_bytes ||
         a.chunks[i].contiguous_device != b.chunks[i].contiguous_device)
       return false;
   for (std::size_t i = 0; i < a.direct.size(); ++i)
@@ -1499,14 +1511,16 @@ TEST(PlanBuilderTest, StretchesGiveTheSamePlanInStableStorage) {
       if (check_early) builder.check();
       for (std::size_t k = 0; k < closed.size(); ++k)
         ASSERT_EQ(plan.chunks[k].data_bytes, closed[k].data_bytes) << "chunk " << k << " changed";
-      for (std::size_t k = closed.size(); k < plan.chunks.size(); ++k) closed.push_back(plan.chunks[k]);
+      for (std::size_t k = closed.size(); k < plan.chunks.size(); ++k)
+        closed.push_back(plan.chunks[k]);
     }
     builder.finish();
     EXPECT_EQ(plan.ops.data(), ops) << "ops reallocated";
     EXPECT_EQ(plan.pieces.data(), pieces) << "pieces reallocated";
     EXPECT_EQ(plan.chunks.data(), chunks) << "chunks reallocated";
     EXPECT_TRUE(same_plan(plan, whole));
-    const gfd::detail::PlanBounds b = gfd::detail::plan_bounds(t.blocks.size(), plan.total_bytes, t.cfg);
+    const gfd::detail::PlanBounds b =
+        gfd::detail::plan_bounds(t.blocks.size(), plan.total_bytes, t.cfg);
     EXPECT_LE(plan.ops.size(), b.ops);
     EXPECT_LE(plan.pieces.size(), b.pieces);
     EXPECT_LE(plan.chunks.size(), b.chunks);
@@ -1519,7 +1533,8 @@ TEST(PlanBuilderTest, StretchesGiveTheSamePlanInStableStorage) {
 // it; the chunks planned before it are there (the engine discards them).
 TEST(PlanBuilderTest, ABadBlockIsReportedWhenReached) {
   std::vector<BlockCopy> blocks;
-  for (std::uintptr_t i = 0; i < 1000; ++i) blocks.push_back(block(kPinnedBase + i * 8192, kDevBase + i * 4096, 4096));
+  for (std::uintptr_t i = 0; i < 1000; ++i)
+    blocks.push_back(block(kPinnedBase + i * 8192, kDevBase + i * 4096, 4096));
   blocks[700].dst = dst_at(kPinnedBase);  // a host destination
   const PlanConfig cfg = small_config();
   Plan plan;
@@ -1546,11 +1561,12 @@ PlanConfig strided_config(std::size_t min_rows = 64) {
 }
 
 // `n` blocks of `bytes`: block i from src + i * sp to dst + i * dp.
-std::vector<BlockCopy> run_of(std::uintptr_t src, std::int64_t sp, std::uintptr_t dst, std::int64_t dp,
-                              std::size_t n, std::size_t bytes) {
+std::vector<BlockCopy> run_of(std::uintptr_t src, std::int64_t sp, std::uintptr_t dst,
+                              std::int64_t dp, std::size_t n, std::size_t bytes) {
   std::vector<BlockCopy> v;
   for (std::size_t i = 0; i < n; ++i)
-    v.push_back(block(src + static_cast<std::int64_t>(i) * sp, dst + static_cast<std::int64_t>(i) * dp, bytes));
+    v.push_back(block(src + static_cast<std::int64_t>(i) * sp,
+                      dst + static_cast<std::int64_t>(i) * dp, bytes));
   return v;
 }
 
@@ -1599,7 +1615,8 @@ TEST(StridedRunTest, ShortRunsNegativePitchesAndPageableMemoryAreStaged) {
   const Plan a = plan_of(short_run, cfg);
   EXPECT_TRUE(a.strided.empty());
   EXPECT_EQ(staged_bytes(a), 127u * 4096);
-  const auto backwards = run_of(kPinnedBase + 64 * kMiB, -8192, kDevBase + 64 * kMiB, -4096, 512, 4096);
+  const auto backwards =
+      run_of(kPinnedBase + 64 * kMiB, -8192, kDevBase + 64 * kMiB, -4096, 512, 4096);
   const Plan b = plan_of(backwards, cfg);
   EXPECT_TRUE(b.strided.empty());
   EXPECT_EQ(staged_bytes(b), 512u * 4096);
@@ -1622,10 +1639,12 @@ TEST(StridedRunTest, MixedListsKeepEveryByteAndTheirOrder) {
     dst += 4096;
   };
   for (int i = 0; i < 50; ++i) random_block();
-  for (const auto& b : run_of(kPinnedBase + 900 * kMiB, 16384, dst, 4096, 300, 4096)) blocks.push_back(b);
+  for (const auto& b : run_of(kPinnedBase + 900 * kMiB, 16384, dst, 4096, 300, 4096))
+    blocks.push_back(b);
   dst += 300 * 4096;
   for (int i = 0; i < 50; ++i) random_block();
-  for (const auto& b : run_of(kPinnedBase + 800 * kMiB, 65536, dst, 2 * 8192, 200, 8192)) blocks.push_back(b);
+  for (const auto& b : run_of(kPinnedBase + 800 * kMiB, 65536, dst, 2 * 8192, 200, 8192))
+    blocks.push_back(b);
   const Plan p = plan_of(blocks, strided_config(64));
   ASSERT_EQ(p.strided.size(), 2u);
   EXPECT_EQ(p.strided[0].rows, 300u);
@@ -1668,7 +1687,8 @@ TEST(StridedRunTest, RunsOfFewLargeRowsByTheirBytes) {
     for (std::size_t i = 0; i < ids; ++i) {
       const std::uintptr_t host_row = kPinnedBase + (37 * i % 101) * 64 * page;
       const std::uintptr_t dev_block = (53 * i % 97) * page;
-      for (std::uintptr_t l = 0; l < 64; ++l) v.push_back(block(host_row + l * page, kDevBase + l * layer + dev_block, page));
+      for (std::uintptr_t l = 0; l < 64; ++l)
+        v.push_back(block(host_row + l * page, kDevBase + l * layer + dev_block, page));
     }
     return v;
   };
@@ -1702,7 +1722,8 @@ TEST(StridedRunTest, RunsAreCheckedByTheirEndsAndBadBlocksStillNamed) {
   // The host side leaves pinned memory half way (into memory the driver does not know, which is
   // pageable): checked block by block, so nothing goes as a 2D copy over pageable rows and
   // every byte is staged.
-  const Plan p = plan_of(run_of(kPinnedBase + kPinnedSize - 100 * 8192, 8192, kDevBase, 4096, 200, 4096), cfg);
+  const Plan p =
+      plan_of(run_of(kPinnedBase + kPinnedSize - 100 * 8192, 8192, kDevBase, 4096, 200, 4096), cfg);
   EXPECT_TRUE(p.strided.empty());
   EXPECT_EQ(staged_bytes(p), 200u * 4096);
   EXPECT_FALSE(p.all_pinned_host);
@@ -1740,7 +1761,8 @@ TEST(StridedRunTest, ARunOverTwoAllocationsIsStaged) {
   EXPECT_TRUE(p.strided.empty());
   EXPECT_EQ(staged_bytes(p), 200u * 4096);
   // Within one of them: one 2D copy.
-  const Plan q = gfd::detail::make_plan(run_of(kPinnedBase, 8192, split, 4096, 200, 4096), strided_config(64), two);
+  const Plan q = gfd::detail::make_plan(run_of(kPinnedBase, 8192, split, 4096, 200, 4096),
+                                        strided_config(64), two);
   ASSERT_EQ(q.strided.size(), 1u);
   EXPECT_EQ(q.strided[0].rows, 200u);
 }
@@ -1775,7 +1797,8 @@ TEST(StridedRunTest, AWholeListRunIsPlannedInOnePassAsTheBuilderWould) {
   PlanConfig back = cfg;
   back.direction = gfd::detail::Direction::kToHost;
   Plan out;
-  EXPECT_TRUE(plan_one_run(run_of(kDevBase, 4096, kPinnedBase, 8192, 2048, 4096), back, classifier(), out, nullptr));
+  EXPECT_TRUE(plan_one_run(run_of(kDevBase, 4096, kPinnedBase, 8192, 2048, 4096), back,
+                           classifier(), out, nullptr));
   // Not one run: one odd block, one other size, too few rows, both sides contiguous (one DMA),
   // pageable host memory, runs off.
   Plan no;
@@ -1785,9 +1808,12 @@ TEST(StridedRunTest, AWholeListRunIsPlannedInOnePassAsTheBuilderWould) {
   auto sized = seed;
   sized[7].bytes = 2048;
   EXPECT_FALSE(plan_one_run(sized, cfg, classifier(), no, nullptr));
-  EXPECT_FALSE(plan_one_run(run_of(kPinnedBase, 8192, kDevBase, 4096, 63, 4096), cfg, classifier(), no, nullptr));
-  EXPECT_FALSE(plan_one_run(run_of(kPinnedBase, 4096, kDevBase, 4096, 512, 4096), cfg, classifier(), no, nullptr));
-  EXPECT_FALSE(plan_one_run(run_of(kPageBase, 8192, kDevBase, 4096, 512, 4096), cfg, classifier(), no, nullptr));
+  EXPECT_FALSE(plan_one_run(run_of(kPinnedBase, 8192, kDevBase, 4096, 63, 4096), cfg, classifier(),
+                            no, nullptr));
+  EXPECT_FALSE(plan_one_run(run_of(kPinnedBase, 4096, kDevBase, 4096, 512, 4096), cfg, classifier(),
+                            no, nullptr));
+  EXPECT_FALSE(plan_one_run(run_of(kPageBase, 8192, kDevBase, 4096, 512, 4096), cfg, classifier(),
+                            no, nullptr));
   PlanConfig off = cfg;
   off.strided_min_rows = 0;
   EXPECT_FALSE(plan_one_run(seed, off, classifier(), no, nullptr));
@@ -1818,12 +1844,13 @@ namespace {
 // `rows` rows of `per_row` blocks of `bytes`: row r's blocks side by side in host memory at
 // host + r * row_pitch (a block-major host cache: one id's page of every layer together), each
 // block to its own scattered device place.
-std::vector<BlockCopy> rows_of(std::uintptr_t host, std::size_t rows, std::size_t per_row, std::size_t bytes,
-                               std::size_t row_pitch) {
+std::vector<BlockCopy> rows_of(std::uintptr_t host, std::size_t rows, std::size_t per_row,
+                               std::size_t bytes, std::size_t row_pitch) {
   std::vector<BlockCopy> v;
   for (std::size_t r = 0; r < rows; ++r)
     for (std::size_t k = 0; k < per_row; ++k)
-      v.push_back(block(host + r * row_pitch + k * bytes, kDevBase + (7 * (r * per_row + k) % 1000) * 2 * bytes, bytes));
+      v.push_back(block(host + r * row_pitch + k * bytes,
+                        kDevBase + (7 * (r * per_row + k) % 1000) * 2 * bytes, bytes));
   return v;
 }
 
@@ -1843,7 +1870,8 @@ TEST(HostDirectTest, LongHostRunsAreReadInPlace) {
   EXPECT_TRUE(p.direct.empty());
   std::uint64_t bytes = 0;
   for (const auto& c : p.chunks) {
-    EXPECT_TRUE(c.host_direct) << "chunk of " << c.data_bytes << " bytes, " << c.host_runs << " runs";
+    EXPECT_TRUE(c.host_direct) << "chunk of " << c.data_bytes << " bytes, " << c.host_runs
+                               << " runs";
     EXPECT_FALSE(c.contiguous_device);
     // The runs counted are those of the ops' host addresses.
     std::uint32_t runs = 1;
@@ -1857,10 +1885,12 @@ TEST(HostDirectTest, LongHostRunsAreReadInPlace) {
 
 TEST(HostDirectTest, ShortRunsAndPageableMemoryAreGathered) {
   // Runs of 2 x 2 KB = 4 KB: too short.
-  for (const auto& c : plan_of(rows_of(kPinnedBase, 32, 2, 2048, 1 << 20), host_direct_config()).chunks)
+  for (const auto& c :
+       plan_of(rows_of(kPinnedBase, 32, 2, 2048, 1 << 20), host_direct_config()).chunks)
     EXPECT_FALSE(c.host_direct) << c.host_runs << " runs, " << c.data_bytes << " bytes";
   // Pageable sources: the copy engine cannot read them in place.
-  for (const auto& c : plan_of(rows_of(kPageBase, 8, 8, 2048, 1 << 20), host_direct_config()).chunks)
+  for (const auto& c :
+       plan_of(rows_of(kPageBase, 8, 8, 2048, 1 << 20), host_direct_config()).chunks)
     EXPECT_FALSE(c.host_direct);
 }
 
@@ -1871,7 +1901,8 @@ TEST(HostDirectTest, DeviceToHostLooksAtTheDestinations) {
   to_host.direct_min_bytes_to_host = 16 * kKiB;
   std::vector<BlockCopy> back;
   for (const auto& b : rows_of(kPinnedBase, 8, 8, 2048, 1 << 20))
-    back.push_back(block(reinterpret_cast<std::uintptr_t>(b.dst), reinterpret_cast<std::uintptr_t>(b.src), b.bytes));
+    back.push_back(block(reinterpret_cast<std::uintptr_t>(b.dst),
+                         reinterpret_cast<std::uintptr_t>(b.src), b.bytes));
   const Plan p = plan_of(back, to_host);
   ASSERT_FALSE(p.chunks.empty());
   // Device to host the chunks taper towards the end: one may be a sliver of a run, shorter than

@@ -85,7 +85,8 @@ void stress(detail::Device& dev, TestDevice& td, std::size_t staging_bytes, cons
       if (to_host) {
         // The same layout the other way round: the region first gets the pool's bytes, then the
         // blocks go back to a host landing area at the same offsets.
-        out = (rng() % 2 ? out_pinned.data() : out_pageable.data()) + kRegion * static_cast<std::size_t>(t);
+        out = (rng() % 2 ? out_pinned.data() : out_pageable.data()) +
+              kRegion * static_cast<std::size_t>(t);
         for (BlockCopy& b : blocks) {
           dev.copy_h2d(b.dst, b.src, b.bytes, s);
           const std::size_t off = static_cast<std::byte*>(b.dst) - region;
@@ -97,25 +98,33 @@ void stress(detail::Device& dev, TestDevice& td, std::size_t staging_bytes, cons
       }
       const auto t0 = std::chrono::steady_clock::now();
       try {
-        if (to_host) engine.copy_to_host(blocks, static_cast<cudaStream_t>(s)).wait();
-        else engine.copy_to_device(blocks, static_cast<cudaStream_t>(s)).wait();
+        if (to_host)
+          engine.copy_to_host(blocks, static_cast<cudaStream_t>(s)).wait();
+        else
+          engine.copy_to_device(blocks, static_cast<cudaStream_t>(s)).wait();
       } catch (const std::exception& e) {
         ++failures;
         std::lock_guard lk(report);
         ADD_FAILURE() << "thread " << t << ": " << e.what();
         continue;
       }
-      const auto ns = static_cast<std::uint64_t>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-      for (std::uint64_t cur = longest_ns.load(); ns > cur && !longest_ns.compare_exchange_weak(cur, ns);) {
+      const auto ns =
+          static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::steady_clock::now() - t0)
+                                         .count());
+      for (std::uint64_t cur = longest_ns.load();
+           ns > cur && !longest_ns.compare_exchange_weak(cur, ns);) {
       }
       // Check against the device region's bytes (read back) both ways.
       dev.copy_d2h(back.data(), region, kRegion, s);
       dev.stream_sync(s);
       for (const BlockCopy& b : blocks) {
         const bool same =
-            to_host ? std::memcmp(b.dst, back.data() + (static_cast<const std::byte*>(b.src) - region), b.bytes) == 0
-                    : std::memcmp(back.data() + (static_cast<std::byte*>(b.dst) - region), b.src, b.bytes) == 0;
+            to_host
+                ? std::memcmp(b.dst, back.data() + (static_cast<const std::byte*>(b.src) - region),
+                              b.bytes) == 0
+                : std::memcmp(back.data() + (static_cast<std::byte*>(b.dst) - region), b.src,
+                              b.bytes) == 0;
         if (!same) {
           ++mismatches;
           std::lock_guard lk(report);
@@ -133,10 +142,11 @@ void stress(detail::Device& dev, TestDevice& td, std::size_t staging_bytes, cons
   for (int t = 0; t < threads; ++t) pool_threads.emplace_back(worker, t);
   for (auto& th : pool_threads) th.join();
 
-  std::printf("stress (%s, %s): %ld requests from %d threads, %.1f MB, %ld mismatches, %ld failures, "
-              "longest wait %.2f ms\n",
-              to_string(td.kind).c_str(), label, done.load(), threads, bytes.load() / 1e6, mismatches.load(),
-              failures.load(), longest_ns.load() / 1e6);
+  std::printf(
+      "stress (%s, %s): %ld requests from %d threads, %.1f MB, %ld mismatches, %ld failures, "
+      "longest wait %.2f ms\n",
+      to_string(td.kind).c_str(), label, done.load(), threads, bytes.load() / 1e6,
+      mismatches.load(), failures.load(), longest_ns.load() / 1e6);
   ::testing::Test::RecordProperty("requests", std::to_string(done.load()));
   ::testing::Test::RecordProperty("bytes", std::to_string(bytes.load()));
   ::testing::Test::RecordProperty("mismatches", std::to_string(mismatches.load()));
@@ -154,7 +164,8 @@ TEST_P(StressTest, RandomTransfersThroughALargeRingLandExactly) {
   stress(*td_->device, *td_, 32 << 20, "32 MB ring");
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, StressTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
+INSTANTIATE_TEST_SUITE_P(Devices, StressTest,
+                         ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
                          [](const auto& info) { return to_string(info.param); });
 
 }  // namespace

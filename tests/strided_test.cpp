@@ -27,7 +27,8 @@ TEST_P(StridedTransferTest, RunsBesideRandomBlocksBothWays) {
     d += kB;
   };
   for (std::size_t i = 0; i < kRandom; ++i) random_block();
-  for (std::size_t i = 0; i < kRun; ++i, d += kB) in.push_back({host.data() + (10 + 3 * i) * kB, d, kB});
+  for (std::size_t i = 0; i < kRun; ++i, d += kB)
+    in.push_back({host.data() + (10 + 3 * i) * kB, d, kB});
   for (std::size_t i = 0; i < kRandom; ++i) random_block();
   EngineOptions o = small_options();
   o.strided_min_rows = 128;
@@ -42,15 +43,18 @@ TEST_P(StridedTransferTest, RunsBesideRandomBlocksBothWays) {
   HostBuffer back(*td_->device, 2 * in.size() * kB, true);
   std::memset(back.data(), 0, back.size());
   std::vector<BlockCopy> out;
-  for (std::size_t i = 0; i < in.size(); ++i) out.push_back({dev.data() + i * kB, back.data() + 2 * i * kB, kB});
+  for (std::size_t i = 0; i < in.size(); ++i)
+    out.push_back({dev.data() + i * kB, back.data() + 2 * i * kB, kB});
   engine.copy_to_host(out, td_->cuda_stream()).wait();
   for (std::size_t i = 0; i < in.size(); ++i) {
     ASSERT_EQ(std::memcmp(back.data() + 2 * i * kB, got.data() + i * kB, kB), 0) << "block " << i;
-    for (std::size_t k = 0; k < kB; ++k) ASSERT_EQ(back.data()[(2 * i + 1) * kB + k], std::byte{0}) << "gap " << i;
+    for (std::size_t k = 0; k < kB; ++k)
+      ASSERT_EQ(back.data()[(2 * i + 1) * kB + k], std::byte{0}) << "gap " << i;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, StridedTransferTest, ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
+INSTANTIATE_TEST_SUITE_P(Devices, StridedTransferTest,
+                         ::testing::Values(DeviceKind::kEmulated, DeviceKind::kCuda),
                          [](const auto& info) { return to_string(info.param); });
 
 }  // namespace

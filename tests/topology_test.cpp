@@ -1,8 +1,9 @@
 // Unit tests of the topology helpers: CPU list parsing and formatting, and GPU locality read
 // from a fake sysfs tree. Expectations are built from allowed_cpus(), never from a particular
 // CPU count.
-#include <gtest/gtest.h>
+#include "host/topology.hpp"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,7 +15,6 @@
 #include <vector>
 
 #include "gfd/gfd.hpp"
-#include "host/topology.hpp"
 
 namespace {
 
@@ -110,9 +110,8 @@ class TempDir {
   TempDir() {
     static std::atomic<int> counter{0};
     std::random_device rd;
-    path_ = fs::temp_directory_path() /
-            ("gfd_topology_test_" + std::to_string(::getpid()) + "_" +
-             std::to_string(counter++) + "_" + std::to_string(rd()));
+    path_ = fs::temp_directory_path() / ("gfd_topology_test_" + std::to_string(::getpid()) + "_" +
+                                         std::to_string(counter++) + "_" + std::to_string(rd()));
     fs::create_directories(path_);
   }
   ~TempDir() {
@@ -280,13 +279,16 @@ TEST_F(GpuLocalityTest, GpusOnOneNodeSplitItsCpus) {
   make_device("0000:1a:00.0", "0", list);
   make_device("0000:86:00.0", "1", list);  // another node: not part of the split
   const std::vector<std::string> all = {"0000:3b:00.0", "0000:1a:00.0", "0000:86:00.0"};
-  const auto a = gfd::detail::share_cpus("0000:1a:00.0", read("0000:1a:00.0"), all, root_.path().string());
-  const auto b = gfd::detail::share_cpus("0000:3B:00.0", read("0000:3b:00.0"), all, root_.path().string());
+  const auto a =
+      gfd::detail::share_cpus("0000:1a:00.0", read("0000:1a:00.0"), all, root_.path().string());
+  const auto b =
+      gfd::detail::share_cpus("0000:3B:00.0", read("0000:3b:00.0"), all, root_.path().string());
   EXPECT_EQ(a.sharing, 2);
   EXPECT_EQ(b.sharing, 2);
   EXPECT_EQ(a.cpus, gfd::detail::split_cpus(allowed_, 0, 2));  // bus id order: 1a before 3b
   EXPECT_EQ(b.cpus, gfd::detail::split_cpus(allowed_, 1, 2));
-  const auto c = gfd::detail::share_cpus("0000:86:00.0", read("0000:86:00.0"), all, root_.path().string());
+  const auto c =
+      gfd::detail::share_cpus("0000:86:00.0", read("0000:86:00.0"), all, root_.path().string());
   EXPECT_EQ(c.sharing, 1);
   EXPECT_EQ(c.cpus, allowed_);
 }
@@ -296,8 +298,10 @@ TEST_F(GpuLocalityTest, GpusWithoutLocalitySplitAllCpus) {
   make_device("0000:01:00.0", "-1", "");
   make_device("0000:02:00.0", "-1", "");
   const std::vector<std::string> all = {"0000:01:00.0", "0000:02:00.0"};
-  const auto a = gfd::detail::share_cpus("0000:01:00.0", read("0000:01:00.0"), all, root_.path().string());
-  const auto b = gfd::detail::share_cpus("0000:02:00.0", read("0000:02:00.0"), all, root_.path().string());
+  const auto a =
+      gfd::detail::share_cpus("0000:01:00.0", read("0000:01:00.0"), all, root_.path().string());
+  const auto b =
+      gfd::detail::share_cpus("0000:02:00.0", read("0000:02:00.0"), all, root_.path().string());
   EXPECT_EQ(a.sharing, 2);
   std::vector<int> both = a.cpus;
   both.insert(both.end(), b.cpus.begin(), b.cpus.end());
@@ -316,8 +320,8 @@ TEST_F(GpuLocalityTest, AloneOrUnknownGpuKeepsItsCpus) {
 namespace {
 
 // A fake sysfs device with vendor and class, as the PCI core lists it.
-void make_pci(const fs::path& root, const std::string& bus_id, const std::string& vendor, const std::string& cls,
-              const std::string& numa_node, const std::string& cpulist) {
+void make_pci(const fs::path& root, const std::string& bus_id, const std::string& vendor,
+              const std::string& cls, const std::string& numa_node, const std::string& cpulist) {
   const fs::path dir = root / "bus" / "pci" / "devices" / bus_id;
   fs::create_directories(dir);
   std::ofstream(dir / "vendor") << vendor << "\n";
@@ -332,23 +336,26 @@ void make_pci(const fs::path& root, const std::string& bus_id, const std::string
 // one GPU, yet the engines of the host's four GPUs on node 0 must take disjoint CPUs.
 TEST_F(GpuLocalityTest, OneVisibleGpuStillSplitsWithTheHostsOthers) {
   const std::string list = gfd::detail::format_cpulist(allowed_);
-  const std::vector<std::string> gpus = {"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0"};
+  const std::vector<std::string> gpus = {"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0",
+                                         "0000:5d:00.0"};
   for (const auto& id : gpus) make_pci(root_.path(), id, "0x10de", "0x030200", "0", list);
-  make_pci(root_.path(), "0000:19:00.0", "0x15b3", "0x020000", "0", list);   // a NIC: not a GPU
-  make_pci(root_.path(), "0000:9a:00.0", "0x10de", "0x030200", "1", list);   // a GPU on node 1
-  make_pci(root_.path(), "0000:9b:00.0", "0x10de", "0x040300", "0", list);   // NVIDIA audio: no
+  make_pci(root_.path(), "0000:19:00.0", "0x15b3", "0x020000", "0", list);  // a NIC: not a GPU
+  make_pci(root_.path(), "0000:9a:00.0", "0x10de", "0x030200", "1", list);  // a GPU on node 1
+  make_pci(root_.path(), "0000:9b:00.0", "0x10de", "0x040300", "0", list);  // NVIDIA audio: no
   EXPECT_EQ(gfd::detail::host_gpu_bus_ids(root_.path().string()),
-            (std::vector<std::string>{"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",
-                                      "0000:9a:00.0"}));
+            (std::vector<std::string>{"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0",
+                                      "0000:5d:00.0", "0000:9a:00.0"}));
   std::vector<int> taken;
   for (std::size_t r = 0; r < gpus.size(); ++r) {
-    const auto s = gfd::detail::share_cpus(gpus[r], read(gpus[r]), {gpus[r]}, root_.path().string());
+    const auto s =
+        gfd::detail::share_cpus(gpus[r], read(gpus[r]), {gpus[r]}, root_.path().string());
     EXPECT_EQ(s.sharing, 4) << gpus[r];
     EXPECT_EQ(s.cpus, gfd::detail::split_cpus(allowed_, static_cast<int>(r), 4)) << gpus[r];
     taken.insert(taken.end(), s.cpus.begin(), s.cpus.end());
   }
   std::sort(taken.begin(), taken.end());
-  if (allowed_.size() >= 4) EXPECT_EQ(taken, allowed_) << "the four parts cover the node's CPUs once";
+  if (allowed_.size() >= 4)
+    EXPECT_EQ(taken, allowed_) << "the four parts cover the node's CPUs once";
   // The GPU on node 1 has its node's CPUs to itself.
   const auto other = gfd::detail::share_cpus("0000:9a:00.0", read("0000:9a:00.0"), {"0000:9a:00.0"},
                                              root_.path().string());

@@ -43,8 +43,8 @@ const std::map<std::string, std::string> kFlags = {
     {"help", "              this text"},
 };
 
-const char* const kVariants[] = {"per_copy_hints", "one_hints", "per_copy_plain", "one_plain", "one_any_order",
-                                 "memcpy"};
+const char* const kVariants[] = {"per_copy_hints", "one_hints",     "per_copy_plain",
+                                 "one_plain",      "one_any_order", "memcpy"};
 
 bool measure(std::size_t page, std::size_t calls, std::size_t per, bool to_host, int iters) {
   const std::size_t n = calls * per;
@@ -104,13 +104,26 @@ bool measure(std::size_t page, std::size_t calls, std::size_t per, bool to_host,
         const void** ss = srcs.data() + c * per;
         std::size_t* sz = sizes.data();
         switch (v) {
-          case 0: check(cudaMemcpyBatchAsync(dd, ss, sz, per, hints_each.data(), idx.data(), per, s), "batch"); break;
-          case 1: check(cudaMemcpyBatchAsync(dd, ss, sz, per, &hints, &zero, 1, s), "batch"); break;
-          case 2: check(cudaMemcpyBatchAsync(dd, ss, sz, per, plain_each.data(), idx.data(), per, s), "batch"); break;
-          case 3: check(cudaMemcpyBatchAsync(dd, ss, sz, per, &plain, &zero, 1, s), "batch"); break;
-          case 4: check(cudaMemcpyBatchAsync(dd, ss, sz, per, &any_order, &zero, 1, s), "batch"); break;
+          case 0:
+            check(cudaMemcpyBatchAsync(dd, ss, sz, per, hints_each.data(), idx.data(), per, s),
+                  "batch");
+            break;
+          case 1:
+            check(cudaMemcpyBatchAsync(dd, ss, sz, per, &hints, &zero, 1, s), "batch");
+            break;
+          case 2:
+            check(cudaMemcpyBatchAsync(dd, ss, sz, per, plain_each.data(), idx.data(), per, s),
+                  "batch");
+            break;
+          case 3:
+            check(cudaMemcpyBatchAsync(dd, ss, sz, per, &plain, &zero, 1, s), "batch");
+            break;
+          case 4:
+            check(cudaMemcpyBatchAsync(dd, ss, sz, per, &any_order, &zero, 1, s), "batch");
+            break;
           default:
-            for (std::size_t i = 0; i < per; ++i) check(cudaMemcpyAsync(dd[i], ss[i], page, kind, s), "cudaMemcpyAsync");
+            for (std::size_t i = 0; i < per; ++i)
+              check(cudaMemcpyAsync(dd[i], ss[i], page, kind, s), "cudaMemcpyAsync");
         }
         if (c == 0) first_us = gfd::bench::since_us(t0);
       }
@@ -134,11 +147,13 @@ bool measure(std::size_t page, std::size_t calls, std::size_t per, bool to_host,
     }
     ok = ok && good;
     const double c50 = gfd::bench::percentiles(caller).p50, g50 = gfd::bench::percentiles(gpu).p50;
-    std::printf("%6s %s %5zu copies %-15s caller %8.1f us (%.2f us a copy) first call %6.1f us  gpu %8.1f us "
-                "%5.1f GB/s%s\n",
-                gfd::bench::format_size(page).c_str(), to_host ? "d2h" : "h2d", n, kVariants[v], c50, c50 / n,
-                gfd::bench::percentiles(first).p50, g50, static_cast<double>(n * page) / (g50 * 1e3),
-                good ? "" : "  WRONG BYTES");
+    std::printf(
+        "%6s %s %5zu copies %-15s caller %8.1f us (%.2f us a copy) first call %6.1f us  gpu %8.1f "
+        "us "
+        "%5.1f GB/s%s\n",
+        gfd::bench::format_size(page).c_str(), to_host ? "d2h" : "h2d", n, kVariants[v], c50,
+        c50 / n, gfd::bench::percentiles(first).p50, g50,
+        static_cast<double>(n * page) / (g50 * 1e3), good ? "" : "  WRONG BYTES");
   }
   check(cudaEventDestroy(e0), "cudaEventDestroy");
   check(cudaEventDestroy(e1), "cudaEventDestroy");
@@ -155,7 +170,8 @@ int run_main(int argc, char** argv) {
   const auto per = static_cast<std::size_t>(flags.get_int("per", 64));
   const int iters = static_cast<int>(flags.get_int("iters", 10));
   const bool to_host = flags.get("direction", "h2d") == "d2h";
-  if (calls == 0 || per == 0 || iters < 1) throw std::invalid_argument("--calls, --per and --iters: at least 1");
+  if (calls == 0 || per == 0 || iters < 1)
+    throw std::invalid_argument("--calls, --per and --iters: at least 1");
   check(cudaSetDevice(0), "cudaSetDevice");
   bool ok = true;
   for (std::size_t page : flags.get_sizes("pages", {128 << 10, 72 << 10, 8 << 10}))
@@ -165,4 +181,6 @@ int run_main(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return gfd::micro::guarded_main("batch_cost", [&] { return run_main(argc, argv); }); }
+int main(int argc, char** argv) {
+  return gfd::micro::guarded_main("batch_cost", [&] { return run_main(argc, argv); });
+}

@@ -53,27 +53,33 @@ const std::map<std::string, std::string> kFlags = {
 };
 
 // vLLM 0.33's shape: see the top. True when the last repetition of every variant moved the bytes.
-bool vllm_shape(const gfd::bench::Flags& flags, std::byte* host, std::size_t host_bytes, bool to_host,
-                std::size_t layers, const std::vector<cudaStream_t>& streams, const std::vector<cudaEvent_t>& events,
-                int iters) {
+bool vllm_shape(const gfd::bench::Flags& flags, std::byte* host, std::size_t host_bytes,
+                bool to_host, std::size_t layers, const std::vector<cudaStream_t>& streams,
+                const std::vector<cudaEvent_t>& events, int iters) {
   const auto nblocks = static_cast<std::size_t>(flags.get_int("blocks", 64));
   const auto dev_blocks = static_cast<std::size_t>(flags.get_int("dev-blocks", 2048));
   const std::vector<std::size_t> widths = flags.get_sizes("widths", {8 << 10, 32 << 10});
-  if (nblocks == 0 || dev_blocks < nblocks) throw std::invalid_argument("--blocks > 0, --dev-blocks >= --blocks");
+  if (nblocks == 0 || dev_blocks < nblocks)
+    throw std::invalid_argument("--blocks > 0, --dev-blocks >= --blocks");
   std::size_t max_w = 0;
   for (std::size_t w : widths) max_w = std::max(max_w, w);
-  if (max_w * layers * nblocks > host_bytes) throw std::invalid_argument("the vLLM shape needs a larger --host");
+  if (max_w * layers * nblocks > host_bytes)
+    throw std::invalid_argument("the vLLM shape needs a larger --host");
   std::byte* dev = nullptr;
-  check(cudaMalloc(reinterpret_cast<void**>(&dev), layers * dev_blocks * max_w), "cudaMalloc layer caches");
+  check(cudaMalloc(reinterpret_cast<void**>(&dev), layers * dev_blocks * max_w),
+        "cudaMalloc layer caches");
   std::byte* ref = nullptr;  // the contiguous DMA's device side
   check(cudaMalloc(reinterpret_cast<void**>(&ref), layers * nblocks * max_w), "cudaMalloc");
   std::mt19937_64 rng(11);
   const cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
   cudaStream_t caller = streams[0];
   bool ok = true;
-  std::printf("\nvLLM 0.33 shape: %zu layer caches in one allocation (%zu blocks each), %zu blocks per job, %s\n",
-              layers, dev_blocks, nblocks, to_host ? "device to host" : "host to device");
-  std::printf("(layer pitch %s at the largest page)\n", gfd::bench::format_size(dev_blocks * max_w).c_str());
+  std::printf(
+      "\nvLLM 0.33 shape: %zu layer caches in one allocation (%zu blocks each), %zu blocks per "
+      "job, %s\n",
+      layers, dev_blocks, nblocks, to_host ? "device to host" : "host to device");
+  std::printf("(layer pitch %s at the largest page)\n",
+              gfd::bench::format_size(dev_blocks * max_w).c_str());
   std::printf("%7s %-11s %9s %8s %8s\n", "page", "variant", "us", "GB/s", "ratio");
   for (std::size_t w : widths) {
     const std::size_t row = layers * w, pitch = dev_blocks * w, host_rows = host_bytes / row;
@@ -83,7 +89,8 @@ bool vllm_shape(const gfd::bench::Flags& flags, std::byte* host, std::size_t hos
     std::vector<std::size_t> sizes(nblocks * layers, w);
     std::vector<cudaMemcpy3DBatchOp> ops(nblocks);
     std::vector<cudaMemcpyAttributes> attrs(1);
-    attrs[0].srcAccessOrder = to_host ? cudaMemcpySrcAccessOrderStream : cudaMemcpySrcAccessOrderAny;
+    attrs[0].srcAccessOrder =
+        to_host ? cudaMemcpySrcAccessOrderStream : cudaMemcpySrcAccessOrderAny;
     std::vector<std::size_t> attr_idx(1, 0);
     std::iota(g.begin(), g.end(), 0);
     std::iota(h.begin(), h.end(), 0);
@@ -105,15 +112,17 @@ bool vllm_shape(const gfd::bench::Flags& flags, std::byte* host, std::size_t hos
                       : cudaMemcpyAsync(ref, hp, nblocks * row, kind, caller),
               "cudaMemcpyAsync");
       } else if (v == "batch") {
-        check(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), attrs.data(),
-                                   attr_idx.data(), 1, caller),
+        check(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(),
+                                   attrs.data(), attr_idx.data(), 1, caller),
               "cudaMemcpyBatchAsync");
       } else if (v == "2d") {
         if (k > 1) check(cudaEventRecord(events[0], caller), "cudaEventRecord");
-        for (std::size_t p = 1; p < k; ++p) check(cudaStreamWaitEvent(streams[p], events[0], 0), "cudaStreamWaitEvent");
+        for (std::size_t p = 1; p < k; ++p)
+          check(cudaStreamWaitEvent(streams[p], events[0], 0), "cudaStreamWaitEvent");
         for (std::size_t b = 0; b < nblocks; ++b) {
           const std::size_t dp = to_host ? w : pitch, sp = to_host ? pitch : w;
-          check(cudaMemcpy2DAsync(dsts[b * layers], dp, srcs[b * layers], sp, w, layers, kind, streams[b % k]),
+          check(cudaMemcpy2DAsync(dsts[b * layers], dp, srcs[b * layers], sp, w, layers, kind,
+                                  streams[b % k]),
                 "cudaMemcpy2DAsync");
         }
         for (std::size_t p = 1; p < k; ++p) {
@@ -131,7 +140,8 @@ bool vllm_shape(const gfd::bench::Flags& flags, std::byte* host, std::size_t hos
           op.dst.op.ptr.ptr = dsts[b * layers];
           op.dst.op.ptr.rowLength = to_host ? w : pitch;
           op.extent = make_cudaExtent(w, layers, 1);
-          op.srcAccessOrder = to_host ? cudaMemcpySrcAccessOrderStream : cudaMemcpySrcAccessOrderAny;
+          op.srcAccessOrder =
+              to_host ? cudaMemcpySrcAccessOrderStream : cudaMemcpySrcAccessOrderAny;
         }
         check(cudaMemcpy3DBatchAsync(ops.size(), ops.data(), 0, caller), "cudaMemcpy3DBatchAsync");
       }
@@ -161,7 +171,8 @@ bool vllm_shape(const gfd::bench::Flags& flags, std::byte* host, std::size_t hos
           if (i >= 5) us.push_back(t);
         }
       } catch (const std::exception& e) {  // a pitch the call refuses, say: the next variant
-        std::printf("%7s %-11s refused: %s\n", gfd::bench::format_size(w).c_str(), name.c_str(), e.what());
+        std::printf("%7s %-11s refused: %s\n", gfd::bench::format_size(w).c_str(), name.c_str(),
+                    e.what());
         (void)cudaGetLastError();
         check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
         continue;
@@ -170,8 +181,9 @@ bool vllm_shape(const gfd::bench::Flags& flags, std::byte* host, std::size_t hos
       if (v == "contiguous") ref_us = t;
       const bool good = v == "contiguous" || verify();
       ok = ok && good;
-      std::printf("%7s %-11s %9.1f %8.2f %7.1f%%%s\n", gfd::bench::format_size(w).c_str(), name.c_str(), t,
-                  bytes / (t * 1e3), 100.0 * ref_us / t, good ? "" : "  WRONG BYTES");
+      std::printf("%7s %-11s %9.1f %8.2f %7.1f%%%s\n", gfd::bench::format_size(w).c_str(),
+                  name.c_str(), t, bytes / (t * 1e3), 100.0 * ref_us / t,
+                  good ? "" : "  WRONG BYTES");
     }
   }
   check(cudaFree(dev), "cudaFree");
@@ -199,24 +211,32 @@ int run_main(int argc, char** argv) {
   check(cudaSetDevice(0), "cudaSetDevice");
   std::byte* host = nullptr;
   std::byte* dev = nullptr;
-  check(cudaHostAlloc(reinterpret_cast<void**>(&host), host_bytes, cudaHostAllocDefault), "cudaHostAlloc");
+  check(cudaHostAlloc(reinterpret_cast<void**>(&host), host_bytes, cudaHostAllocDefault),
+        "cudaHostAlloc");
   gfd::bench::fill_random(host, host_bytes);
   check(cudaMalloc(reinterpret_cast<void**>(&dev), max_rows * width), "cudaMalloc");
   std::vector<cudaStream_t> streams(8);
-  for (cudaStream_t& s : streams) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  for (cudaStream_t& s : streams)
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   std::vector<cudaEvent_t> events(9);
-  for (cudaEvent_t& e : events) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  for (cudaEvent_t& e : events)
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
   std::mt19937_64 rng(7);
 
   // One repetition; k == 0: the contiguous DMA.
   auto once = [&](std::size_t rows, std::size_t k) {
-    const std::size_t start = std::uniform_int_distribution<std::size_t>(0, (host_bytes - rows * pitch) / width)(rng);
+    const std::size_t start =
+        std::uniform_int_distribution<std::size_t>(0, (host_bytes - rows * pitch) / width)(rng);
     std::byte* h = host + start * width;
     const auto t0 = std::chrono::steady_clock::now();
     cudaStream_t caller = streams[0];
     if (k == 0) {
-      if (to_host) check(cudaMemcpyAsync(h, dev, rows * width, cudaMemcpyDeviceToHost, caller), "cudaMemcpyAsync");
-      else check(cudaMemcpyAsync(dev, h, rows * width, cudaMemcpyHostToDevice, caller), "cudaMemcpyAsync");
+      if (to_host)
+        check(cudaMemcpyAsync(h, dev, rows * width, cudaMemcpyDeviceToHost, caller),
+              "cudaMemcpyAsync");
+      else
+        check(cudaMemcpyAsync(dev, h, rows * width, cudaMemcpyHostToDevice, caller),
+              "cudaMemcpyAsync");
     } else {
       if (k > 1) check(cudaEventRecord(events[0], caller), "cudaEventRecord");
       for (std::size_t p = 0; p < k; ++p) {
@@ -250,33 +270,40 @@ int run_main(int argc, char** argv) {
   };
 
   std::printf("copy2d_cost: %s rows at a host pitch of %zu B, %s, P50 of %d, call to sync\n",
-              gfd::bench::format_size(width).c_str(), pitch, to_host ? "device to host" : "host to device", iters);
+              gfd::bench::format_size(width).c_str(), pitch,
+              to_host ? "device to host" : "host to device", iters);
   std::printf("%7s %-11s %9s %8s %8s\n", "rows", "variant", "us", "GB/s", "ratio");
   for (std::size_t rows : rows_list) {
     const double ref = p50(rows, 0);
     const double bytes = static_cast<double>(rows * width);
-    std::printf("%7zu %-11s %9.1f %8.2f %7.1f%%\n", rows, "contiguous", ref, bytes / (ref * 1e3), 100.0);
+    std::printf("%7zu %-11s %9.1f %8.2f %7.1f%%\n", rows, "contiguous", ref, bytes / (ref * 1e3),
+                100.0);
     for (std::size_t k : splits) {
       const double t = p50(rows, k);
       const std::string name = "2d/" + std::to_string(k);
-      std::printf("%7zu %-11s %9.1f %8.2f %7.1f%%\n", rows, name.c_str(), t, bytes / (t * 1e3), 100.0 * ref / t);
+      std::printf("%7zu %-11s %9.1f %8.2f %7.1f%%\n", rows, name.c_str(), t, bytes / (t * 1e3),
+                  100.0 * ref / t);
     }
   }
   // The data: the last 2D copy of the first row count, checked row by row.
   const std::size_t rows = rows_list.front();
   std::vector<std::byte> back(rows * width);
   if (to_host) {
-    check(cudaMemcpy2D(host, pitch, dev, width, width, rows, cudaMemcpyDeviceToHost), "cudaMemcpy2D");
+    check(cudaMemcpy2D(host, pitch, dev, width, width, rows, cudaMemcpyDeviceToHost),
+          "cudaMemcpy2D");
     check(cudaMemcpy(back.data(), dev, rows * width, cudaMemcpyDeviceToHost), "cudaMemcpy");
   } else {
-    check(cudaMemcpy2D(dev, width, host, pitch, width, rows, cudaMemcpyHostToDevice), "cudaMemcpy2D");
+    check(cudaMemcpy2D(dev, width, host, pitch, width, rows, cudaMemcpyHostToDevice),
+          "cudaMemcpy2D");
     check(cudaMemcpy(back.data(), dev, rows * width, cudaMemcpyDeviceToHost), "cudaMemcpy");
   }
   bool ok = true;
-  for (std::size_t r = 0; r < rows && ok; ++r) ok = std::memcmp(back.data() + r * width, host + r * pitch, width) == 0;
+  for (std::size_t r = 0; r < rows && ok; ++r)
+    ok = std::memcmp(back.data() + r * width, host + r * pitch, width) == 0;
   std::printf("verified %s (strided rows)\n", ok ? "yes" : "NO");
   const auto layers = static_cast<std::size_t>(flags.get_int("layers", 64));
-  if (layers > 0) ok = vllm_shape(flags, host, host_bytes, to_host, layers, streams, events, iters) && ok;
+  if (layers > 0)
+    ok = vllm_shape(flags, host, host_bytes, to_host, layers, streams, events, iters) && ok;
   return ok ? 0 : 1;
 }
 

@@ -49,8 +49,9 @@ const std::map<std::string, std::string> kFlags = {
     {"total", "=S           bytes moved per repetition (default 8M)"},
     {"chunks", "=LIST       chunk sizes (default 256K,512K,1M,2M)"},
     {"streams", "=LIST      stream counts (default 1,2)"},
-    {"variants", "=LIST     comma list of plain, events, events_nt, done_nt, wait, engine, engine_nt\n"
-                 "                      (default all)"},
+    {"variants",
+     "=LIST     comma list of plain, events, events_nt, done_nt, wait, engine, engine_nt\n"
+     "                      (default all)"},
     {"iters", "=N           timed repetitions (default 30)"},
     {"help", "              this text"},
 };
@@ -62,7 +63,8 @@ WaitValue64 load_wait_value() {
   cudaDriverEntryPointQueryResult q{};
   check(cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &p, 12000, cudaEnableDefault, &q),
         "cudaGetDriverEntryPointByVersion");
-  if (q != cudaDriverEntryPointSuccess || p == nullptr) throw std::runtime_error("cuStreamWaitValue64 is missing");
+  if (q != cudaDriverEntryPointSuccess || p == nullptr)
+    throw std::runtime_error("cuStreamWaitValue64 is missing");
   return reinterpret_cast<WaitValue64>(p);
 }
 
@@ -79,14 +81,19 @@ struct Rig {
   std::uint64_t gate_value = 0;
 
   void wait(std::uint64_t* flag, std::uint64_t value, cudaStream_t s) const {
-    const CUresult r = wait_value(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(flag), value,
-                                  CU_STREAM_WAIT_VALUE_GEQ);
-    if (r != CUDA_SUCCESS) throw std::runtime_error("cuStreamWaitValue64 failed: " + std::to_string(r));
+    const CUresult r =
+        wait_value(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(flag), value,
+                   CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS)
+      throw std::runtime_error("cuStreamWaitValue64 failed: " + std::to_string(r));
   }
-  void open_gate() { std::atomic_ref<std::uint64_t>(flags[0]).store(gate_value, std::memory_order_release); }
+  void open_gate() {
+    std::atomic_ref<std::uint64_t>(flags[0]).store(gate_value, std::memory_order_release);
+  }
 
   // One repetition: microseconds, timed as `gated` says.
-  double run(const std::string& v, std::size_t total, std::size_t chunk, std::size_t k, bool gated) {
+  double run(const std::string& v, std::size_t total, std::size_t chunk, std::size_t k,
+             bool gated) {
     const bool waits = v == "wait" || v == "engine" || v == "engine_nt";
     const bool joined = v == "engine" || v == "engine_nt";
     const bool start_event = v == "events" || v == "events_nt" || v == "engine";
@@ -106,7 +113,8 @@ struct Rig {
     auto t0 = Clock::now();
     std::uint32_t started = 0;
     if (gated) {
-      if (joined) wait(&flags[0], gate_value, caller);
+      if (joined)
+        wait(&flags[0], gate_value, caller);
       else
         for (std::size_t l = 0; l < k; ++l) wait(&flags[0], gate_value, lanes[l]);
     }
@@ -121,7 +129,8 @@ struct Rig {
       if (waits) wait(&flags[1], 1, s);
       if (start_event) check(cudaEventRecord(ev[2 * c], s), "cudaEventRecord");
       const std::size_t off = c * chunk, bytes = std::min(chunk, total - off);
-      check(cudaMemcpyAsync(dst + off, src + off, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+      check(cudaMemcpyAsync(dst + off, src + off, bytes, cudaMemcpyHostToDevice, s),
+            "cudaMemcpyAsync");
       if (done_event) check(cudaEventRecord(ev[2 * c + 1], s), "cudaEventRecord");
     }
     if (joined) {
@@ -137,13 +146,16 @@ struct Rig {
       t0 = Clock::now();
       open_gate();
     }
-    if (joined) check(cudaStreamSynchronize(caller), "cudaStreamSynchronize");
+    if (joined)
+      check(cudaStreamSynchronize(caller), "cudaStreamSynchronize");
     else
-      for (std::size_t l = 0; l < k; ++l) check(cudaStreamSynchronize(lanes[l]), "cudaStreamSynchronize");
+      for (std::size_t l = 0; l < k; ++l)
+        check(cudaStreamSynchronize(lanes[l]), "cudaStreamSynchronize");
     return gfd::bench::since_us(t0);
   }
 
-  double p50(const std::string& v, std::size_t total, std::size_t chunk, std::size_t k, bool gated, int iters) {
+  double p50(const std::string& v, std::size_t total, std::size_t chunk, std::size_t k, bool gated,
+             int iters) {
     std::vector<double> us;
     for (int i = 0; i < 5 + iters; ++i) {
       const double t = run(v, total, chunk, k, gated);
@@ -158,10 +170,12 @@ int run_main(int argc, char** argv) {
   if (gfd::micro::usage_or_no_device("dma_cost", flags, kFlags)) return 0;
   const std::size_t total = gfd::bench::parse_size(flags.get("total", "8M"));
   const int iters = static_cast<int>(flags.get_int("iters", 30));
-  const std::vector<std::size_t> chunks = flags.get_sizes("chunks", {256 << 10, 512 << 10, 1 << 20, 2 << 20});
+  const std::vector<std::size_t> chunks =
+      flags.get_sizes("chunks", {256 << 10, 512 << 10, 1 << 20, 2 << 20});
   const std::vector<std::size_t> streams = flags.get_sizes("streams", {1, 2});
   std::vector<std::string> variants;
-  for (const std::string& v : flags.get_list("variants", "plain,events,events_nt,done_nt,wait,engine,engine_nt"))
+  for (const std::string& v :
+       flags.get_list("variants", "plain,events,events_nt,done_nt,wait,engine,engine_nt"))
     if (!v.empty()) variants.push_back(v);
   if (total == 0 || iters < 1) throw std::invalid_argument("--total > 0, --iters >= 1");
   for (std::size_t c : chunks)
@@ -169,33 +183,39 @@ int run_main(int argc, char** argv) {
   for (std::size_t k : streams)
     if (k == 0 || k > 8) throw std::invalid_argument("--streams: each between 1 and 8");
   for (const std::string& v : variants)
-    if (v != "plain" && v != "events" && v != "events_nt" && v != "done_nt" && v != "wait" && v != "engine" &&
-        v != "engine_nt")
+    if (v != "plain" && v != "events" && v != "events_nt" && v != "done_nt" && v != "wait" &&
+        v != "engine" && v != "engine_nt")
       throw std::invalid_argument("--variants: unknown variant " + v);
 
   check(cudaSetDevice(0), "cudaSetDevice");
   Rig rig;
   rig.wait_value = load_wait_value();
-  check(cudaHostAlloc(reinterpret_cast<void**>(&rig.src), total, cudaHostAllocDefault), "cudaHostAlloc");
+  check(cudaHostAlloc(reinterpret_cast<void**>(&rig.src), total, cudaHostAllocDefault),
+        "cudaHostAlloc");
   gfd::bench::fill_random(rig.src, total);
   check(cudaMalloc(reinterpret_cast<void**>(&rig.dst), total), "cudaMalloc");
-  check(cudaHostAlloc(reinterpret_cast<void**>(&rig.flags), 2 * sizeof(std::uint64_t), cudaHostAllocDefault),
+  check(cudaHostAlloc(reinterpret_cast<void**>(&rig.flags), 2 * sizeof(std::uint64_t),
+                      cudaHostAllocDefault),
         "cudaHostAlloc flags");
   rig.flags[0] = 0;
   rig.flags[1] = 1;
   check(cudaStreamCreateWithFlags(&rig.caller, cudaStreamNonBlocking), "cudaStreamCreate");
   rig.lanes.resize(8);
-  for (cudaStream_t& s : rig.lanes) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  for (cudaStream_t& s : rig.lanes)
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   rig.joins.resize(10);
-  for (cudaEvent_t& e : rig.joins) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  for (cudaEvent_t& e : rig.joins)
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
 
   const double one_call = rig.p50("plain", total, total, 1, false, iters);
   const double one_gpu = rig.p50("plain", total, total, 1, true, iters);
-  std::printf("dma_cost: %s warm pinned to device; one DMA: call %.1f us (%.2f GB/s), gpu %.1f us (%.2f GB/s)\n",
-              gfd::bench::format_size(total).c_str(), one_call, total / (one_call * 1e3), one_gpu,
-              total / (one_gpu * 1e3));
-  std::printf("%-9s %6s %7s %6s | %9s %7s %9s | %9s %7s %9s\n", "variant", "chunk", "streams", "chunks", "call us",
-              "GB/s", "us/chunk", "gpu us", "GB/s", "us/chunk");
+  std::printf(
+      "dma_cost: %s warm pinned to device; one DMA: call %.1f us (%.2f GB/s), gpu %.1f us (%.2f "
+      "GB/s)\n",
+      gfd::bench::format_size(total).c_str(), one_call, total / (one_call * 1e3), one_gpu,
+      total / (one_gpu * 1e3));
+  std::printf("%-9s %6s %7s %6s | %9s %7s %9s | %9s %7s %9s\n", "variant", "chunk", "streams",
+              "chunks", "call us", "GB/s", "us/chunk", "gpu us", "GB/s", "us/chunk");
   for (std::size_t chunk : chunks)
     for (std::size_t k : streams)
       for (const std::string& v : variants) {
@@ -204,15 +224,16 @@ int run_main(int argc, char** argv) {
         const double g = rig.p50(v, total, chunk, k, true, iters);
         const double denom = n > 1 ? static_cast<double>(n - 1) : 1.0;
         std::printf("%-9s %6s %7zu %6zu | %9.1f %7.2f %9.2f | %9.1f %7.2f %9.2f\n", v.c_str(),
-                    gfd::bench::format_size(chunk).c_str(), k, n, c, total / (c * 1e3), (c - one_call) / denom, g,
-                    total / (g * 1e3), (g - one_gpu) / denom);
+                    gfd::bench::format_size(chunk).c_str(), k, n, c, total / (c * 1e3),
+                    (c - one_call) / denom, g, total / (g * 1e3), (g - one_gpu) / denom);
       }
   // A DMA released by a flag the GPU already waits on, against one from the call.
   const std::size_t small = std::min<std::size_t>(4096, total);
   const double small_call = rig.p50("plain", small, small, 1, false, iters);
   const double small_gpu = rig.p50("plain", small, small, 1, true, iters);
-  std::printf("release: 4 KB DMA from the call %.1f us; from a host flag's store (GPU waiting) %.1f us\n",
-              small_call, small_gpu);
+  std::printf(
+      "release: 4 KB DMA from the call %.1f us; from a host flag's store (GPU waiting) %.1f us\n",
+      small_call, small_gpu);
 
   std::vector<std::byte> back(total);
   check(cudaMemcpy(back.data(), rig.dst, total, cudaMemcpyDeviceToHost), "cudaMemcpy");

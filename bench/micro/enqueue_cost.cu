@@ -40,7 +40,8 @@ using gfd::micro::check;
 const std::map<std::string, std::string> kFlags = {
     {"chunk", "=S           bytes per chunk (default 2M)"},
     {"chunks", "=LIST       chunk counts (default 4,8,16)"},
-    {"variants", "=LIST     comma list of streams, graph_set, graph_wait, graph_launch (default all)"},
+    {"variants",
+     "=LIST     comma list of streams, graph_set, graph_wait, graph_launch (default all)"},
     {"iters", "=N           timed repetitions (default 30)"},
     {"help", "              this text"},
 };
@@ -136,17 +137,19 @@ struct Rig {
       g.ops[c] = wait_op(c, 1);
       const CUDA_BATCH_MEM_OP_NODE_PARAMS mp = wait_node(g.ops[c]);
       CUgraphNode dep = c >= 2 ? reinterpret_cast<CUgraphNode>(ends[c - 2]) : nullptr;
-      drv(cuGraphAddBatchMemOpNode(&g.waits[c], reinterpret_cast<CUgraph>(graph), dep != nullptr ? &dep : nullptr,
-                                   dep != nullptr ? 1 : 0, &mp),
+      drv(cuGraphAddBatchMemOpNode(&g.waits[c], reinterpret_cast<CUgraph>(graph),
+                                   dep != nullptr ? &dep : nullptr, dep != nullptr ? 1 : 0, &mp),
           "cuGraphAddBatchMemOpNode");
       cudaGraphNode_t w = reinterpret_cast<cudaGraphNode_t>(g.waits[c]);
-      check(cudaGraphAddMemcpyNode1D(&g.copies[c], graph, &w, 1, dev + c * chunk, host + c * chunk, chunk,
-                                     cudaMemcpyHostToDevice),
+      check(cudaGraphAddMemcpyNode1D(&g.copies[c], graph, &w, 1, dev + c * chunk, host + c * chunk,
+                                     chunk, cudaMemcpyHostToDevice),
             "cudaGraphAddMemcpyNode1D");
       KernelArgs args;
       const cudaKernelNodeParams kp = kernel_node(c, args);
-      check(cudaGraphAddKernelNode(&g.kernels[c], graph, &g.copies[c], 1, &kp), "cudaGraphAddKernelNode");
-      check(cudaGraphAddEventRecordNode(&ends[c], graph, &g.kernels[c], 1, done[c]), "cudaGraphAddEventRecordNode");
+      check(cudaGraphAddKernelNode(&g.kernels[c], graph, &g.copies[c], 1, &kp),
+            "cudaGraphAddKernelNode");
+      check(cudaGraphAddEventRecordNode(&ends[c], graph, &g.kernels[c], 1, done[c]),
+            "cudaGraphAddEventRecordNode");
     }
     check(cudaGraphInstantiate(&g.exec, graph, 0), "cudaGraphInstantiate");
     g.graph = graph;  // kept: its nodes name the executable graph's nodes to update
@@ -155,14 +158,18 @@ struct Rig {
 
   void enqueue_streams(std::size_t n) {
     check(cudaEventRecord(start, caller), "cudaEventRecord start");
-    for (cudaStream_t l : lanes) check(cudaStreamWaitEvent(l, start, 0), "cudaStreamWaitEvent start");
+    for (cudaStream_t l : lanes)
+      check(cudaStreamWaitEvent(l, start, 0), "cudaStreamWaitEvent start");
     for (std::size_t c = 0; c < n; ++c) {
       cudaStream_t l = lanes[c % 2];
-      drv(cuStreamWaitValue64(reinterpret_cast<CUstream>(l), reinterpret_cast<CUdeviceptr>(&flags[c]), value,
+      drv(cuStreamWaitValue64(reinterpret_cast<CUstream>(l),
+                              reinterpret_cast<CUdeviceptr>(&flags[c]), value,
                               CU_STREAM_WAIT_VALUE_GEQ),
           "cuStreamWaitValue64");
-      check(cudaMemcpyAsync(dev + c * chunk, host + c * chunk, chunk, cudaMemcpyHostToDevice, l), "cudaMemcpyAsync");
-      touch_kernel<<<kGrid, kThreads, 0, l>>>(reinterpret_cast<const unsigned char*>(dev + c * chunk), sink, 1);
+      check(cudaMemcpyAsync(dev + c * chunk, host + c * chunk, chunk, cudaMemcpyHostToDevice, l),
+            "cudaMemcpyAsync");
+      touch_kernel<<<kGrid, kThreads, 0, l>>>(
+          reinterpret_cast<const unsigned char*>(dev + c * chunk), sink, 1);
       check(cudaGetLastError(), "touch_kernel");
       check(cudaEventRecord(done[c], l), "cudaEventRecord done");
     }
@@ -177,15 +184,17 @@ struct Rig {
     for (std::size_t c = 0; c < n && (set_all || set_waits); ++c) {
       g.ops[c] = wait_op(c, value);
       const CUDA_BATCH_MEM_OP_NODE_PARAMS mp = wait_node(g.ops[c]);
-      drv(cuGraphExecBatchMemOpNodeSetParams(reinterpret_cast<CUgraphExec>(g.exec), g.waits[c], &mp),
+      drv(cuGraphExecBatchMemOpNodeSetParams(reinterpret_cast<CUgraphExec>(g.exec), g.waits[c],
+                                             &mp),
           "cuGraphExecBatchMemOpNodeSetParams");
       if (!set_all) continue;
-      check(cudaGraphExecMemcpyNodeSetParams1D(g.exec, g.copies[c], dev + c * chunk, host + c * chunk, chunk,
-                                               cudaMemcpyHostToDevice),
+      check(cudaGraphExecMemcpyNodeSetParams1D(g.exec, g.copies[c], dev + c * chunk,
+                                               host + c * chunk, chunk, cudaMemcpyHostToDevice),
             "cudaGraphExecMemcpyNodeSetParams1D");
       KernelArgs args;
       const cudaKernelNodeParams kp = kernel_node(c, args);
-      check(cudaGraphExecKernelNodeSetParams(g.exec, g.kernels[c], &kp), "cudaGraphExecKernelNodeSetParams");
+      check(cudaGraphExecKernelNodeSetParams(g.exec, g.kernels[c], &kp),
+            "cudaGraphExecKernelNodeSetParams");
     }
     check(cudaGraphLaunch(g.exec, caller), "cudaGraphLaunch");
   }
@@ -199,12 +208,16 @@ struct Rig {
       value = g.ops[0].waitValue.value64;
     }
     const auto t0 = Clock::now();
-    if (v == "streams") enqueue_streams(n);
-    else enqueue_graph(n, v == "graph_set", v == "graph_wait");
+    if (v == "streams")
+      enqueue_streams(n);
+    else
+      enqueue_graph(n, v == "graph_set", v == "graph_wait");
     const double host_us = gfd::bench::since_us(t0);
-    std::this_thread::sleep_for(std::chrono::microseconds(300));  // the GPU waits on the flags by now
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(300));  // the GPU waits on the flags by now
     const auto t1 = Clock::now();
-    for (std::size_t c = 0; c < n; ++c) std::atomic_ref<std::uint64_t>(flags[c]).store(value, std::memory_order_release);
+    for (std::size_t c = 0; c < n; ++c)
+      std::atomic_ref<std::uint64_t>(flags[c]).store(value, std::memory_order_release);
     check(cudaStreamSynchronize(caller), "cudaStreamSynchronize");
     return {host_us, gfd::bench::since_us(t1)};
   }
@@ -218,12 +231,14 @@ int run_main(int argc, char** argv) {
   const std::vector<std::size_t> counts = flags.get_sizes("chunks", {4, 8, 16});
   const int iters = static_cast<int>(flags.get_int("iters", 30));
   std::vector<std::string> variants;
-  for (const std::string& v : flags.get_list("variants", "streams,graph_set,graph_wait,graph_launch"))
+  for (const std::string& v :
+       flags.get_list("variants", "streams,graph_set,graph_wait,graph_launch"))
     if (!v.empty()) variants.push_back(v);
   for (const std::string& v : variants)
     if (v != "streams" && v != "graph_set" && v != "graph_wait" && v != "graph_launch")
       throw std::invalid_argument("--variants: unknown variant " + v);
-  if (chunk == 0 || iters < 1 || counts.empty()) throw std::invalid_argument("--chunk > 0, --iters >= 1, --chunks");
+  if (chunk == 0 || iters < 1 || counts.empty())
+    throw std::invalid_argument("--chunk > 0, --iters >= 1, --chunks");
   std::size_t most = 0;
   for (std::size_t n : counts) {
     if (n == 0 || n > 256) throw std::invalid_argument("--chunks: each between 1 and 256");
@@ -236,26 +251,33 @@ int run_main(int argc, char** argv) {
   rig.chunk = chunk;
   rig.max_chunks = most;
   drv(cuCtxGetCurrent(&rig.ctx), "cuCtxGetCurrent");
-  check(cudaHostAlloc(reinterpret_cast<void**>(&rig.host), chunk * most, cudaHostAllocDefault), "cudaHostAlloc");
+  check(cudaHostAlloc(reinterpret_cast<void**>(&rig.host), chunk * most, cudaHostAllocDefault),
+        "cudaHostAlloc");
   gfd::bench::fill_random(rig.host, chunk * most);
   check(cudaMalloc(reinterpret_cast<void**>(&rig.dev), chunk * most), "cudaMalloc");
   check(cudaMalloc(reinterpret_cast<void**>(&rig.sink), 64), "cudaMalloc sink");
-  check(cudaHostAlloc(reinterpret_cast<void**>(&rig.flags), most * sizeof(std::uint64_t), cudaHostAllocDefault),
+  check(cudaHostAlloc(reinterpret_cast<void**>(&rig.flags), most * sizeof(std::uint64_t),
+                      cudaHostAllocDefault),
         "cudaHostAlloc flags");
   std::memset(rig.flags, 0, most * sizeof(std::uint64_t));
   check(cudaStreamCreateWithFlags(&rig.caller, cudaStreamNonBlocking), "cudaStreamCreate");
-  for (cudaStream_t& l : rig.lanes) check(cudaStreamCreateWithFlags(&l, cudaStreamNonBlocking), "cudaStreamCreate");
+  for (cudaStream_t& l : rig.lanes)
+    check(cudaStreamCreateWithFlags(&l, cudaStreamNonBlocking), "cudaStreamCreate");
   rig.done.resize(most);
-  for (cudaEvent_t& e : rig.done) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  for (cudaEvent_t& e : rig.done)
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
   for (cudaEvent_t* e : {&rig.start, &rig.lane_end, &rig.end})
     check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate");
 
   // Loaded now: with lazy module loading the first launch of a kernel may wait for the device,
   // here for lanes that wait on flags set only once everything is enqueued (a deadlock).
-  touch_kernel<<<kGrid, kThreads, 0, rig.caller>>>(reinterpret_cast<const unsigned char*>(rig.dev), rig.sink, 1);
+  touch_kernel<<<kGrid, kThreads, 0, rig.caller>>>(reinterpret_cast<const unsigned char*>(rig.dev),
+                                                   rig.sink, 1);
   check(cudaStreamSynchronize(rig.caller), "touch_kernel warm-up");
-  std::printf("enqueue_cost: chunks of %s, warm pinned to device, two lanes\n", gfd::bench::format_size(chunk).c_str());
-  std::printf("%-12s %6s | %9s %9s | %9s %8s\n", "variant", "chunks", "host us", "us/chunk", "gpu us", "GB/s");
+  std::printf("enqueue_cost: chunks of %s, warm pinned to device, two lanes\n",
+              gfd::bench::format_size(chunk).c_str());
+  std::printf("%-12s %6s | %9s %9s | %9s %8s\n", "variant", "chunks", "host us", "us/chunk",
+              "gpu us", "GB/s");
   for (std::size_t n : counts)
     for (const std::string& v : variants) {
       std::vector<double> host, gpu;
@@ -267,10 +289,12 @@ int run_main(int argc, char** argv) {
         }
       }
       const double h = gfd::bench::percentiles(host).p50, g = gfd::bench::percentiles(gpu).p50;
-      if (v == "graph_launch")  // its waits pass at once (the flags hold their value already): no gpu time
+      if (v == "graph_launch")  // its waits pass at once (the flags hold their value already): no
+                                // gpu time
         std::printf("%-12s %6zu | %9.1f %9.2f | %9s %8s\n", v.c_str(), n, h, h / n, "-", "-");
       else
-        std::printf("%-12s %6zu | %9.1f %9.2f | %9.1f %8.2f\n", v.c_str(), n, h, h / n, g, n * chunk / (g * 1e3));
+        std::printf("%-12s %6zu | %9.1f %9.2f | %9.1f %8.2f\n", v.c_str(), n, h, h / n, g,
+                    n * chunk / (g * 1e3));
     }
   std::vector<std::byte> back(chunk * most);
   check(cudaMemcpy(back.data(), rig.dev, back.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");

@@ -23,7 +23,8 @@ inline void check(cudaError_t e, const char* what) {
 
 // GB/s of one pinned cudaMemcpyAsync of `bytes` from `src` to `dst` on `stream`, timed from the
 // call to the stream's synchronisation: P50 of `iters` copies after 5 warm-up ones.
-inline double contiguous_dma_gbps(void* dst, const void* src, std::size_t bytes, cudaStream_t stream, int iters) {
+inline double contiguous_dma_gbps(void* dst, const void* src, std::size_t bytes,
+                                  cudaStream_t stream, int iters) {
   std::vector<double> us;
   for (int i = 0; i < 5 + iters; ++i) {
     const auto t0 = std::chrono::steady_clock::now();

@@ -122,8 +122,8 @@ Fixture* fixture_or_skip(benchmark::State& state) {
 StoreKind resolve(StagingWrites mode, std::string* label) {
   const StoreKind kind = gfd::detail::resolve_staging_writes(mode);
   if (gfd::detail::to_public(kind) != mode)
-    *label += std::string(", ") + gfd::to_string(mode) + " unsupported: " +
-              gfd::to_string(gfd::detail::to_public(kind));
+    *label += std::string(", ") + gfd::to_string(mode) +
+              " unsupported: " + gfd::to_string(gfd::detail::to_public(kind));
   return kind;
 }
 
@@ -209,7 +209,8 @@ void BM_GatherRead(benchmark::State& state, StagingWrites mode) {
     sync.arrive_and_wait();  // go
     sync.arrive_and_wait();  // the slot is written
     const auto t0 = std::chrono::steady_clock::now();
-    const auto* slot = reinterpret_cast<const std::uint64_t*>(f->staging + (round % kSlots) * kSlotBytes);
+    const auto* slot =
+        reinterpret_cast<const std::uint64_t*>(f->staging + (round % kSlots) * kSlotBytes);
     std::uint64_t sum = 0;
     for (std::size_t i = 0; i < kSlotBytes / 8; i += 8) sum += slot[i];
     sink += sum;
@@ -223,7 +224,8 @@ void BM_GatherRead(benchmark::State& state, StagingWrites mode) {
 
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(kSlotBytes));
   state.counters["read_GB/s"] =
-      read_seconds > 0 ? static_cast<double>(state.iterations()) * kSlotBytes / read_seconds / 1e9 : 0;
+      read_seconds > 0 ? static_cast<double>(state.iterations()) * kSlotBytes / read_seconds / 1e9
+                       : 0;
   state.SetLabel(label);
 }
 
@@ -249,17 +251,26 @@ BENCHMARK_CAPTURE(BM_Gather, cldemote, StagingWrites::kCldemote, kDefault)
 BENCHMARK_CAPTURE(BM_Gather, streaming, StagingWrites::kStreaming, kDefault)
     ->Apply(ThreadCounts)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gather, plain, StagingWrites::kPlain, kDefault)->Apply(ThreadCounts)->UseRealTime();
-BENCHMARK_CAPTURE(BM_GatherRead, cldemote, StagingWrites::kCldemote)->Apply(ThreadCounts)->UseRealTime();
-BENCHMARK_CAPTURE(BM_GatherRead, streaming, StagingWrites::kStreaming)->Apply(ThreadCounts)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Gather, plain, StagingWrites::kPlain, kDefault)
+    ->Apply(ThreadCounts)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_GatherRead, cldemote, StagingWrites::kCldemote)
+    ->Apply(ThreadCounts)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_GatherRead, streaming, StagingWrites::kStreaming)
+    ->Apply(ThreadCounts)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_GatherRead, plain, StagingWrites::kPlain)->Apply(ThreadCounts)->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gather, streaming_no_prefetch, StagingWrites::kStreaming, gfd::detail::Prefetch{0, 0})
+BENCHMARK_CAPTURE(BM_Gather, streaming_no_prefetch, StagingWrites::kStreaming,
+                  gfd::detail::Prefetch{0, 0})
     ->Apply(ThreadCounts)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_1K_2, StagingWrites::kStreaming, gfd::detail::Prefetch{1024, 2})
+BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_1K_2, StagingWrites::kStreaming,
+                  gfd::detail::Prefetch{1024, 2})
     ->Apply(ThreadCounts)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_4K_4, StagingWrites::kStreaming, gfd::detail::Prefetch{4096, 4})
+BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_4K_4, StagingWrites::kStreaming,
+                  gfd::detail::Prefetch{4096, 4})
     ->Apply(ThreadCounts)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_1K_2_l1, StagingWrites::kStreaming,
@@ -278,7 +289,8 @@ BENCHMARK_CAPTURE(BM_Gather, cldemote_prefetch_4K_2_nta, StagingWrites::kCldemot
                   gfd::detail::Prefetch{4096, 2, kNta})
     ->Apply(ThreadCounts)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_4K_1, StagingWrites::kStreaming, gfd::detail::Prefetch{4096, 1, gfd::detail::Prefetch::Level::kL2, 0})
+BENCHMARK_CAPTURE(BM_Gather, streaming_prefetch_4K_1, StagingWrites::kStreaming,
+                  gfd::detail::Prefetch{4096, 1, gfd::detail::Prefetch::Level::kL2, 0})
     ->Apply(ThreadCounts)
     ->UseRealTime();
 

@@ -68,7 +68,8 @@ std::vector<BlockCopy> make_blocks(std::size_t n, DstOrder order, Source source)
 
 // The two fake ranges of n blocks as the driver would report them (pinned sources: one pinned
 // range; pageable: no range), counting the queries in `*queries` where given.
-gfd::detail::PointerClassifier fake_classifier(std::size_t n, Source source, std::uint64_t* queries) {
+gfd::detail::PointerClassifier fake_classifier(std::size_t n, Source source,
+                                               std::uint64_t* queries) {
   const std::uintptr_t src_end = source == Source::kPinned ? kSrcBase + 2 * n * kBlock : kSrcBase;
   const std::uintptr_t dst_end = kDstBase + n * kBlock;
   return [=](const void* p) {
@@ -152,24 +153,30 @@ void BlockCounts(benchmark::internal::Benchmark* b) {
   for (std::int64_t n : {16, 256, 2048, 16384}) b->Arg(n);
 }
 
-BENCHMARK_CAPTURE(BM_MakePlan, ascending_dst, DstOrder::kAscending, true, Source::kPinned)->Apply(BlockCounts);
-BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst, DstOrder::kShuffled, true, Source::kPinned)->Apply(BlockCounts);
+BENCHMARK_CAPTURE(BM_MakePlan, ascending_dst, DstOrder::kAscending, true, Source::kPinned)
+    ->Apply(BlockCounts);
+BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst, DstOrder::kShuffled, true, Source::kPinned)
+    ->Apply(BlockCounts);
 BENCHMARK_CAPTURE(BM_MakePlan, ascending_dst_nocheck, DstOrder::kAscending, false, Source::kPinned)
     ->Apply(BlockCounts);
 BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_nocheck, DstOrder::kShuffled, false, Source::kPinned)
     ->Apply(BlockCounts);
-BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_runs_off, DstOrder::kShuffled, true, Source::kPinned, 0)->Arg(4096);
-BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_runs_on, DstOrder::kShuffled, true, Source::kPinned, 2, 512 << 10)
+BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_runs_off, DstOrder::kShuffled, true, Source::kPinned, 0)
+    ->Arg(4096);
+BENCHMARK_CAPTURE(BM_MakePlan, shuffled_dst_runs_on, DstOrder::kShuffled, true, Source::kPinned, 2,
+                  512 << 10)
     ->Arg(4096);
 BENCHMARK_CAPTURE(BM_MakePlan, seed_layout_runs_off, DstOrder::kAscending, true, Source::kPinned, 0)
     ->Arg(2048)
     ->Arg(16384);
-BENCHMARK_CAPTURE(BM_MakePlan, seed_layout_runs_on, DstOrder::kAscending, true, Source::kPinned, 2, 512 << 10)
+BENCHMARK_CAPTURE(BM_MakePlan, seed_layout_runs_on, DstOrder::kAscending, true, Source::kPinned, 2,
+                  512 << 10)
     ->Arg(2048)
     ->Arg(16384);
 BENCHMARK_CAPTURE(BM_Check, ascending_dst, DstOrder::kAscending)->Apply(BlockCounts);
 BENCHMARK_CAPTURE(BM_Check, shuffled_dst, DstOrder::kShuffled)->Apply(BlockCounts);
-BENCHMARK_CAPTURE(BM_MakePlan, pageable_src_ascending_dst, DstOrder::kAscending, true, Source::kPageable)
+BENCHMARK_CAPTURE(BM_MakePlan, pageable_src_ascending_dst, DstOrder::kAscending, true,
+                  Source::kPageable)
     ->Apply(BlockCounts);
 
 }  // namespace

@@ -41,8 +41,10 @@ struct Fixture {
       return;
     }
     dev = gfd::detail::make_cuda_device(0);
-    void* p = mmap(nullptr, pageable_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    void* q = mmap(nullptr, small_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* p =
+        mmap(nullptr, pageable_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* q =
+        mmap(nullptr, small_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED || q == MAP_FAILED) {
       error = "mmap failed";
       return;
@@ -53,8 +55,8 @@ struct Fixture {
     device = static_cast<std::byte*>(dev->alloc_device(small_bytes));
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult r{};
-    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &fn, 12000, cudaEnableDefault, &r) ==
-            cudaSuccess &&
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &fn, 12000, cudaEnableDefault,
+                                         &r) == cudaSuccess &&
         r == cudaDriverEntryPointSuccess)
       get_attribute = reinterpret_cast<GetAttribute>(fn);
   }
@@ -93,13 +95,16 @@ void BM_Query(benchmark::State& state) {
       sink += static_cast<std::uint64_t>(f.dev->query_pointer(p).kind);
     } else {
       unsigned type = 0;
-      if (f.get_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS)
+      if (f.get_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                          reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS)
         sink += type;
     }
   }
   benchmark::DoNotOptimize(sink);
   state.SetItemsProcessed(state.iterations());
-  state.SetLabel(state.range(0) == kPageable ? "pageable" : state.range(0) == kPinned ? "pinned" : "device");
+  state.SetLabel(state.range(0) == kPageable ? "pageable"
+                 : state.range(0) == kPinned ? "pinned"
+                                             : "device");
 }
 
 void threads(benchmark::internal::Benchmark* b) {

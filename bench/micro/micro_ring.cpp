@@ -27,9 +27,9 @@
 #include <random>
 #include <vector>
 
-#include "testkit/emulated_device.hpp"
 #include "engine/engine_core.hpp"
 #include "gfd/engine.hpp"
+#include "testkit/emulated_device.hpp"
 
 namespace {
 

@@ -48,7 +48,8 @@ const std::map<std::string, std::string> kFlags = {
     {"writes", "=W          cldemote | streaming | plain (default streaming)"},
     {"prefetch", "=L        where source lines are prefetched: l2 | l1 | nta | none (default l2)"},
     {"ahead", "=A           blocks prefetched ahead (default 2)"},
-    {"window", "=B          and more, until B bytes are prefetched ahead (default 8K, the engine's)"},
+    {"window",
+     "=B          and more, until B bytes are prefetched ahead (default 8K, the engine's)"},
     {"iters", "=N           timed repetitions (default 30)"},
     {"pool-bytes", "=S      source pool (default 8 x L3)"},
     {"warm", "              the same blocks every repetition"},
@@ -84,7 +85,8 @@ struct Pipeline {
     gfd::detail::pin_current_thread({cpu});
     std::uint64_t seen = 0;
     for (;;) {
-      while (generation.load(std::memory_order_acquire) == seen && !stop.load(std::memory_order_relaxed)) {
+      while (generation.load(std::memory_order_acquire) == seen &&
+             !stop.load(std::memory_order_relaxed)) {
       }
       if (stop.load()) return;
       seen = generation.load(std::memory_order_acquire);
@@ -95,7 +97,8 @@ struct Pipeline {
         while (!chunk_open[c].load(std::memory_order_acquire)) {
         }
         const std::size_t b = p * per_piece, e = std::min(n, b + per_piece);
-        gfd::detail::gather_ops(ops.data() + b, e - b, staging + (c % slots) * chunk, kind, prefetch);
+        gfd::detail::gather_ops(ops.data() + b, e - b, staging + (c % slots) * chunk, kind,
+                                prefetch);
         chunk_left[c].fetch_sub(1, std::memory_order_acq_rel);
       }
       idle.fetch_add(1, std::memory_order_acq_rel);
@@ -124,14 +127,15 @@ struct Pipeline {
     while (issued < nchunks) {
       // A slot opens once the chunk that used it last has been issued and its DMA is done.
       while (opened < nchunks &&
-             (opened < slots || (opened - slots < issued && cudaEventQuery(slot_done[opened % slots]) == cudaSuccess)))
+             (opened < slots || (opened - slots < issued &&
+                                 cudaEventQuery(slot_done[opened % slots]) == cudaSuccess)))
         chunk_open[opened++].store(true, std::memory_order_release);
       if (issued < opened && (!gather || chunk_left[issued].load(std::memory_order_acquire) == 0)) {
         const std::size_t bytes = std::min(per_chunk, n - issued * per_chunk) * bs;
         cudaStream_t s = lanes[issued % streams];
         if (dma) {
-          check(cudaMemcpyAsync(dst + issued * per_chunk * bs, staging + (issued % slots) * chunk, bytes,
-                                cudaMemcpyHostToDevice, s),
+          check(cudaMemcpyAsync(dst + issued * per_chunk * bs, staging + (issued % slots) * chunk,
+                                bytes, cudaMemcpyHostToDevice, s),
                 "cudaMemcpyAsync");
         }
         check(cudaEventRecord(slot_done[issued % slots], s), "cudaEventRecord");
@@ -156,34 +160,47 @@ int run_main(int argc, char** argv) {
   p.piece = gfd::bench::parse_size(flags.get("piece", "32K"));
   p.slots = static_cast<std::size_t>(flags.get_int("slots", 8));
   p.streams = static_cast<std::size_t>(flags.get_int("streams", 2));
-  const int threads = static_cast<int>(flags.get_int("threads", static_cast<long long>(cpus.size()) - 1));
+  const int threads =
+      static_cast<int>(flags.get_int("threads", static_cast<long long>(cpus.size()) - 1));
   const std::string writes = flags.get("writes", "streaming");
   const int iters = static_cast<int>(flags.get_int("iters", 30));
   const bool warm = flags.has("warm");
   gfd::StagingWrites w = gfd::StagingWrites::kStreaming;
-  if (writes == "cldemote") w = gfd::StagingWrites::kCldemote;
-  else if (writes == "plain") w = gfd::StagingWrites::kPlain;
-  else if (writes != "streaming") throw std::invalid_argument("--writes: cldemote, streaming or plain");
+  if (writes == "cldemote")
+    w = gfd::StagingWrites::kCldemote;
+  else if (writes == "plain")
+    w = gfd::StagingWrites::kPlain;
+  else if (writes != "streaming")
+    throw std::invalid_argument("--writes: cldemote, streaming or plain");
   p.kind = gfd::detail::resolve_staging_writes(w);
   const std::string prefetch = flags.get("prefetch", "l2");
   using Level = gfd::detail::Prefetch::Level;
-  if (prefetch == "l1") p.prefetch.level = Level::kL1;
-  else if (prefetch == "nta") p.prefetch.level = Level::kNonTemporal;
-  else if (prefetch == "none") p.prefetch.bytes = 0;
-  else if (prefetch != "l2") throw std::invalid_argument("--prefetch: l2, l1, nta or none");
+  if (prefetch == "l1")
+    p.prefetch.level = Level::kL1;
+  else if (prefetch == "nta")
+    p.prefetch.level = Level::kNonTemporal;
+  else if (prefetch == "none")
+    p.prefetch.bytes = 0;
+  else if (prefetch != "l2")
+    throw std::invalid_argument("--prefetch: l2, l1, nta or none");
   p.prefetch.ahead = static_cast<std::size_t>(flags.get_int("ahead", 2));
   p.prefetch.window = gfd::bench::parse_size(flags.get("window", "8K"));
-  if (p.bs == 0 || p.chunk % p.bs != 0 || p.chunk < p.bs || (p.chunk / p.bs) % std::max<std::size_t>(1, p.piece / p.bs) != 0)
+  if (p.bs == 0 || p.chunk % p.bs != 0 || p.chunk < p.bs ||
+      (p.chunk / p.bs) % std::max<std::size_t>(1, p.piece / p.bs) != 0)
     throw std::invalid_argument("--chunk must be a multiple of --piece and of --block-size");
-  if (p.slots < 2 || p.streams < 1 || threads < 1 || threads >= static_cast<int>(cpus.size()) || iters < 1)
-    throw std::invalid_argument("--slots >= 2, --streams >= 1, 1 <= --threads < allowed CPUs, --iters >= 1");
+  if (p.slots < 2 || p.streams < 1 || threads < 1 || threads >= static_cast<int>(cpus.size()) ||
+      iters < 1)
+    throw std::invalid_argument(
+        "--slots >= 2, --streams >= 1, 1 <= --threads < allowed CPUs, --iters >= 1");
 
   const std::size_t bytes = p.n * p.bs;
-  const std::size_t pool_bytes =
-      flags.has("pool-bytes") ? gfd::bench::parse_size(flags.get("pool-bytes")) : std::max(8 * gfd::bench::l3_bytes(), 4 * bytes);
+  const std::size_t pool_bytes = flags.has("pool-bytes")
+                                     ? gfd::bench::parse_size(flags.get("pool-bytes"))
+                                     : std::max(8 * gfd::bench::l3_bytes(), 4 * bytes);
   check(cudaSetDevice(0), "cudaSetDevice");
   std::byte* pool = nullptr;
-  check(cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes, cudaHostAllocDefault), "cudaHostAlloc pool");
+  check(cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes, cudaHostAllocDefault),
+        "cudaHostAlloc pool");
   {  // random bytes, written by several threads
     std::vector<std::thread> fill;
     const std::size_t share = pool_bytes / 8 / 8 * 8;
@@ -199,23 +216,29 @@ int run_main(int argc, char** argv) {
       });
     for (auto& t : fill) t.join();
   }
-  check(cudaHostAlloc(reinterpret_cast<void**>(&p.staging), p.slots * p.chunk, cudaHostAllocDefault), "cudaHostAlloc staging");
+  check(
+      cudaHostAlloc(reinterpret_cast<void**>(&p.staging), p.slots * p.chunk, cudaHostAllocDefault),
+      "cudaHostAlloc staging");
   std::memset(p.staging, 0, p.slots * p.chunk);
   check(cudaMalloc(reinterpret_cast<void**>(&p.dst), bytes), "cudaMalloc");
   std::byte* ref_src = nullptr;
-  check(cudaHostAlloc(reinterpret_cast<void**>(&ref_src), bytes, cudaHostAllocDefault), "cudaHostAlloc reference");
+  check(cudaHostAlloc(reinterpret_cast<void**>(&ref_src), bytes, cudaHostAllocDefault),
+        "cudaHostAlloc reference");
   std::memset(ref_src, 1, bytes);
   p.lanes.resize(p.streams);
-  for (auto& s : p.lanes) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  for (auto& s : p.lanes)
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   p.slot_done.resize(p.slots);
-  for (auto& e : p.slot_done) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  for (auto& e : p.slot_done)
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
   const std::size_t max_chunks = (p.n + p.chunk / p.bs - 1) / (p.chunk / p.bs);
   p.chunk_left = std::make_unique<std::atomic<std::uint32_t>[]>(max_chunks);
   p.chunk_open = std::make_unique<std::atomic<bool>[]>(max_chunks);
   p.ops.resize(p.n);
   // The timing thread keeps the first CPU; the gather threads take the next ones.
   gfd::detail::pin_current_thread({cpus[0]});
-  for (int t = 0; t < threads; ++t) p.threads.emplace_back([&p, cpu = cpus[1 + t]] { p.worker(cpu); });
+  for (int t = 0; t < threads; ++t)
+    p.threads.emplace_back([&p, cpu = cpus[1 + t]] { p.worker(cpu); });
 
   gfd::bench::SourcePicker picker(pool_bytes, p.bs, 0xC0FFEE);
   auto refill = [&] {
@@ -240,18 +263,24 @@ int run_main(int argc, char** argv) {
   std::vector<std::byte> back(bytes);
   check(cudaMemcpy(back.data(), p.dst, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
   std::size_t bad = 0;
-  for (std::size_t i = 0; i < p.n; ++i) bad += std::memcmp(back.data() + i * p.bs, p.ops[i].src, p.bs) != 0;
+  for (std::size_t i = 0; i < p.n; ++i)
+    bad += std::memcmp(back.data() + i * p.bs, p.ops[i].src, p.bs) != 0;
   const auto gather_only = measure(true, false);
   const auto dma_only = measure(false, true);
   auto gbps = [&](double us) { return bytes / (us * 1e3); };
-  std::printf("ref_pipeline: %zu x %zu %s, %d threads, chunk %zu, piece %zu, %zu slots, %zu streams, writes %s, "
-              "prefetch %s x %zu (window %zu), pool %.1f GB\n",
-              p.n, p.bs, warm ? "warm" : "cold", threads, p.chunk, p.piece, p.slots, p.streams,
-              gfd::to_string(gfd::detail::to_public(p.kind)), prefetch.c_str(), p.prefetch.ahead, p.prefetch.window, pool_bytes * 1e-9);
-  std::printf("contiguous DMA %.2f GB/s | pipeline p50 %.1f us %.2f GB/s ratio %.1f%% | gather only %.2f GB/s | "
-              "DMA only (slot chunks) %.2f GB/s | verified %s\n",
-              ref, full.p50, gbps(full.p50), 100 * gbps(full.p50) / ref, gbps(gather_only.p50), gbps(dma_only.p50),
-              bad == 0 ? "yes" : "NO");
+  std::printf(
+      "ref_pipeline: %zu x %zu %s, %d threads, chunk %zu, piece %zu, %zu slots, %zu streams, "
+      "writes %s, "
+      "prefetch %s x %zu (window %zu), pool %.1f GB\n",
+      p.n, p.bs, warm ? "warm" : "cold", threads, p.chunk, p.piece, p.slots, p.streams,
+      gfd::to_string(gfd::detail::to_public(p.kind)), prefetch.c_str(), p.prefetch.ahead,
+      p.prefetch.window, pool_bytes * 1e-9);
+  std::printf(
+      "contiguous DMA %.2f GB/s | pipeline p50 %.1f us %.2f GB/s ratio %.1f%% | gather only %.2f "
+      "GB/s | "
+      "DMA only (slot chunks) %.2f GB/s | verified %s\n",
+      ref, full.p50, gbps(full.p50), 100 * gbps(full.p50) / ref, gbps(gather_only.p50),
+      gbps(dma_only.p50), bad == 0 ? "yes" : "NO");
   p.stop.store(true);
   p.generation.fetch_add(1);
   for (auto& t : p.threads) t.join();

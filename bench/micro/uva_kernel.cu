@@ -11,7 +11,8 @@
 //   flat      one thread per 16 bytes; the list of source pointers uploaded to device memory
 //             (cudaMemcpyAsync) before the kernel
 //   flat_host the same kernel reading the list straight from pinned host memory
-//   gfd       gfd's zero-copy kernel (src/device/kernels.cu) on gfd's entries in pinned host memory,
+//   gfd       gfd's zero-copy kernel (src/device/kernels.cu) on gfd's entries in pinned host
+//   memory,
 //             as the zero_copy_kernel backend runs it (planning left out)
 //   gfd_dev   gfd's zero-copy kernel on entries uploaded to device memory first
 #include <cuda_runtime.h>
@@ -46,8 +47,8 @@ const std::map<std::string, std::string> kFlags = {
 
 // One thread per 16 bytes of the transfer: thread t copies 16-byte word t % words of block
 // t / words (`words` = block size / 16) to the same place of the contiguous destination.
-__global__ void flat_kernel(const std::uint64_t* __restrict__ src, std::uint64_t words, std::uint64_t total,
-                            uint4* __restrict__ dst) {
+__global__ void flat_kernel(const std::uint64_t* __restrict__ src, std::uint64_t words,
+                            std::uint64_t total, uint4* __restrict__ dst) {
   const std::uint64_t t = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (t >= total) return;
   const std::uint64_t block = t / words;
@@ -66,15 +67,18 @@ int run_main(int argc, char** argv) {
   for (const std::string& v : flags.get_list("variants", "flat,flat_host,gfd,gfd_dev"))
     if (!v.empty()) variants.push_back(v);
   const std::size_t bytes = n * bs;
-  const std::size_t pool_bytes = flags.has("pool-bytes") ? gfd::bench::parse_size(flags.get("pool-bytes"))
-                                                         : std::max(8 * gfd::bench::l3_bytes(), 4 * bytes);
+  const std::size_t pool_bytes = flags.has("pool-bytes")
+                                     ? gfd::bench::parse_size(flags.get("pool-bytes"))
+                                     : std::max(8 * gfd::bench::l3_bytes(), 4 * bytes);
   check(cudaSetDevice(0), "cudaSetDevice");
   check(gfd::detail::preload_kernels(), "preload_kernels");
   std::byte* pool = nullptr;
-  check(cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes, cudaHostAllocDefault), "cudaHostAlloc pool");
+  check(cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes, cudaHostAllocDefault),
+        "cudaHostAlloc pool");
   gfd::bench::fill_random(pool, pool_bytes);
   std::byte* ref_src = nullptr;
-  check(cudaHostAlloc(reinterpret_cast<void**>(&ref_src), bytes, cudaHostAllocDefault), "cudaHostAlloc reference");
+  check(cudaHostAlloc(reinterpret_cast<void**>(&ref_src), bytes, cudaHostAllocDefault),
+        "cudaHostAlloc reference");
   std::memset(ref_src, 1, bytes);
   std::byte* dst = nullptr;
   check(cudaMalloc(reinterpret_cast<void**>(&dst), bytes), "cudaMalloc");
@@ -87,8 +91,8 @@ int run_main(int argc, char** argv) {
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
 
   const double ref = gfd::micro::contiguous_dma_gbps(dst, ref_src, bytes, stream, iters);
-  std::printf("uva_kernel: %zu x %zu cold, pool %.1f GB; contiguous DMA %.2f GB/s\n", n, bs, pool_bytes * 1e-9,
-              ref);
+  std::printf("uva_kernel: %zu x %zu cold, pool %.1f GB; contiguous DMA %.2f GB/s\n", n, bs,
+              pool_bytes * 1e-9, ref);
 
   gfd::bench::SourcePicker picker(pool_bytes, bs, 0xC0FFEE);
   std::vector<std::size_t> src;
@@ -96,7 +100,8 @@ int run_main(int argc, char** argv) {
   for (const std::string& v : variants) {
     const bool flat = v == "flat" || v == "flat_host";
     const bool upload = v == "flat" || v == "gfd_dev";
-    if (!flat && v != "gfd" && v != "gfd_dev") throw std::invalid_argument("--variants: unknown variant " + v);
+    if (!flat && v != "gfd" && v != "gfd_dev")
+      throw std::invalid_argument("--variants: unknown variant " + v);
     std::vector<double> us;
     for (int i = 0; i < 5 + iters; ++i) {
       src = picker.pick(n);
@@ -107,20 +112,23 @@ int run_main(int argc, char** argv) {
       } else {
         auto* l = static_cast<ZeroCopyEntry*>(host_list);
         for (std::size_t k = 0; k < n; ++k)
-          l[k] = {reinterpret_cast<std::uint64_t>(pool + src[k]), reinterpret_cast<std::uint64_t>(dst + k * bs), bs};
+          l[k] = {reinterpret_cast<std::uint64_t>(pool + src[k]),
+                  reinterpret_cast<std::uint64_t>(dst + k * bs), bs};
       }
       if (upload)
-        check(cudaMemcpyAsync(dev_list, host_list, flat ? n * 8 : list_bytes, cudaMemcpyHostToDevice, stream),
+        check(cudaMemcpyAsync(dev_list, host_list, flat ? n * 8 : list_bytes,
+                              cudaMemcpyHostToDevice, stream),
               "cudaMemcpyAsync list");
       const void* list = upload ? dev_list : host_list;
       if (flat) {
         const std::uint64_t total = bytes / 16;
         const auto grid = static_cast<unsigned>((total + 255) / 256);
-        flat_kernel<<<grid, 256, 0, stream>>>(static_cast<const std::uint64_t*>(list), bs / 16, total,
-                                               reinterpret_cast<uint4*>(dst));
+        flat_kernel<<<grid, 256, 0, stream>>>(static_cast<const std::uint64_t*>(list), bs / 16,
+                                              total, reinterpret_cast<uint4*>(dst));
         check(cudaGetLastError(), "flat_kernel");
       } else {
-        check(gfd::detail::launch_zero_copy(static_cast<const ZeroCopyEntry*>(list), static_cast<std::uint32_t>(n), stream),
+        check(gfd::detail::launch_zero_copy(static_cast<const ZeroCopyEntry*>(list),
+                                            static_cast<std::uint32_t>(n), stream),
               "launch_zero_copy");
       }
       check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
@@ -129,11 +137,13 @@ int run_main(int argc, char** argv) {
     std::vector<std::byte> back(bytes);
     check(cudaMemcpy(back.data(), dst, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
     std::size_t bad = 0;
-    for (std::size_t k = 0; k < n; ++k) bad += std::memcmp(back.data() + k * bs, pool + src[k], bs) != 0;
+    for (std::size_t k = 0; k < n; ++k)
+      bad += std::memcmp(back.data() + k * bs, pool + src[k], bs) != 0;
     bad_variants += bad != 0;
     const auto p = gfd::bench::percentiles(us);
-    std::printf("%-10s p50 %8.1f us %7.2f GB/s ratio %5.1f%% | p90 %8.1f us | verified %s\n", v.c_str(), p.p50,
-                bytes / (p.p50 * 1e3), 100.0 * bytes / (p.p50 * 1e3) / ref, p.p90, bad == 0 ? "yes" : "NO");
+    std::printf("%-10s p50 %8.1f us %7.2f GB/s ratio %5.1f%% | p90 %8.1f us | verified %s\n",
+                v.c_str(), p.p50, bytes / (p.p50 * 1e3), 100.0 * bytes / (p.p50 * 1e3) / ref, p.p90,
+                bad == 0 ? "yes" : "NO");
     check(cudaMemset(dst, 0, bytes), "cudaMemset");
   }
   return bad_variants == 0 ? 0 : 1;

@@ -15,7 +15,8 @@ namespace gfd::bench {
 Flags::Flags(int argc, char** argv, const std::map<std::string, std::string>& known) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + a + "'\n" + usage(known));
+    if (a.rfind("--", 0) != 0)
+      throw std::invalid_argument("unexpected argument '" + a + "'\n" + usage(known));
     a = a.substr(2);
     std::string value = "1";
     const auto eq = a.find('=');
@@ -65,7 +66,8 @@ long long Flags::get_int(const std::string& n, long long fallback) const {
   }
 }
 
-std::vector<std::size_t> Flags::get_sizes(const std::string& n, const std::vector<std::size_t>& fallback) const {
+std::vector<std::size_t> Flags::get_sizes(const std::string& n,
+                                          const std::vector<std::size_t>& fallback) const {
   if (!has(n)) return fallback;
   std::vector<std::size_t> out;
   for (const std::string& part : get_list(n)) {
@@ -92,10 +94,14 @@ std::size_t parse_size(const std::string& s) {
   std::size_t shift = 0;
   if (pos < s.size()) {
     const char c = s[pos];
-    if (c == 'K' || c == 'k') shift = 10;
-    else if (c == 'M' || c == 'm') shift = 20;
-    else if (c == 'G' || c == 'g') shift = 30;
-    else throw std::invalid_argument(s);
+    if (c == 'K' || c == 'k')
+      shift = 10;
+    else if (c == 'M' || c == 'm')
+      shift = 20;
+    else if (c == 'G' || c == 'g')
+      shift = 30;
+    else
+      throw std::invalid_argument(s);
     if (pos + 1 != s.size()) throw std::invalid_argument(s);
   }
   if (v == 0) throw std::invalid_argument(s);
@@ -113,7 +119,9 @@ Percentiles percentiles(std::vector<double> v) {
   Percentiles p;
   if (v.empty()) return p;
   std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<std::size_t>(q * (v.size() - 1) + 0.5))]; };
+  auto at = [&](double q) {
+    return v[std::min(v.size() - 1, static_cast<std::size_t>(q * (v.size() - 1) + 0.5))];
+  };
   p.p50 = at(0.5);
   p.p90 = at(0.9);
   p.min = v.front();
@@ -159,16 +167,20 @@ void fill_random(std::byte* data, std::size_t bytes) {
 
 Pool::Pool(std::size_t b) : bytes(b) {
   void* p = mmap(nullptr, b, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::runtime_error("pool: mmap of " + std::to_string(b) + " bytes failed");
+  if (p == MAP_FAILED)
+    throw std::runtime_error("pool: mmap of " + std::to_string(b) + " bytes failed");
   data = static_cast<std::byte*>(p);
   fill_random(data, bytes);
 }
 
 Pool::~Pool() { munmap(data, bytes); }
 
-SourcePicker::SourcePicker(std::size_t pool_bytes, std::size_t block, std::uint64_t seed, std::size_t pitch,
-                           bool consecutive)
-    : slots_(pool_bytes / (pitch * block)), stride_(pitch * block), state_(seed | 1), consecutive_(consecutive) {}
+SourcePicker::SourcePicker(std::size_t pool_bytes, std::size_t block, std::uint64_t seed,
+                           std::size_t pitch, bool consecutive)
+    : slots_(pool_bytes / (pitch * block)),
+      stride_(pitch * block),
+      state_(seed | 1),
+      consecutive_(consecutive) {}
 
 std::vector<std::size_t> SourcePicker::pick(std::size_t n) {
   if (n > slots_ / 2) throw std::runtime_error("source pool too small for the requested blocks");
@@ -211,7 +223,8 @@ double since_us(std::chrono::steady_clock::time_point t0) {
 std::vector<gfd::Backend> backends_flag(const Flags& flags) {
   if (!flags.has("backends")) return {std::begin(gfd::kAllBackends), std::end(gfd::kAllBackends)};
   std::vector<gfd::Backend> out;
-  for (const std::string& name : flags.get_list("backends")) out.push_back(gfd::backend_from_string(name));
+  for (const std::string& name : flags.get_list("backends"))
+    out.push_back(gfd::backend_from_string(name));
   return out;
 }
 

@@ -19,9 +19,11 @@ class Flags {
   bool has(const std::string& name) const;
   std::string get(const std::string& name, const std::string& fallback = "") const;
   // The flag's value (or `fallback`) cut at every comma; empty parts are kept.
-  std::vector<std::string> get_list(const std::string& name, const std::string& fallback = "") const;
+  std::vector<std::string> get_list(const std::string& name,
+                                    const std::string& fallback = "") const;
   long long get_int(const std::string& name, long long fallback) const;
-  std::vector<std::size_t> get_sizes(const std::string& name, const std::vector<std::size_t>& fallback) const;
+  std::vector<std::size_t> get_sizes(const std::string& name,
+                                     const std::vector<std::size_t>& fallback) const;
   static std::string usage(const std::map<std::string, std::string>& known);
 
  private:
@@ -29,7 +31,7 @@ class Flags {
 };
 
 std::size_t parse_size(const std::string& s);  // 4096, 4K, 2M, 1G
-std::string format_size(std::size_t bytes);     // 4K, 2M, 512
+std::string format_size(std::size_t bytes);    // 4K, 2M, 512
 
 struct Percentiles {
   double p50 = 0, p90 = 0, min = 0;

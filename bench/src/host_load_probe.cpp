@@ -33,7 +33,7 @@ void host_load_probe(PoolBench& b, std::size_t bytes) {
           for (std::size_t off = 0; off < kBuf && !stop.load(std::memory_order_relaxed);
                off += 1 << 20) {
             testkit::copy_like_staging(c.data() + off, a.data() + off, 1 << 20,
-                                     StagingWrites::kStreaming);
+                                       StagingWrites::kStreaming);
             copied.fetch_add(1 << 20, std::memory_order_relaxed);
           }
         }

@@ -34,13 +34,15 @@ cudaError_t launch_fma_load(float* sink, std::uint32_t iters, std::uint32_t wave
 }
 
 cudaError_t make_fma_series(float* sink, std::uint32_t iters, std::uint32_t waves, int sms,
-                            std::uint32_t kernels, cudaStream_t capture_stream, cudaGraphExec_t* out) {
+                            std::uint32_t kernels, cudaStream_t capture_stream,
+                            cudaGraphExec_t* out) {
   *out = nullptr;
   // Thread-local capture: other threads (the engines' gather threads) may call CUDA meanwhile.
   cudaError_t e = cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess) return e;
   const std::uint32_t grid = waves * 8u * static_cast<std::uint32_t>(sms);
-  for (std::uint32_t k = 0; k < kernels; ++k) fma_load<<<grid, 256, 0, capture_stream>>>(sink, iters);
+  for (std::uint32_t k = 0; k < kernels; ++k)
+    fma_load<<<grid, 256, 0, capture_stream>>>(sink, iters);
   const cudaError_t launched = cudaGetLastError();
   cudaGraph_t graph = nullptr;
   e = cudaStreamEndCapture(capture_stream, &graph);

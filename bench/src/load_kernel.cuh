@@ -24,6 +24,7 @@ cudaError_t launch_fma_load(float* sink, std::uint32_t iters, std::uint32_t wave
 // for the transfers measured beside them). Graph kernels run at the priority of the stream the
 // graph is launched into. Release with cudaGraphExecDestroy.
 cudaError_t make_fma_series(float* sink, std::uint32_t iters, std::uint32_t waves, int sms,
-                            std::uint32_t kernels, cudaStream_t capture_stream, cudaGraphExec_t* out);
+                            std::uint32_t kernels, cudaStream_t capture_stream,
+                            cudaGraphExec_t* out);
 
 }  // namespace gfd::bench

@@ -42,8 +42,8 @@ void parallel_for(std::size_t n, F fn) {
 // and mmaps registered with it (pinned as far as the engine is concerned).
 class Caches {
  public:
-  Caches(testkit::Device& dev, std::size_t tensors, std::size_t host_bytes, std::size_t device_bytes,
-         std::size_t ref_bytes);
+  Caches(testkit::Device& dev, std::size_t tensors, std::size_t host_bytes,
+         std::size_t device_bytes, std::size_t ref_bytes);
   ~Caches() { release(); }
   Caches(const Caches&) = delete;
   Caches& operator=(const Caches&) = delete;

@@ -19,9 +19,9 @@
 #include "bench_common.hpp"
 #include "gfd/gfd.hpp"
 #include "pool_flags.hpp"
-#include "testkit/testkit.hpp"
 #include "source_pool.hpp"
 #include "stage_only.hpp"
+#include "testkit/testkit.hpp"
 
 namespace gfd::bench::pool {
 

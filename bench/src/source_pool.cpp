@@ -47,9 +47,12 @@ std::string pages_of(const void* p) {
     std::string key;
     unsigned long long v = 0;
     if (!(kv >> key >> v)) continue;
-    if (key == "Size:") size_kb = v;
-    else if (key == "KernelPageSize:") page_kb = v;
-    else if (key == "AnonHugePages:") thp_kb = v;
+    if (key == "Size:")
+      size_kb = v;
+    else if (key == "KernelPageSize:")
+      page_kb = v;
+    else if (key == "AnonHugePages:")
+      thp_kb = v;
   }
   if (size_kb == 0) return "pages unknown (no smaps entry)";
   if (page_kb >= 2048) return format_size(page_kb << 10) + " hugetlb pages";
@@ -62,7 +65,8 @@ std::string node_words(int node) { return node < 0 ? "unknown" : std::to_string(
 void* map_anonymous(std::size_t bytes, const char* what) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
-    throw std::runtime_error(std::string("--pool=") + what + ": mmap of " + format_size(bytes) + " failed");
+    throw std::runtime_error(std::string("--pool=") + what + ": mmap of " + format_size(bytes) +
+                             " failed");
   return p;
 }
 
@@ -70,9 +74,12 @@ void* map_anonymous(std::size_t bytes, const char* what) {
 
 const char* to_string(PoolKind kind) {
   switch (kind) {
-    case PoolKind::kCuda: return "cuda";
-    case PoolKind::kGfd: return "gfd";
-    case PoolKind::kMmap: return "mmap";
+    case PoolKind::kCuda:
+      return "cuda";
+    case PoolKind::kGfd:
+      return "gfd";
+    case PoolKind::kMmap:
+      return "mmap";
   }
   return "?";
 }
@@ -87,13 +94,18 @@ std::vector<PoolKind> pool_kinds_flag(const std::string& value) {
   for (std::size_t pos = 0; pos <= value.size();) {
     const std::size_t comma = std::min(value.find(',', pos), value.size());
     const std::string name = value.substr(pos, comma - pos);
-    if (name == "cuda") add(PoolKind::kCuda);
-    else if (name == "gfd") add(PoolKind::kGfd);
-    else if (name == "mmap") add(PoolKind::kMmap);
-    else if (name == "both") add(PoolKind::kCuda), add(PoolKind::kGfd);
+    if (name == "cuda")
+      add(PoolKind::kCuda);
+    else if (name == "gfd")
+      add(PoolKind::kGfd);
+    else if (name == "mmap")
+      add(PoolKind::kMmap);
+    else if (name == "both")
+      add(PoolKind::kCuda), add(PoolKind::kGfd);
     else
-      throw std::invalid_argument("--pool=" + value + ": '" + name +
-                                  "' is not a pool (cuda, gfd, mmap, both, or a comma list such as cuda,gfd)");
+      throw std::invalid_argument(
+          "--pool=" + value + ": '" + name +
+          "' is not a pool (cuda, gfd, mmap, both, or a comma list such as cuda,gfd)");
     pos = comma + 1;
   }
   return out;
@@ -104,8 +116,9 @@ SourcePool::SourcePool(PoolKind kind, std::size_t bytes, testkit::Device& device
   switch (kind) {
     case PoolKind::kCuda: {
       if (!pinned)
-        throw std::invalid_argument("--pool=cuda cannot be pageable (cudaHostAlloc memory is pinned): "
-                                    "with --pageable use --pool=mmap or --pool=gfd");
+        throw std::invalid_argument(
+            "--pool=cuda cannot be pageable (cudaHostAlloc memory is pinned): "
+            "with --pageable use --pool=mmap or --pool=gfd");
       if (!dev_.emulated()) {
         dev_.make_current();
         void* p = nullptr;
@@ -129,9 +142,10 @@ SourcePool::SourcePool(PoolKind kind, std::size_t bytes, testkit::Device& device
         (void)madvise(data_, bytes, MADV_NOHUGEPAGE);
         fill_random(data_, bytes_);
         dev_.register_host(data_, bytes_);
-        description_ = "emulated stand-in for cudaHostAlloc (no GPU: an anonymous mmap with "
-                       "MADV_NOHUGEPAGE, registered with the emulated device), " +
-                       pages_of(data_) + ", first page on NUMA node " + node_words(node_of(data_));
+        description_ =
+            "emulated stand-in for cudaHostAlloc (no GPU: an anonymous mmap with "
+            "MADV_NOHUGEPAGE, registered with the emulated device), " +
+            pages_of(data_) + ", first page on NUMA node " + node_words(node_of(data_));
       }
       break;
     }
@@ -144,12 +158,13 @@ SourcePool::SourcePool(PoolKind kind, std::size_t bytes, testkit::Device& device
       host_pool_ = std::make_unique<HostPool>(testkit::make_host_pool(dev_, o));
       data_ = host_pool_->data();
       fill_random(data_, bytes_);
-      description_ = std::string("gfd::HostPool, hugepages ") + gfd::to_string(host_pool_->hugepages()) +
-                     " (" + pages_of(data_) + "), NUMA node " +
-                     (host_pool_->numa_node() < 0 ? std::string("not bound (no locality reported)")
-                                                  : std::to_string(host_pool_->numa_node()) + " (bound)") +
-                     ", " + (host_pool_->registered() ? "registered" : "pageable") +
-                     (dev_.emulated() ? " with the emulated device" : "");
+      description_ =
+          std::string("gfd::HostPool, hugepages ") + gfd::to_string(host_pool_->hugepages()) +
+          " (" + pages_of(data_) + "), NUMA node " +
+          (host_pool_->numa_node() < 0 ? std::string("not bound (no locality reported)")
+                                       : std::to_string(host_pool_->numa_node()) + " (bound)") +
+          ", " + (host_pool_->registered() ? "registered" : "pageable") +
+          (dev_.emulated() ? " with the emulated device" : "");
       break;
     }
     case PoolKind::kMmap: {
@@ -157,7 +172,8 @@ SourcePool::SourcePool(PoolKind kind, std::size_t bytes, testkit::Device& device
       mapped_ = bytes;
       fill_random(data_, bytes_);
       if (pinned) dev_.register_host(data_, bytes_);
-      description_ = "anonymous mmap" + std::string(pinned ? " + cudaHostRegister" : " (pageable)") + ", " +
+      description_ = "anonymous mmap" +
+                     std::string(pinned ? " + cudaHostRegister" : " (pageable)") + ", " +
                      pages_of(data_) + ", first page on NUMA node " + node_words(node_of(data_)) +
                      (pinned && dev_.emulated() ? ", registered with the emulated device" : "");
       break;

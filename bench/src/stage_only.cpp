@@ -37,8 +37,10 @@ StageOnly::~StageOnly() {
 void StageOnly::copy_piece(std::size_t k) {
   const testkit::StagedBlock* ops = ops_.data() + piece_begin_[k];
   const std::size_t count = piece_begin_[k + 1] - piece_begin_[k];
-  if (cfg_.to_host) testkit::place_like_engine(ops, count, staging_, cfg_.writes);
-  else testkit::gather_like_engine(ops, count, staging_, cfg_.writes);
+  if (cfg_.to_host)
+    testkit::place_like_engine(ops, count, staging_, cfg_.writes);
+  else
+    testkit::gather_like_engine(ops, count, staging_, cfg_.writes);
 }
 
 // Claims the next piece of the current run in order, as the engine's threads do (one
@@ -48,7 +50,8 @@ bool StageOnly::claim_and_copy() {
   while (true) {
     const std::uint64_t idx = c & kIdxMask, total = (c >> kIdxBits) & kIdxMask;
     if (idx >= total) return false;
-    if (claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+    if (claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel,
+                                     std::memory_order_acquire)) {
       copy_piece(static_cast<std::size_t>(idx));
       left_.fetch_sub(1, std::memory_order_acq_rel);
       return true;
@@ -84,8 +87,9 @@ double StageOnly::run(const std::vector<BlockCopy>& blocks) {
   for (const BlockCopy& b : blocks) total += b.bytes;
   piece_ = cfg_.piece_bytes;
   if (total <= cfg_.first_chunk_bytes)
-    piece_ = std::clamp<std::size_t>(cfg_.first_chunk_bytes / 32, std::min<std::size_t>(4096, cfg_.piece_bytes),
-                                     cfg_.piece_bytes);
+    piece_ =
+        std::clamp<std::size_t>(cfg_.first_chunk_bytes / 32,
+                                std::min<std::size_t>(4096, cfg_.piece_bytes), cfg_.piece_bytes);
   const std::size_t piece = piece_;
   const std::size_t slots = staging_bytes_ / piece;  // piece positions in the buffer
   std::size_t fill = 0, k = 0, bytes = 0;
@@ -120,7 +124,8 @@ double StageOnly::run(const std::vector<BlockCopy>& blocks) {
   } else {
     left_.store(static_cast<std::uint32_t>(pieces), std::memory_order_relaxed);
     generation_ = (generation_ + 1) & 0xFFFF;
-    claim_.store((generation_ << (2 * kIdxBits)) | (std::uint64_t{pieces} << kIdxBits), std::memory_order_release);
+    claim_.store((generation_ << (2 * kIdxBits)) | (std::uint64_t{pieces} << kIdxBits),
+                 std::memory_order_release);
     claim_.notify_all();
     if (cfg_.caller_copies)
       while (claim_and_copy()) {

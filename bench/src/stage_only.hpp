@@ -19,17 +19,17 @@ namespace gfd::bench {
 class StageOnly {
  public:
   struct Config {
-    int workers = 0;                // persistent threads (the engine's gather_threads)
-    std::vector<int> cpus;          // their CPUs, each thread pinned to the whole set (the engine's)
-    bool caller_copies = true;      // the calling thread copies too (submitter_gathers)
-    int spin_us = 200;              // idle workers spin this long, then park (the engine's spin_us)
+    int workers = 0;            // persistent threads (the engine's gather_threads)
+    std::vector<int> cpus;      // their CPUs, each thread pinned to the whole set (the engine's)
+    bool caller_copies = true;  // the calling thread copies too (submitter_gathers)
+    int spin_us = 200;          // idle workers spin this long, then park (the engine's spin_us)
     std::size_t piece_bytes = 32768;
-    std::size_t inline_bytes = 0;   // transfers up to this size: the calling thread alone
+    std::size_t inline_bytes = 0;  // transfers up to this size: the calling thread alone
     // Transfers of one chunk (up to the engine's first_chunk_bytes) are cut into pieces of a
     // 32nd of it (4 KB at least), as the engine cuts them; 0: piece_bytes throughout.
     std::size_t first_chunk_bytes = 0;
     StagingWrites writes = StagingWrites::kStreaming;  // resolved as the engine resolves it
-    bool to_host = false;           // place (staging -> host dst) instead of gather
+    bool to_host = false;  // place (staging -> host dst) instead of gather
   };
   // `staging` (`staging_bytes`, a multiple of piece_bytes is best) is the buffer written (gather)
   // or read (place); the caller owns it.
@@ -63,7 +63,7 @@ class StageOnly {
   std::byte* staging_;
   std::size_t staging_bytes_;
   std::vector<testkit::StagedBlock> ops_;
-  std::size_t piece_ = 0;  // the last run's piece size
+  std::size_t piece_ = 0;                   // the last run's piece size
   std::vector<std::uint32_t> piece_begin_;  // ops of piece k: [piece_begin_[k], piece_begin_[k+1])
   std::atomic<std::uint64_t> claim_{0};
   std::atomic<std::uint32_t> left_{0};

@@ -15,7 +15,8 @@ namespace gfd::bench {
 // `ev`: the trace of a run of timed repetitions (testkit::take_trace), one transfer each; `us`:
 // their call-to-sync times in the same order. Prints "trace: unusable" when the two do not
 // match (a --batch run, say).
-void print_trace(const std::vector<testkit::TraceEvent>& ev, const std::vector<double>& us, std::size_t n,
-                 std::size_t size, const std::string& mode, const std::string& backend);
+void print_trace(const std::vector<testkit::TraceEvent>& ev, const std::vector<double>& us,
+                 std::size_t n, std::size_t size, const std::string& mode,
+                 const std::string& backend);
 
 }  // namespace gfd::bench

@@ -19,9 +19,8 @@ import argparse
 import sys
 import time
 
-import torch
-
 import gfd
+import torch
 
 
 def p50(xs):
@@ -50,26 +49,30 @@ def main(argv=None) -> int:
     torch.cuda.set_device(dev)
     dtype = getattr(torch, a.dtype)
     block = (a.block_tokens, a.heads, a.head_dim)
-    block_bytes = torch.empty((), dtype=dtype).element_size() * a.block_tokens * a.heads * a.head_dim
+    block_bytes = (
+        torch.empty((), dtype=dtype).element_size() * a.block_tokens * a.heads * a.head_dim
+    )
 
     # The caches: GPU [2, blocks, ...] per layer (K = [0], V = [1]); host in one gfd HostPool.
     gpu = [torch.randn((2, a.gpu_blocks) + block, device=dev).to(dtype) for _ in range(a.layers)]
     pool = gfd.HostPool(a.layers * 2 * a.cpu_blocks * block_bytes, device=a.device)
     host_all = torch.from_dlpack(pool.view((a.layers, 2, a.cpu_blocks) + block, dtype))
     assert host_all.is_pinned()
-    cpu = [host_all[l] for l in range(a.layers)]
+    cpu = [host_all[layer] for layer in range(a.layers)]
     gpu_k, gpu_v = [g[0] for g in gpu], [g[1] for g in gpu]
     cpu_k, cpu_v = [c[0] for c in cpu], [c[1] for c in cpu]
-    print(f"swap_kv: {a.layers} layers x K,V, {a.gpu_blocks} GPU / {a.cpu_blocks} host blocks of "
-          f"{block_bytes} bytes ({a.dtype}); host pool: {pool}")
+    print(
+        f"swap_kv: {a.layers} layers x K,V, {a.gpu_blocks} GPU / {a.cpu_blocks} host blocks of "
+        f"{block_bytes} bytes ({a.dtype}); host pool: {pool}"
+    )
 
     engine = gfd.Engine(a.device)
     # Every layer's K and V described once; each transfer then passes only block ids.
     caches = engine.register_caches(cpu_k + cpu_v, gpu_k + gpu_v)
     g = torch.Generator().manual_seed(0)
-    out_ids = torch.randperm(a.gpu_blocks, generator=g)[:a.swap]
-    slots = torch.randperm(a.cpu_blocks, generator=g)[:a.swap]
-    in_ids = torch.randperm(a.gpu_blocks, generator=g)[:a.swap]
+    out_ids = torch.randperm(a.gpu_blocks, generator=g)[: a.swap]
+    slots = torch.randperm(a.cpu_blocks, generator=g)[: a.swap]
+    in_ids = torch.randperm(a.gpu_blocks, generator=g)[: a.swap]
     saved = [g_[:, out_ids].clone() for g_ in gpu]
 
     # 1. Swap out: GPU block out_ids[i] -> host slot slots[i], every layer's K and V, one transfer.
@@ -84,17 +87,21 @@ def main(argv=None) -> int:
     # 3. Swap in to other GPU blocks, check every byte.
     engine.copy_blocks(caches, gfd.Direction.TO_DEVICE, slots, in_ids).wait()
     torch.cuda.current_stream().synchronize()
-    for l, g_ in enumerate(gpu):
-        if not torch.equal(g_[:, in_ids], saved[l]):
-            print(f"swap_kv: MISMATCH in layer {l}", file=sys.stderr)
+    for layer, g_ in enumerate(gpu):
+        if not torch.equal(g_[:, in_ids], saved[layer]):
+            print(f"swap_kv: MISMATCH in layer {layer}", file=sys.stderr)
             return 1
-    print(f"swap_kv: swapped {a.swap} blocks x {a.layers} layers x K,V out and back in: every byte matches")
+    print(
+        f"swap_kv: swapped {a.swap} blocks x {a.layers} layers x K,V out and back in: every byte matches"
+    )
 
     # 4. Timing, swap-in and swap-out of the same set (P50 of --iters, call to stream completion).
     nbytes = 2 * a.layers * a.swap * block_bytes
     s = torch.cuda.current_stream()
     # One pinned staging tensor per layer's K and V, so no copy waits for another to finish.
-    staging = [torch.empty((a.swap,) + block, dtype=dtype, pin_memory=True) for _ in range(2 * a.layers)]
+    staging = [
+        torch.empty((a.swap,) + block, dtype=dtype, pin_memory=True) for _ in range(2 * a.layers)
+    ]
     in_dev, out_dev = in_ids.to(dev), out_ids.to(dev)
 
     def gfd_in():
@@ -139,13 +146,17 @@ def main(argv=None) -> int:
             us.append((time.perf_counter() - t0) * 1e6)
         return p50(us)
 
-    print(f"\n{nbytes / 2**20:.1f} MiB per swap ({2 * a.layers * a.swap} blocks of {block_bytes} bytes), "
-          f"P50 of {a.iters}:")
+    print(
+        f"\n{nbytes / 2**20:.1f} MiB per swap ({2 * a.layers * a.swap} blocks of {block_bytes} bytes), "
+        f"P50 of {a.iters}:"
+    )
     print(f"{'method':<36}{'swap-in GB/s':>14}{'swap-out GB/s':>15}")
     results = {}
-    for name, fi, fo in (("gfd copy_blocks (one transfer)", gfd_in, gfd_out),
-                         ("torch per-block copy_", torch_blocks_in, torch_blocks_out),
-                         ("torch index_select + index_copy_", index_in, index_out)):
+    for name, fi, fo in (
+        ("gfd copy_blocks (one transfer)", gfd_in, gfd_out),
+        ("torch per-block copy_", torch_blocks_in, torch_blocks_out),
+        ("torch index_select + index_copy_", index_in, index_out),
+    ):
         ti, to = measure(fi), measure(fo)
         results[name] = (nbytes / (ti * 1e3), nbytes / (to * 1e3))
         print(f"{name:<36}{results[name][0]:>14.2f}{results[name][1]:>15.2f}")

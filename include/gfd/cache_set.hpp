@@ -42,8 +42,10 @@ struct BlockIds {
   BlockIds() = default;
   BlockIds(const void* d, std::size_t n, std::ptrdiff_t stride_bytes, std::uint8_t w)
       : data(d), count(n), stride(stride_bytes), width(w) {}
-  BlockIds(std::span<const std::int64_t> s) : data(s.data()), count(s.size()), stride(8), width(8) {}
-  BlockIds(std::span<const std::int32_t> s) : data(s.data()), count(s.size()), stride(4), width(4) {}
+  BlockIds(std::span<const std::int64_t> s)
+      : data(s.data()), count(s.size()), stride(8), width(8) {}
+  BlockIds(std::span<const std::int32_t> s)
+      : data(s.data()), count(s.size()), stride(4), width(4) {}
   BlockIds(const std::vector<std::int64_t>& v) : BlockIds(std::span<const std::int64_t>(v)) {}
   BlockIds(const std::vector<std::int32_t>& v) : BlockIds(std::span<const std::int32_t>(v)) {}
 

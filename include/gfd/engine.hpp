@@ -77,8 +77,8 @@ class Engine {
   /// Rejection: every block is validated before any DMA is enqueued (the gather backend may
   /// already be reading the first, validated, source blocks into its staging), so a bad block
   /// (or an overlap) throws gfd::Error(kInvalidArgument) from this call, naming its index, and
-  /// nothing reaches the device. What fails later (a CUDA error while the DMAs run, the engine shutting down)
-  /// surfaces at wait() / error() of the handle.
+  /// nothing reaches the device. What fails later (a CUDA error while the DMAs run, the engine
+  /// shutting down) surfaces at wait() / error() of the handle.
   ///
   /// Completion: the handle is done() when the transfer's DMAs have completed, i.e. when the
   /// data is on the GPU; by then `stream` may still have earlier work to run, but anything
@@ -124,8 +124,9 @@ class Engine {
   /// twice) and builds the copy list in one pass, with no per-block or per-array driver call;
   /// a bad id throws gfd::Error(kInvalidArgument) whose block() is its position i and whose
   /// message names the argument, before anything moves. `caches` must come from this engine.
-  [[nodiscard]] Transfer copy_blocks(const CacheSet& caches, Direction direction, const BlockIds& src_ids,
-                                     const BlockIds& dst_ids, cudaStream_t stream);
+  [[nodiscard]] Transfer copy_blocks(const CacheSet& caches, Direction direction,
+                                     const BlockIds& src_ids, const BlockIds& dst_ids,
+                                     cudaStream_t stream);
 
   /// One transfer per set of `caches`, each of block `src_ids[i]` to block `dst_ids[i]` of every
   /// pair of that set, issued in order on `stream`: set k's transfer starts after set k - 1's

@@ -21,7 +21,8 @@ class EngineGroup {
   /// `device` replaced. Throws gfd::Error naming the device that cannot be used. The default is
   /// the default options: the environment is not read unless the caller passes
   /// `EngineOptions::from_env()` (whose GFD_DEVICE is then replaced like any device).
-  explicit EngineGroup(std::span<const int> devices, const EngineOptions& options = EngineOptions{});
+  explicit EngineGroup(std::span<const int> devices,
+                       const EngineOptions& options = EngineOptions{});
   /// A group of engines made elsewhere.
   explicit EngineGroup(std::vector<Engine> engines);
 

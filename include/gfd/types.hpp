@@ -45,8 +45,9 @@ enum class StagingWrites {
 };
 
 /// Every staging write mode, in the order above.
-inline constexpr StagingWrites kAllStagingWrites[] = {StagingWrites::kAuto, StagingWrites::kCldemote,
-                                                      StagingWrites::kStreaming, StagingWrites::kPlain};
+inline constexpr StagingWrites kAllStagingWrites[] = {
+    StagingWrites::kAuto, StagingWrites::kCldemote, StagingWrites::kStreaming,
+    StagingWrites::kPlain};
 
 /// What kind of pages back the staging ring.
 enum class HugepageKind {

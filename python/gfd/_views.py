@@ -12,6 +12,7 @@ import numpy as np
 from . import _gfd
 from ._errors import _error, _type_error
 
+
 @dataclass(frozen=True)
 class Rows:
     """A 2-D byte array as addresses: ``rows`` rows of ``width`` bytes, row r at
@@ -28,8 +29,13 @@ class View:
     register_caches through the (CUDA) array interface; keeps ``owner`` alive."""
 
     def __init__(self, r: Rows, device: bool, owner: Any) -> None:
-        d = {"shape": (r.rows, r.width), "typestr": "|i1", "data": (r.ptr, False),
-             "strides": (r.stride, 1), "version": 3}
+        d = {
+            "shape": (r.rows, r.width),
+            "typestr": "|i1",
+            "data": (r.ptr, False),
+            "strides": (r.stride, 1),
+            "version": 3,
+        }
         if device:
             d["stream"] = None  # registration reads no data: no stream to wait for
             self.__cuda_array_interface__ = d
@@ -63,8 +69,10 @@ def rows(t: Any, name: str) -> Rows:
     else:
         d = interface(t)
         if d is None:
-            raise _type_error(f"{name}: expected a torch tensor, a gfd.Buffer or an object with the (CUDA) "
-                              f"array interface, got {type(t).__name__}")
+            raise _type_error(
+                f"{name}: expected a torch tensor, a gfd.Buffer or an object with the (CUDA) "
+                f"array interface, got {type(t).__name__}"
+            )
         shape = tuple(d.get("shape", ()))
         try:
             item = int(np.dtype(d.get("typestr")).itemsize)
@@ -83,5 +91,3 @@ def rows(t: Any, name: str) -> Rows:
     if stride < width:
         raise _error(f"{name}: rows of {width} bytes overlap (row stride {stride})")
     return Rows(ptr, n, width, stride)
-
-

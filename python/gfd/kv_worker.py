@@ -54,7 +54,9 @@ import numpy as np
 
 from . import Direction, Engine, Error, HostPool, _gfd
 from ._errors import _error, _type_error
-from ._views import Rows as _Rows, View as _View, rows as _rows
+from ._views import Rows as _Rows
+from ._views import View as _View
+from ._views import rows as _rows
 
 __all__ = ["KVTransferWorker", "JobResult", "host_block_ids"]
 
@@ -70,15 +72,19 @@ class JobResult:
     error: Optional[BaseException] = None
 
 
-def host_block_ids(chunk_ids: np.ndarray, blocks_per_chunk: int, count: int, skip: int) -> np.ndarray:
+def host_block_ids(
+    chunk_ids: np.ndarray, blocks_per_chunk: int, count: int, skip: int
+) -> np.ndarray:
     """Host block ids (sub-blocks of chunks) of ``count`` GPU blocks starting ``skip`` sub-blocks
     into the first chunk of ``chunk_ids``: chunk c, sub-block j is id ``c * blocks_per_chunk + j``.
     """
     c = np.asarray(chunk_ids, dtype=np.int64)
     if blocks_per_chunk == 1:
         return c[:count]
-    ids = (c[:, None] * blocks_per_chunk + np.arange(blocks_per_chunk, dtype=np.int64)[None, :]).ravel()
-    return ids[skip:skip + count]
+    ids = (
+        c[:, None] * blocks_per_chunk + np.arange(blocks_per_chunk, dtype=np.int64)[None, :]
+    ).ravel()
+    return ids[skip : skip + count]
 
 
 class _Lane:
@@ -101,7 +107,7 @@ class _Job:
     end_event: Any = None
     t0: float = 0.0
     t1: Optional[float] = None
-    issued: bool = False     # its transfers are all enqueued (or it failed to)
+    issued: bool = False  # its transfers are all enqueued (or it failed to)
 
 
 @dataclass(frozen=True)
@@ -148,11 +154,21 @@ class KVTransferWorker:
     blocks_per_chunk + sub-block``) only where ``p % num_writers == writer_index``.
     """
 
-    def __init__(self, engine: Engine, gpu_caches: Sequence[Any], groups: Sequence[Sequence[int]],
-                 blocks_per_chunk: int, num_chunks: int, *, host_caches: Optional[Sequence[Any]] = None,
-                 host_memory: str = "pool", host_layout: str = "tensor",
-                 copy_bytes: Optional[Sequence[int]] = None, fragments: Optional[Sequence[Any]] = None,
-                 writers: Optional[Sequence[Any]] = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        gpu_caches: Sequence[Any],
+        groups: Sequence[Sequence[int]],
+        blocks_per_chunk: int,
+        num_chunks: int,
+        *,
+        host_caches: Optional[Sequence[Any]] = None,
+        host_memory: str = "pool",
+        host_layout: str = "tensor",
+        copy_bytes: Optional[Sequence[int]] = None,
+        fragments: Optional[Sequence[Any]] = None,
+        writers: Optional[Sequence[Any]] = None,
+    ) -> None:
         fn = "KVTransferWorker"
         if not isinstance(engine, Engine):
             raise _type_error(f"{fn}: engine: expected a gfd.Engine, got {type(engine).__name__}")
@@ -167,36 +183,57 @@ class KVTransferWorker:
         self._gpu = [_rows(t, f"{fn}: gpu_caches[{i}]") for i, t in enumerate(self._gpu_objects)]
         self._pages = [g.width for g in self._gpu]
         self._gpu_blocks = min(g.rows for g in self._gpu)
-        copy = self._pages if copy_bytes is None else _per_tensor(copy_bytes, n, f"{fn}: copy_bytes")
-        self._copy = [_gfd._int(b, f"{fn}: copy_bytes[{t}]", 1, p) for t, (b, p) in enumerate(zip(copy, self._pages))]
+        copy = (
+            self._pages if copy_bytes is None else _per_tensor(copy_bytes, n, f"{fn}: copy_bytes")
+        )
+        self._copy = [
+            _gfd._int(b, f"{fn}: copy_bytes[{t}]", 1, p)
+            for t, (b, p) in enumerate(zip(copy, self._pages))
+        ]
         self._groups = []
         for g, members in enumerate(_list(groups, f"{fn}: groups")):
-            m = [_gfd._int(t, f"{fn}: groups[{g}][{i}]", 0, n - 1)
-                 for i, t in enumerate(_list(members, f"{fn}: groups[{g}]"))]
+            m = [
+                _gfd._int(t, f"{fn}: groups[{g}][{i}]", 0, n - 1)
+                for i, t in enumerate(_list(members, f"{fn}: groups[{g}]"))
+            ]
             if len(set(m)) != len(m):
                 raise _error(f"{fn}: groups[{g}]: a tensor is listed twice")
             self._groups.append(m)
         if not self._groups:
             raise _error(f"{fn}: groups: no group given")
-        for name, value, allowed in (("host_memory", host_memory, ("pool", "torch")),
-                                     ("host_layout", host_layout, ("tensor", "block"))):
+        for name, value, allowed in (
+            ("host_memory", host_memory, ("pool", "torch")),
+            ("host_layout", host_layout, ("tensor", "block")),
+        ):
             if not isinstance(value, str):
-                raise _type_error(f"{fn}: {name}: expected one of {allowed}, got {type(value).__name__}")
+                raise _type_error(
+                    f"{fn}: {name}: expected one of {allowed}, got {type(value).__name__}"
+                )
             if value not in allowed:
                 raise _error(f"{fn}: {name}: expected one of {allowed}, got {value!r}")
-        self._writers = [(1, 0)] * n if writers is None else \
-            [_writer(w, f"{fn}: writers[{t}]") for t, w in enumerate(_per_tensor(writers, n, f"{fn}: writers"))]
+        self._writers = (
+            [(1, 0)] * n
+            if writers is None
+            else [
+                _writer(w, f"{fn}: writers[{t}]")
+                for t, w in enumerate(_per_tensor(writers, n, f"{fn}: writers"))
+            ]
+        )
         rows = self._num_chunks * self._bpc  # both checked above: the product fits an int64 id
         self._torch = _torch_for(self._gpu_objects[0])
         self._pools: List[HostPool] = []  # the HostPools the worker allocated
-        self._keep: list = []             # the host arrays the views below point into
+        self._keep: list = []  # the host arrays the views below point into
         self._layout = host_layout
         if host_caches is not None and host_layout == "block":
-            raise _error(f"{fn}: host_layout: 'block' allocates its own host memory; host_caches must be None")
+            raise _error(
+                f"{fn}: host_layout: 'block' allocates its own host memory; host_caches must be None"
+            )
         if host_caches is None:
             if rows * sum(self._pages) > _MAX_HOST_BYTES:
-                raise _error(f"{fn}: num_chunks: {self._num_chunks} chunks of {self._bpc} blocks of "
-                             f"{sum(self._pages)} bytes is more host memory than a worker takes")
+                raise _error(
+                    f"{fn}: num_chunks: {self._num_chunks} chunks of {self._bpc} blocks of "
+                    f"{sum(self._pages)} bytes is more host memory than a worker takes"
+                )
             self._hosts = self._allocate_hosts(host_memory, host_layout, rows)
             self._tensor_arrays = None if host_layout == "block" else list(self._keep)
         else:
@@ -213,21 +250,30 @@ class KVTransferWorker:
                     want = f"a multiple of {self._bpc} bytes (blocks_per_chunk host pages)"
                     fits = r.width % self._bpc == 0 and r.width > 0
                 if r.rows != self._num_chunks or not fits:
-                    raise _error(f"{fn}: host_caches[{t}]: expected {self._num_chunks} rows of {want}, "
-                                 f"got {r.rows} x {r.width}")
+                    raise _error(
+                        f"{fn}: host_caches[{t}]: expected {self._num_chunks} rows of {want}, "
+                        f"got {r.rows} x {r.width}"
+                    )
                 page = r.width // self._bpc
                 # One page per chunk: the chunks are the pages, one stride apart whatever it is.
-                self._hosts.append(_HostTensor(r.ptr, r.stride, page if self._bpc > 1 else r.stride, page))
+                self._hosts.append(
+                    _HostTensor(r.ptr, r.stride, page if self._bpc > 1 else r.stride, page)
+                )
                 self._keep.append(h)
             self._tensor_arrays = list(given)
         self._fragments = []
         for t in range(n):
             f = None if fragments is None else _per_tensor(fragments, n, f"{fn}: fragments")[t]
-            self._fragments.append(_fragments(f, self._copy[t], self._pages[t], self._hosts[t].page,
-                                              f"{fn}: fragments[{t}]"))
+            self._fragments.append(
+                _fragments(
+                    f, self._copy[t], self._pages[t], self._hosts[t].page, f"{fn}: fragments[{t}]"
+                )
+            )
             if f is None and self._copy[t] > self._hosts[t].page:
-                raise _error(f"{fn}: host_caches[{t}]: host pages of {self._hosts[t].page} bytes hold less than "
-                             f"the {self._copy[t]} bytes a job moves of a GPU page")
+                raise _error(
+                    f"{fn}: host_caches[{t}]: host pages of {self._hosts[t].page} bytes hold less than "
+                    f"the {self._copy[t]} bytes a job moves of a GPU page"
+                )
         # The cache sets: per group, its tensors split by writer rotation; a split whose host
         # pages are one constant stride apart (chunk stride = blocks_per_chunk sub-blocks) is one
         # set whose host ids are page ids, any other (vLLM's region, a chunk's pages of each
@@ -242,15 +288,21 @@ class KVTransferWorker:
             plan = []
             for w, ts in by_writer.items():
                 ts = tuple(ts)
-                flat = all(self._hosts[t].chunk_stride == self._bpc * self._hosts[t].sub_stride for t in ts)
-                for j in ([None] if flat else range(self._bpc)):
+                flat = all(
+                    self._hosts[t].chunk_stride == self._bpc * self._hosts[t].sub_stride for t in ts
+                )
+                for j in [None] if flat else range(self._bpc):
                     if (ts, w, j) not in self._sets:
                         self._sets[(ts, w, j)] = self._register(ts, j)
                 plan.append((ts, w, flat))
             self._plans.append(plan)
         self._bytes_per_row = {k: s.bytes_per_id for k, s in self._sets.items()}
         stream = self._new_stream
-        self._lanes = {"store": _Lane(stream()), "load": _Lane(stream()), "expedited": _Lane(stream())}
+        self._lanes = {
+            "store": _Lane(stream()),
+            "load": _Lane(stream()),
+            "expedited": _Lane(stream()),
+        }
         self._by_id: dict = {}
         self._lock = threading.Lock()
         self._issued = threading.Condition(self._lock)
@@ -264,7 +316,10 @@ class KVTransferWorker:
             whole = self._allocate(kind, (rows, sum(self._pages)))
             r = _rows(whole, "host memory")
             offsets = np.cumsum([0] + self._pages[:-1]).tolist()
-            return [_HostTensor(r.ptr + o, self._bpc * r.stride, r.stride, p) for o, p in zip(offsets, self._pages)]
+            return [
+                _HostTensor(r.ptr + o, self._bpc * r.stride, r.stride, p)
+                for o, p in zip(offsets, self._pages)
+            ]
         out = []
         for p in self._pages:
             r = _rows(self._allocate(kind, (self._num_chunks, p * self._bpc)), "host memory")
@@ -277,6 +332,7 @@ class KVTransferWorker:
         if kind == "pool":
             if getattr(self._engine, "_emulated", False):
                 from . import testing  # the emulated device registers its own pinned memory
+
                 out = np.asarray(testing.pinned_buffer(self._engine, shape, "int8"))
             else:
                 pool = HostPool(max(shape[0] * shape[1], 1), device=self._engine.device)
@@ -302,7 +358,9 @@ class KVTransferWorker:
                 base, rows, stride = h.ptr + j * h.sub_stride, self._num_chunks, h.chunk_stride
             for go, ho, size in self._fragments[t]:
                 hosts.append(_View(_Rows(base + ho, rows, size, stride), False, self._keep))
-                gpus.append(_View(_Rows(g.ptr + go, g.rows, size, g.stride), True, self._gpu_objects[t]))
+                gpus.append(
+                    _View(_Rows(g.ptr + go, g.rows, size, g.stride), True, self._gpu_objects[t])
+                )
         return self._engine.register_caches(hosts, gpus)
 
     def _new_stream(self) -> Any:
@@ -315,8 +373,9 @@ class KVTransferWorker:
         host_page)``: ``[c, j]`` is sub-block j of chunk c."""
         self._open("host_pages")
         h = self._hosts[_gfd._int(tensor, "host_pages: tensor", 0, len(self._hosts) - 1)]
-        return np.lib.stride_tricks.as_strided(self._span(h), (self._num_chunks, self._bpc, h.page),
-                                               (h.chunk_stride, h.sub_stride, 1))
+        return np.lib.stride_tricks.as_strided(
+            self._span(h), (self._num_chunks, self._bpc, h.page), (h.chunk_stride, h.sub_stride, 1)
+        )
 
     def host_rows(self, tensor: int) -> Any:
         """Tensor ``tensor``'s host pages as ``(num_chunks * blocks_per_chunk, host_page)`` rows
@@ -326,9 +385,13 @@ class KVTransferWorker:
         self._open("host_rows")
         h = self._hosts[_gfd._int(tensor, "host_rows: tensor", 0, len(self._hosts) - 1)]
         if h.chunk_stride != self._bpc * h.sub_stride:
-            raise _error(f"host_rows: tensor {tensor}'s host pages are not one stride apart across chunks; "
-                         "host_pages gives them as (chunks, blocks_per_chunk, page)")
-        rows = np.lib.stride_tricks.as_strided(self._span(h), (self._num_chunks * self._bpc, h.page), (h.sub_stride, 1))
+            raise _error(
+                f"host_rows: tensor {tensor}'s host pages are not one stride apart across chunks; "
+                "host_pages gives them as (chunks, blocks_per_chunk, page)"
+            )
+        rows = np.lib.stride_tricks.as_strided(
+            self._span(h), (self._num_chunks * self._bpc, h.page), (h.sub_stride, 1)
+        )
         return self._torch.from_numpy(rows) if self._torch is not None else rows
 
     def _span(self, h: _HostTensor) -> np.ndarray:
@@ -342,7 +405,9 @@ class KVTransferWorker:
         :meth:`host_rows`)."""
         self._open("host_caches")
         if self._tensor_arrays is None:
-            raise _error("host_caches: the 'block' layout keeps one array (host_rows gives each tensor's view)")
+            raise _error(
+                "host_caches: the 'block' layout keeps one array (host_rows gives each tensor's view)"
+            )
         return list(self._tensor_arrays)
 
     @property
@@ -352,9 +417,16 @@ class KVTransferWorker:
 
     # -- jobs ----------------------------------------------------------------------------------
 
-    def submit(self, job_id: int, to_device: bool, chunk_ids: Any, gpu_block_ids: Any,
-               group_sizes: Optional[Sequence[int]] = None, block_indices: Optional[Sequence[int]] = None,
-               expedited: bool = False) -> bool:
+    def submit(
+        self,
+        job_id: int,
+        to_device: bool,
+        chunk_ids: Any,
+        gpu_block_ids: Any,
+        group_sizes: Optional[Sequence[int]] = None,
+        block_indices: Optional[Sequence[int]] = None,
+        expedited: bool = False,
+    ) -> bool:
         """Issues one job: host chunks ``chunk_ids`` to GPU blocks ``gpu_block_ids``
         (``to_device``) or back. ``group_sizes[g]`` GPU blocks belong to group g, in order
         (None: one group, all of them); the chunks follow in the same order, each group's first
@@ -383,10 +455,24 @@ class KVTransferWorker:
         job_id = _gfd._int(job_id, "submit: job_id", -(1 << 63), (1 << 63) - 1)
         to_device = _flag(to_device, "submit: to_device")
         expedited = _flag(expedited, "submit: expedited")
-        chunks = np.frombuffer(_gfd._int64_array(chunk_ids, "submit: chunk_ids", self._num_chunks - 1,
-                                                 f"the worker has {self._num_chunks} chunks"), dtype=np.int64)
-        blocks = np.frombuffer(_gfd._int64_array(gpu_block_ids, "submit: gpu_block_ids", self._gpu_blocks - 1,
-                                                 f"the GPU caches have {self._gpu_blocks} blocks"), dtype=np.int64)
+        chunks = np.frombuffer(
+            _gfd._int64_array(
+                chunk_ids,
+                "submit: chunk_ids",
+                self._num_chunks - 1,
+                f"the worker has {self._num_chunks} chunks",
+            ),
+            dtype=np.int64,
+        )
+        blocks = np.frombuffer(
+            _gfd._int64_array(
+                gpu_block_ids,
+                "submit: gpu_block_ids",
+                self._gpu_blocks - 1,
+                f"the GPU caches have {self._gpu_blocks} blocks",
+            ),
+            dtype=np.int64,
+        )
         groups = len(self._groups)
         if group_sizes is None:
             group_sizes = [len(blocks)] + [0] * (groups - 1)
@@ -401,8 +487,10 @@ class KVTransferWorker:
         if len(block_indices) != groups:
             raise _error(f"submit: block_indices: {len(block_indices)} indices for {groups} groups")
         if sum(group_sizes) != len(blocks):
-            raise _error(f"submit: group_sizes: the sizes sum to {sum(group_sizes)}, gpu_block_ids has "
-                         f"{len(blocks)} blocks")
+            raise _error(
+                f"submit: group_sizes: the sizes sum to {sum(group_sizes)}, gpu_block_ids has "
+                f"{len(blocks)} blocks"
+            )
         slices = []  # (group, first chunk, chunks, first block, blocks, skip)
         c0 = b0 = 0
         for g, (count, first) in enumerate(zip(group_sizes, block_indices)):
@@ -411,8 +499,10 @@ class KVTransferWorker:
             skip = first % self._bpc
             used = -(-(count + skip) // self._bpc)
             if c0 + used > len(chunks):
-                raise _error(f"submit: chunk_ids: group {g} needs {used} chunks from position {c0}, "
-                             f"{len(chunks)} given")
+                raise _error(
+                    f"submit: chunk_ids: group {g} needs {used} chunks from position {c0}, "
+                    f"{len(chunks)} given"
+                )
             if not self._groups[g]:
                 raise _error(f"submit: group_sizes: group {g} has blocks but no tensors")
             slices.append((g, c0, used, b0, count, skip))
@@ -429,7 +519,9 @@ class KVTransferWorker:
         twice = self._written_twice(to_device, chunks, blocks, slices)
         parts = [] if twice is not None else self._parts(to_device, chunks, blocks, slices)
         lane = self._lanes["store" if not to_device else "expedited" if expedited else "load"]
-        job = _Job(job_id, lane, sum(len(src) * self._bytes_per_row[k] for k, src, _ in parts), error=twice)
+        job = _Job(
+            job_id, lane, sum(len(src) * self._bytes_per_row[k] for k, src, _ in parts), error=twice
+        )
         job.t0 = time.perf_counter()
         with self._lock:
             if job_id in self._by_id:  # submitted meanwhile from another thread
@@ -443,7 +535,9 @@ class KVTransferWorker:
             self._issued.notify_all()
         return True
 
-    def _written_twice(self, to_device: bool, chunks: np.ndarray, blocks: np.ndarray, slices: list) -> Optional[Error]:
+    def _written_twice(
+        self, to_device: bool, chunks: np.ndarray, blocks: np.ndarray, slices: list
+    ) -> Optional[Error]:
         """The first destination the job writes twice, as a gfd.InvalidArgument in the caller's
         terms (``gpu_block_ids[i]`` for a load, ``chunk_ids[k]`` for a store), or None. A
         destination is a tensor's GPU block (load) or host page (store: pages another rank
@@ -451,9 +545,9 @@ class KVTransferWorker:
         rows = []  # per group slice: the destinations and the caller's position of each
         for g, c0, used, b0, count, skip in slices:
             if to_device:
-                rows.append((g, blocks[b0:b0 + count], np.arange(b0, b0 + count)))
+                rows.append((g, blocks[b0 : b0 + count], np.arange(b0, b0 + count)))
             else:
-                pages = host_block_ids(chunks[c0:c0 + used], self._bpc, count, skip)
+                pages = host_block_ids(chunks[c0 : c0 + used], self._bpc, count, skip)
                 rows.append((g, pages, c0 + (skip + np.arange(count)) // self._bpc))
         seen = set()
         for t in range(len(self._gpu)):
@@ -476,11 +570,17 @@ class KVTransferWorker:
             second = int(order[again[np.argmin(order[again + 1])] + 1])
             first = int(order[np.searchsorted(dest[order], dest[second])])
             if to_device:
-                return _error(f"submit: gpu_block_ids[{at[second]}]: GPU block {dest[second]} is written twice in this "
-                              f"job (also by gpu_block_ids[{at[first]}])", block=int(at[second]))
+                return _error(
+                    f"submit: gpu_block_ids[{at[second]}]: GPU block {dest[second]} is written twice in this "
+                    f"job (also by gpu_block_ids[{at[first]}])",
+                    block=int(at[second]),
+                )
             page = int(dest[second])
-            return _error(f"submit: chunk_ids[{at[second]}]: sub-block {page % self._bpc} of chunk {page // self._bpc} "
-                          f"is written twice in this job (also by chunk_ids[{at[first]}])", block=int(at[second]))
+            return _error(
+                f"submit: chunk_ids[{at[second]}]: sub-block {page % self._bpc} of chunk {page // self._bpc} "
+                f"is written twice in this job (also by chunk_ids[{at[first]}])",
+                block=int(at[second]),
+            )
         return None
 
     def _parts(self, to_device: bool, chunks: np.ndarray, blocks: np.ndarray, slices: list) -> list:
@@ -488,8 +588,8 @@ class KVTransferWorker:
         every group on that set concatenated; a store leaves out the pages another rank writes."""
         rows: dict = {}
         for g, c0, used, b0, count, skip in slices:
-            host = host_block_ids(chunks[c0:c0 + used], self._bpc, count, skip)
-            gpu = blocks[b0:b0 + count]
+            host = host_block_ids(chunks[c0 : c0 + used], self._bpc, count, skip)
+            gpu = blocks[b0 : b0 + count]
             for ts, w, flat in self._plans[g]:
                 h, d = host, gpu
                 if not to_device and w[0] > 1:
@@ -523,7 +623,9 @@ class KVTransferWorker:
                 job.start_event.record(stream)
             direction = Direction.TO_DEVICE if to_device else Direction.TO_HOST
             for key, src, dst in parts:
-                job.transfers.append(self._engine.copy_blocks(self._sets[key], direction, src, dst, stream=stream))
+                job.transfers.append(
+                    self._engine.copy_blocks(self._sets[key], direction, src, dst, stream=stream)
+                )
             if torch is not None:
                 job.end_event = self._event()
                 job.end_event.record(stream)
@@ -557,7 +659,11 @@ class KVTransferWorker:
         out = []
         with self._lock:
             for lane in self._lanes.values():
-                while lane.jobs and lane.jobs[0].issued and all(t.done() for t in lane.jobs[0].transfers):
+                while (
+                    lane.jobs
+                    and lane.jobs[0].issued
+                    and all(t.done() for t in lane.jobs[0].transfers)
+                ):
                     job = lane.jobs.popleft()
                     job.t1 = time.perf_counter()
                     del self._by_id[job.job_id]
@@ -569,8 +675,13 @@ class KVTransferWorker:
         done (ids not in flight are ignored); their results are still reported by
         :meth:`get_finished`."""
         if isinstance(job_ids, (str, bytes, dict)) or not hasattr(job_ids, "__iter__"):
-            raise _type_error(f"wait: job_ids: expected a set or list of job ids, got {type(job_ids).__name__}")
-        job_ids = [_gfd._int(j, f"wait: job_ids[{i}]", -(1 << 63), (1 << 63) - 1) for i, j in enumerate(job_ids)]
+            raise _type_error(
+                f"wait: job_ids: expected a set or list of job ids, got {type(job_ids).__name__}"
+            )
+        job_ids = [
+            _gfd._int(j, f"wait: job_ids[{i}]", -(1 << 63), (1 << 63) - 1)
+            for i, j in enumerate(job_ids)
+        ]
         for job_id in job_ids:
             with self._lock:
                 job = self._by_id.get(job_id)
@@ -611,7 +722,9 @@ class KVTransferWorker:
 
     def _open(self, fn: str) -> None:
         if self._closed:
-            raise _error(f"{fn}: the worker is shut down (its host memory is let go)", code="shutdown")
+            raise _error(
+                f"{fn}: the worker is shut down (its host memory is let go)", code="shutdown"
+            )
 
     def __del__(self) -> None:
         try:
@@ -636,7 +749,11 @@ _MAX_HOST_BYTES = 1 << 50
 
 def _list(value: Any, name: str) -> list:
     """``value`` as a list (a list, tuple or other sequence; not a str, dict or single number)."""
-    if value is None or isinstance(value, (str, bytes, dict, int, float)) or not hasattr(value, "__len__"):
+    if (
+        value is None
+        or isinstance(value, (str, bytes, dict, int, float))
+        or not hasattr(value, "__len__")
+    ):
         raise _type_error(f"{name}: expected a list, got {type(value).__name__}")
     try:
         return list(value)
@@ -677,7 +794,9 @@ def _fragments(value: Any, copy: int, gpu_page: int, host_page: int, name: str) 
     for i, f in enumerate(_list(value, name)):
         triple = _list(f, f"{name}[{i}]")
         if len(triple) != 3:
-            raise _error(f"{name}[{i}]: expected (gpu_offset, host_offset, size), got {len(triple)} values")
+            raise _error(
+                f"{name}[{i}]: expected (gpu_offset, host_offset, size), got {len(triple)} values"
+            )
         size = _gfd._int(triple[2], f"{name}[{i}]: size", 1, gpu_page)
         if size > host_page:
             raise _error(f"{name}[{i}]: size: {size} bytes do not fit a host page of {host_page}")

@@ -64,8 +64,10 @@ _L2 = "sglang.srt.mem_cache.l2_transfer.L2TransferEngine"
 _LAYOUTS = ("layer_first", "page_first_direct")
 # The host pools' destroy(), which unregisters (unpins) their memory: MHA's own, and the base
 # class's, which MLA's pool inherits.
-_DESTROY = ("sglang.srt.mem_cache.pool_host.mha.MHATokenToKVPoolHost",
-            "sglang.srt.mem_cache.pool_host.base.HostKVCache")
+_DESTROY = (
+    "sglang.srt.mem_cache.pool_host.mha.MHATokenToKVPoolHost",
+    "sglang.srt.mem_cache.pool_host.base.HostKVCache",
+)
 
 
 def enabled() -> bool:
@@ -76,13 +78,24 @@ def _mismatch() -> Optional[str]:
     """Why the hooks would not fit this SGLang, or None."""
     import sglang
     from sglang.srt.mem_cache import l2_transfer
+
     version = getattr(sglang, "__version__", "?")
     if not version.startswith(SUPPORTED_SGLANG):
-        return f"SGLang {version} is not {SUPPORTED_SGLANG}, the release gfd.sglang is written against"
+        return (
+            f"SGLang {version} is not {SUPPORTED_SGLANG}, the release gfd.sglang is written against"
+        )
     engine = getattr(l2_transfer, "L2TransferEngine", None)
-    want = {"submit_host_to_device": ["self", "transfers", "transfer_layer_id_max", "start_event", "on_layer_done"],
-            "submit_device_to_host": ["self", "transfers"], "_submission": ["self", "transfers", "stream",
-                                                                              "transfer_key", "start_event"]}
+    want = {
+        "submit_host_to_device": [
+            "self",
+            "transfers",
+            "transfer_layer_id_max",
+            "start_event",
+            "on_layer_done",
+        ],
+        "submit_device_to_host": ["self", "transfers"],
+        "_submission": ["self", "transfers", "stream", "transfer_key", "start_event"],
+    }
     for name, params in want.items():
         fn = getattr(engine, name, None)
         if fn is None or list(inspect.signature(fn).parameters) != params:
@@ -100,6 +113,7 @@ def plugin() -> None:
         logger.warning("gfd.sglang: %s; HiCache keeps SGLang's own transfer path", why)
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
     HookRegistry.register(f"{_L2}.submit_host_to_device", _load, HookType.AROUND)
     HookRegistry.register(f"{_L2}.submit_device_to_host", _write_back, HookType.AROUND)
     for pool in _DESTROY:  # a pool unpins its memory there: gfd's transfers on it end first
@@ -109,22 +123,40 @@ def plugin() -> None:
 
 # -- the hooks -----------------------------------------------------------------------------------
 
-def _load(original: Callable, self: Any, transfers: list, *, transfer_layer_id_max: int, start_event: Any = None,
-          on_layer_done: Any = None) -> Any:
+
+def _load(
+    original: Callable,
+    self: Any,
+    transfers: list,
+    *,
+    transfer_layer_id_max: int,
+    start_event: Any = None,
+    on_layer_done: Any = None,
+) -> Any:
     plans = _plans(self, transfers) if len(transfers) == 1 else None
     if plans is None:
-        return original(self, transfers, transfer_layer_id_max=transfer_layer_id_max, start_event=start_event,
-                        on_layer_done=on_layer_done)
+        return original(
+            self,
+            transfers,
+            transfer_layer_id_max=transfer_layer_id_max,
+            start_event=start_event,
+            on_layer_done=on_layer_done,
+        )
     plan = plans[0]
     done = on_layer_done if on_layer_done is not None else (lambda layer: None)
     with self._submission(transfers, self.host_to_device_stream, "host_to_device", start_event) as (
-            prepared, completion):
+        prepared,
+        completion,
+    ):
         (t,) = prepared
         pages = _pages(t, plan.page)
-        if pages is None:  # not whole pages: the pool's own per-layer copies, as SGLang's loop makes them
+        if (
+            pages is None
+        ):  # not whole pages: the pool's own per-layer copies, as SGLang's loop makes them
             for layer in range(transfer_layer_id_max):
-                t.host_pool.load_to_device_per_layer_physical(t.device_pool, t.host_indices, t.device_indices,
-                                                              layer, self.io_backend)
+                t.host_pool.load_to_device_per_layer_physical(
+                    t.device_pool, t.host_indices, t.device_indices, layer, self.io_backend
+                )
                 done(layer)
             return completion
         issued = [layer for layer in range(transfer_layer_id_max) if layer in plan.layer_sets]
@@ -134,10 +166,18 @@ def _load(original: Callable, self: Any, transfers: list, *, transfer_layer_id_m
             for layer in range(next_layer[0], issued[k] + 1):
                 done(layer)
             next_layer[0] = issued[k] + 1
+
         if issued:
-            plan.issued(plan.engine.copy_blocks([plan.layer_sets[layer] for layer in issued], "to_device", pages[0],
-                                                pages[1], stream=_stream_of(self.host_to_device_stream),
-                                                after_each=after))
+            plan.issued(
+                plan.engine.copy_blocks(
+                    [plan.layer_sets[layer] for layer in issued],
+                    "to_device",
+                    pages[0],
+                    pages[1],
+                    stream=_stream_of(self.host_to_device_stream),
+                    after_each=after,
+                )
+            )
         for layer in range(next_layer[0], transfer_layer_id_max):  # layers the pool does not hold
             done(layer)
     return completion
@@ -147,19 +187,33 @@ def _write_back(original: Callable, self: Any, transfers: list) -> Any:
     plans = _plans(self, transfers)
     if plans is None:
         return original(self, transfers)
-    with self._submission(transfers, self.device_to_host_stream, "device_to_host") as (prepared, completion):
+    with self._submission(transfers, self.device_to_host_stream, "device_to_host") as (
+        prepared,
+        completion,
+    ):
         for plan, t in zip(plans, prepared):
             pages = _pages(t, plan.page)
             if pages is None:  # not whole pages: the pool's own copy
-                t.host_pool.backup_from_device_all_layer_physical(t.device_pool, t.host_indices, t.device_indices,
-                                                                  self.io_backend)
+                t.host_pool.backup_from_device_all_layer_physical(
+                    t.device_pool, t.host_indices, t.device_indices, self.io_backend
+                )
                 continue
-            plan.issued([plan.engine.copy_blocks(plan.all_layers, "to_host", pages[1], pages[0],
-                                                 stream=_stream_of(self.device_to_host_stream))])
+            plan.issued(
+                [
+                    plan.engine.copy_blocks(
+                        plan.all_layers,
+                        "to_host",
+                        pages[1],
+                        pages[0],
+                        stream=_stream_of(self.device_to_host_stream),
+                    )
+                ]
+            )
     return completion
 
 
 # -- what gfd registers per pool -------------------------------------------------------------------
+
 
 class _Plan:
     """One (host pool, device pool): gfd's engine for the device and the pool's caches registered
@@ -167,8 +221,15 @@ class _Plan:
     pool's buffers (and each transfer its sets) until the transfers on them are done, however
     soon SGLang lets go of the pool; ``in_flight`` are those transfers, for draining."""
 
-    def __init__(self, engine: Engine, layer_sets: Dict[int, Any], all_layers: Any, page: int) -> None:
-        self.engine, self.layer_sets, self.all_layers, self.page = engine, layer_sets, all_layers, page
+    def __init__(
+        self, engine: Engine, layer_sets: Dict[int, Any], all_layers: Any, page: int
+    ) -> None:
+        self.engine, self.layer_sets, self.all_layers, self.page = (
+            engine,
+            layer_sets,
+            all_layers,
+            page,
+        )
         self.in_flight: list = []
         self._lock = threading.Lock()  # loads and write-backs may be issued from two threads
 
@@ -196,7 +257,9 @@ def _drain_then(original: Callable, self: Any, *args: Any, **kwargs: Any) -> Any
 
 
 _lock = threading.RLock()  # _plans holds it while _make_plan makes the engine
-_engines: Dict[int, tuple] = {}  # per GPU (-1: the emulated device): the engine, the memory it adopted
+_engines: Dict[
+    int, tuple
+] = {}  # per GPU (-1: the emulated device): the engine, the memory it adopted
 
 
 _warned: set = set()
@@ -208,8 +271,11 @@ def _plans(l2: Any, transfers: list) -> Optional[List[_Plan]]:
     if backend != "direct":
         if backend not in _warned:
             _warned.add(backend)
-            logger.warning("gfd.sglang: --hicache-io-backend %s stays SGLang's; gfd carries the direct io backend "
-                           "(--hicache-io-backend direct)", backend)
+            logger.warning(
+                "gfd.sglang: --hicache-io-backend %s stays SGLang's; gfd carries the direct io backend "
+                "(--hicache-io-backend direct)",
+                backend,
+            )
         return None
     if not transfers:
         return None
@@ -224,8 +290,11 @@ def _plans(l2: Any, transfers: list) -> Optional[List[_Plan]]:
                 try:
                     plan = _make_plan(t.host_pool, t.device_pool)
                 except Exception as e:  # noqa: BLE001 - not covered: SGLang's own path
-                    logger.warning("gfd.sglang: %s: %s; this pool keeps SGLang's transfer path",
-                                   type(t.host_pool).__name__, e)
+                    logger.warning(
+                        "gfd.sglang: %s: %s; this pool keeps SGLang's transfer path",
+                        type(t.host_pool).__name__,
+                        e,
+                    )
                     plan = None
                 made = (t.device_pool, plan)
                 t.host_pool._gfd_plan = made
@@ -243,14 +312,20 @@ def _pages(transfer: Any, page: int) -> Optional[tuple]:
     device = transfer.device_indices
     device = device.cpu().numpy() if hasattr(device, "cpu") else np.asarray(device)
     if len(host) != len(device):
-        raise _error(f"gfd.sglang: host_indices has {len(host)} entries, device_indices {len(device)} "
-                     "(a transfer moves one host token to one device token)")
+        raise _error(
+            f"gfd.sglang: host_indices has {len(host)} entries, device_indices {len(device)} "
+            "(a transfer moves one host token to one device token)"
+        )
     if len(host) % page:
         return None
     hp, dp = host[::page], device[::page]
     offsets = np.arange(page, dtype=host.dtype)
-    if (hp % page).any() or (dp % page).any() or not np.array_equal(host.reshape(-1, page), hp[:, None] + offsets) \
-            or not np.array_equal(device.reshape(-1, page), dp[:, None] + offsets):
+    if (
+        (hp % page).any()
+        or (dp % page).any()
+        or not np.array_equal(host.reshape(-1, page), hp[:, None] + offsets)
+        or not np.array_equal(device.reshape(-1, page), dp[:, None] + offsets)
+    ):
         return None
     return hp // page, dp // page
 
@@ -288,6 +363,7 @@ def _give_cpu_streams_synchronize() -> None:
     reach the caller as an AttributeError instead of the gfd.Error. They get one that waits for
     the work on the emulated device (where gfd orders what SGLang puts on them)."""
     import torch
+
     stream = getattr(getattr(torch, "cpu", None), "Stream", None)
     if stream is None or hasattr(stream, "synchronize"):
         return
@@ -296,6 +372,7 @@ def _give_cpu_streams_synchronize() -> None:
         for engine, _ in list(_engines.values()):
             if engine._emulated and not engine.closed:
                 testing.stream_sync(engine)
+
     stream.synchronize = synchronize
 
 
@@ -324,6 +401,7 @@ def _make_plan(host: Any, device: Any) -> _Plan:
     """The pool's caches registered with gfd; raises what makes the pool not covered."""
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
     page, layout = host.page_size, host.layout
     if layout not in _LAYOUTS:
         raise _error(f"the {layout!r} host layout is not covered (only {_LAYOUTS})")
@@ -332,8 +410,16 @@ def _make_plan(host: Any, device: Any) -> _Plan:
         if host.layer_num != host.target_layer_num:
             raise _error("draft layers are not covered")
         for layer in range(host.target_layer_num):
-            layers[layer] = [(_host_layer(host.k_buffer, layer, page, layout, "k_buffer"), host.device_k_buffers[layer]),
-                             (_host_layer(host.v_buffer, layer, page, layout, "v_buffer"), host.device_v_buffers[layer])]
+            layers[layer] = [
+                (
+                    _host_layer(host.k_buffer, layer, page, layout, "k_buffer"),
+                    host.device_k_buffers[layer],
+                ),
+                (
+                    _host_layer(host.v_buffer, layer, page, layout, "v_buffer"),
+                    host.device_v_buffers[layer],
+                ),
+            ]
     elif type(host) is MLATokenToKVPoolHost:
         if getattr(host, "_is_dummy", False) or getattr(host, "dcp_size", 1) != 1:
             raise _error("a dummy pool or decode context parallelism is not covered")
@@ -352,6 +438,7 @@ def _make_plan(host: Any, device: Any) -> _Plan:
         hs = [View(r, False, keep) for r, _ in pairs]
         ds = [View(_page_rows(d, page, "device buffer"), True, d) for _, d in pairs]
         return hs, ds
+
     layer_sets = {layer: engine.register_caches(*views(pairs)) for layer, pairs in layers.items()}
     every = [p for layer in sorted(layers) for p in layers[layer]]
     return _Plan(engine, layer_sets, engine.register_caches(*views(every)), page)

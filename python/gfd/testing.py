@@ -30,7 +30,9 @@ from ._gfd import Buffer, Engine
 from ._gfd import testing as _t
 
 
-def emulated_engine(copy_delay_us: int = 0, ordinal: int = 0, fault: str = "", **options: Any) -> Engine:
+def emulated_engine(
+    copy_delay_us: int = 0, ordinal: int = 0, fault: str = "", **options: Any
+) -> Engine:
     """An Engine on the emulated device (ordinal ``ordinal``) with ``options``.
 
     ``copy_delay_us`` makes every emulated copy sleep that long first (transfers then stay in
@@ -52,6 +54,7 @@ def emulated_device_settings() -> Optional[dict]:
     unset, empty or "0". Raises :class:`gfd.InvalidArgument` naming the variable for a setting
     that is not ``copy_delay_us=<int>`` or ``fault=<operation>``."""
     import os
+
     value = os.environ.get(EMULATED_DEVICE_VARIABLE, "").strip()
     if value in ("", "0"):
         return None
@@ -65,8 +68,10 @@ def emulated_device_settings() -> Optional[dict]:
         elif key == "fault" and sep and v:
             out[key] = v
         else:
-            raise _error(f"{EMULATED_DEVICE_VARIABLE}={value!r}: {item.strip()!r} is not a setting "
-                         "(\"1\", or copy_delay_us=<microseconds> and fault=<operation>, comma-separated)")
+            raise _error(
+                f"{EMULATED_DEVICE_VARIABLE}={value!r}: {item.strip()!r} is not a setting "
+                '("1", or copy_delay_us=<microseconds> and fault=<operation>, comma-separated)'
+            )
     return out
 
 
@@ -106,6 +111,7 @@ def adopt_tensors(engine: Engine, tensors: Any) -> list:
     ``tensors`` that the emulated device does not know yet, once per storage: a runtime's "GPU"
     caches on a machine without a GPU. Returns the adopted memory (release each when done)."""
     import sys
+
     torch = sys.modules.get("torch")
     out: list = []
     try:
@@ -113,7 +119,10 @@ def adopt_tensors(engine: Engine, tensors: Any) -> list:
             if torch is None or not isinstance(t, torch.Tensor) or t.is_cuda:
                 continue
             storage = t.untyped_storage()
-            if any(a.ptr == storage.data_ptr() for a in out) or pointer_kind(engine, t.data_ptr()) == "device":
+            if (
+                any(a.ptr == storage.data_ptr() for a in out)
+                or pointer_kind(engine, t.data_ptr()) == "device"
+            ):
                 continue
             out.append(adopt_device_memory(engine, storage.data_ptr(), storage.nbytes(), storage))
     except BaseException:
@@ -154,7 +163,9 @@ def delay(engine: Engine, microseconds: int, stream: Optional[int] = None) -> No
     _t.delay(engine, microseconds, stream)
 
 
-def copy(engine: Engine, dst: int, src: int, nbytes: int, to_device: bool, stream: Optional[int] = None) -> None:
+def copy(
+    engine: Engine, dst: int, src: int, nbytes: int, to_device: bool, stream: Optional[int] = None
+) -> None:
     """One plain asynchronous copy (cudaMemcpyAsync) on ``stream``."""
     _t.copy(engine, dst, src, nbytes, to_device, stream)
 
@@ -169,7 +180,9 @@ def pointer_kind(engine: Engine, address: int) -> str:
     return _t.pointer_kind(engine, address)
 
 
-def memcpy_batch(engine: Engine, dsts: int, srcs: int, sizes: int, count: int, to_device: bool, stream: int) -> None:
+def memcpy_batch(
+    engine: Engine, dsts: int, srcs: int, sizes: int, count: int, to_device: bool, stream: int
+) -> None:
     """vLLM's CPU offloading copy path: one cudaMemcpyBatchAsync of ``count`` descriptors (the
     addresses of pointer and size arrays, e.g. numpy's ``.ctypes.data``) on ``stream``, sources
     read in any order for loads and in stream order for stores (CUDA devices only)."""
@@ -187,10 +200,29 @@ def trace_take(engine: Engine) -> list:
 
 
 # TraceEvent::What and TraceEvent::Stage, as in src/trace_event.hpp.
-_WHAT = ("submit", "planned", "chunk_published", "piece_start", "piece_end", "chunk_issued", "finalized",
-         "return", "dma_done", "stage")
-_STAGES = ("pool woken", "plan storage", "lanes begun", "slot taken", "list written", "gathered", "early chunks out",
-           "packed", "enqueued")
+_WHAT = (
+    "submit",
+    "planned",
+    "chunk_published",
+    "piece_start",
+    "piece_end",
+    "chunk_issued",
+    "finalized",
+    "return",
+    "dma_done",
+    "stage",
+)
+_STAGES = (
+    "pool woken",
+    "plan storage",
+    "lanes begun",
+    "slot taken",
+    "list written",
+    "gathered",
+    "early chunks out",
+    "packed",
+    "enqueued",
+)
 
 
 def trace_report(events: list, transfer: Optional[int] = None) -> str:
@@ -206,7 +238,7 @@ def trace_report(events: list, transfer: Optional[int] = None) -> str:
     us = lambda ns: (ns - t0) / 1e3  # noqa: E731
     chunks: dict = {}
     stages, marks, packed = {}, {}, []
-    for ns, _, what, thread, a, b in ev:
+    for ns, _, what, _thread, a, b in ev:
         w = _WHAT[what] if what < len(_WHAT) else str(what)
         if w == "stage":
             name = _STAGES[a] if a < len(_STAGES) else str(a)
@@ -229,12 +261,16 @@ def trace_report(events: list, transfer: Optional[int] = None) -> str:
             else:
                 c["dma_done"] = us(ns)
     f = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-    lines = [f"trace of transfer {transfer}: " + " | ".join(f"{k} {v:.1f}" for k, v in marks.items()),
-             "  submission: " + " | ".join(f"{k} {v:.1f}" for k, v in stages.items()),
-             "  packed (blocks@us): " + " ".join(packed),
-             "  chunk   bytes  pieces  published  1st_piece  last_piece  issued  dma_done"]
+    lines = [
+        f"trace of transfer {transfer}: " + " | ".join(f"{k} {v:.1f}" for k, v in marks.items()),
+        "  submission: " + " | ".join(f"{k} {v:.1f}" for k, v in stages.items()),
+        "  packed (blocks@us): " + " ".join(packed),
+        "  chunk   bytes  pieces  published  1st_piece  last_piece  issued  dma_done",
+    ]
     for k in sorted(chunks):
         c = chunks[k]
-        lines.append(f"  {k:<6} {str(c.get('bytes', 0) >> 10) + 'K':>6} {c['pieces']:>7} {f(c.get('published')):>10} "
-                     f"{f(c['first']):>10} {f(c['last']):>11} {f(c.get('issued')):>7} {f(c.get('dma_done')):>9}")
+        lines.append(
+            f"  {k:<6} {str(c.get('bytes', 0) >> 10) + 'K':>6} {c['pieces']:>7} {f(c.get('published')):>10} "
+            f"{f(c['first']):>10} {f(c['last']):>11} {f(c.get('issued')):>7} {f(c.get('dma_done')):>9}"
+        )
     return "\n".join(lines)

@@ -41,6 +41,7 @@ import logging
 from typing import Any, List, Optional
 
 import vllm
+from vllm.utils.torch_utils import PIN_MEMORY
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     GPULoadStoreSpec,
@@ -54,7 +55,6 @@ from vllm.v1.kv_offload.cpu.gpu_worker import pin_mmap_region
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
-from vllm.utils.torch_utils import PIN_MEMORY
 
 from . import Engine, testing
 from ._errors import _error
@@ -70,7 +70,9 @@ _HOST_MEMORY = ("vllm", "pool")
 def _host_memory(extra: Any) -> str:
     value = (extra or {}).get("gfd_host_memory", "vllm")
     if value not in _HOST_MEMORY:
-        raise _error(f"kv_connector_extra_config: gfd_host_memory: expected one of {_HOST_MEMORY}, got {value!r}")
+        raise _error(
+            f"kv_connector_extra_config: gfd_host_memory: expected one of {_HOST_MEMORY}, got {value!r}"
+        )
     return value
 
 
@@ -78,13 +80,16 @@ def _needs(module: Any, name: str) -> Any:
     """A name of vLLM's that the worker builds on, or a clear error naming it and the version."""
     value = getattr(module, name, None)
     if value is None:
-        raise _error(f"gfd.vllm: vLLM {vllm.__version__} has no {getattr(module, '__name__', module)}.{name}; "
-                     "gfd.vllm is written against vLLM 0.33")
+        raise _error(
+            f"gfd.vllm: vLLM {vllm.__version__} has no {getattr(module, '__name__', module)}.{name}; "
+            "gfd.vllm is written against vLLM 0.33"
+        )
     return value
 
 
 def _torch() -> Any:
     import sys
+
     return sys.modules.get("torch")
 
 
@@ -101,7 +106,9 @@ def _block_rows(tensor: Any, page: int) -> Any:
 def _device_of(tensor: Any) -> int:
     torch = _torch()
     if torch is not None and isinstance(tensor, torch.Tensor) and tensor.is_cuda:
-        return tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
+        return (
+            tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
+        )
     return 0
 
 
@@ -130,9 +137,11 @@ def _canonical(kv_caches: CanonicalKVCaches) -> tuple:
         members = []
         for r in refs:
             if r.mapping is None:
-                raise _error("kv_connector_extra_config: canonical_layout: vLLM could not certify this KV cache "
-                             "layout for canonical pages (the offload workers must be exactly the TP group; "
-                             "packed and cross-layer layouts are not supported); remove canonical_layout")
+                raise _error(
+                    "kv_connector_extra_config: canonical_layout: vLLM could not certify this KV cache "
+                    "layout for canonical pages (the offload workers must be exactly the TP group; "
+                    "packed and cross-layer layouts are not supported); remove canonical_layout"
+                )
             key = (r.tensor_idx, r.mapping)
             if key not in entries:
                 entries[key] = len(tensor_of)
@@ -149,7 +158,10 @@ def _fragments(mapping: Any) -> list:
     out: list = []
     for run in mapping.runs:
         for i in range(run.num_fragments):
-            go, ho = run.local_offset + i * run.local_stride, run.canonical_offset + i * run.canonical_stride
+            go, ho = (
+                run.local_offset + i * run.local_stride,
+                run.canonical_offset + i * run.canonical_stride,
+            )
             if out and out[-1][0] + out[-1][2] == go and out[-1][1] + out[-1][2] == ho:
                 out[-1] = (out[-1][0], out[-1][1], out[-1][2] + run.fragment_size)
             else:
@@ -159,25 +171,36 @@ def _fragments(mapping: Any) -> list:
 
 #: Said at startup where GfdOffloadingSpec is given canonical_layout: vLLM 0.33's own CPU spec
 #: ignores the key (only its tiering spec honours it), gfd's honours it.
-CANONICAL_NOTE = ("gfd.vllm: canonical_layout is honoured: the host pages are laid out canonically (free of the "
-                  "parallel layout, ranks holding identical bytes taking turns to write them), as vLLM's tiering "
-                  "spec lays them out. vLLM 0.33's own CPU spec ignores canonical_layout (each rank's pages stay in "
-                  "its own cell), so under tensor parallelism the region's bytes lie elsewhere than with vLLM's "
-                  "worker; every load returns what was stored either way")
+CANONICAL_NOTE = (
+    "gfd.vllm: canonical_layout is honoured: the host pages are laid out canonically (free of the "
+    "parallel layout, ranks holding identical bytes taking turns to write them), as vLLM's tiering "
+    "spec lays them out. vLLM 0.33's own CPU spec ignores canonical_layout (each rank's pages stay in "
+    "its own cell), so under tensor parallelism the region's bytes lie elsewhere than with vLLM's "
+    "worker; every load returns what was stored either way"
+)
 
 
 def _region(spec: CPUOffloadingSpec) -> SharedOffloadRegion:
     """vLLM's shared region for this rank, made as vLLM's own spec makes it for its worker."""
     cfg = spec.config
     rank = 0 if spec.replicated_layout else cfg.parallel.rank
-    common = dict(num_chunks=spec.num_chunks, rank=rank, kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
-                  cpu_page_size=spec.cpu_page_size_per_worker)
+    common = dict(
+        num_chunks=spec.num_chunks,
+        rank=rank,
+        kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
+        cpu_page_size=spec.cpu_page_size_per_worker,
+    )
     if isinstance(spec, TieringOffloadingSpec):
         # The scheduler made the region (its secondary tiers read it); the worker joins it.
         return SharedOffloadRegion(engine_id=cfg.engine_id, **common)
     shard = (cfg.parallel.rank, cfg.parallel.world_size) if spec.replicated_layout else None
-    return SharedOffloadRegion(engine_id=cfg.engine_id, barrier=_needs(_cpu_spec, "_all_workers_barrier"),
-                               num_segments=_needs(_cpu_spec, "_REGION_SEGMENTS"), populate_shard=shard, **common)
+    return SharedOffloadRegion(
+        engine_id=cfg.engine_id,
+        barrier=_needs(_cpu_spec, "_all_workers_barrier"),
+        num_segments=_needs(_cpu_spec, "_REGION_SEGMENTS"),
+        populate_shard=shard,
+        **common,
+    )
 
 
 class GfdOffloadingWorker(OffloadingWorker):
@@ -191,14 +214,20 @@ class GfdOffloadingWorker(OffloadingWorker):
         canonical = bool(spec.config.canonical_layout)
         bpc, chunks = spec.blocks_per_chunk, spec.num_chunks
         if chunks <= 0:
-            raise _error(f"kv_connector_extra_config: cpu_bytes_to_use: {extra.get('cpu_bytes_to_use')} bytes hold "
-                         f"no chunk of {spec.kv_bytes_per_chunk} bytes")
+            raise _error(
+                f"kv_connector_extra_config: cpu_bytes_to_use: {extra.get('cpu_bytes_to_use')} bytes hold "
+                f"no chunk of {spec.kv_bytes_per_chunk} bytes"
+            )
         if canonical and host_memory != "vllm":
-            raise _error("kv_connector_extra_config: canonical_layout needs vLLM's shared region; "
-                         "gfd_host_memory 'pool' keeps per-rank memory (remove one of the two)")
+            raise _error(
+                "kv_connector_extra_config: canonical_layout needs vLLM's shared region; "
+                "gfd_host_memory 'pool' keeps per-rank memory (remove one of the two)"
+            )
         tensors = [_block_rows(t.tensor, t.page_size_bytes) for t in kv_caches.tensors]
         groups = [sorted({r.tensor_idx for r in refs}) for refs in kv_caches.group_data_refs]
-        self.groups = [list(g) for g in groups]  # per KV-cache group, its tensors (indices into kv_caches)
+        self.groups = [
+            list(g) for g in groups
+        ]  # per KV-cache group, its tensors (indices into kv_caches)
         # A job moves each page's unpadded bytes (what vLLM's worker copies); a tensor shared by
         # several layers moves the most any of them uses.
         copy = [0] * len(tensors)
@@ -207,26 +236,49 @@ class GfdOffloadingWorker(OffloadingWorker):
                 copy[r.tensor_idx] = max(copy[r.tensor_idx], int(r.page_size_bytes))
         copy = [c if c > 0 else int(t.page_size_bytes) for c, t in zip(copy, kv_caches.tensors)]
         self._region: Optional[SharedOffloadRegion] = None
-        self.engine, self._adopted = _engine(_device_of(tensors[0]) if tensors else 0, options, tensors)
+        self.engine, self._adopted = _engine(
+            _device_of(tensors[0]) if tensors else 0, options, tensors
+        )
         try:
             if host_memory == "pool":
                 layout = str(extra.get("gfd_host_layout", "block"))
-                self.core = KVTransferWorker(self.engine, tensors, groups, bpc, chunks, host_memory="pool",
-                                             host_layout=layout, copy_bytes=copy)
+                self.core = KVTransferWorker(
+                    self.engine,
+                    tensors,
+                    groups,
+                    bpc,
+                    chunks,
+                    host_memory="pool",
+                    host_layout=layout,
+                    copy_bytes=copy,
+                )
                 return
             if canonical and not isinstance(spec, TieringOffloadingSpec):
                 logger.warning(CANONICAL_NOTE)
             if canonical:
                 tensor_of, mapping_of, groups = _canonical(kv_caches)
             if canonical and isinstance(spec, TieringOffloadingSpec):
-                _needs(spec, "_validate_canonical_refs")(kv_caches)  # records portability for the tiers
+                _needs(spec, "_validate_canonical_refs")(
+                    kv_caches
+                )  # records portability for the tiers
             self._region = _region(spec)
             if PIN_MEMORY and not self.engine._emulated:
-                pin_mmap_region(self._region, worker_slot_only=not canonical)  # as vLLM's worker pins it
+                pin_mmap_region(
+                    self._region, worker_slot_only=not canonical
+                )  # as vLLM's worker pins it
             if canonical:
                 # A tensor's canonical page holds the largest page any of its layers maps into.
-                widest = [max((m.canonical_page_size_bytes for t2, m in zip(tensor_of, mapping_of) if t2 == t),
-                              default=int(kv_caches.tensors[t].page_size_bytes)) for t in range(len(tensors))]
+                widest = [
+                    max(
+                        (
+                            m.canonical_page_size_bytes
+                            for t2, m in zip(tensor_of, mapping_of)
+                            if t2 == t
+                        ),
+                        default=int(kv_caches.tensors[t].page_size_bytes),
+                    )
+                    for t in range(len(tensors))
+                ]
                 views = [self._region.create_next_canonical_view(w * bpc) for w in widest]
                 hosts = [views[t] for t in tensor_of]
                 tensors = [tensors[t] for t in tensor_of]
@@ -234,10 +286,22 @@ class GfdOffloadingWorker(OffloadingWorker):
                 fragments = [_fragments(m) for m in mapping_of]
                 writers = [(m.num_writers, m.writer_index) for m in mapping_of]
             else:
-                hosts = [self._region.create_next_worker_view(t.page_size_bytes * bpc) for t in kv_caches.tensors]
+                hosts = [
+                    self._region.create_next_worker_view(t.page_size_bytes * bpc)
+                    for t in kv_caches.tensors
+                ]
                 fragments = writers = None
-            self.core = KVTransferWorker(self.engine, tensors, groups, bpc, chunks, host_caches=hosts,
-                                         copy_bytes=copy, fragments=fragments, writers=writers)
+            self.core = KVTransferWorker(
+                self.engine,
+                tensors,
+                groups,
+                bpc,
+                chunks,
+                host_caches=hosts,
+                copy_bytes=copy,
+                fragments=fragments,
+                writers=writers,
+            )
         except BaseException:
             self._release()
             raise
@@ -247,24 +311,50 @@ class GfdOffloadingWorker(OffloadingWorker):
         """vLLM's shared region the worker moves blocks to and from (None with ``"pool"``)."""
         return self._region
 
-    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+    def submit_store(
+        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
+    ) -> bool:
         """GPU -> CPU, after the work queued so far on the current stream. Enqueued in the call."""
-        return self.core.submit(job_id, False, dst_spec.block_ids, src_spec.block_ids,
-                                src_spec.group_sizes, src_spec.block_indices)
+        return self.core.submit(
+            job_id,
+            False,
+            dst_spec.block_ids,
+            src_spec.block_ids,
+            src_spec.group_sizes,
+            src_spec.block_indices,
+        )
 
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
-                    expedited: bool = False) -> bool:
+    def submit_load(
+        self,
+        job_id: int,
+        src_spec: LoadStoreSpec,
+        dst_spec: GPULoadStoreSpec,
+        expedited: bool = False,
+    ) -> bool:
         """CPU -> GPU, after the work queued so far on the current stream. Enqueued in the call."""
-        return self.core.submit(job_id, True, src_spec.block_ids, dst_spec.block_ids,
-                                dst_spec.group_sizes, dst_spec.block_indices, expedited=expedited)
+        return self.core.submit(
+            job_id,
+            True,
+            src_spec.block_ids,
+            dst_spec.block_ids,
+            dst_spec.group_sizes,
+            dst_spec.block_indices,
+            expedited=expedited,
+        )
 
     def get_finished(self) -> List[TransferResult]:
         out = []
         for r in self.core.get_finished():
             if not r.success:  # vLLM sees success=False alone: the cause is said here
                 logger.error("gfd.vllm: job %d failed: %s", r.job_id, r.error)
-            out.append(TransferResult(job_id=r.job_id, success=r.success, transfer_size=r.bytes,
-                                      transfer_time=r.seconds))
+            out.append(
+                TransferResult(
+                    job_id=r.job_id,
+                    success=r.success,
+                    transfer_size=r.bytes,
+                    transfer_time=r.seconds,
+                )
+            )
         return out
 
     def wait(self, job_ids: set) -> None:
@@ -312,6 +402,8 @@ class GfdTieringOffloadingSpec(_GfdWorker, TieringOffloadingSpec):
 
     def __init__(self, config: OffloadingConfig) -> None:
         if _host_memory(config.extra_config) != "vllm":
-            raise _error("kv_connector_extra_config: gfd_host_memory: the secondary tiers read vLLM's shared "
-                         "region; GfdTieringOffloadingSpec takes only 'vllm'")
+            raise _error(
+                "kv_connector_extra_config: gfd_host_memory: the secondary tiers read vLLM's shared "
+                "region; GfdTieringOffloadingSpec takes only 'vllm'"
+            )
         super().__init__(config)

@@ -33,7 +33,9 @@ testkit::Device device_of(PyEngine& e) {
   return *std::static_pointer_cast<testkit::Device>(e.testing_device());
 }
 
-cudaStream_t stream_arg(PyEngine& e, py::handle s, const std::string& fn) { return e.stream_of(s, fn); }
+cudaStream_t stream_arg(PyEngine& e, py::handle s, const std::string& fn) {
+  return e.stream_of(s, fn);
+}
 
 std::uint64_t address(py::handle v, const std::string& name) {
   return uint_arg(v, name, UINTPTR_MAX);
@@ -61,10 +63,11 @@ void register_testing(py::module_& m) {
           py::gil_scoped_release nogil;
           s = device->create_stream();
           // The stream standing in for the default stream goes once the engine is gone.
-          engine = std::shared_ptr<Engine>(new Engine(device->make_engine(o)), [device, s](Engine* x) {
-            delete x;
-            device->destroy_stream(s);
-          });
+          engine =
+              std::shared_ptr<Engine>(new Engine(device->make_engine(o)), [device, s](Engine* x) {
+                delete x;
+                device->destroy_stream(s);
+              });
         }
         return std::make_unique<PyEngine>(std::move(engine), o.device, true, s, device);
       },
@@ -108,7 +111,8 @@ void register_testing(py::module_& m) {
           std::optional<testkit::Device> dev;
           if (e.emulated()) dev = device_of(e);
           py::gil_scoped_release nogil;
-          pool = dev ? std::make_shared<HostPool>(testkit::make_host_pool(*dev, o)) : std::make_shared<HostPool>(o);
+          pool = dev ? std::make_shared<HostPool>(testkit::make_host_pool(*dev, o))
+                     : std::make_shared<HostPool>(o);
         }
         return pool_view(pool, shape, type, py::int_(0), "pinned_buffer");
       },

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "device/device.hpp"
-#include "pipeline/engine_context.hpp"
 #include "gfd/stats.hpp"
+#include "pipeline/engine_context.hpp"
 #include "pipeline/transfer.hpp"
 #include "planning/cache_set.hpp"
 
@@ -87,7 +87,8 @@ class BackendImpl {
  protected:
   // `r` listed block by block and handed to `submit`; a block that `submit` refuses (pageable
   // host memory for a backend that needs it pinned) is reported as the row and pair it comes from.
-  TransferPtr submit_listed(const SetRequest& r, const std::function<TransferPtr(const Request&)>& submit);
+  TransferPtr submit_listed(const SetRequest& r,
+                            const std::function<TransferPtr(const Request&)>& submit);
 
   std::shared_ptr<EngineContext> ctx_;
 };
@@ -103,7 +104,8 @@ const BackendEntry& backend_entry(Backend b);
 
 // Plans request `r` whole with `config` (throws gfd::Error for a bad block) and returns the new
 // transfer holding the plan, or nullptr when there is nothing to move.
-TransferPtr plan_transfer(const std::shared_ptr<EngineContext>& ctx, const Request& r, const PlanConfig& config,
+TransferPtr plan_transfer(const std::shared_ptr<EngineContext>& ctx, const Request& r,
+                          const PlanConfig& config,
                           std::optional<std::uint64_t> bytes = std::nullopt);
 
 // Pass-through planning (one copy per coalesced block) for the block-by-block and kernel

@@ -6,8 +6,8 @@
 
 #include "backends/backend.hpp"
 #include "backends/baselines/copy_calls.hpp"
-#include "backends/gather/gather.hpp"
 #include "backends/baselines/zero_copy_kernel.hpp"
+#include "backends/gather/gather.hpp"
 #include "common/sync.hpp"
 #include "gfd/error.hpp"
 
@@ -18,8 +18,14 @@ namespace {
 constexpr BackendCaps kGatherCaps{true, true, true, false, false, false};
 constexpr BackendCaps kBatchCaps{false, false, false, false, false, true};
 constexpr BackendCaps kPerBlockCaps{false, false, false, false, false, true};
-constexpr BackendCaps kKernelCaps{true, false, false, true, true, true,
-                                  "the zero_copy_kernel backend reads sources with SM loads over PCIe and"};
+constexpr BackendCaps kKernelCaps{
+    true,
+    false,
+    false,
+    true,
+    true,
+    true,
+    "the zero_copy_kernel backend reads sources with SM loads over PCIe and"};
 
 const BackendEntry kTable[] = {
     {Backend::kGather, kGatherCaps, make_gather},
@@ -33,12 +39,13 @@ const BackendEntry kTable[] = {
 const BackendEntry& backend_entry(Backend b) {
   for (const BackendEntry& e : kTable)
     if (e.id == b) return e;
-  throw Error(ErrorCode::kInvalidArgument,
-              "EngineOptions::backend: " + std::to_string(static_cast<int>(b)) + " is not a backend");
+  throw Error(
+      ErrorCode::kInvalidArgument,
+      "EngineOptions::backend: " + std::to_string(static_cast<int>(b)) + " is not a backend");
 }
 
-TransferPtr plan_transfer(const std::shared_ptr<EngineContext>& ctx, const Request& r, const PlanConfig& config,
-                          std::optional<std::uint64_t> bytes) {
+TransferPtr plan_transfer(const std::shared_ptr<EngineContext>& ctx, const Request& r,
+                          const PlanConfig& config, std::optional<std::uint64_t> bytes) {
   Plan plan = ctx->plan(r.blocks, config, r.id, bytes);
   if (plan.total_bytes == 0) {
     ctx->plans.put(std::move(plan));
@@ -53,7 +60,8 @@ TransferPtr BackendImpl::submit_set(const SetRequest& r) {
   return submit_listed(r, [this](const Request& q) { return submit(q); });
 }
 
-TransferPtr BackendImpl::submit_listed(const SetRequest& r, const std::function<TransferPtr(const Request&)>& submit) {
+TransferPtr BackendImpl::submit_listed(const SetRequest& r,
+                                       const std::function<TransferPtr(const Request&)>& submit) {
   // Reused by each thread: the planner copies what it keeps, so the list only lives for the call.
   thread_local std::vector<BlockCopy> blocks;
   thread_local std::vector<std::uint8_t> pinned;

@@ -40,7 +40,8 @@ void add_elapsed(std::uint64_t& ns, F&& step) {
 
 inline std::uint64_t now_ns() {
   return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+          .count());
 }
 
 // A first-come, first-served lock. Submitters hold it while they take staging slots, which can

@@ -21,8 +21,9 @@ void throw_cuda_error(cudaError_t err, const char* call, const char* file, int l
                       err == cudaErrorMisalignedAddress || err == cudaErrorInvalidAddressSpace ||
                       err == cudaErrorInvalidPc || err == cudaErrorAssert;
   std::string msg = std::string(call) + " failed: " + cudaGetErrorName(err) + " (" +
-                    cudaGetErrorString(err) + ")" + (sticky ? " [sticky: the CUDA context is unusable]" : "") +
-                    " at " + base_name(file) + ":" + std::to_string(line);
+                    cudaGetErrorString(err) + ")" +
+                    (sticky ? " [sticky: the CUDA context is unusable]" : "") + " at " +
+                    base_name(file) + ":" + std::to_string(line);
   throw Error(ErrorCode::kCuda, msg);
 }
 

@@ -25,9 +25,9 @@ const char* base_name(const char* path) noexcept;
 #define GFD_SOURCE_FILE_ __FILE__
 #endif
 
-#define GFD_CUDA_CHECK(call)                                                       \
-  do {                                                                             \
-    const cudaError_t gfd_err_ = (call);                                           \
-    if (gfd_err_ != cudaSuccess)                                                   \
+#define GFD_CUDA_CHECK(call)                                                        \
+  do {                                                                              \
+    const cudaError_t gfd_err_ = (call);                                            \
+    if (gfd_err_ != cudaSuccess)                                                    \
       ::gfd::detail::throw_cuda_error(gfd_err_, #call, GFD_SOURCE_FILE_, __LINE__); \
   } while (0)

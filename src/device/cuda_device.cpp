@@ -90,10 +90,11 @@ void check_device_exists(int ordinal) {
     if (means_no_device(err)) {
       // Without libcuda the runtime says "driver version is insufficient": say what it means.
       const bool driver_loaded = std::filesystem::exists("/proc/driver/nvidia/version");
-      const std::string what = !driver_loaded ? "no NVIDIA driver or GPU was found on this machine"
-                               : err == cudaErrorInsufficientDriver
-                                   ? "the NVIDIA driver is older than the CUDA runtime gfd was built with"
-                                   : "no usable NVIDIA GPU was found";
+      const std::string what =
+          !driver_loaded ? "no NVIDIA driver or GPU was found on this machine"
+          : err == cudaErrorInsufficientDriver
+              ? "the NVIDIA driver is older than the CUDA runtime gfd was built with"
+              : "no usable NVIDIA GPU was found";
       throw Error(ErrorCode::kNoDevice, what + " (" + cudaGetErrorName(err) + ": " +
                                             cudaGetErrorString(err) + "); " + kWithoutAGpu);
     }
@@ -104,7 +105,8 @@ void check_device_exists(int ordinal) {
                 std::string("no NVIDIA GPU was found (the driver reports none); ") + kWithoutAGpu);
   if (ordinal >= count)
     throw Error(ErrorCode::kNoDevice, "CUDA device " + std::to_string(ordinal) +
-                                          " does not exist (" + std::to_string(count) + " visible)");
+                                          " does not exist (" + std::to_string(count) +
+                                          " visible)");
 }
 
 class CudaDevice final : public Device {
@@ -118,7 +120,8 @@ class CudaDevice final : public Device {
     std::transform(bus_id_.begin(), bus_id_.end(), bus_id_.begin(), ::tolower);
     GFD_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&prio_low_, &prio_high_));
     int host_ptr = 0, uva = 0;
-    GFD_CUDA_CHECK(cudaDeviceGetAttribute(&host_ptr, cudaDevAttrCanUseHostPointerForRegisteredMem, ordinal));
+    GFD_CUDA_CHECK(
+        cudaDeviceGetAttribute(&host_ptr, cudaDevAttrCanUseHostPointerForRegisteredMem, ordinal));
     GFD_CUDA_CHECK(cudaDeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, ordinal));
     host_pointers_usable_ = host_ptr != 0 && uva != 0;
     GFD_CUDA_CHECK(preload_kernels());
@@ -154,22 +157,27 @@ class CudaDevice final : public Device {
   // zeros (cuPointerGetAttributes succeeds and leaves defaults).
   PointerInfo query_pointer(const void* p) override {
     PointerInfo info;
-    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                   CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    CUpointer_attribute attrs[] = {
+        CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        CU_POINTER_ATTRIBUTE_RANGE_SIZE};
     // Every value in zeroed 8-byte storage: the driver writes 4 bytes for some, 8 for others.
     std::uint64_t v[5] = {0, 0, 0, 0, 0};
     void* data[5] = {&v[0], &v[1], &v[2], &v[3], &v[4]};
-    if (driver().pointer_get_attributes(5, attrs, data, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS)
+    if (driver().pointer_get_attributes(5, attrs, data, reinterpret_cast<CUdeviceptr>(p)) !=
+        CUDA_SUCCESS)
       return info;
     const auto type = static_cast<std::uint32_t>(v[0]);
     const auto ordinal = static_cast<std::int32_t>(static_cast<std::uint32_t>(v[1]));
     const bool managed = static_cast<std::uint32_t>(v[2]) != 0;
-    if (managed) info.kind = PointerKind::kManaged;
-    else if (type == CU_MEMORYTYPE_HOST) info.kind = PointerKind::kPinnedHost;
+    if (managed)
+      info.kind = PointerKind::kManaged;
+    else if (type == CU_MEMORYTYPE_HOST)
+      info.kind = PointerKind::kPinnedHost;
     else if (type == CU_MEMORYTYPE_DEVICE)
       info.kind = ordinal == ordinal_ ? PointerKind::kDevice : PointerKind::kOtherDevice;
-    else return info;  // unknown to the driver: pageable host memory
+    else
+      return info;  // unknown to the driver: pageable host memory
     info.device = ordinal;
     if (v[4] != 0) {
       info.begin = static_cast<std::uintptr_t>(v[3]);
@@ -206,7 +214,8 @@ class CudaDevice final : public Device {
   EventHandle create_event(bool timing) override {
     make_current();
     cudaEvent_t e = nullptr;
-    GFD_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    GFD_CUDA_CHECK(
+        cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
     return e;
   }
   void destroy_event(EventHandle e) noexcept override {
@@ -216,7 +225,8 @@ class CudaDevice final : public Device {
     GFD_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s)));
   }
   void stream_wait_event(StreamHandle s, EventHandle e) override {
-    GFD_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0));
+    GFD_CUDA_CHECK(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0));
   }
   bool event_done(EventHandle e) override {
     const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e));
@@ -229,14 +239,17 @@ class CudaDevice final : public Device {
   }
   float event_elapsed_ms(EventHandle a, EventHandle b) override {
     float ms = 0;
-    GFD_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a), static_cast<cudaEvent_t>(b)));
+    GFD_CUDA_CHECK(
+        cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a), static_cast<cudaEvent_t>(b)));
     return ms;
   }
   void copy_h2d(void* dst, const void* src, std::size_t bytes, StreamHandle s) override {
-    GFD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s)));
+    GFD_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s)));
   }
   void copy_d2h(void* dst, const void* src, std::size_t bytes, StreamHandle s) override {
-    GFD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s)));
+    GFD_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s)));
   }
   void memset_async(void* dst, int value, std::size_t bytes, StreamHandle s) override {
     GFD_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(s)));
@@ -245,13 +258,14 @@ class CudaDevice final : public Device {
                StreamHandle s) override {
     GFD_CUDA_CHECK(launch_scatter(entries, count, staging, static_cast<cudaStream_t>(s)));
   }
-  void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
-               std::size_t rows, bool to_host, StreamHandle s) override {
+  void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+               std::size_t width, std::size_t rows, bool to_host, StreamHandle s) override {
     GFD_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows,
                                      to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
                                      static_cast<cudaStream_t>(s)));
   }
-  void copy_2d_batch(const Copy2D* copies, std::size_t count, bool to_host, StreamHandle s) override {
+  void copy_2d_batch(const Copy2D* copies, std::size_t count, bool to_host,
+                     StreamHandle s) override {
     if (count == 1 || !batch_3d_ || !batch_2d(copies, count, !to_host, to_host, s))
       Device::copy_2d_batch(copies, count, to_host, s);
   }
@@ -284,7 +298,8 @@ class CudaDevice final : public Device {
   }
   void place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t max_blocks,
              std::uint32_t* counter, StreamHandle s) override {
-    GFD_CUDA_CHECK(launch_place(chunks, n, bytes, max_blocks, counter, static_cast<cudaStream_t>(s)));
+    GFD_CUDA_CHECK(
+        launch_place(chunks, n, bytes, max_blocks, counter, static_cast<cudaStream_t>(s)));
   }
   void gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
               StreamHandle s) override {
@@ -300,20 +315,24 @@ class CudaDevice final : public Device {
   bool host_pointers_usable() const override { return host_pointers_usable_; }
   bool supports_wait_value() const override { return wait_value_; }
   void wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) override {
-    const CUresult r = driver().wait_value64(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr),
-                                             value, CU_STREAM_WAIT_VALUE_GEQ);
+    const CUresult r =
+        driver().wait_value64(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), value,
+                              CU_STREAM_WAIT_VALUE_GEQ);
     // The driver's codes are the runtime's for these errors (700: illegal address, ...).
     if (r != CUDA_SUCCESS)
-      throw_cuda_error(static_cast<cudaError_t>(r), "cuStreamWaitValue64(lane, slot flag)", GFD_SOURCE_FILE_, __LINE__);
+      throw_cuda_error(static_cast<cudaError_t>(r), "cuStreamWaitValue64(lane, slot flag)",
+                       GFD_SOURCE_FILE_, __LINE__);
   }
   void signal_value(std::uint64_t* addr, std::uint64_t value) override {
     std::atomic_ref<std::uint64_t>(*addr).store(value, std::memory_order_release);
   }
   void write_value(std::uint64_t* addr, std::uint64_t value, StreamHandle s) override {
-    const CUresult r = driver().write_value64(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), value,
-                                              CU_STREAM_WRITE_VALUE_DEFAULT);
+    const CUresult r =
+        driver().write_value64(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), value,
+                               CU_STREAM_WRITE_VALUE_DEFAULT);
     if (r != CUDA_SUCCESS)
-      throw_cuda_error(static_cast<cudaError_t>(r), "cuStreamWriteValue64(lane, slot flag)", GFD_SOURCE_FILE_, __LINE__);
+      throw_cuda_error(static_cast<cudaError_t>(r), "cuStreamWriteValue64(lane, slot flag)",
+                       GFD_SOURCE_FILE_, __LINE__);
   }
   void delay_async(std::uint32_t microseconds, StreamHandle s) override {
     GFD_CUDA_CHECK(launch_delay(microseconds, static_cast<cudaStream_t>(s)));
@@ -327,7 +346,8 @@ class CudaDevice final : public Device {
   bool wait_value_ = false;
   // `count` 2D copies in one cudaMemcpy3DBatchAsync; false (nothing enqueued) where the driver
   // lacks it, which then stays off.
-  bool batch_2d(const Copy2D* copies, std::size_t count, bool src_host, bool dst_host, StreamHandle s) {
+  bool batch_2d(const Copy2D* copies, std::size_t count, bool src_host, bool dst_host,
+                StreamHandle s) {
     // One op per copy: pointer operands, rows of `width` bytes at the operand's pitch (its row
     // length: one byte per element), one layer. Sources in stream order, as copy_batch.
     thread_local std::vector<cudaMemcpy3DBatchOp> ops;
@@ -349,7 +369,8 @@ class CudaDevice final : public Device {
       op.extent.depth = 1;
       op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     }
-    const cudaError_t e = cudaMemcpy3DBatchAsync(count, ops.data(), 0, static_cast<cudaStream_t>(s));
+    const cudaError_t e =
+        cudaMemcpy3DBatchAsync(count, ops.data(), 0, static_cast<cudaStream_t>(s));
     if (e == cudaErrorNotSupported || e == cudaErrorCallRequiresNewerDriver) {
       // An older driver: one 2D copy at a time from now on.
       (void)cudaGetLastError();
@@ -359,12 +380,15 @@ class CudaDevice final : public Device {
     if (e != cudaSuccess) throw_cuda_error(e, "cudaMemcpy3DBatchAsync", GFD_SOURCE_FILE_, __LINE__);
     return true;
   }
-  std::atomic<bool> batch_3d_{true};  // cudaMemcpy3DBatchAsync works here (false after cudaErrorNotSupported)
+  std::atomic<bool> batch_3d_{
+      true};  // cudaMemcpy3DBatchAsync works here (false after cudaErrorNotSupported)
 };
 
 }  // namespace
 
-std::shared_ptr<Device> make_cuda_device(int ordinal) { return std::make_shared<CudaDevice>(ordinal); }
+std::shared_ptr<Device> make_cuda_device(int ordinal) {
+  return std::make_shared<CudaDevice>(ordinal);
+}
 
 int cuda_device_count() noexcept {
   int n = 0;

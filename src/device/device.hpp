@@ -133,12 +133,12 @@ class Device {
   virtual void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                        StreamHandle s) = 0;
   // Places `n` (1..kMaxPlaceChunks) staged chunks, `bytes` of data together (which sizes the
-  // grid, at most `max_blocks` thread blocks), in one launch and then writes each chunk's flag; `counter` is 4 bytes of zeroed
-  // device memory no other stream uses at the same time (the launch's thread blocks count
-  // themselves out there, and the last leaves it zero again). The array is read during the call
-  // only.
-  virtual void place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t max_blocks,
-                     std::uint32_t* counter, StreamHandle s) = 0;
+  // grid, at most `max_blocks` thread blocks), in one launch and then writes each chunk's flag;
+  // `counter` is 4 bytes of zeroed device memory no other stream uses at the same time (the
+  // launch's thread blocks count themselves out there, and the last leaves it zero again). The
+  // array is read during the call only.
+  virtual void place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes,
+                     std::uint32_t max_blocks, std::uint32_t* counter, StreamHandle s) = 0;
   // The reverse, for device-to-host transfers: packs each entry's device bytes (at its `dst`
   // field, the device address) into `staging` at its offset.
   virtual void gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
@@ -146,8 +146,8 @@ class Device {
   // Packs `n` (1..kMaxPlaceChunks) device-to-host chunks, `bytes` of data together (which sizes
   // the grid as for place(), at most `max_blocks` thread blocks), in one launch. The array is
   // read during the call only.
-  virtual void pack(PackChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t max_blocks,
-                    StreamHandle s) = 0;
+  virtual void pack(PackChunk* chunks, std::uint32_t n, std::uint64_t bytes,
+                    std::uint32_t max_blocks, StreamHandle s) = 0;
   // Copies `count` blocks with one cudaMemcpyBatchAsync (sources read in stream order), host to
   // device or, with `to_host`, device to host. The arrays are read during the call only.
   virtual void copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
@@ -156,13 +156,14 @@ class Device {
   // (cudaMemcpy2DAsync), host to device or, with `to_host`, device to host. The copy engine
   // moves a constant-stride run of blocks this way at the link rate, where it pays a per-copy
   // cost for each block of a batch.
-  virtual void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
-                       std::size_t rows, bool to_host, StreamHandle s) = 0;
+  virtual void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+                       std::size_t width, std::size_t rows, bool to_host, StreamHandle s) = 0;
   // `count` such copies, in any order among themselves (none may write what another reads or
   // writes); the array is read during the call only. A GPU takes them in one driver call
   // (cudaMemcpy3DBatchAsync: a job of 64 blocks, each one 2D copy of its layers' pages, costs
   // one call instead of 64); this default enqueues them one by one.
-  virtual void copy_2d_batch(const Copy2D* copies, std::size_t count, bool to_host, StreamHandle s) {
+  virtual void copy_2d_batch(const Copy2D* copies, std::size_t count, bool to_host,
+                             StreamHandle s) {
     for (std::size_t i = 0; i < count; ++i) {
       const Copy2D& c = copies[i];
       copy_2d(c.dst, c.dpitch, c.src, c.spitch, c.width, c.rows, to_host, s);

@@ -1,6 +1,6 @@
-#include "device/kernels.cuh"
-
 #include <algorithm>
+
+#include "device/kernels.cuh"
 
 namespace gfd::detail {
 namespace {
@@ -18,8 +18,9 @@ constexpr int kMoveBlocks = 2;
 constexpr int kMoveUnroll = 4;
 
 // One entry's bytes, copied by the 32 lanes of a warp.
-__device__ __forceinline__ void move_entry(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst,
-                                           std::uint64_t n, std::uint32_t lane) {
+__device__ __forceinline__ void move_entry(const unsigned char* __restrict__ src,
+                                           unsigned char* __restrict__ dst, std::uint64_t n,
+                                           std::uint32_t lane) {
   std::uint64_t done = 0;
   if (((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) & 15) == 0) {
     const std::uint64_t n16 = n / 16;
@@ -45,14 +46,17 @@ __device__ __forceinline__ void move_entry(const unsigned char* __restrict__ src
 
 template <bool kToStaging>
 __global__ void __launch_bounds__(kMoveThreads)
-    move_kernel(const ScatterEntry* __restrict__ entries, std::uint32_t count, unsigned char* __restrict__ staging) {
+    move_kernel(const ScatterEntry* __restrict__ entries, std::uint32_t count,
+                unsigned char* __restrict__ staging) {
   const std::uint32_t lane = threadIdx.x & 31;
   const std::uint32_t warps = gridDim.x * (blockDim.x / 32);
   for (std::uint32_t e = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; e < count; e += warps) {
     const ScatterEntry en = entries[e];
     unsigned char* device = reinterpret_cast<unsigned char*>(en.dst);
-    if (kToStaging) move_entry(device, staging + en.src_offset, en.bytes, lane);
-    else move_entry(staging + en.src_offset, device, en.bytes, lane);
+    if (kToStaging)
+      move_entry(device, staging + en.src_offset, en.bytes, lane);
+    else
+      move_entry(staging + en.src_offset, device, en.bytes, lane);
   }
 }
 
@@ -79,17 +83,19 @@ __device__ __forceinline__ void move_chunks(const Params& p, Move move) {
   const std::uint32_t lane = threadIdx.x & 31;
   const std::uint32_t warps = gridDim.x * (blockDim.x / 32);
   std::uint32_t k = 0;  // the chunk of entry e (e only grows)
-  for (std::uint32_t e = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; e < p.total; e += warps) {
+  for (std::uint32_t e = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; e < p.total;
+       e += warps) {
     while (k + 1 < p.chunks && e >= p.c[k + 1].first) ++k;
     const ScatterEntry en = p.c[k].entries[e - p.c[k].first];  // read once (it may be host memory)
     move(p.c[k], en, lane);
   }
 }
 
-__global__ void __launch_bounds__(kMoveThreads) place_kernel(const __grid_constant__ PlaceParams p) {
+__global__ void __launch_bounds__(kMoveThreads)
+    place_kernel(const __grid_constant__ PlaceParams p) {
   move_chunks(p, [](const PlaceChunk& c, const ScatterEntry& en, std::uint32_t lane) {
-    move_entry(static_cast<const unsigned char*>(c.staging) + en.src_offset, reinterpret_cast<unsigned char*>(en.dst),
-               en.bytes, lane);
+    move_entry(static_cast<const unsigned char*>(c.staging) + en.src_offset,
+               reinterpret_cast<unsigned char*>(en.dst), en.bytes, lane);
   });
   // Every thread of the block has read its staged bytes (they are stored) before thread 0
   // counts the block out; the last block out has seen every other block's count, so every
@@ -100,14 +106,16 @@ __global__ void __launch_bounds__(kMoveThreads) place_kernel(const __grid_consta
     if (atomicAdd(p.counter, 1u) == gridDim.x - 1) {
       *p.counter = 0;  // the next launch on this lane runs after this one (stream order)
       __threadfence_system();
-      for (std::uint32_t i = 0; i < p.chunks; ++i) *reinterpret_cast<volatile std::uint64_t*>(p.c[i].flag) = p.c[i].value;
+      for (std::uint32_t i = 0; i < p.chunks; ++i)
+        *reinterpret_cast<volatile std::uint64_t*>(p.c[i].flag) = p.c[i].value;
     }
   }
 }
 
-// Packing several device-to-host chunks of the pack lane in one launch: the chunks travel as the kernel's parameter, a warp per entry over all of
-// them, so that beside a model's kernels the lane waits for SMs once per launch instead of once
-// per chunk. The device-to-host lane waits for the whole launch (an event) before its DMAs.
+// Packing several device-to-host chunks of the pack lane in one launch: the chunks travel as the
+// kernel's parameter, a warp per entry over all of them, so that beside a model's kernels the lane
+// waits for SMs once per launch instead of once per chunk. The device-to-host lane waits for the
+// whole launch (an event) before its DMAs.
 struct PackParams {
   std::uint32_t chunks;
   std::uint32_t total;  // entries of every chunk
@@ -116,8 +124,8 @@ struct PackParams {
 
 __global__ void __launch_bounds__(kMoveThreads) pack_kernel(const __grid_constant__ PackParams p) {
   move_chunks(p, [](const PackChunk& c, const ScatterEntry& en, std::uint32_t lane) {
-    move_entry(reinterpret_cast<const unsigned char*>(en.dst), static_cast<unsigned char*>(c.staging) + en.src_offset,
-               en.bytes, lane);
+    move_entry(reinterpret_cast<const unsigned char*>(en.dst),
+               static_cast<unsigned char*>(c.staging) + en.src_offset, en.bytes, lane);
   });
 }
 
@@ -184,8 +192,8 @@ cudaError_t launch_scatter(const ScatterEntry* entries, std::uint32_t count, con
   return cudaGetLastError();
 }
 
-cudaError_t launch_place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t max_blocks,
-                         std::uint32_t* counter, cudaStream_t stream) {
+cudaError_t launch_place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t bytes,
+                         std::uint32_t max_blocks, std::uint32_t* counter, cudaStream_t stream) {
   if (n == 0 || n > kMaxPlaceChunks || max_blocks == 0) return cudaErrorInvalidValue;
   PlaceParams p;
   p.chunks = n;
@@ -199,7 +207,8 @@ cudaError_t launch_place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t byte
   p.total = total;
   const std::uint64_t want = (bytes + kPlaceBytesPerBlock - 1) / kPlaceBytesPerBlock;
   const std::uint64_t most = std::min<std::uint64_t>(max_blocks, kPlaceMaxBlocks);
-  const auto grid = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(want, std::min<std::uint64_t>(kMoveBlocks, most), most));
+  const auto grid = static_cast<std::uint32_t>(
+      std::clamp<std::uint64_t>(want, std::min<std::uint64_t>(kMoveBlocks, most), most));
   place_kernel<<<grid, kMoveThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
@@ -207,12 +216,13 @@ cudaError_t launch_place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t byte
 cudaError_t launch_gather(const ScatterEntry* entries, std::uint32_t count, void* staging,
                           cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  move_kernel<true><<<kMoveBlocks, kMoveThreads, 0, stream>>>(entries, count, static_cast<unsigned char*>(staging));
+  move_kernel<true><<<kMoveBlocks, kMoveThreads, 0, stream>>>(entries, count,
+                                                              static_cast<unsigned char*>(staging));
   return cudaGetLastError();
 }
 
-cudaError_t launch_pack(PackChunk* chunks, std::uint32_t n, std::uint64_t bytes, std::uint32_t max_blocks,
-                        cudaStream_t stream) {
+cudaError_t launch_pack(PackChunk* chunks, std::uint32_t n, std::uint64_t bytes,
+                        std::uint32_t max_blocks, cudaStream_t stream) {
   if (n == 0 || n > kMaxPlaceChunks || max_blocks == 0) return cudaErrorInvalidValue;
   PackParams p;
   p.chunks = n;
@@ -226,12 +236,14 @@ cudaError_t launch_pack(PackChunk* chunks, std::uint32_t n, std::uint64_t bytes,
   // Sized as the placing launch: a thread block per kPlaceBytesPerBlock, two at least.
   const std::uint64_t most = std::min<std::uint64_t>(max_blocks, kPlaceMaxBlocks);
   const std::uint64_t want = (bytes + kPlaceBytesPerBlock - 1) / kPlaceBytesPerBlock;
-  const auto grid = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(want, std::min<std::uint64_t>(kMoveBlocks, most), most));
+  const auto grid = static_cast<std::uint32_t>(
+      std::clamp<std::uint64_t>(want, std::min<std::uint64_t>(kMoveBlocks, most), most));
   pack_kernel<<<grid, kMoveThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
-cudaError_t launch_zero_copy(const ZeroCopyEntry* entries, std::uint32_t count, cudaStream_t stream) {
+cudaError_t launch_zero_copy(const ZeroCopyEntry* entries, std::uint32_t count,
+                             cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   // One block per entry; the grid's limit (2^31 - 1) is above any transfer's count.
   const std::uint32_t grid = count < 0x7fffffffu ? count : 0x7fffffffu;

@@ -45,13 +45,15 @@ const EngineOptions& checked(const EngineOptions& o) {
 }  // namespace
 
 Engine::Engine(const EngineOptions& options)
-    : core_(detail::EngineCore::create(options, detail::make_cuda_device(checked(options).device))) {}
+    : core_(
+          detail::EngineCore::create(options, detail::make_cuda_device(checked(options).device))) {}
 
-Engine::Engine(int device) : Engine([device] {
-                                 EngineOptions o;
-                                 o.device = device;
-                                 return o;
-                               }()) {}
+Engine::Engine(int device)
+    : Engine([device] {
+        EngineOptions o;
+        o.device = device;
+        return o;
+      }()) {}
 
 Engine::Engine(std::shared_ptr<detail::EngineCore> core) : core_(std::move(core)) {}
 

@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <string>
 
+#include "common/sync.hpp"
 #include "gfd/error.hpp"
 #include "host/gather_copy.hpp"
 #include "host/placement.hpp"
 #include "host/topology.hpp"
 #include "planning/cache_set.hpp"
-#include "common/sync.hpp"
 
 namespace gfd::detail {
 namespace {
@@ -29,11 +29,13 @@ void SubmitGate::leave() noexcept {
 
 void SubmitGate::close() noexcept {
   closed_.store(true, std::memory_order_seq_cst);
-  for (int n = inside_.load(std::memory_order_seq_cst); n != 0; n = inside_.load(std::memory_order_seq_cst))
+  for (int n = inside_.load(std::memory_order_seq_cst); n != 0;
+       n = inside_.load(std::memory_order_seq_cst))
     inside_.wait(n, std::memory_order_seq_cst);
 }
 
-std::shared_ptr<EngineCore> EngineCore::create(const EngineOptions& options, std::shared_ptr<Device> device,
+std::shared_ptr<EngineCore> EngineCore::create(const EngineOptions& options,
+                                               std::shared_ptr<Device> device,
                                                const Tuning& tuning) {
   return std::shared_ptr<EngineCore>(new EngineCore(options, std::move(device), tuning));
 }
@@ -45,11 +47,13 @@ Engine EngineCore::make_engine(const EngineOptions& options, std::shared_ptr<Dev
 
 EngineCore& EngineCore::of(const Engine& engine) {
   if (!engine.core_)
-    throw Error(ErrorCode::kInvalidArgument, "Engine: this engine was moved from; use the one it was moved to");
+    throw Error(ErrorCode::kInvalidArgument,
+                "Engine: this engine was moved from; use the one it was moved to");
   return *engine.core_;
 }
 
-EngineCore::EngineCore(const EngineOptions& o, std::shared_ptr<Device> device, const Tuning& tuning) {
+EngineCore::EngineCore(const EngineOptions& o, std::shared_ptr<Device> device,
+                       const Tuning& tuning) {
   o.validate();
   tuning.validate();
   const BackendEntry& entry = backend_entry(o.backend);
@@ -67,8 +71,9 @@ EngineCore::EngineCore(const EngineOptions& o, std::shared_ptr<Device> device, c
   EngineOptions r = o;
   r.numa_node = numa_node_;
   r.gather_threads = !entry.caps.gather_pool ? 0
-                     : o.gather_threads != 0 ? o.gather_threads
-                                             : std::clamp(static_cast<int>(cpus_.size()) - 1, 1, kAutoThreadCap);
+                     : o.gather_threads != 0
+                         ? o.gather_threads
+                         : std::clamp(static_cast<int>(cpus_.size()) - 1, 1, kAutoThreadCap);
   r.staging_writes = to_public(resolve_staging_writes(o.staging_writes));
   // The hardware's fallbacks: no preissue without 64-bit stream memory operations, no batched
   // placement where the GPU cannot read pinned memory at its host address.
@@ -100,7 +105,8 @@ struct Leave {
 };
 }  // namespace
 
-Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stream, Direction direction) {
+Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stream,
+                            Direction direction) {
   gate_.enter(direction == Direction::kToHost ? "copy_to_host" : "copy_to_device");
   Leave leave{gate_};
   // Every resource below belongs to this engine's GPU; the caller's current device is restored.
@@ -110,7 +116,8 @@ Transfer EngineCore::submit(std::span<const BlockCopy> blocks, StreamHandle stre
   });
 }
 
-CacheSet EngineCore::register_caches(std::span<const CachePair> pairs, std::vector<std::string> names) {
+CacheSet EngineCore::register_caches(std::span<const CachePair> pairs,
+                                     std::vector<std::string> names) {
   gate_.enter("register_caches");
   Leave leave{gate_};
   const ScopedCurrentDevice current(*ctx_->device);
@@ -128,7 +135,8 @@ Transfer EngineCore::submit_blocks(const CacheSet& caches, Direction d, const Bl
   });
 }
 
-Transfer EngineCore::dispatch(std::size_t blocks, const std::function<TransferPtr(std::uint32_t id)>& submit) {
+Transfer EngineCore::dispatch(std::size_t blocks,
+                              const std::function<TransferPtr(std::uint32_t id)>& submit) {
   const std::uint32_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
   ctx_->tracer.record(id, TraceEvent::kSubmit);
   TransferPtr t = submit(id);

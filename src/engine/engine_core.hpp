@@ -15,8 +15,8 @@
 
 #include "backends/backend.hpp"
 #include "device/device.hpp"
-#include "pipeline/engine_context.hpp"
 #include "gfd/engine.hpp"
+#include "pipeline/engine_context.hpp"
 #include "planning/cache_set.hpp"
 
 namespace gfd::detail {
@@ -41,7 +41,8 @@ class EngineCore {
   // Validates `options` (before any device work), resolves them for `device` and builds the
   // backend they name.
   // `tuning`: the mechanisms' settings (tuning.hpp), for tests and benchmarks that compare them.
-  static std::shared_ptr<EngineCore> create(const EngineOptions& options, std::shared_ptr<Device> device,
+  static std::shared_ptr<EngineCore> create(const EngineOptions& options,
+                                            std::shared_ptr<Device> device,
                                             const Tuning& tuning = {});
   // An Engine over any device implementation (the emulated one in tests and benchmarks).
   static Engine make_engine(const EngineOptions& options, std::shared_ptr<Device> device,

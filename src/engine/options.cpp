@@ -1,3 +1,7 @@
+#include "gfd/options.hpp"
+
+#include <numa.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -5,13 +9,10 @@
 #include <string>
 #include <vector>
 
-#include <numa.h>
-
-#include "gfd/error.hpp"
-#include "gfd/options.hpp"
-#include "host/topology.hpp"
-#include "engine/option_table.hpp"
 #include "common/tuning.hpp"
+#include "engine/option_table.hpp"
+#include "gfd/error.hpp"
+#include "host/topology.hpp"
 
 namespace gfd {
 namespace {
@@ -46,9 +47,12 @@ struct Size {
     const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
     if (errno != 0 || end == v.c_str() || v.find('-') != std::string::npos) throw BadValue{kWant};
     unsigned shift = 0;
-    if (*end == 'K' || *end == 'k') shift = 10;
-    else if (*end == 'M' || *end == 'm') shift = 20;
-    else if (*end == 'G' || *end == 'g') shift = 30;
+    if (*end == 'K' || *end == 'k')
+      shift = 10;
+    else if (*end == 'M' || *end == 'm')
+      shift = 20;
+    else if (*end == 'G' || *end == 'g')
+      shift = 30;
     if (shift != 0) ++end;
     if (*end != '\0' || (shift != 0 && x > (~0ull >> shift))) throw BadValue{kWant};
     field = static_cast<std::size_t>(x << shift);
@@ -76,9 +80,12 @@ struct Count {
 struct Flag {
   static constexpr const char* kValues = "boolean";
   static void parse(const std::string& v, bool& field) {
-    if (v == "1" || v == "true" || v == "on") field = true;
-    else if (v == "0" || v == "false" || v == "off") field = false;
-    else throw BadValue{"1, true or on, or 0, false or off"};
+    if (v == "1" || v == "true" || v == "on")
+      field = true;
+    else if (v == "0" || v == "false" || v == "off")
+      field = false;
+    else
+      throw BadValue{"1, true or on, or 0, false or off"};
   }
   static std::string format(bool v) { return v ? "true" : "false"; }
 };
@@ -123,10 +130,10 @@ struct BackendName {
 
 // Parses `value` into option `name` of `o`; false when there is no such option. Throws BadValue.
 bool parse_option(EngineOptions& o, std::string_view name, const std::string& value) {
-#define GFD_PARSE(field, kind, variable, doc)     \
-  if (name == #field) {                           \
-    option_kinds::kind::parse(value, o.field);    \
-    return true;                                  \
+#define GFD_PARSE(field, kind, variable, doc)  \
+  if (name == #field) {                        \
+    option_kinds::kind::parse(value, o.field); \
+    return true;                               \
   }
   GFD_ENGINE_OPTIONS(GFD_PARSE)
 #undef GFD_PARSE
@@ -149,8 +156,8 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
     try {
       (void)parse_option(o, opt.name, v);
     } catch (const BadValue& bad) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  std::string("environment variable ") + opt.variable + "='" + v + "': expected " + bad.expected);
+      throw Error(ErrorCode::kInvalidArgument, std::string("environment variable ") + opt.variable +
+                                                   "='" + v + "': expected " + bad.expected);
     }
   }
   return o;
@@ -160,8 +167,9 @@ bool EngineOptions::set(std::string_view name, std::string_view value) {
   try {
     return parse_option(*this, name, std::string(value));
   } catch (const BadValue& bad) {
-    throw Error(ErrorCode::kInvalidArgument, "EngineOptions::" + std::string(name) + ": '" + std::string(value) +
-                                                 "': expected " + bad.expected);
+    throw Error(ErrorCode::kInvalidArgument, "EngineOptions::" + std::string(name) + ": '" +
+                                                 std::string(value) + "': expected " +
+                                                 bad.expected);
   }
 }
 
@@ -170,7 +178,8 @@ std::string EngineOptions::get(std::string_view name) const {
   if (name == #field) return option_kinds::kind::format(field);
   GFD_ENGINE_OPTIONS(GFD_FORMAT)
 #undef GFD_FORMAT
-  throw Error(ErrorCode::kInvalidArgument, "EngineOptions: no option named '" + std::string(name) + "'");
+  throw Error(ErrorCode::kInvalidArgument,
+              "EngineOptions: no option named '" + std::string(name) + "'");
 }
 
 std::vector<std::string> EngineOptions::names() {
@@ -195,21 +204,25 @@ void EngineOptions::validate() const {
   if (copy_streams < 1 || copy_streams > kMaxCopyStreams)
     bad_option("copy_streams: " + str(copy_streams) + " is outside 1.." + str(kMaxCopyStreams));
   if (slot_bytes < 4096) bad_option("slot_bytes: " + str(slot_bytes) + " is below 4096");
-  if (slot_bytes % 16 != 0) bad_option("slot_bytes: " + str(slot_bytes) + " is not a multiple of 16");
+  if (slot_bytes % 16 != 0)
+    bad_option("slot_bytes: " + str(slot_bytes) + " is not a multiple of 16");
   if (staging_bytes / slot_bytes < 2)
-    bad_option("staging_bytes: " + str(staging_bytes) + " must hold at least two slots of slot_bytes " +
-               str(slot_bytes) + " so that gathering and DMA overlap");
+    bad_option("staging_bytes: " + str(staging_bytes) +
+               " must hold at least two slots of slot_bytes " + str(slot_bytes) +
+               " so that gathering and DMA overlap");
   if (staging_bytes / slot_bytes > 65536)
-    bad_option("staging_bytes: " + str(staging_bytes / slot_bytes) + " slots is more than 65536; use larger slots");
+    bad_option("staging_bytes: " + str(staging_bytes / slot_bytes) +
+               " slots is more than 65536; use larger slots");
   if (piece_bytes < 256) bad_option("piece_bytes: " + str(piece_bytes) + " is below 256");
   if (slot_bytes / piece_bytes > 32768)
     bad_option("piece_bytes: " + str(piece_bytes) + " cuts a slot of " + str(slot_bytes) +
                " bytes into more than 32768 pieces");
   if (chunk_bytes_to_host != 0 && (chunk_bytes_to_host < 4096 || chunk_bytes_to_host > slot_bytes ||
                                    chunk_bytes_to_host % 16 != 0))
-    bad_option("chunk_bytes_to_host: " + str(chunk_bytes_to_host) + " must be 0 or a multiple of 16 from 4096 to " +
-               "slot_bytes " + str(slot_bytes));
-  if (first_chunk_bytes < 4096) bad_option("first_chunk_bytes: " + str(first_chunk_bytes) + " is below 4096");
+    bad_option("chunk_bytes_to_host: " + str(chunk_bytes_to_host) +
+               " must be 0 or a multiple of 16 from 4096 to " + "slot_bytes " + str(slot_bytes));
+  if (first_chunk_bytes < 4096)
+    bad_option("first_chunk_bytes: " + str(first_chunk_bytes) + " is below 4096");
   if (spin_us < 0) bad_option("spin_us: " + str(spin_us) + " is negative");
   if (pageable_cache_ms < 0 || pageable_cache_ms > 3600000)
     bad_option("pageable_cache_ms: " + str(pageable_cache_ms) + " is outside 0..3600000 (an hour)");
@@ -228,8 +241,8 @@ void EngineOptions::validate() const {
     if (list.empty()) bad_option("cpus: '" + cpus + "' names no CPU");
     for (int c : list)
       if (!std::binary_search(allowed.begin(), allowed.end(), c))
-        bad_option("cpus: CPU " + str(c) + " is not one this process may run on (" + detail::format_cpulist(allowed) +
-                   ")");
+        bad_option("cpus: CPU " + str(c) + " is not one this process may run on (" +
+                   detail::format_cpulist(allowed) + ")");
   }
   const auto ncpu = static_cast<long long>(allowed.size());
   if (gather_threads > ncpu)
@@ -238,7 +251,9 @@ void EngineOptions::validate() const {
 }
 
 void detail::Tuning::validate() const {
-  const auto bad = [](const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, "Tuning::" + msg); };
+  const auto bad = [](const std::string& msg) {
+    throw Error(ErrorCode::kInvalidArgument, "Tuning::" + msg);
+  };
   if (placement_chunks < 1 || placement_chunks > 32)
     bad("placement_chunks: " + str(placement_chunks) + " is outside 1..32");
   if (placement_blocks < 1 || placement_blocks > 32)

@@ -15,21 +15,27 @@ namespace gfd::detail {
 StoreKind resolve_staging_writes(StagingWrites requested, CpuStoreFeatures cpu) noexcept {
   const StoreKind without_cldemote = cpu.streaming ? StoreKind::kNonTemporal : StoreKind::kNormal;
   switch (requested) {
-    case StagingWrites::kPlain: return StoreKind::kNormal;
+    case StagingWrites::kPlain:
+      return StoreKind::kNormal;
     // auto: streaming stores where the CPU has them. In the engine CLDEMOTE tied with them host
     // to device and lost device to host, so it is chosen only when asked for.
     case StagingWrites::kAuto:
-    case StagingWrites::kStreaming: return without_cldemote;
-    case StagingWrites::kCldemote: break;
+    case StagingWrites::kStreaming:
+      return without_cldemote;
+    case StagingWrites::kCldemote:
+      break;
   }
   return cpu.cldemote ? StoreKind::kCldemote : without_cldemote;
 }
 
 StagingWrites to_public(StoreKind kind) noexcept {
   switch (kind) {
-    case StoreKind::kNormal: return StagingWrites::kPlain;
-    case StoreKind::kNonTemporal: return StagingWrites::kStreaming;
-    case StoreKind::kCldemote: return StagingWrites::kCldemote;
+    case StoreKind::kNormal:
+      return StagingWrites::kPlain;
+    case StoreKind::kNonTemporal:
+      return StagingWrites::kStreaming;
+    case StoreKind::kCldemote:
+      return StagingWrites::kCldemote;
   }
   return StagingWrites::kPlain;
 }

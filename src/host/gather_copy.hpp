@@ -111,8 +111,8 @@ void demote_done_with(std::uintptr_t p, std::size_t bytes, std::uintptr_t& pendi
   constexpr std::uintptr_t kMask = 63;
   if (bytes == 0) return;
   const std::uintptr_t e = p + bytes;
-  const std::uintptr_t lo = p & ~kMask;  // first line touched
-  const std::uintptr_t hi = e & ~kMask;  // lines [lo, hi) are finished
+  const std::uintptr_t lo = p & ~kMask;                   // first line touched
+  const std::uintptr_t hi = e & ~kMask;                   // lines [lo, hi) are finished
   const std::uintptr_t next = (e & kMask) != 0 ? hi : 0;  // the line left open, if any
   // A line an earlier range left open that this one neither finishes nor keeps open: the ops
   // moved elsewhere, so nobody will finish it; demote it now.
@@ -146,8 +146,8 @@ inline void prefetch_block(const void* p, std::size_t bytes, const Prefetch& pf)
 template <class Op>
 void gather_ops(const Op* ops, std::size_t count, std::byte* base, StoreKind kind,
                 Prefetch pf) noexcept {
-  std::size_t next = 0;      // the first op not prefetched yet
-  std::uint64_t beyond = 0;  // bytes of the prefetched ops after the current one
+  std::size_t next = 0;        // the first op not prefetched yet
+  std::uint64_t beyond = 0;    // bytes of the prefetched ops after the current one
   std::uintptr_t pending = 0;  // kCldemote: a line the last op left partly written
   for (std::size_t i = 0; i < count; ++i) {
     if (pf.bytes != 0) {
@@ -172,8 +172,10 @@ void gather_ops(const Op* ops, std::size_t count, std::byte* base, StoreKind kin
   // Streaming stores are weakly ordered: fence them before the caller publishes the slot.
   // Plain stores need no fence (x86 keeps stores in order; the caller's release does the
   // rest), and CLDEMOTE is only a hint with no effect on what other agents see.
-  if (kind == StoreKind::kNonTemporal) store_fence();
-  else if (kind == StoreKind::kCldemote) demote_pending(pending);
+  if (kind == StoreKind::kNonTemporal)
+    store_fence();
+  else if (kind == StoreKind::kCldemote)
+    demote_pending(pending);
 }
 
 // The reverse, for device-to-host transfers: each op's bytes from `base + slot_offset` (a staging
@@ -205,7 +207,8 @@ void scatter_ops(const Op* ops, std::size_t count, const std::byte* base, StoreK
     store_fence();
     return;
   }
-  for (std::size_t i = 0; i < count; ++i) copy_block(ops[i].dst, base + ops[i].slot_offset, ops[i].bytes, kind);
+  for (std::size_t i = 0; i < count; ++i)
+    copy_block(ops[i].dst, base + ops[i].slot_offset, ops[i].bytes, kind);
   if (kind == StoreKind::kNonTemporal) store_fence();
 }
 

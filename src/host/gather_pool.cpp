@@ -2,9 +2,8 @@
 
 #include <chrono>
 
-#include "host/topology.hpp"
-
 #include "common/sync.hpp"
+#include "host/topology.hpp"
 
 namespace gfd::detail {
 

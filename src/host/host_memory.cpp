@@ -60,8 +60,9 @@ HostMemory::HostMemory(std::size_t bytes, int numa_node, const char* what) {
     data_ = reinterpret_cast<std::byte*>(a);
     // Reported as transparent huge pages only where the request can be granted: with the
     // system's policy at "never" madvise still succeeds and gives 4 KB pages.
-    kind_ = madvise(data_, rounded_, MADV_HUGEPAGE) == 0 && thp_allowed() ? HugepageKind::kTransparent
-                                                                          : HugepageKind::kNone;
+    kind_ = madvise(data_, rounded_, MADV_HUGEPAGE) == 0 && thp_allowed()
+                ? HugepageKind::kTransparent
+                : HugepageKind::kNone;
   }
   // Bind before the first touch so the pages are allocated on the GPU's node.
   if (numa_node >= 0 && numa_available() >= 0 && numa_node <= numa_max_node()) {

@@ -1,7 +1,7 @@
 // Host memory for the GPU to read and write at the copy engine's full rate: one mapping backed by
 // huge pages where the system gives them, bound to a NUMA node, optionally registered with the
-// device. The staging ring (pipeline/slot_ring.cpp) and the public HostPool (host_pool.cpp) are both made of
-// it, so that they get pages the same way.
+// device. The staging ring (pipeline/slot_ring.cpp) and the public HostPool (host_pool.cpp) are
+// both made of it, so that they get pages the same way.
 #pragma once
 
 #include <cstddef>

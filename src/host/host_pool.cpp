@@ -59,7 +59,8 @@ int unregistered_node(int ordinal) {
     return -1;
   }
   std::string id(bus);
-  std::transform(id.begin(), id.end(), id.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(id.begin(), id.end(), id.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return detail::read_gpu_locality(id).numa_node;
 }
 
@@ -105,7 +106,9 @@ HostPool& HostPool::operator=(HostPool&&) noexcept = default;
 // A moved-from pool reads as empty.
 std::byte* HostPool::data() const { return impl_ ? impl_->memory.data() : nullptr; }
 std::size_t HostPool::bytes() const { return impl_ ? impl_->memory.size() : 0; }
-HugepageKind HostPool::hugepages() const { return impl_ ? impl_->memory.hugepages() : HugepageKind::kNone; }
+HugepageKind HostPool::hugepages() const {
+  return impl_ ? impl_->memory.hugepages() : HugepageKind::kNone;
+}
 int HostPool::numa_node() const { return impl_ ? impl_->memory.numa_node() : -1; }
 bool HostPool::registered() const { return impl_ && impl_->memory.registered(); }
 int HostPool::device() const { return impl_ ? impl_->ordinal : -1; }

@@ -30,8 +30,8 @@ Placement place_engine(const EngineOptions& o, Device& device) {
   if (!o.cpus.empty()) {
     // The operator's list (validated by EngineOptions::validate): no split, no node's CPUs.
     pl.cpus = parse_cpulist(o.cpus);
-    log_info("GPU " + std::to_string(device.ordinal()) + ": its engine takes CPUs " + format_cpulist(pl.cpus) +
-             " (EngineOptions::cpus / GFD_CPUS)");
+    log_info("GPU " + std::to_string(device.ordinal()) + ": its engine takes CPUs " +
+             format_cpulist(pl.cpus) + " (EngineOptions::cpus / GFD_CPUS)");
     return pl;
   }
   if (o.numa_node == -1 && !o.use_all_local_cpus) {
@@ -40,11 +40,14 @@ Placement place_engine(const EngineOptions& o, Device& device) {
     pl.cpu_sharing = share.sharing;
     if (share.sharing > 1) {
       pl.cpus = share.cpus;
-      log_info("GPU " + std::to_string(device.ordinal()) + " shares its " + std::to_string(loc.cpus.size()) +
-               " local CPUs with " + std::to_string(share.sharing - 1) +
-               " other GPU(s) of this host (visible to this process or not): its engine takes CPUs " +
-               format_cpulist(pl.cpus) +
-               " (set use_all_local_cpus or GFD_USE_ALL_LOCAL_CPUS=1 to use all, or cpus / GFD_CPUS to choose)");
+      log_info(
+          "GPU " + std::to_string(device.ordinal()) + " shares its " +
+          std::to_string(loc.cpus.size()) + " local CPUs with " +
+          std::to_string(share.sharing - 1) +
+          " other GPU(s) of this host (visible to this process or not): its engine takes CPUs " +
+          format_cpulist(pl.cpus) +
+          " (set use_all_local_cpus or GFD_USE_ALL_LOCAL_CPUS=1 to use all, or cpus / GFD_CPUS to "
+          "choose)");
     }
   }
   return pl;

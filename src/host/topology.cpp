@@ -36,9 +36,7 @@ std::vector<int> parse_cpulist(const std::string& text) {
   if (t.empty()) return cpus;
   std::stringstream ss(t);
   std::string part;
-  auto bad = [&] {
-    throw Error(ErrorCode::kInvalidArgument, "malformed CPU list '" + text + "'");
-  };
+  auto bad = [&] { throw Error(ErrorCode::kInvalidArgument, "malformed CPU list '" + text + "'"); };
   auto num = [&](const std::string& s) {
     if (s.empty() || s.size() > 6 || !std::all_of(s.begin(), s.end(), ::isdigit)) bad();
     return std::stoi(s);

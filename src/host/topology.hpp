@@ -7,9 +7,9 @@
 namespace gfd::detail {
 
 struct GpuLocality {
-  int numa_node = -1;      // -1: the system reports no locality
-  std::vector<int> cpus;   // CPUs local to the GPU that this process may run on (never empty)
-  bool from_sysfs = false; // false when sysfs had nothing for the bus id
+  int numa_node = -1;       // -1: the system reports no locality
+  std::vector<int> cpus;    // CPUs local to the GPU that this process may run on (never empty)
+  bool from_sysfs = false;  // false when sysfs had nothing for the bus id
 };
 
 // "0-3,8,10-11" -> {0,1,2,3,8,10,11}. Throws gfd::Error on malformed input.
@@ -36,7 +36,8 @@ struct CpuShare {
   int sharing = 1;        // GPUs splitting the same CPUs (1: the GPU has them to itself)
 };
 CpuShare share_cpus(const std::string& pci_bus_id, const GpuLocality& loc,
-                    const std::vector<std::string>& all_bus_ids, const std::string& sysfs_root = "/sys");
+                    const std::vector<std::string>& all_bus_ids,
+                    const std::string& sysfs_root = "/sys");
 // The pure split: part `rank` of `count` equal consecutive parts of `cpus`.
 std::vector<int> split_cpus(const std::vector<int>& cpus, int rank, int count);
 

@@ -36,8 +36,8 @@ struct CopyLanes::Bounce {
   std::uint64_t rows = 0;
 
   // Takes runs from `i` on while they fit in `room` bytes of `staged`; returns the next run.
-  std::size_t fill(const std::vector<StridedCopy>& runs, std::size_t i, std::byte* staged, std::size_t room,
-                   bool to_host) {
+  std::size_t fill(const std::vector<StridedCopy>& runs, std::size_t i, std::byte* staged,
+                   std::size_t room, bool to_host) {
     dsts.clear();
     srcs.clear();
     sizes.clear();
@@ -67,7 +67,8 @@ bool CopyLanes::submit_bounced(TransferState& t, StreamHandle stream, SlotRing& 
   const std::size_t room = ring.slot_bytes();
   thread_local std::vector<std::uint32_t> taken;
   taken.clear();
-  const std::size_t want = std::min({slots_for(runs, room), kBounceSlots, std::max<std::size_t>(ring.size() / 2, 1)});
+  const std::size_t want =
+      std::min({slots_for(runs, room), kBounceSlots, std::max<std::size_t>(ring.size() / 2, 1)});
   while (taken.size() < want) {
     const std::optional<std::uint32_t> i = ring.try_acquire();
     if (!i) break;
@@ -110,12 +111,15 @@ bool CopyLanes::submit_bounced(TransferState& t, StreamHandle stream, SlotRing& 
   return true;
 }
 
-void CopyLanes::bounce(const Bounce& b, Slot& sl, bool reused, bool to_host, StreamHandle stream, StreamHandle l) {
+void CopyLanes::bounce(const Bounce& b, Slot& sl, bool reused, bool to_host, StreamHandle stream,
+                       StreamHandle l) {
   const std::size_t n = b.sizes.size();
   if (!to_host) {
     if (reused) device_.stream_wait_event(stream, sl.done);  // its last runs are spread
-    if (n == 1) device_.copy_h2d(b.dsts[0], b.srcs[0], b.sizes[0], stream);
-    else device_.copy_batch(b.dsts.data(), b.srcs.data(), b.sizes.data(), n, false, stream);
+    if (n == 1)
+      device_.copy_h2d(b.dsts[0], b.srcs[0], b.sizes[0], stream);
+    else
+      device_.copy_batch(b.dsts.data(), b.srcs.data(), b.sizes.data(), n, false, stream);
     device_.record_event(sl.start, stream);
     device_.stream_wait_event(l, sl.start);
     device_.copy_2d_on_device(b.spread.data(), n, l);
@@ -125,8 +129,10 @@ void CopyLanes::bounce(const Bounce& b, Slot& sl, bool reused, bool to_host, Str
     device_.copy_2d_on_device(b.spread.data(), n, l);
     device_.record_event(sl.start, l);
     device_.stream_wait_event(stream, sl.start);
-    if (n == 1) device_.copy_d2h(b.dsts[0], b.srcs[0], b.sizes[0], stream);
-    else device_.copy_batch(b.dsts.data(), b.srcs.data(), b.sizes.data(), n, true, stream);
+    if (n == 1)
+      device_.copy_d2h(b.dsts[0], b.srcs[0], b.sizes[0], stream);
+    else
+      device_.copy_batch(b.dsts.data(), b.srcs.data(), b.sizes.data(), n, true, stream);
     device_.record_event(sl.done, stream);
   }
 }

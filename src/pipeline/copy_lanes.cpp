@@ -16,11 +16,13 @@ CopyLanes::CopyLanes(EngineContext& ctx, int h2d_lanes, std::size_t ring_slots, 
       device_(*ctx.device),
       h2d_(static_cast<std::uint32_t>(h2d_lanes)),
       place_limit_(static_cast<std::uint32_t>(std::clamp<std::size_t>(
-          std::min<std::size_t>(ring_slots / (2 * h2d_), static_cast<std::size_t>(ctx.tuning.placement_chunks)), 1,
-          kMaxPlaceChunks))),
+          std::min<std::size_t>(ring_slots / (2 * h2d_),
+                                static_cast<std::size_t>(ctx.tuning.placement_chunks)),
+          1, kMaxPlaceChunks))),
       place_blocks_(static_cast<std::uint32_t>(ctx.tuning.placement_blocks)) {
   try {
-    for (std::uint32_t i = 0; i < h2d_ + 2 + kDirectLanes; ++i) lanes_.push_back(device_.create_stream());
+    for (std::uint32_t i = 0; i < h2d_ + 2 + kDirectLanes; ++i)
+      lanes_.push_back(device_.create_stream());
     if (dma_flags) flags_ = device_.create_stream();
     const std::size_t bytes = h2d_ * kCounterStride * sizeof(std::uint32_t);
     place_counters_ = static_cast<std::uint32_t*>(device_.alloc_device(bytes));
@@ -56,7 +58,8 @@ StreamHandle CopyLanes::lane(TransferState& t, std::uint32_t lane) {
   return s;
 }
 
-void CopyLanes::enqueue_directs(TransferState& t, std::optional<StreamHandle> on, std::size_t first) {
+void CopyLanes::enqueue_directs(TransferState& t, std::optional<StreamHandle> on,
+                                std::size_t first) {
   enqueue_direct_copies(t, 0, t.plan.direct.size(), on, first);
   enqueue_runs(t, on);
 }
@@ -87,10 +90,16 @@ void CopyLanes::enqueue_direct_copies(TransferState& t, std::size_t from, std::s
       srcs[k] = direct[i + k].src;
       sizes[k] = direct[i + k].bytes;
     }
-    StreamHandle l = on ? *on : lane(t, t.to_host() ? d2h() : beside_chunks ? next_direct() : next_h2d());
-    if (n == 1 && t.to_host()) device_.copy_d2h(dsts[0], srcs[0], sizes[0], l);
-    else if (n == 1) device_.copy_h2d(dsts[0], srcs[0], sizes[0], l);
-    else device_.copy_batch(dsts.data(), srcs.data(), sizes.data(), n, t.to_host(), l);
+    StreamHandle l = on ? *on
+                        : lane(t, t.to_host()     ? d2h()
+                                  : beside_chunks ? next_direct()
+                                                  : next_h2d());
+    if (n == 1 && t.to_host())
+      device_.copy_d2h(dsts[0], srcs[0], sizes[0], l);
+    else if (n == 1)
+      device_.copy_h2d(dsts[0], srcs[0], sizes[0], l);
+    else
+      device_.copy_batch(dsts.data(), srcs.data(), sizes.data(), n, t.to_host(), l);
     Counters::add(ctx_.counters.direct, n);
   }
 }
@@ -136,7 +145,8 @@ void CopyLanes::submit_directs_on(TransferState& t, StreamHandle stream, bool le
   t.mark_finalized();
 }
 
-void CopyLanes::copy_runs(const Plan& p, const PlannedChunk& c, Slot& s, bool to_host, StreamHandle l) {
+void CopyLanes::copy_runs(const Plan& p, const PlannedChunk& c, Slot& s, bool to_host,
+                          StreamHandle l) {
   // One DMA per contiguous run of the chunk's host side, between it and its place in the
   // device staging area; several in one cudaMemcpyBatchAsync (a driver call costs microseconds,
   // and a chunk of every layer's 8 KB pages has several runs).
@@ -158,9 +168,12 @@ void CopyLanes::copy_runs(const Plan& p, const PlannedChunk& c, Slot& s, bool to
     sizes.push_back(ops[i - 1].slot_offset + ops[i - 1].bytes - ops[run].slot_offset);
     run = i;
   }
-  if (sizes.size() == 1 && to_host) device_.copy_d2h(dsts[0], srcs[0], sizes[0], l);
-  else if (sizes.size() == 1) device_.copy_h2d(dsts[0], srcs[0], sizes[0], l);
-  else device_.copy_batch(dsts.data(), srcs.data(), sizes.data(), sizes.size(), to_host, l);
+  if (sizes.size() == 1 && to_host)
+    device_.copy_d2h(dsts[0], srcs[0], sizes[0], l);
+  else if (sizes.size() == 1)
+    device_.copy_h2d(dsts[0], srcs[0], sizes[0], l);
+  else
+    device_.copy_batch(dsts.data(), srcs.data(), sizes.data(), sizes.size(), to_host, l);
 }
 
 void CopyLanes::enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s, bool wait,
@@ -171,7 +184,8 @@ void CopyLanes::enqueue_to_device(TransferState& t, std::uint32_t index, Slot& s
   move_to_device(t, index, s, l, static_cast<int>(li));
 }
 
-void CopyLanes::move_to_device(TransferState& t, std::uint32_t index, Slot& s, StreamHandle l, int lane_index) {
+void CopyLanes::move_to_device(TransferState& t, std::uint32_t index, Slot& s, StreamHandle l,
+                               int lane_index) {
   const PlannedChunk& c = t.plan.chunks[index];
   if (c.contiguous_device) {
     device_.copy_h2d(t.plan.ops[c.op_begin].dst, s.host, c.data_bytes, l);
@@ -226,12 +240,13 @@ void CopyLanes::flush_placing(TransferState& t, std::uint32_t lane_index) {
   if (lane_index >= t.placing.size() || t.placing[lane_index].chunks.empty()) return;
   TransferState::Placing& w = t.placing[lane_index];
   try {
-    device_.place(w.chunks.data(), static_cast<std::uint32_t>(w.chunks.size()), w.bytes, place_blocks_,
-                  place_counters_ + lane_index * kCounterStride, lanes_[lane_index]);
+    device_.place(w.chunks.data(), static_cast<std::uint32_t>(w.chunks.size()), w.bytes,
+                  place_blocks_, place_counters_ + lane_index * kCounterStride, lanes_[lane_index]);
   } catch (...) {
     // Nothing will write their flags: free the slots now (the transfer has failed; a device
     // that cannot launch a kernel runs nothing more), or the next submitter would wait forever.
-    for (const PlaceChunk& c : w.chunks) std::atomic_ref<std::uint64_t>(*c.flag).store(c.value, std::memory_order_release);
+    for (const PlaceChunk& c : w.chunks)
+      std::atomic_ref<std::uint64_t>(*c.flag).store(c.value, std::memory_order_release);
     w.chunks.clear();
     w.bytes = 0;
     throw;
@@ -281,7 +296,8 @@ void CopyLanes::enqueue_to_host(TransferState& t, std::uint32_t index, Slot& s, 
   // An in-place chunk is not polled (nothing is left to place; `done` frees its slot): no flag.
   if (!in_place) signal_dma_done(s);
   trace_dma(t, index, l);
-  ctx_.tracer.record(t.id, TraceEvent::kChunkIssued, index, static_cast<std::uint32_t>(c.data_bytes));
+  ctx_.tracer.record(t.id, TraceEvent::kChunkIssued, index,
+                     static_cast<std::uint32_t>(c.data_bytes));
 }
 
 void CopyLanes::signal_dma_done(Slot& s) {
@@ -290,16 +306,18 @@ void CopyLanes::signal_dma_done(Slot& s) {
   device_.write_value(s.dma_flag, ++s.dma_value, flags_);
 }
 
-const ScatterEntry* CopyLanes::pack_entries(const Plan& p, const PlannedChunk& c, Slot& s, StreamHandle pk) {
+const ScatterEntry* CopyLanes::pack_entries(const Plan& p, const PlannedChunk& c, Slot& s,
+                                            StreamHandle pk) {
   stream_scatter_entries(p, c, c.op_begin, c.op_end, s.host, Direction::kToHost);
-  if (device_.host_pointers_usable()) return reinterpret_cast<const ScatterEntry*>(s.host + c.scatter_offset);
+  if (device_.host_pointers_usable())
+    return reinterpret_cast<const ScatterEntry*>(s.host + c.scatter_offset);
   const std::size_t entry_bytes = (c.op_end - c.op_begin) * sizeof(ScatterEntry);
   device_.copy_h2d(s.dev + c.scatter_offset, s.host + c.scatter_offset, entry_bytes, pk);
   return reinterpret_cast<const ScatterEntry*>(s.dev + c.scatter_offset);
 }
 
-void CopyLanes::enqueue_packed_to_host(TransferState& t, const std::uint32_t* index, Slot* const* slot,
-                                       std::uint32_t n) {
+void CopyLanes::enqueue_packed_to_host(TransferState& t, const std::uint32_t* index,
+                                       Slot* const* slot, std::uint32_t n) {
   const Plan& p = t.plan;
   StreamHandle pk = lane(t, pack());
   StreamHandle l = lane(t, d2h());
@@ -326,7 +344,8 @@ void CopyLanes::enqueue_packed_to_host(TransferState& t, const std::uint32_t* in
     signal_dma_done(s);
     Counters::add(ctx_.counters.scattered, 1);
     trace_dma(t, index[i], l);
-    ctx_.tracer.record(t.id, TraceEvent::kChunkIssued, index[i], static_cast<std::uint32_t>(c.data_bytes));
+    ctx_.tracer.record(t.id, TraceEvent::kChunkIssued, index[i],
+                       static_cast<std::uint32_t>(c.data_bytes));
   }
 }
 

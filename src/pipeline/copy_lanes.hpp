@@ -42,7 +42,9 @@ class CopyLanes {
   std::uint32_t d2h() const { return h2d_; }
   std::uint32_t pack() const { return h2d_ + 1; }
   std::uint32_t next_direct() {
-    return h2d_ + 2 + static_cast<std::uint32_t>(rr_direct_.fetch_add(1, std::memory_order_relaxed) % kDirectLanes);
+    return h2d_ + 2 +
+           static_cast<std::uint32_t>(rr_direct_.fetch_add(1, std::memory_order_relaxed) %
+                                      kDirectLanes);
   }
 
   // The plan's direct copies (blocks large enough to need no staging, from or to pinned memory),
@@ -50,12 +52,14 @@ class CopyLanes {
   // what makes 64 KB-256 KB blocks cheaper straight than staged; then its constant-stride runs,
   // each one 2D copy, in cudaMemcpy3DBatchAsync groups. On the lanes, or all on `on` where given.
   // `first`: copies in the first driver call (later calls double it, up to kGroup).
-  void enqueue_directs(TransferState& t, std::optional<StreamHandle> on = std::nullopt, std::size_t first = kGroup);
+  void enqueue_directs(TransferState& t, std::optional<StreamHandle> on = std::nullopt,
+                       std::size_t first = kGroup);
   // Its direct copies [from, to) alone: host to device on the direct lanes where the plan stages
   // blocks too (a submitter enqueues them stretch by stretch as it packs), on the host-to-device
   // lanes in turn otherwise; device to host on its lane.
   void enqueue_direct_copies(TransferState& t, std::size_t from, std::size_t to,
-                             std::optional<StreamHandle> on = std::nullopt, std::size_t first = kGroup);
+                             std::optional<StreamHandle> on = std::nullopt,
+                             std::size_t first = kGroup);
   // Its constant-stride runs alone.
   void enqueue_runs(TransferState& t, std::optional<StreamHandle> on = std::nullopt);
   // A transfer with nothing staged (its plan only direct copies and runs) on the caller's
@@ -70,14 +74,15 @@ class CopyLanes {
   // (a batch call costs its caller about as long per copy as the link takes to move a page).
   void submit_directs_on(TransferState& t, StreamHandle stream, bool lead = false);
   static constexpr std::size_t kLead = 8;
-  // A transfer of 2D runs whose host side is contiguous in each run, through the device twins of staging slots taken from `ring` without waiting (up to
-  // kBounceSlots, at most half the ring): host to device, each slot's runs cross the link in one
-  // cudaMemcpyBatchAsync on the caller's `stream` (not the legacy default stream) and a
-  // device-to-device 2D copy per run on a lane spreads their rows; device to host the other
-  // way round. The slots are reused in turn, each use ordered on the GPU after the last (no
-  // waiting here), and they are free again once the transfer's work on them has run. The done
-  // event goes on `stream`, which waits for the lane. False, with nothing enqueued, where no
-  // slot is free now (the caller moves the runs as they are).
+  // A transfer of 2D runs whose host side is contiguous in each run, through the device twins of
+  // staging slots taken from `ring` without waiting (up to kBounceSlots, at most half the ring):
+  // host to device, each slot's runs cross the link in one cudaMemcpyBatchAsync on the caller's
+  // `stream` (not the legacy default stream) and a device-to-device 2D copy per run on a lane
+  // spreads their rows; device to host the other way round. The slots are reused in turn, each use
+  // ordered on the GPU after the last (no waiting here), and they are free again once the
+  // transfer's work on them has run. The done event goes on `stream`, which waits for the lane.
+  // False, with nothing enqueued, where no slot is free now (the caller moves the runs as they
+  // are).
   bool submit_bounced(TransferState& t, StreamHandle stream, SlotRing& ring);
   static constexpr std::size_t kBounceSlots = 8;
   // The widest rows that bounce: the copy engine moves rows of 8-16 KiB across the link well
@@ -95,7 +100,8 @@ class CopyLanes {
   // The same on stream `l` as it stands (no lane, no wait, no timing event): the DMA (and the
   // scatter kernel for scattered destinations), then `s.done`. With `lane_index` (the lane `l`
   // is) and a ring with placed flags, a scattered chunk's placing waits for flush_placing.
-  void move_to_device(TransferState& t, std::uint32_t index, Slot& s, StreamHandle l, int lane_index = -1);
+  void move_to_device(TransferState& t, std::uint32_t index, Slot& s, StreamHandle l,
+                      int lane_index = -1);
   // Places the chunks waiting on lane `lane_index` in one launch there; their slots are free
   // once it has run. On failure their slots are freed at once and the error is thrown.
   void flush_placing(TransferState& t, std::uint32_t lane_index);
@@ -111,7 +117,8 @@ class CopyLanes {
   // Chunks `index[0..n)` (1..kMaxPlaceChunks, each with scattered device blocks) from the device
   // into slots `slot[0..n)` with one packing launch for all of them: the device-to-host lane
   // waits for that launch once, then each chunk's DMA is followed by its slot's `done`.
-  void enqueue_packed_to_host(TransferState& t, const std::uint32_t* index, Slot* const* slot, std::uint32_t n);
+  void enqueue_packed_to_host(TransferState& t, const std::uint32_t* index, Slot* const* slot,
+                              std::uint32_t n);
   // Device to host: the slot's DMA flag (Slot::dma_flag, where the ring has them) set to the
   // slot's next value once `s.done` (just recorded) has fired: written on the flag stream, not on
   // the device-to-host lane, which then carries a DMA and an event per chunk and nothing else
@@ -132,7 +139,8 @@ class CopyLanes {
   // submit_bounced: one slot's runs `b` across the link on `stream` and spread (or gathered) on
   // the device on lane `l`; `reused`: the slot's last runs are waited for first.
   struct Bounce;
-  void bounce(const Bounce& b, Slot& sl, bool reused, bool to_host, StreamHandle stream, StreamHandle l);
+  void bounce(const Bounce& b, Slot& sl, bool reused, bool to_host, StreamHandle stream,
+              StreamHandle l);
   // Device to host: writes chunk `c`'s pack entries (its device sources) into slot `s` and
   // returns where the packing kernel reads them: the pinned slot over PCIe, or a copy in the
   // slot's device twin (enqueued on pack lane `pk`) where the GPU cannot read host memory.

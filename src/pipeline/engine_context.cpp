@@ -4,9 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "gfd/error.hpp"
-
 #include "common/sync.hpp"
+#include "gfd/error.hpp"
 
 namespace gfd::detail {
 
@@ -26,7 +25,8 @@ HostFlags::Flag HostFlags::take() {
   if (flags_ == nullptr) {
     const std::size_t bytes = kFlags * kWords * sizeof(std::uint64_t);
     void* f = nullptr;
-    if (posix_memalign(&f, 4096, bytes) != 0) throw Error(ErrorCode::kSystem, "out of memory for completion flags");
+    if (posix_memalign(&f, 4096, bytes) != 0)
+      throw Error(ErrorCode::kSystem, "out of memory for completion flags");
     std::memset(f, 0, bytes);
     try {
       device_.register_host(f, bytes);
@@ -127,7 +127,8 @@ PlanConfig staged_config(const EngineOptions& o, const Tuning& t, int device) {
 }
 }  // namespace
 
-EngineContext::EngineContext(const EngineOptions& resolved, const Tuning& t, std::shared_ptr<Device> d)
+EngineContext::EngineContext(const EngineOptions& resolved, const Tuning& t,
+                             std::shared_ptr<Device> d)
     : device(std::move(d)),
       options(resolved),
       tuning(t),
@@ -137,8 +138,8 @@ EngineContext::EngineContext(const EngineOptions& resolved, const Tuning& t, std
       pageable(static_cast<std::uint32_t>(resolved.pageable_cache_ms)),
       host_flags(*device) {}
 
-Plan EngineContext::plan(std::span<const BlockCopy> blocks, const PlanConfig& config, std::uint32_t id,
-                         std::optional<std::uint64_t> bytes) {
+Plan EngineContext::plan(std::span<const BlockCopy> blocks, const PlanConfig& config,
+                         std::uint32_t id, std::optional<std::uint64_t> bytes) {
   const auto t0 = Clock::now();
   Plan p = plans.take();
   // A rejected list's plan (and its scratch, sized by the list) is freed here, not pooled.

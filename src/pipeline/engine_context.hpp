@@ -4,22 +4,21 @@
 #pragma once
 
 #include <atomic>
+#include <boost/lockfree/stack.hpp>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
-#include <boost/lockfree/stack.hpp>
-
+#include "common/tuning.hpp"
 #include "device/device.hpp"
 #include "gfd/options.hpp"
 #include "gfd/stats.hpp"
 #include "pipeline/tracer.hpp"
 #include "planning/planner.hpp"
-#include "common/tuning.hpp"
 
 namespace gfd::detail {
 
@@ -83,8 +82,9 @@ class PlanPool {
 
 // The engine's counters (EngineStats), bumped with relaxed atomics from any thread.
 struct Counters {
-  std::atomic<std::uint64_t> bytes{0}, transfers{0}, blocks{0}, chunks{0}, scattered{0}, host_direct{0}, direct{0}, strided{0},
-      id_planned{0}, bounced{0}, placements{0}, packings{0}, slots_deferred{0}, gather_ns{0}, submit_wait_ns{0}, plan_ns{0};
+  std::atomic<std::uint64_t> bytes{0}, transfers{0}, blocks{0}, chunks{0}, scattered{0},
+      host_direct{0}, direct{0}, strided{0}, id_planned{0}, bounced{0}, placements{0}, packings{0},
+      slots_deferred{0}, gather_ns{0}, submit_wait_ns{0}, plan_ns{0};
   static void add(std::atomic<std::uint64_t>& c, std::uint64_t v) {
     c.fetch_add(v, std::memory_order_relaxed);
   }

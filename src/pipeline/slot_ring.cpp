@@ -4,9 +4,9 @@
 #include <cstring>
 #include <thread>
 
-#include "pipeline/engine_context.hpp"
 #include "gfd/error.hpp"
 #include "host/gather_copy.hpp"
+#include "pipeline/engine_context.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -32,7 +32,8 @@ SlotRing::SlotRing(Device& device, Counters& counters, const RingConfig& c)
       constexpr std::size_t kLine = 64;
       const std::size_t bytes = (c.slots * 3 * kLine + 4095) / 4096 * 4096;
       void* f = nullptr;
-      if (posix_memalign(&f, 4096, bytes) != 0) throw Error(ErrorCode::kSystem, "out of memory for slot flags");
+      if (posix_memalign(&f, 4096, bytes) != 0)
+        throw Error(ErrorCode::kSystem, "out of memory for slot flags");
       std::memset(f, 0, bytes);
       try {
         device.register_host(f, bytes);
@@ -85,8 +86,10 @@ void SlotRing::wait_free(Slot& s) {
   if (st == Slot::kIssued) {
     try {
       // No slot is reused before its DMA (and its placing kernel) has completed.
-      if (s.by_flag) wait_placed(s);
-      else wait_event(device_, s.done);
+      if (s.by_flag)
+        wait_placed(s);
+      else
+        wait_event(device_, s.done);
     } catch (...) {
       // The DMA failed: its own transfer reports that. Nothing runs on the device after a
       // fault, so the slot is free.
@@ -108,7 +111,8 @@ bool PlacedWait::poll(Device& device) {
     cpu_relax();
   }
   const auto now = Clock::now();
-  if (now - since_ > std::chrono::microseconds(500)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  if (now - since_ > std::chrono::microseconds(500))
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
   if (now - look_ > std::chrono::milliseconds(1)) {
     look_ = now;
     if (watch_ == nullptr) {
@@ -172,7 +176,8 @@ void FaultWatch::run() {
     lk.unlock();
     std::exception_ptr fault;
     try {
-      (void)device_.event_done(e);  // may block behind another thread's cudaFree: nobody waits for it
+      (void)device_.event_done(
+          e);  // may block behind another thread's cudaFree: nobody waits for it
     } catch (...) {
       fault = std::current_exception();
     }
@@ -208,7 +213,8 @@ std::optional<std::uint32_t> SlotRing::try_acquire() {
   if (st == Slot::kGathering) return std::nullopt;
   if (st == Slot::kIssued) {
     try {
-      if (s.by_flag ? !PlacedWait::reached(s, s.placed_value) : !device_.event_done(s.done)) return std::nullopt;
+      if (s.by_flag ? !PlacedWait::reached(s, s.placed_value) : !device_.event_done(s.done))
+        return std::nullopt;
     } catch (...) {
       // As wait_free: a failed DMA's transfer reports it, and the slot is free.
     }
@@ -223,8 +229,10 @@ void SlotRing::drain() noexcept {
   for (Slot& s : slots_) {
     if (s.state.load(std::memory_order_acquire) != Slot::kIssued) continue;
     try {
-      if (s.by_flag) wait_placed(s);
-      else device_.event_sync(s.done);
+      if (s.by_flag)
+        wait_placed(s);
+      else
+        device_.event_sync(s.done);
     } catch (...) {
       // Reported to the transfer that enqueued the work.
     }
@@ -240,13 +248,15 @@ ScatterEntry entry_of(const GatherOp& op, bool to_host) {
 }
 }  // namespace
 
-void write_scatter_entries(const Plan& p, const PlannedChunk& c, std::byte* slot_host, Direction d) {
+void write_scatter_entries(const Plan& p, const PlannedChunk& c, std::byte* slot_host,
+                           Direction d) {
   auto* entries = reinterpret_cast<ScatterEntry*>(slot_host + c.scatter_offset);
-  for (std::uint32_t i = c.op_begin; i < c.op_end; ++i) entries[i - c.op_begin] = entry_of(p.ops[i], d == Direction::kToHost);
+  for (std::uint32_t i = c.op_begin; i < c.op_end; ++i)
+    entries[i - c.op_begin] = entry_of(p.ops[i], d == Direction::kToHost);
 }
 
-void stream_scatter_entries(const Plan& p, const PlannedChunk& c, std::uint32_t first, std::uint32_t last,
-                            std::byte* slot_host, Direction d) noexcept {
+void stream_scatter_entries(const Plan& p, const PlannedChunk& c, std::uint32_t first,
+                            std::uint32_t last, std::byte* slot_host, Direction d) noexcept {
   auto* entries = reinterpret_cast<ScatterEntry*>(slot_host + c.scatter_offset);
   for (std::uint32_t i = first; i < last; ++i) {
     const ScatterEntry e = entry_of(p.ops[i], d == Direction::kToHost);

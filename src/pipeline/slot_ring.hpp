@@ -22,10 +22,10 @@
 #include <thread>
 #include <vector>
 
+#include "common/sync.hpp"
 #include "device/device.hpp"
 #include "host/host_memory.hpp"
 #include "planning/planner.hpp"
-#include "common/sync.hpp"
 
 namespace gfd::detail {
 
@@ -36,8 +36,8 @@ struct Slot {
   std::byte* host = nullptr;
   std::byte* dev = nullptr;  // device staging twin (nullptr where the ring has none)
   EventHandle start = nullptr, done = nullptr;
-  std::uint64_t* flag = nullptr;     // registered host memory a pre-issued DMA waits on
-  std::uint64_t flag_value = 0;      // value of the last chunk published in this slot
+  std::uint64_t* flag = nullptr;  // registered host memory a pre-issued DMA waits on
+  std::uint64_t flag_value = 0;   // value of the last chunk published in this slot
   // Batched placement: registered host memory the placing kernel writes (nullptr: the ring has
   // none), the value that frees the slot's current chunk, and whether that chunk is freed so
   // (set before mark_issued) rather than by `done`.
@@ -71,11 +71,11 @@ struct Slot {
 struct RingConfig {
   std::size_t slots = 0;
   std::size_t slot_bytes = 0;
-  int numa_node = -1;        // bind the host memory there (-1: no binding)
-  bool device_twin = false;  // allocate device staging of the same size
-  bool flags = false;        // one flag per slot for pre-issued DMAs
-  bool placed_flags = false; // one flag per slot for the batched placing kernel
-  bool dma_flags = false;    // one flag per slot that its device-to-host DMA writes
+  int numa_node = -1;         // bind the host memory there (-1: no binding)
+  bool device_twin = false;   // allocate device staging of the same size
+  bool flags = false;         // one flag per slot for pre-issued DMAs
+  bool placed_flags = false;  // one flag per slot for the batched placing kernel
+  bool dma_flags = false;     // one flag per slot that its device-to-host DMA writes
 };
 
 class SlotRing {
@@ -196,7 +196,7 @@ void write_scatter_entries(const Plan& p, const PlannedChunk& c, std::byte* slot
 // read them), and plain stores would first read each line from DRAM (read-for-ownership).
 // Host to device, each piece's gather thread writes its own entries, spreading the work over
 // the threads.
-void stream_scatter_entries(const Plan& p, const PlannedChunk& c, std::uint32_t first, std::uint32_t last,
-                            std::byte* slot_host, Direction d) noexcept;
+void stream_scatter_entries(const Plan& p, const PlannedChunk& c, std::uint32_t first,
+                            std::uint32_t last, std::byte* slot_host, Direction d) noexcept;
 
 }  // namespace gfd::detail

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "pipeline/transfer.hpp"
 #include "common/sync.hpp"
+#include "pipeline/transfer.hpp"
 
 namespace gfd::detail {
 namespace {
@@ -23,7 +23,8 @@ void Tracer::record_slow(std::uint32_t transfer, TraceEvent::What what, std::uin
                          std::uint32_t b, std::uint64_t ns) {
   const std::size_t i = n_.fetch_add(1, std::memory_order_relaxed);
   if (i < events_.size())
-    events_[i] = {ns != 0 ? ns : now_ns(), transfer, what, static_cast<std::int16_t>(tl_thread_index), a, b};
+    events_[i] = {
+        ns != 0 ? ns : now_ns(), transfer, what, static_cast<std::int16_t>(tl_thread_index), a, b};
 }
 
 void Tracer::start(std::size_t capacity) {
@@ -57,8 +58,12 @@ std::vector<TraceEvent> Tracer::take() {
         const double ms = device_.event_elapsed_ms(p.start, e);
         const std::size_t i = n_.fetch_add(1, std::memory_order_relaxed);
         if (i < events_.size())
-          events_[i] = {p.start_ns + static_cast<std::uint64_t>(ms * 1e6), p.id, TraceEvent::kDmaDone,
-                        -1, chunk, 0};
+          events_[i] = {p.start_ns + static_cast<std::uint64_t>(ms * 1e6),
+                        p.id,
+                        TraceEvent::kDmaDone,
+                        -1,
+                        chunk,
+                        0};
       } catch (...) {
         // A DMA that failed or never ran: the trace lacks the point.
       }
@@ -69,7 +74,8 @@ std::vector<TraceEvent> Tracer::take() {
   pending_.clear();
   on_.store(false);
   std::vector<TraceEvent> out(
-      events_.begin(), events_.begin() + static_cast<std::ptrdiff_t>(std::min(n_.load(), events_.size())));
+      events_.begin(),
+      events_.begin() + static_cast<std::ptrdiff_t>(std::min(n_.load(), events_.size())));
   events_.clear();
   return out;
 }

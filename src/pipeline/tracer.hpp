@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "device/device.hpp"
 #include "common/trace_event.hpp"
+#include "device/device.hpp"
 
 namespace gfd::detail {
 
@@ -47,8 +47,8 @@ class Tracer {
   static void set_thread_index(int index);
 
  private:
-  void record_slow(std::uint32_t transfer, TraceEvent::What what, std::uint32_t a,
-                   std::uint32_t b, std::uint64_t ns);
+  void record_slow(std::uint32_t transfer, TraceEvent::What what, std::uint32_t a, std::uint32_t b,
+                   std::uint64_t ns);
   struct Pending {
     std::uint32_t id;
     std::uint64_t start_ns;

@@ -1,7 +1,7 @@
 #include "pipeline/transfer.hpp"
 
-#include "pipeline/engine_context.hpp"
 #include "common/sync.hpp"
+#include "pipeline/engine_context.hpp"
 
 namespace gfd::detail {
 
@@ -9,7 +9,8 @@ TransferState::TransferState(std::shared_ptr<EngineContext> context, std::uint32
                              Direction d)
     : ctx(std::move(context)), id(transfer_id), direction(d) {}
 
-TransferPtr make_transfer(const std::shared_ptr<EngineContext>& ctx, std::uint32_t id, Direction d) {
+TransferPtr make_transfer(const std::shared_ptr<EngineContext>& ctx, std::uint32_t id,
+                          Direction d) {
   auto t = std::make_shared<TransferState>(ctx, id, d);
   t->done_event = ctx->events.get();
   return t;
@@ -21,7 +22,8 @@ TransferState::~TransferState() {
   if (keep_plan) ctx->plans.put(std::move(plan));
   // Tracing: the DMA points are read when the trace is taken, not here (this may run on a
   // gather thread, which must not wait for the GPU).
-  if (trace_start != nullptr) ctx->tracer.keep(id, trace_start_ns, trace_start, std::move(trace_dma));
+  if (trace_start != nullptr)
+    ctx->tracer.keep(id, trace_start_ns, trace_start, std::move(trace_dma));
   EventPool& pool = ctx->events;
   pool.put(start_event);
   pool.put(done_event);

@@ -51,7 +51,8 @@ struct TransferState {
   // False once the call that made it was rejected (it threw): the plan's memory, sized by the
   // rejected list, is freed with the transfer instead of going back to the pool.
   bool keep_plan = true;
-  EventHandle start_event = nullptr;  // on the caller's stream at submission (copy lanes wait on it)
+  // On the caller's stream at submission (copy lanes wait on it).
+  EventHandle start_event = nullptr;
   EventHandle done_event = nullptr;
   std::vector<EventHandle> lane_events;  // one per lane, used when the transfer finalizes
   std::uint32_t lanes_started = 0;       // bit per lane: waits on start_event issued

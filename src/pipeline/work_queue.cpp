@@ -82,9 +82,13 @@ bool WorkQueue::run_next_piece(bool may_poll) {
       continue;
     }
     switch (it.handler->claimable(it, may_poll)) {
-      case ItemHandler::Claim::kNotNow: return false;
-      case ItemHandler::Claim::kBusy: std::this_thread::yield(); return true;
-      case ItemHandler::Claim::kYes: break;
+      case ItemHandler::Claim::kNotNow:
+        return false;
+      case ItemHandler::Claim::kBusy:
+        std::this_thread::yield();
+        return true;
+      case ItemHandler::Claim::kYes:
+        break;
     }
     if (!it.claim.compare_exchange_weak(c, c + kClaimOne, std::memory_order_acq_rel)) continue;
     run_piece(it, it.piece_begin + next);

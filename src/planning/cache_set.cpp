@@ -12,7 +12,8 @@ namespace gfd {
 
 namespace {
 const detail::CacheSetState& state_of(const std::shared_ptr<const detail::CacheSetState>& s) {
-  if (!s) throw Error(ErrorCode::kInvalidArgument, "CacheSet: the set is empty (default-constructed)");
+  if (!s)
+    throw Error(ErrorCode::kInvalidArgument, "CacheSet: the set is empty (default-constructed)");
   return *s;
 }
 }  // namespace
@@ -57,7 +58,9 @@ bool blocks_overlap(const Extent& a, const Extent& b) {
 
 }  // namespace
 
-std::string name_at(std::string_view name, std::size_t i) { return std::string(name) + "[" + std::to_string(i) + "]"; }
+std::string name_at(std::string_view name, std::size_t i) {
+  return std::string(name) + "[" + std::to_string(i) + "]";
+}
 
 std::string CacheSetState::label(std::size_t pair, bool host) const {
   if (!names.empty()) return names[2 * pair + (host ? 0 : 1)];
@@ -71,7 +74,8 @@ constexpr const char* kRegister = "register_caches";
 // Side `side` (0 host, 1 device) of pair `p`: its fields checked (stride 0 resolved), its memory
 // asked of the device; records whether the host side is pinned and whether the set still lies
 // in one allocation per side (`alloc`: that allocation's start). Returns its extent.
-Extent check_array(CacheSetState& st, std::size_t p, int side, Device& device, std::uintptr_t (&alloc)[2]) {
+Extent check_array(CacheSetState& st, std::size_t p, int side, Device& device,
+                   std::uintptr_t (&alloc)[2]) {
   BlockArray& a = side == 0 ? st.pairs[p].host : st.pairs[p].device;
   const std::string name = std::string(kRegister) + ": " + st.label(p, side == 0);
   if (a.base == nullptr) bad(name + ": base is null");
@@ -79,8 +83,8 @@ Extent check_array(CacheSetState& st, std::size_t p, int side, Device& device, s
   if (a.block_bytes == 0) bad(name + ": block_bytes is 0");
   if (a.stride == 0) a.stride = a.block_bytes;
   if (a.stride < a.block_bytes)
-    bad(name + ": stride " + std::to_string(a.stride) + " is less than block_bytes " + std::to_string(a.block_bytes) +
-        " (blocks would overlap)");
+    bad(name + ": stride " + std::to_string(a.stride) + " is less than block_bytes " +
+        std::to_string(a.block_bytes) + " (blocks would overlap)");
   const auto begin = reinterpret_cast<std::uintptr_t>(a.base);
   if ((a.blocks - 1) > (UINTPTR_MAX - begin - a.block_bytes) / a.stride)
     bad(name + ": " + std::to_string(a.blocks) + " blocks at stride " + std::to_string(a.stride) +
@@ -94,15 +98,17 @@ Extent check_array(CacheSetState& st, std::size_t p, int side, Device& device, s
   const bool within = info.end == 0 || (begin >= info.begin && end <= info.end);
   if (side == 1) {
     if (info.kind == PointerKind::kOtherDevice)
-      bad(name + " is device memory of GPU " + std::to_string(info.device) + ", but the engine serves GPU " +
-          std::to_string(st.device));
+      bad(name + " is device memory of GPU " + std::to_string(info.device) +
+          ", but the engine serves GPU " + std::to_string(st.device));
     if (info.kind != PointerKind::kDevice)
-      bad(name + " is " + describe(info) + ", not device memory of GPU " + std::to_string(st.device));
+      bad(name + " is " + describe(info) + ", not device memory of GPU " +
+          std::to_string(st.device));
     if (!within)
       bad(name + ": its " + std::to_string(a.blocks) + " blocks (" + std::to_string(end - begin) +
           " bytes) run past the end of their device allocation");
   } else {
-    if (info.kind == PointerKind::kDevice || info.kind == PointerKind::kOtherDevice || info.kind == PointerKind::kManaged)
+    if (info.kind == PointerKind::kDevice || info.kind == PointerKind::kOtherDevice ||
+        info.kind == PointerKind::kManaged)
       bad(name + " is " + describe(info) + ", not host memory");
     // Pinned only when the whole array lies in one pinned allocation; otherwise it is staged
     // like pageable memory, which is correct for either.
@@ -119,9 +125,12 @@ void add_pair(CacheSetState& st, std::size_t p) {
         std::to_string(q.host.block_bytes) + " bytes, " + st.label(p, false) + " of " +
         std::to_string(q.device.block_bytes));
   st.all_pinned = st.all_pinned && st.host_pinned[p] != 0;
-  if (p == 0) st.block_bytes = q.host.block_bytes;
-  else if (st.block_bytes != q.host.block_bytes) st.block_bytes = 0;
-  st.packed_pair = st.packed_pair || (q.host.stride == q.host.block_bytes && q.device.stride == q.device.block_bytes);
+  if (p == 0)
+    st.block_bytes = q.host.block_bytes;
+  else if (st.block_bytes != q.host.block_bytes)
+    st.block_bytes = 0;
+  st.packed_pair = st.packed_pair ||
+                   (q.host.stride == q.host.block_bytes && q.device.stride == q.device.block_bytes);
   st.bytes_per_id += q.host.block_bytes;
   if (q.host.blocks < st.host_blocks) {
     st.host_blocks = q.host.blocks;
@@ -135,14 +144,17 @@ void add_pair(CacheSetState& st, std::size_t p) {
 
 // The pitch between one side's arrays where it is one (no smaller than a block), else 0.
 std::uintptr_t pitch_of(const CacheSetState& st, bool host) {
-  const auto side = [&](std::size_t p) -> const BlockArray& { return host ? st.pairs[p].host : st.pairs[p].device; };
+  const auto side = [&](std::size_t p) -> const BlockArray& {
+    return host ? st.pairs[p].host : st.pairs[p].device;
+  };
   const auto addr = [](const BlockArray& a) { return reinterpret_cast<std::uintptr_t>(a.base); };
   const std::size_t block = st.pairs[0].host.block_bytes;
   if (st.pairs.size() < 2 || addr(side(1)) < addr(side(0)) + block) return 0;
   const std::uintptr_t pitch = addr(side(1)) - addr(side(0));
   for (std::size_t p = 1; p < st.pairs.size(); ++p) {
     const BlockArray &a = side(p - 1), &b = side(p);
-    if (a.stride != b.stride || a.block_bytes != b.block_bytes || addr(b) < addr(a) || addr(b) - addr(a) != pitch)
+    if (a.stride != b.stride || a.block_bytes != b.block_bytes || addr(b) < addr(a) ||
+        addr(b) - addr(a) != pitch)
       return 0;
   }
   return pitch;
@@ -158,19 +170,23 @@ void find_layout(CacheSetState& st) {
   bool side_by_side = st.pairs.size() > 1;
   for (std::size_t p = 1; p < st.pairs.size() && side_by_side; ++p) {
     const BlockArray &a = st.pairs[p - 1].host, &b = st.pairs[p].host;
-    side_by_side = a.stride == b.stride && static_cast<const std::byte*>(a.base) + a.block_bytes == b.base;
+    side_by_side =
+        a.stride == b.stride && static_cast<const std::byte*>(a.base) + a.block_bytes == b.base;
   }
-  const std::uintptr_t host_pitch = pitch_of(st, true), device_pitch = host_pitch != 0 ? pitch_of(st, false) : 0;
+  const std::uintptr_t host_pitch = pitch_of(st, true),
+                       device_pitch = host_pitch != 0 ? pitch_of(st, false) : 0;
   const bool both_at_one_pitch = host_pitch != 0 && device_pitch != 0;
   st.row_major = side_by_side || both_at_one_pitch;
   st.side_by_side = side_by_side;
-  if (both_at_one_pitch && st.one_allocation && st.all_pinned) st.id_runs = {true, host_pitch, device_pitch};
+  if (both_at_one_pitch && st.one_allocation && st.all_pinned)
+    st.id_runs = {true, host_pitch, device_pitch};
 }
 
 // No two arrays may share a byte: a transfer writes each destination block once, and a block of
 // one array that is also a block of another would be written twice (or read while written).
 void check_no_overlap(const CacheSetState& st, std::vector<Extent>& extents) {
-  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
+  std::sort(extents.begin(), extents.end(),
+            [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
   const auto name = [&](const Extent& e) { return st.label(e.index / 2, e.index % 2 == 0); };
   for (std::size_t i = 0; i < extents.size(); ++i)
     for (std::size_t j = i + 1; j < extents.size() && extents[j].begin < extents[i].end; ++j)
@@ -199,7 +215,8 @@ CacheSet CacheSetState::make(std::span<const CachePair> pairs, Device& device, c
   std::uintptr_t alloc[2] = {0, 0};
   st->one_allocation = true;
   for (std::size_t p = 0; p < pairs.size(); ++p) {
-    for (int side = 0; side < 2; ++side) extents.push_back(check_array(*st, p, side, device, alloc));
+    for (int side = 0; side < 2; ++side)
+      extents.push_back(check_array(*st, p, side, device, alloc));
     add_pair(*st, p);
   }
   find_layout(*st);
@@ -271,22 +288,24 @@ void CacheSetState::check_counts(Direction d, const BlockIds& src, const BlockId
     if (ids->count != 0 && (ids->data == nullptr || (ids->width != 4 && ids->width != 8)))
       bad(std::string(ids == &src ? kSrcName : kDstName) + ": ids must be 4- or 8-byte integers");
   if (src.count != dst.count)
-    bad(std::string(kSrcName) + " has " + std::to_string(src.count) + " ids, " + std::string(kDstName) + " " +
-        std::to_string(dst.count));
+    bad(std::string(kSrcName) + " has " + std::to_string(src.count) + " ids, " +
+        std::string(kDstName) + " " + std::to_string(dst.count));
   const std::size_t rows = src.count;
   if (rows > UINT32_MAX / 2 / pairs.size())
-    bad(name_at(kSrcName, rows) + ": " + std::to_string(rows) + " ids of " + std::to_string(pairs.size()) +
-        " cache pairs is more than one transfer takes");
+    bad(name_at(kSrcName, rows) + ": " + std::to_string(rows) + " ids of " +
+        std::to_string(pairs.size()) + " cache pairs is more than one transfer takes");
   // Each destination block is written at most once per transfer, so more ids than destination
   // blocks cannot be valid whatever they are (no work or memory in proportion to them).
   const std::size_t dst_limit = to_device ? device_blocks : host_blocks;
   const std::size_t dst_pair = to_device ? device_blocks_pair : host_blocks_pair;
   if (rows > dst_limit)
-    bad(std::string(kDstName) + ": " + std::to_string(rows) + " ids, but " + label(dst_pair, !to_device) + " has " +
-        std::to_string(dst_limit) + " blocks (each is written at most once per transfer)");
+    bad(std::string(kDstName) + ": " + std::to_string(rows) + " ids, but " +
+        label(dst_pair, !to_device) + " has " + std::to_string(dst_limit) +
+        " blocks (each is written at most once per transfer)");
 }
 
-const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, const BlockIds& dst) const {
+const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src,
+                                              const BlockIds& dst) const {
   constexpr std::string_view src_name = kSrcName, dst_name = kDstName;
   const bool to_device = d == Direction::kToDevice;
   check_counts(d, src, dst);  // cheap first
@@ -310,7 +329,8 @@ const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, 
     const int unwinding = std::uncaught_exceptions();
     ~Clear() {
       for (std::size_t i = 0; i < n; ++i) seen[ids[2 * i + 1] >> 6] = 0;
-      if (std::uncaught_exceptions() > unwinding && ids.capacity() > kKeptIds) std::vector<std::uint64_t>().swap(ids);
+      if (std::uncaught_exceptions() > unwinding && ids.capacity() > kKeptIds)
+        std::vector<std::uint64_t>().swap(ids);
     }
   } clear{marked};
   for (std::size_t i = 0; i < rows; ++i) {
@@ -337,8 +357,8 @@ const std::uint64_t* CacheSetState::check_ids(Direction d, const BlockIds& src, 
   return ids.data();
 }
 
-void CacheSetState::build(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<BlockCopy>& out,
-                          std::vector<std::uint8_t>& pinned) const {
+void CacheSetState::build(Direction d, const BlockIds& src, const BlockIds& dst,
+                          std::vector<BlockCopy>& out, std::vector<std::uint8_t>& pinned) const {
   const bool to_device = d == Direction::kToDevice;
   const std::uint64_t* ids = check_ids(d, src, dst);
   const std::size_t rows = src.count;
@@ -362,12 +382,14 @@ void CacheSetState::build(Direction d, const BlockIds& src, const BlockIds& dst,
     const auto* fb = static_cast<const std::byte*>(from.base);
     auto* tb = static_cast<std::byte*>(to.base);
     const std::size_t fs = from.stride, ts = to.stride, n = from.block_bytes;
-    for (std::size_t i = 0; i < rows; ++i) *o++ = {fb + ids[2 * i] * fs, tb + ids[2 * i + 1] * ts, n};
+    for (std::size_t i = 0; i < rows; ++i)
+      *o++ = {fb + ids[2 * i] * fs, tb + ids[2 * i + 1] * ts, n};
     std::fill_n(pinned.data() + p * rows, rows, host_pinned[p]);
   }
 }
 
-bool CacheSetState::build_id_ops(Direction d, const BlockIds& src, const BlockIds& dst, IdOps& out) const {
+bool CacheSetState::build_id_ops(Direction d, const BlockIds& src, const BlockIds& dst,
+                                 IdOps& out) const {
   const bool to_device = d == Direction::kToDevice;
   const std::uint64_t* ids = check_ids(d, src, dst);
   const std::size_t rows = src.count;
@@ -385,12 +407,14 @@ bool CacheSetState::build_id_ops(Direction d, const BlockIds& src, const BlockId
   for (std::size_t p = 0; p < pairs.size(); ++p) {
     const BlockArray& from = to_device ? pairs[p].host : pairs[p].device;
     const BlockArray& to = to_device ? pairs[p].device : pairs[p].host;
-    out.pairs[p] = {static_cast<const std::byte*>(from.base), static_cast<std::byte*>(to.base), from.stride, to.stride};
+    out.pairs[p] = {static_cast<const std::byte*>(from.base), static_cast<std::byte*>(to.base),
+                    from.stride, to.stride};
   }
   return true;
 }
 
-void CacheSetState::build_runs(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<StridedCopy>& out) const {
+void CacheSetState::build_runs(Direction d, const BlockIds& src, const BlockIds& dst,
+                               std::vector<StridedCopy>& out) const {
   const bool to_device = d == Direction::kToDevice;
   const std::uint64_t* ids = check_ids(d, src, dst);
   const BlockArray& from = to_device ? pairs[0].host : pairs[0].device;
@@ -400,7 +424,10 @@ void CacheSetState::build_runs(Direction d, const BlockIds& src, const BlockIds&
   out.resize(src.count);
   for (std::size_t i = 0; i < src.count; ++i)
     out[i] = {static_cast<const std::byte*>(from.base) + ids[2 * i] * from.stride,
-              static_cast<std::byte*>(to.base) + ids[2 * i + 1] * to.stride, from.block_bytes, from_pitch, to_pitch,
+              static_cast<std::byte*>(to.base) + ids[2 * i + 1] * to.stride,
+              from.block_bytes,
+              from_pitch,
+              to_pitch,
               pairs.size()};
 }
 

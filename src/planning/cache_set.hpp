@@ -47,7 +47,8 @@ struct CacheSetState {
   // Where each id's blocks of every pair are one constant-stride run (id_runs): the transfer as
   // those runs, one per row (the same checks and errors as build), for a 2D copy each, without
   // listing every block.
-  void build_runs(Direction d, const BlockIds& src, const BlockIds& dst, std::vector<StridedCopy>& out) const;
+  void build_runs(Direction d, const BlockIds& src, const BlockIds& dst,
+                  std::vector<StridedCopy>& out) const;
   // The transfer as its checked ids (IdOps, for plan_from_ids, in build's order), with the same
   // checks and errors as build. False, with `out` unusable, where the ids would make blocks that
   // the planner coalesces (listed pair by pair, a pair packed at its block size on both sides,
@@ -59,8 +60,8 @@ struct CacheSetState {
 
   const void* owner = nullptr;  // the engine core the set was registered with
   int device = 0;
-  std::vector<CachePair> pairs;          // strides resolved
-  std::vector<std::uint8_t> host_pinned; // per pair
+  std::vector<CachePair> pairs;           // strides resolved
+  std::vector<std::uint8_t> host_pinned;  // per pair
   bool all_pinned = true;
   // The host arrays lie side by side (see make): build lists entry i * pairs + p, not
   // p * rows + i.
@@ -84,7 +85,7 @@ struct CacheSetState {
   // Some pair's arrays are packed (stride = block size) on both sides: ids one apart on both
   // sides make blocks adjacent on both, which the planner coalesces.
   bool packed_pair = false;
-  std::size_t host_blocks = 0, device_blocks = 0;          // the fewest of any array
+  std::size_t host_blocks = 0, device_blocks = 0;            // the fewest of any array
   std::size_t host_blocks_pair = 0, device_blocks_pair = 0;  // a pair that has that few
   std::vector<std::string> names;  // 2 per pair (host, device), or none: see make
 

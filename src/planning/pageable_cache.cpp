@@ -1,13 +1,14 @@
 // PageableCache: the engine-wide, lossy table of 2 MiB regions known to hold pageable host memory.
-#include "planning/planner.hpp"
-
 #include <algorithm>
 #include <chrono>
+
+#include "planning/planner.hpp"
 
 namespace gfd::detail {
 
 PageableCache::PageableCache(std::uint32_t ttl_ms)
-    : ttl_ms_(std::min<std::uint32_t>(ttl_ms, 1u << (kStampBits - 1))),  // stamps compare modulo 2^24
+    : ttl_ms_(
+          std::min<std::uint32_t>(ttl_ms, 1u << (kStampBits - 1))),  // stamps compare modulo 2^24
       table_(std::make_unique<std::atomic<std::uint64_t>[]>(kEntries)) {
   clear();
 }

@@ -55,7 +55,8 @@ void plan_from_ids(Plan& plan, const PlanConfig& cfg) {
     c.op_end = static_cast<std::uint32_t>(op + m);
     c.piece_begin = static_cast<std::uint32_t>(plan.pieces.size());
     for (std::uint64_t k = op; k < op + m; k += per_piece)
-      plan.pieces.push_back({static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(std::min(k + per_piece, op + m))});
+      plan.pieces.push_back({static_cast<std::uint32_t>(k),
+                             static_cast<std::uint32_t>(std::min(k + per_piece, op + m))});
     c.piece_end = static_cast<std::uint32_t>(plan.pieces.size());
     c.data_bytes = m * b;
     // A chunk of one block is one DMA straight to (or from) its place, as make_plan's: its op is
@@ -80,7 +81,8 @@ void make_ops(const Plan& plan, std::uint32_t begin, std::uint32_t end, std::uin
   const std::size_t inner = ids.row_major ? ids.pairs.size() : ids.rows;
   std::size_t outer_at = begin / inner, inner_at = begin % inner;
   for (std::uint32_t k = begin; k < end; ++k) {
-    const std::size_t p = ids.row_major ? inner_at : outer_at, i = ids.row_major ? outer_at : inner_at;
+    const std::size_t p = ids.row_major ? inner_at : outer_at,
+                      i = ids.row_major ? outer_at : inner_at;
     const IdOps::Pair& q = ids.pairs[p];
     out[k] = {q.from + ids.ids[2 * i] * q.from_stride, q.to + ids.ids[2 * i + 1] * q.to_stride,
               (k - chunk_begin) * b, b};

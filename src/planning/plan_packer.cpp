@@ -1,7 +1,7 @@
 // The planner's packer: staged segments into chunks and gather pieces, and plan_bounds.
-#include "planning/planner_internal.hpp"
-
 #include <algorithm>
+
+#include "planning/planner_internal.hpp"
 
 namespace gfd::detail::plan_internal {
 
@@ -53,8 +53,9 @@ ChunkCaps chunk_caps(const PlanConfig& cfg, std::size_t k, std::uint64_t left) {
   // less is left to place once the last DMA is done.
   if (cfg.direction == Direction::kToHost) {
     c.cap = std::min<std::uint64_t>(
-        c.cap, std::max<std::uint64_t>(std::max<std::uint64_t>(cfg.first_chunk_bytes, cfg.chunk_bytes() / 2),
-                                       align_up((left + 1) / 2, kAlign)));
+        c.cap, std::max<std::uint64_t>(
+                   std::max<std::uint64_t>(cfg.first_chunk_bytes, cfg.chunk_bytes() / 2),
+                   align_up((left + 1) / 2, kAlign)));
     c.data_cap = std::min(c.data_cap, c.cap);
   }
   // The chunk that takes the rest of the transfer (a small transfer's only one) is cut into
@@ -64,7 +65,8 @@ ChunkCaps chunk_caps(const PlanConfig& cfg, std::size_t k, std::uint64_t left) {
   // down: plan_bounds counts on at most kPiecesPerChunk full pieces per chunk; `left` never
   // underestimates what is left.)
   const std::uint64_t least = std::min<std::uint64_t>(kMinPiece, cfg.piece_bytes);
-  c.piece_cap = left <= c.data_cap ? std::clamp<std::uint64_t>(c.data_cap / kPiecesPerChunk, least, cfg.piece_bytes)
+  c.piece_cap = left <= c.data_cap ? std::clamp<std::uint64_t>(c.data_cap / kPiecesPerChunk, least,
+                                                               cfg.piece_bytes)
                                    : cfg.piece_bytes;
   return c;
 }

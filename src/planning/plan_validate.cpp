@@ -1,11 +1,11 @@
-// Block validation for the planner: pointer classification (RangeCache), per-block checks, overlaps.
-#include "planning/planner_internal.hpp"
-
+// Block validation for the planner: pointer classification (RangeCache), per-block checks,
+// overlaps.
 #include <algorithm>
 #include <cstdio>
 #include <string>
 
 #include "gfd/error.hpp"
+#include "planning/planner_internal.hpp"
 
 namespace gfd::detail {
 namespace {
@@ -32,7 +32,8 @@ void radix_sort(std::vector<std::pair<std::uintptr_t, std::uint32_t>>& v,
                 std::vector<std::uint32_t>& count) {
   if (v.size() < 2) return;
   if (v.size() < 256) {  // a few passes over 2048 buckets cost more than sorting a few keys
-    std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::stable_sort(v.begin(), v.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
     return;
   }
   std::uintptr_t lo = v[0].first, hi = v[0].first;
@@ -103,11 +104,16 @@ bool duplicate_on_grid(std::span<const BlockCopy> blocks, Plan::Scratch& scratch
 
 std::string describe(const PointerInfo& info) {
   switch (info.kind) {
-    case PointerKind::kPageableHost: return "pageable host memory";
-    case PointerKind::kPinnedHost: return "pinned host memory";
-    case PointerKind::kDevice: return "device memory of GPU " + std::to_string(info.device);
-    case PointerKind::kOtherDevice: return "device memory of GPU " + std::to_string(info.device);
-    case PointerKind::kManaged: return "managed memory";
+    case PointerKind::kPageableHost:
+      return "pageable host memory";
+    case PointerKind::kPinnedHost:
+      return "pinned host memory";
+    case PointerKind::kDevice:
+      return "device memory of GPU " + std::to_string(info.device);
+    case PointerKind::kOtherDevice:
+      return "device memory of GPU " + std::to_string(info.device);
+    case PointerKind::kManaged:
+      return "managed memory";
   }
   return "unknown memory";
 }
@@ -148,9 +154,9 @@ namespace {
 // side's range, each as begin and size.
 struct FastRanges {
   std::uintptr_t dev_begin, dev_size, host_begin, host_size;
-  bool pinned;               // the host range is pinned memory
-  bool need_pinned;          // every block must lie wholly in pinned memory
-  std::uint64_t max_bytes;   // outside pinned memory a block must stay below the direct path
+  bool pinned;              // the host range is pinned memory
+  bool need_pinned;         // every block must lie wholly in pinned memory
+  std::uint64_t max_bytes;  // outside pinned memory a block must stay below the direct path
 };
 
 // The common case, without calls or a branch per condition: blocks that lie wholly in the
@@ -160,8 +166,8 @@ struct FastRanges {
 // as begin and size, so that fewer values compete for registers (about a fifth faster than the
 // general loop: docs/performance.md, "Design decisions").
 template <bool kToHost>
-std::size_t validate_fast(std::span<const BlockCopy> blocks, std::size_t i, std::size_t n, const FastRanges& r,
-                          std::uint8_t* pinned, Validation& v) {
+std::size_t validate_fast(std::span<const BlockCopy> blocks, std::size_t i, std::size_t n,
+                          const FastRanges& r, std::uint8_t* pinned, Validation& v) {
   const std::uintptr_t db = r.dev_begin, dsz = r.dev_size, sb = r.host_begin, ssz = r.host_size;
   const std::uint64_t max_bytes = r.max_bytes;
   const bool pinned_range = r.pinned, need_whole = r.need_pinned;
@@ -178,7 +184,8 @@ std::size_t validate_fast(std::span<const BlockCopy> blocks, std::size_t i, std:
     const std::uintptr_t doff = d - db, soff = s - sb;  // in range when below the size (unsigned)
     const bool whole_src = len <= ssz - soff;
     const bool ok = (doff < dsz) & (len - 1 < dsz - doff) & (soff < ssz) & (s != 0) &
-                    (whole_src | (len <= UINTPTR_MAX - s)) & (whole_src | !need_whole) & (len <= max_bytes);
+                    (whole_src | (len <= UINTPTR_MAX - s)) & (whole_src | !need_whole) &
+                    (len <= max_bytes);
     if (!ok) break;
     const bool p = pinned_range & whole_src;
     pinned[i] = static_cast<std::uint8_t>(p);
@@ -197,8 +204,8 @@ std::size_t validate_fast(std::span<const BlockCopy> blocks, std::size_t i, std:
 namespace {
 
 // Every check of block `i` one by one, with the messages; updates the ranges in `v`.
-void check_block(std::span<const BlockCopy> blocks, std::size_t i, const PlanConfig& cfg, RangeCache& cache,
-                 std::vector<std::uint8_t>& pinned, Validation& v) {
+void check_block(std::span<const BlockCopy> blocks, std::size_t i, const PlanConfig& cfg,
+                 RangeCache& cache, std::vector<std::uint8_t>& pinned, Validation& v) {
   const PointerInfo*& dr = v.dr;
   const PointerInfo*& sr = v.sr;
   const bool to_host = cfg.direction == Direction::kToHost;
@@ -213,23 +220,26 @@ void check_block(std::span<const BlockCopy> blocks, std::size_t i, const PlanCon
   if (b.dst == nullptr) bad_block(i, "destination pointer is null");
   if (b.bytes == 0) bad_block(i, "size is zero");
   if (b.bytes > UINTPTR_MAX - reinterpret_cast<std::uintptr_t>(b.src))
-    bad_block(i, "source " + hex(b.src) + " + " + std::to_string(b.bytes) + " bytes overflows the address space");
+    bad_block(i, "source " + hex(b.src) + " + " + std::to_string(b.bytes) +
+                     " bytes overflows the address space");
   if (b.bytes > UINTPTR_MAX - reinterpret_cast<std::uintptr_t>(b.dst))
-    bad_block(i, "destination " + hex(b.dst) + " + " + std::to_string(b.bytes) + " bytes overflows the address space");
+    bad_block(i, "destination " + hex(b.dst) + " + " + std::to_string(b.bytes) +
+                     " bytes overflows the address space");
   if (dr == nullptr || d < dr->begin || d + b.bytes > dr->end) {
     dr = cache.lookup(dp, false);
     if (dr->kind != PointerKind::kDevice || dr->device != cfg.device)
-      bad_block(i, std::string(dev_name) + " " + hex(dp) + " is not device memory of GPU " + std::to_string(cfg.device) +
-                       " (it is " + describe(*dr) + ")");
+      bad_block(i, std::string(dev_name) + " " + hex(dp) + " is not device memory of GPU " +
+                       std::to_string(cfg.device) + " (it is " + describe(*dr) + ")");
     if (dr->end != 0 && d + b.bytes > dr->end)
       bad_block(i, std::string(dev_name) + " " + hex(dp) + " + " + std::to_string(b.bytes) +
-                       " bytes runs past the end of its device allocation (" + std::to_string(dr->end - d) +
-                       " bytes left)");
+                       " bytes runs past the end of its device allocation (" +
+                       std::to_string(dr->end - d) + " bytes left)");
   }
   // A pageable region (from the shared cache) does not say whether a block large enough for the
   // direct path is pinned: ask about that block itself.
   const bool big = b.bytes >= cfg.direct_min();
-  if (sr == nullptr || s < sr->begin || s >= sr->end || (big && sr->kind == PointerKind::kPageableHost)) {
+  if (sr == nullptr || s < sr->begin || s >= sr->end ||
+      (big && sr->kind == PointerKind::kPageableHost)) {
     sr = cache.lookup(hp, !big && !cfg.require_pinned_host);
     if (sr->kind == PointerKind::kDevice || sr->kind == PointerKind::kOtherDevice)
       bad_block(i, std::string(host_name) + " " + hex(hp) + " is " + describe(*sr) + "; a " +
@@ -239,8 +249,10 @@ void check_block(std::span<const BlockCopy> blocks, std::size_t i, const PlanCon
   pinned[i] = sr->kind == PointerKind::kPinnedHost && sr->end != 0 && s + b.bytes <= sr->end;
   if (cfg.require_pinned_host && pinned[i] == 0)
     bad_block(i, std::string(host_name) + " " + hex(hp) + " is " +
-                     (sr->kind == PointerKind::kPinnedHost ? std::string("only partly pinned") : describe(*sr)) + "; " +
-                     cfg.pinned_reason + " needs pinned host memory (cudaHostAlloc or cudaHostRegister)");
+                     (sr->kind == PointerKind::kPinnedHost ? std::string("only partly pinned")
+                                                           : describe(*sr)) +
+                     "; " + cfg.pinned_reason +
+                     " needs pinned host memory (cudaHostAlloc or cudaHostRegister)");
   const auto dst = reinterpret_cast<std::uintptr_t>(b.dst);
   v.disjoint = v.disjoint && dst >= v.last_end;
   v.last_end = dst + b.bytes;
@@ -260,8 +272,12 @@ void validate_range(std::span<const BlockCopy> blocks, std::size_t begin, std::s
   std::size_t i = begin;
   while (i < n) {
     if (dr != nullptr && sr != nullptr && dr->end != 0 && sr->end != 0) {
-      const FastRanges r{dr->begin, dr->end - dr->begin, sr->begin, sr->end - sr->begin,
-                         sr->kind == PointerKind::kPinnedHost, cfg.require_pinned_host,
+      const FastRanges r{dr->begin,
+                         dr->end - dr->begin,
+                         sr->begin,
+                         sr->end - sr->begin,
+                         sr->kind == PointerKind::kPinnedHost,
+                         cfg.require_pinned_host,
                          sr->kind == PointerKind::kPinnedHost ? UINT64_MAX : direct_min - 1};
       i = to_host ? validate_fast<true>(blocks, i, n, r, pinned.data(), v)
                   : validate_fast<false>(blocks, i, n, r, pinned.data(), v);
@@ -278,21 +294,24 @@ bool validate_run(std::span<const BlockCopy> blocks, std::size_t begin, std::siz
   validate_range(blocks, begin, begin + 1, cfg, cache, pinned, v);
   const bool to_host = cfg.direction == Direction::kToHost;
   const BlockCopy& last = blocks[end - 1];
-  const auto d = reinterpret_cast<std::uintptr_t>(to_host ? last.src : static_cast<const void*>(last.dst));
-  const auto h = reinterpret_cast<std::uintptr_t>(to_host ? static_cast<const void*>(last.dst) : last.src);
+  const auto d =
+      reinterpret_cast<std::uintptr_t>(to_host ? last.src : static_cast<const void*>(last.dst));
+  const auto h =
+      reinterpret_cast<std::uintptr_t>(to_host ? static_cast<const void*>(last.dst) : last.src);
   const std::size_t w = last.bytes;
   // The first block's ranges (v.dr, v.sr) hold it; they hold the whole run when they hold the
   // last block's end (no wrap-around: the end is at most the range's end).
-  const bool in_place = pinned[begin] != 0 && v.dr != nullptr && v.sr != nullptr && v.dr->end != 0 &&
-                        v.sr->end != 0 && v.sr->kind == PointerKind::kPinnedHost && d >= v.dr->begin &&
-                        w <= v.dr->end - d && d <= v.dr->end && h >= v.sr->begin && h <= v.sr->end &&
-                        w <= v.sr->end - h;
+  const bool in_place = pinned[begin] != 0 && v.dr != nullptr && v.sr != nullptr &&
+                        v.dr->end != 0 && v.sr->end != 0 &&
+                        v.sr->kind == PointerKind::kPinnedHost && d >= v.dr->begin &&
+                        w <= v.dr->end - d && d <= v.dr->end && h >= v.sr->begin &&
+                        h <= v.sr->end && w <= v.sr->end - h;
   if (!in_place) {
     validate_range(blocks, begin + 1, end, cfg, cache, pinned, v);
     return false;
   }
-  std::fill(pinned.begin() + static_cast<std::ptrdiff_t>(begin) + 1, pinned.begin() + static_cast<std::ptrdiff_t>(end),
-            std::uint8_t{1});
+  std::fill(pinned.begin() + static_cast<std::ptrdiff_t>(begin) + 1,
+            pinned.begin() + static_cast<std::ptrdiff_t>(end), std::uint8_t{1});
   // Ascending, disjoint destinations along the run (pitch >= block).
   v.last_end = reinterpret_cast<std::uintptr_t>(last.dst) + w;
   return true;

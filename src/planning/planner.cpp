@@ -19,10 +19,13 @@ using plan_internal::validate_run;
 
 void validate_plan_config(const PlanConfig& c) {
   auto bad = [](const std::string& m) { throw Error(ErrorCode::kInvalidArgument, m); };
-  if (c.slot_bytes < 4096) bad("slot_bytes must be at least 4096 (got " + std::to_string(c.slot_bytes) + ")");
-  if (c.piece_bytes < 256) bad("piece_bytes must be at least 256 (got " + std::to_string(c.piece_bytes) + ")");
+  if (c.slot_bytes < 4096)
+    bad("slot_bytes must be at least 4096 (got " + std::to_string(c.slot_bytes) + ")");
+  if (c.piece_bytes < 256)
+    bad("piece_bytes must be at least 256 (got " + std::to_string(c.piece_bytes) + ")");
   if (c.first_chunk_bytes < 4096)
-    bad("first_chunk_bytes must be at least 4096 (got " + std::to_string(c.first_chunk_bytes) + ")");
+    bad("first_chunk_bytes must be at least 4096 (got " + std::to_string(c.first_chunk_bytes) +
+        ")");
   if (c.device < 0) bad("device must be >= 0 (got " + std::to_string(c.device) + ")");
 }
 
@@ -32,10 +35,12 @@ namespace {
 // bytes (strided_min_rows, strided_min_bytes), both pitches at least a block and within CUDA's
 // 2^31 - 1, not contiguous on both sides (that is one plain copy, coalesced). The pitches are
 // checked before the bytes are multiplied, so the product cannot overflow.
-bool takes_2d(std::uint64_t rows, std::uint64_t width, std::int64_t sp, std::int64_t dp, const PlanConfig& cfg) {
+bool takes_2d(std::uint64_t rows, std::uint64_t width, std::int64_t sp, std::int64_t dp,
+              const PlanConfig& cfg) {
   const auto w = static_cast<std::int64_t>(width);
   constexpr auto kMaxPitch = static_cast<std::int64_t>(kMax2dPitch);
-  if (rows < cfg.strided_min_rows || sp < w || dp < w || sp > kMaxPitch || dp > kMaxPitch || (sp == w && dp == w))
+  if (rows < cfg.strided_min_rows || sp < w || dp < w || sp > kMaxPitch || dp > kMaxPitch ||
+      (sp == w && dp == w))
     return false;
   return rows * width >= cfg.strided_min_bytes;
 }
@@ -106,7 +111,9 @@ struct PlanBuilder::State {
     run_ok.clear();
     const std::size_t n = blocks.size(), min = cfg.strided_min_rows;
     if (cfg.mode != PlanConfig::Mode::kStaged || min < 2 || n < min) return;
-    auto addr = [](const void* p) { return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p)); };
+    auto addr = [](const void* p) {
+      return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p));
+    };
     std::size_t start = 0;
     std::int64_t sp = 0, dp = 0;
     bool paired = false;  // blocks start and start + 1 have one size: (sp, dp) is their pitch
@@ -143,13 +150,14 @@ struct PlanBuilder::State {
     const std::vector<std::uint8_t>& pinned = plan.scratch.pinned;
     if (run_ok[r] == 0 || std::memchr(pinned.data() + b, 0, e - b) != nullptr) {
       for (std::size_t k = b; k < e; ++k)
-        place({static_cast<const std::byte*>(blocks[k].src), static_cast<std::byte*>(blocks[k].dst), blocks[k].bytes,
-               pinned[k] != 0});
+        place({static_cast<const std::byte*>(blocks[k].src), static_cast<std::byte*>(blocks[k].dst),
+               blocks[k].bytes, pinned[k] != 0});
       return;
     }
     const auto* s0 = static_cast<const std::byte*>(blocks[b].src);
     auto* d0 = static_cast<std::byte*>(blocks[b].dst);
-    const auto sp = static_cast<std::uint64_t>(static_cast<const std::byte*>(blocks[b + 1].src) - s0);
+    const auto sp =
+        static_cast<std::uint64_t>(static_cast<const std::byte*>(blocks[b + 1].src) - s0);
     const auto dp = static_cast<std::uint64_t>(static_cast<std::byte*>(blocks[b + 1].dst) - d0);
     plan.strided.push_back({s0, d0, blocks[b].bytes, sp, dp, e - b});
     plan.total_bytes += blocks[b].bytes * (e - b);
@@ -159,16 +167,20 @@ struct PlanBuilder::State {
   std::size_t next_checked_run = 0;
   void validate_to(std::size_t end) {
     while (validated < end) {
-      while (next_checked_run < runs.size() && runs[next_checked_run].second <= validated) ++next_checked_run;
+      while (next_checked_run < runs.size() && runs[next_checked_run].second <= validated)
+        ++next_checked_run;
       std::size_t stop = end;
       if (next_checked_run < runs.size() && runs[next_checked_run].first < end) {
         const auto [rb, re] = runs[next_checked_run];
         if (rb <= validated) {
-          // advance() validates listed runs whole; a run entered part way is checked block by block.
+          // advance() validates listed runs whole; a run entered part way is checked block by
+          // block.
           const std::size_t e = std::min(re, end);
           if (rb == validated && e == re)
-            run_ok[next_checked_run] = validate_run(blocks, rb, re, cfg, cache, plan.scratch.pinned, valid);
-          else validate_range(blocks, validated, e, cfg, cache, plan.scratch.pinned, valid);
+            run_ok[next_checked_run] =
+                validate_run(blocks, rb, re, cfg, cache, plan.scratch.pinned, valid);
+          else
+            validate_range(blocks, validated, e, cfg, cache, plan.scratch.pinned, valid);
           validated = e;
           continue;
         }
@@ -181,7 +193,8 @@ struct PlanBuilder::State {
   // The end advance() must reach so that no listed run is cut: a run that starts before `end`
   // is placed whole.
   std::size_t run_end(std::size_t end) const {
-    for (std::size_t r = next_run; r < runs.size() && runs[r].first < end; ++r) end = std::max(end, runs[r].second);
+    for (std::size_t r = next_run; r < runs.size() && runs[r].first < end; ++r)
+      end = std::max(end, runs[r].second);
     return end;
   }
 
@@ -212,14 +225,13 @@ struct PlanBuilder::State {
   }
 };
 
-
 PlanBuilder::PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
                          const PointerClassifier& classify, Plan& plan, PageableCache* pageable,
                          bool stable, std::optional<std::uint64_t> known_bytes) {
   plan.reset(blocks.size());
   if (blocks.size() > UINT32_MAX / 2)
-    throw Error(ErrorCode::kInvalidArgument,
-                "blocks: " + std::to_string(blocks.size()) + " blocks is more than one transfer takes");
+    throw Error(ErrorCode::kInvalidArgument, "blocks: " + std::to_string(blocks.size()) +
+                                                 " blocks is more than one transfer takes");
   if (cfg.check_overlaps && cfg.trust == nullptr && blocks.size() >= kCrowdedCheckBlocks)
     reject_crowded(blocks, plan.scratch);
   // Only packing needs the sum (a pass-through plan adds the sizes up as it lists the blocks).
@@ -247,8 +259,8 @@ PlanBuilder::PlanBuilder(std::span<const BlockCopy> blocks, const PlanConfig& cf
       for (std::size_t i = 0; i < blocks.size(); ++i)
         if (t.pinned[i] == 0)
           throw Error(ErrorCode::kInvalidArgument,
-                      "block " + std::to_string(i) + ": its host memory is pageable; " + cfg.pinned_reason +
-                          " needs pinned host memory",
+                      "block " + std::to_string(i) + ": its host memory is pageable; " +
+                          cfg.pinned_reason + " needs pinned host memory",
                       i);
     std::copy(t.pinned, t.pinned + blocks.size(), plan.scratch.pinned.begin());
     s_->validated = blocks.size();
@@ -280,7 +292,8 @@ void PlanBuilder::check() {
     return;
   }
   // Ascending, disjoint destinations (seen while validating) need no overlap check.
-  if (!st.blocks.empty() && st.cfg.check_overlaps && !st.valid.disjoint) check_overlaps(st.blocks, plan.scratch);
+  if (!st.blocks.empty() && st.cfg.check_overlaps && !st.valid.disjoint)
+    check_overlaps(st.blocks, plan.scratch);
   plan.all_pinned_host = st.valid.all_pinned;
   checked_ = true;
 }
@@ -293,7 +306,8 @@ void PlanBuilder::finish() {
   if (st.cfg.mode == PlanConfig::Mode::kPassThrough) {
     plan.direct.reserve(st.blocks.size());
     for (const BlockCopy& b : st.blocks) {
-      plan.direct.push_back({static_cast<const std::byte*>(b.src), static_cast<std::byte*>(b.dst), b.bytes});
+      plan.direct.push_back(
+          {static_cast<const std::byte*>(b.src), static_cast<std::byte*>(b.dst), b.bytes});
       plan.total_bytes += b.bytes;
     }
     return;
@@ -305,38 +319,45 @@ void PlanBuilder::finish() {
 
 std::uint64_t total_bytes(std::span<const BlockCopy> blocks) {
   std::uint64_t bytes = 0;
-  for (const BlockCopy& b : blocks) bytes = b.bytes > UINT64_MAX - bytes ? UINT64_MAX : bytes + b.bytes;
+  for (const BlockCopy& b : blocks)
+    bytes = b.bytes > UINT64_MAX - bytes ? UINT64_MAX : bytes + b.bytes;
   return bytes;
 }
 
 bool may_be_strided(std::span<const BlockCopy> blocks, const PlanConfig& cfg) {
   const std::size_t n = blocks.size();
-  if (cfg.mode != PlanConfig::Mode::kStaged || cfg.strided_min_rows < 2 || n < cfg.strided_min_rows || n < 2)
+  if (cfg.mode != PlanConfig::Mode::kStaged || cfg.strided_min_rows < 2 ||
+      n < cfg.strided_min_rows || n < 2)
     return false;
-  auto addr = [](const void* p) { return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p)); };
+  auto addr = [](const void* p) {
+    return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p));
+  };
   const BlockCopy &a = blocks[0], &b = blocks[1], &y = blocks[n - 2], &z = blocks[n - 1];
   const auto w = static_cast<std::int64_t>(a.bytes);
   const std::int64_t sp = addr(b.src) - addr(a.src), dp = addr(b.dst) - addr(a.dst);
-  return w > 0 && b.bytes == a.bytes && y.bytes == a.bytes && z.bytes == a.bytes && sp >= w && dp >= w &&
-         addr(z.src) - addr(y.src) == sp && addr(z.dst) - addr(y.dst) == dp;
+  return w > 0 && b.bytes == a.bytes && y.bytes == a.bytes && z.bytes == a.bytes && sp >= w &&
+         dp >= w && addr(z.src) - addr(y.src) == sp && addr(z.dst) - addr(y.dst) == dp;
 }
 
-bool plan_one_run(std::span<const BlockCopy> blocks, const PlanConfig& cfg, const PointerClassifier& classify,
-                  Plan& plan, PageableCache* pageable) {
+bool plan_one_run(std::span<const BlockCopy> blocks, const PlanConfig& cfg,
+                  const PointerClassifier& classify, Plan& plan, PageableCache* pageable) {
   if (!may_be_strided(blocks, cfg)) return false;
   const std::size_t n = blocks.size();
   const std::uint64_t w = blocks[0].bytes;
   auto addr = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
   const std::uintptr_t s0 = addr(blocks[0].src), d0 = addr(blocks[0].dst);
-  const std::uint64_t sp = addr(blocks[1].src) - s0, dp = addr(blocks[1].dst) - d0;  // >= w (may_be_strided)
-  if (!takes_2d(n, w, static_cast<std::int64_t>(sp), static_cast<std::int64_t>(dp), cfg)) return false;
+  const std::uint64_t sp = addr(blocks[1].src) - s0,
+                      dp = addr(blocks[1].dst) - d0;  // >= w (may_be_strided)
+  if (!takes_2d(n, w, static_cast<std::int64_t>(sp), static_cast<std::int64_t>(dp), cfg))
+    return false;
   const PlanTrust* trust = cfg.trust;
-  if (trust != nullptr &&
-      (!trust->one_allocation || (!trust->all_pinned && std::memchr(trust->pinned, 0, n) != nullptr)))
+  if (trust != nullptr && (!trust->one_allocation ||
+                           (!trust->all_pinned && std::memchr(trust->pinned, 0, n) != nullptr)))
     return false;
   // One pass: every block at its place along the run (the bytes are summed by it: n * w).
   for (std::size_t i = 2; i < n; ++i)
-    if (blocks[i].bytes != w || addr(blocks[i].src) != s0 + i * sp || addr(blocks[i].dst) != d0 + i * dp)
+    if (blocks[i].bytes != w || addr(blocks[i].src) != s0 + i * sp ||
+        addr(blocks[i].dst) != d0 + i * dp)
       return false;
   plan.reset(n);
   if (trust == nullptr) {
@@ -348,7 +369,8 @@ bool plan_one_run(std::span<const BlockCopy> blocks, const PlanConfig& cfg, cons
     plan.scratch.pinned.resize(n);
     if (!validate_run(blocks, 0, n, cfg, cache, plan.scratch.pinned, v)) return false;
   }
-  plan.strided.push_back({reinterpret_cast<const std::byte*>(s0), reinterpret_cast<std::byte*>(d0), w, sp, dp, n});
+  plan.strided.push_back(
+      {reinterpret_cast<const std::byte*>(s0), reinterpret_cast<std::byte*>(d0), w, sp, dp, n});
   plan.total_bytes = n * w;
   plan.all_pinned_host = true;
   return true;

@@ -35,22 +35,24 @@ struct PlanTrust {
 
 struct PlanConfig {
   Direction direction = Direction::kToDevice;
-  int device = 0;                         // ordinal the device side must belong to
-  std::size_t slot_bytes = 2 << 20;       // capacity of one slot (data + scatter entries)
-  std::size_t chunk_bytes_to_host = 0;    // device to host, a smaller chunk capacity (0: slot_bytes)
+  int device = 0;                       // ordinal the device side must belong to
+  std::size_t slot_bytes = 2 << 20;     // capacity of one slot (data + scatter entries)
+  std::size_t chunk_bytes_to_host = 0;  // device to host, a smaller chunk capacity (0: slot_bytes)
   // Capacity of one chunk in this config's direction.
   std::size_t chunk_bytes() const {
-    return direction == Direction::kToHost && chunk_bytes_to_host != 0 && chunk_bytes_to_host < slot_bytes
+    return direction == Direction::kToHost && chunk_bytes_to_host != 0 &&
+                   chunk_bytes_to_host < slot_bytes
                ? chunk_bytes_to_host
                : slot_bytes;
   }
   std::size_t first_chunk_bytes = 256 << 10;
   std::size_t piece_bytes = 32 << 10;
-  std::size_t direct_min_bytes = 1 << 20; // host to device; 0 disables the direct path
+  std::size_t direct_min_bytes = 1 << 20;          // host to device; 0 disables the direct path
   std::size_t direct_min_bytes_to_host = 1 << 20;  // device to host; 0 disables it
   // The direct path's threshold in this config's direction (SIZE_MAX: none).
   std::size_t direct_min() const {
-    const std::size_t v = direction == Direction::kToHost ? direct_min_bytes_to_host : direct_min_bytes;
+    const std::size_t v =
+        direction == Direction::kToHost ? direct_min_bytes_to_host : direct_min_bytes;
     return v != 0 ? v : SIZE_MAX;
   }
   bool check_overlaps = true;
@@ -93,12 +95,12 @@ struct PlannedChunk {
   // thread copies. Host to device the scatter kernel then places the ops; device to host the
   // pack kernel first gathers them. (Never with contiguous_device.)
   bool host_direct = false;
-  std::uint32_t host_runs = 0;           // contiguous runs of the ops' host side
-  std::uint64_t scatter_offset;          // 16-byte aligned, after the data
+  std::uint32_t host_runs = 0;   // contiguous runs of the ops' host side
+  std::uint64_t scatter_offset;  // 16-byte aligned, after the data
   std::uint64_t entry_bytes() const { return (op_end - op_begin) * sizeof(ScatterEntry); }
   std::uint64_t dma_bytes() const {
     return contiguous_device ? data_bytes
-                          : scatter_offset + (op_end - op_begin) * sizeof(ScatterEntry);
+                             : scatter_offset + (op_end - op_begin) * sizeof(ScatterEntry);
   }
 };
 
@@ -150,7 +152,8 @@ struct Plan {
     std::vector<std::uint64_t> slots;  // overlap check of equal blocks on one grid: a hash set
     std::vector<std::uint32_t> owner;
     std::vector<std::pair<std::size_t, std::size_t>> runs;  // constant-stride runs, [begin, end)
-    std::vector<std::uint8_t> run_ok;  // per run: within one allocation on each side (may be one 2D copy)
+    std::vector<std::uint8_t>
+        run_ok;  // per run: within one allocation on each side (may be one 2D copy)
   };
   std::vector<GatherOp> ops;
   std::vector<PlannedChunk> chunks;
@@ -268,13 +271,13 @@ std::uint64_t total_bytes(std::span<const BlockCopy> blocks);
 // backend then plans such a list whole before it enqueues anything.
 bool may_be_strided(std::span<const BlockCopy> blocks, const PlanConfig& config);
 
-// A list that is one constant-stride run from its first block to its last (2048 x 4 KB at a pitch of 2 blocks,
-// with the rules of find_runs, PlanConfig::strided_min_rows and strided_min_bytes) planned as
-// that one 2D copy in a single pass: true, `plan` holds it. False where the list is not such a
-// run (or spans several allocations on a side, or a host side not all pinned): plan it the usual
-// way. Throws gfd::Error for a bad block as make_plan does. make_plan tries it first.
-bool plan_one_run(std::span<const BlockCopy> blocks, const PlanConfig& config, const PointerClassifier& classify,
-                  Plan& plan, PageableCache* pageable);
+// A list that is one constant-stride run from its first block to its last (2048 x 4 KB at a pitch
+// of 2 blocks, with the rules of find_runs, PlanConfig::strided_min_rows and strided_min_bytes)
+// planned as that one 2D copy in a single pass: true, `plan` holds it. False where the list is not
+// such a run (or spans several allocations on a side, or a host side not all pinned): plan it the
+// usual way. Throws gfd::Error for a bad block as make_plan does. make_plan tries it first.
+bool plan_one_run(std::span<const BlockCopy> blocks, const PlanConfig& config,
+                  const PointerClassifier& classify, Plan& plan, PageableCache* pageable);
 
 // Throws gfd::Error(kInvalidArgument) naming the first bad block; otherwise fills `plan`
 // (whatever it held before is replaced; its memory is reused). `pageable`, when given, is

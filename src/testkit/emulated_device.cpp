@@ -120,7 +120,9 @@ EmulatedDevice::ApiLock EmulatedDevice::api_call() const {
 
 void EmulatedDevice::api_gate() const { (void)api_call(); }
 
-std::unique_lock<std::shared_mutex> EmulatedDevice::driver_lock() { return std::unique_lock(impl_->driver); }
+std::unique_lock<std::shared_mutex> EmulatedDevice::driver_lock() {
+  return std::unique_lock(impl_->driver);
+}
 
 void EmulatedDevice::drain_all_streams() {
   std::lock_guard lk(impl_->m);

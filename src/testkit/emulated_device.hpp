@@ -1,5 +1,6 @@
 // A host-emulated device: "device memory" is host memory, streams are threads that run their
-// operations in order and asynchronously to the caller, events behave as CUDA's do. The engine's whole pipeline runs on it, so it is tested without a GPU.
+// operations in order and asynchronously to the caller, events behave as CUDA's do. The engine's
+// whole pipeline runs on it, so it is tested without a GPU.
 #pragma once
 
 #include <chrono>
@@ -49,8 +50,8 @@ class EmulatedDevice final : public Device {
   void memset_async(void* dst, int value, std::size_t bytes, StreamHandle s) override;
   void scatter(const ScatterEntry* entries, std::uint32_t count, const void* staging,
                StreamHandle s) override;
-  void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
-               std::size_t rows, bool to_host, StreamHandle s) override;
+  void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+               std::size_t width, std::size_t rows, bool to_host, StreamHandle s) override;
   void copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
                   std::size_t count, bool to_host, StreamHandle s) override;
   void copy_2d_on_device(const Copy2D* copies, std::size_t count, StreamHandle s) override;

@@ -1,5 +1,6 @@
-// Emulated device memory: the process-wide allocation registry, device allocations, host registration.
-#include "testkit/emulated_device.hpp"
+// Emulated device memory: the process-wide allocation registry, device allocations, host
+// registration.
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <iterator>
@@ -8,9 +9,8 @@
 #include <shared_mutex>
 #include <string>
 
-#include <sys/mman.h>
-
 #include "gfd/error.hpp"
+#include "testkit/emulated_device.hpp"
 
 namespace gfd::detail {
 namespace {
@@ -46,7 +46,8 @@ PointerInfo EmulatedDevice::query_pointer(const void* p) {
   PointerInfo info;
   info.kind = it->second.kind;
   info.device = it->second.device;
-  if (info.kind == PointerKind::kDevice && info.device != ordinal_) info.kind = PointerKind::kOtherDevice;
+  if (info.kind == PointerKind::kDevice && info.device != ordinal_)
+    info.kind = PointerKind::kOtherDevice;
   info.begin = it->first;
   info.end = it->second.end;
   return info;
@@ -74,7 +75,8 @@ void* EmulatedDevice::alloc_device(std::size_t bytes) {
   const auto base = reinterpret_cast<std::uintptr_t>(m);
   const std::uintptr_t a = (base + kDeviceGranule - 1) / kDeviceGranule * kDeviceGranule;
   if (a > base) munmap(m, a - base);
-  if (base + kDeviceGranule > a) munmap(reinterpret_cast<void*>(a + size), base + kDeviceGranule - a);
+  if (base + kDeviceGranule > a)
+    munmap(reinterpret_cast<void*>(a + size), base + kDeviceGranule - a);
   // The rest of the reservation is no accessible memory, as with the driver.
   const std::size_t used = (std::max<std::size_t>(bytes, 1) + 4095) / 4096 * 4096;
   if (used < size) mprotect(reinterpret_cast<void*>(a + used), size - used, PROT_NONE);
@@ -108,15 +110,17 @@ void EmulatedDevice::adopt_device_memory(void* p, std::size_t bytes) {
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   if (p == nullptr || bytes == 0 || a > UINTPTR_MAX - bytes)
     throw Error(ErrorCode::kInvalidArgument, "emulated device: adopting " + std::to_string(bytes) +
-                                                 " bytes at " + std::to_string(a) + ": not a memory range");
+                                                 " bytes at " + std::to_string(a) +
+                                                 ": not a memory range");
   std::unique_lock lk(registry_mutex());
   auto& r = registry();
   auto it = r.lower_bound(a);
   const bool after = it != r.end() && it->first < a + bytes;
   const bool before = it != r.begin() && std::prev(it)->second.end > a;
   if (after || before)
-    throw Error(ErrorCode::kInvalidArgument,
-                "emulated device: the range to adopt overlaps device or pinned memory already known to it");
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "emulated device: the range to adopt overlaps device or pinned memory already known to it");
   r[a] = {a + bytes, PointerKind::kDevice, ordinal_};
 }
 

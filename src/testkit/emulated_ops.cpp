@@ -1,6 +1,4 @@
 // Emulated device operations: copies, scatter/gather and zero-copy "kernels", flag waits, delays.
-#include "testkit/emulated_device.hpp"
-
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -8,6 +6,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "testkit/emulated_device.hpp"
 
 namespace gfd::detail {
 
@@ -28,13 +28,15 @@ namespace {
 void place_entries(const ScatterEntry* entries, std::uint32_t count, const void* staging) {
   const auto* base = static_cast<const unsigned char*>(staging);
   for (std::uint32_t i = 0; i < count; ++i)
-    std::memcpy(reinterpret_cast<void*>(entries[i].dst), base + entries[i].src_offset, entries[i].bytes);
+    std::memcpy(reinterpret_cast<void*>(entries[i].dst), base + entries[i].src_offset,
+                entries[i].bytes);
 }
 // The packing kernel's work: each entry's device bytes into `staging` at its offset.
 void pack_entries(const ScatterEntry* entries, std::uint32_t count, void* staging) {
   auto* base = static_cast<unsigned char*>(staging);
   for (std::uint32_t i = 0; i < count; ++i)
-    std::memcpy(base + entries[i].src_offset, reinterpret_cast<const void*>(entries[i].dst), entries[i].bytes);
+    std::memcpy(base + entries[i].src_offset, reinterpret_cast<const void*>(entries[i].dst),
+                entries[i].bytes);
 }
 }  // namespace
 
@@ -43,8 +45,8 @@ void EmulatedDevice::scatter(const ScatterEntry* entries, std::uint32_t count, c
   enqueue_data(s, "scatter", [=] { place_entries(entries, count, staging); });
 }
 
-void EmulatedDevice::place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t, std::uint32_t, std::uint32_t*,
-                           StreamHandle s) {
+void EmulatedDevice::place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t, std::uint32_t,
+                           std::uint32_t*, StreamHandle s) {
   // Like the kernel's parameter, the chunks are taken during the call; the entries are read when
   // the "kernel" runs. Its fault-injection name is the scatter kernel's: it does that job.
   std::vector<PlaceChunk> list(chunks, chunks + n);
@@ -52,7 +54,8 @@ void EmulatedDevice::place(PlaceChunk* chunks, std::uint32_t n, std::uint64_t, s
   for (PlaceChunk& c : list) c.first = std::exchange(first, first + c.count);
   enqueue_data(s, "scatter", [list = std::move(list)] {
     for (const PlaceChunk& c : list) place_entries(c.entries, c.count, c.staging);
-    for (const PlaceChunk& c : list) std::atomic_ref<std::uint64_t>(*c.flag).store(c.value, std::memory_order_release);
+    for (const PlaceChunk& c : list)
+      std::atomic_ref<std::uint64_t>(*c.flag).store(c.value, std::memory_order_release);
   });
 }
 
@@ -61,7 +64,8 @@ void EmulatedDevice::gather(const ScatterEntry* entries, std::uint32_t count, vo
   enqueue_data(s, "gather", [=] { pack_entries(entries, count, staging); });
 }
 
-void EmulatedDevice::pack(PackChunk* chunks, std::uint32_t n, std::uint64_t, std::uint32_t, StreamHandle s) {
+void EmulatedDevice::pack(PackChunk* chunks, std::uint32_t n, std::uint64_t, std::uint32_t,
+                          StreamHandle s) {
   // As place(): the chunks are taken during the call, their entries read when the "kernel"
   // runs. Its fault-injection name is the packing kernel's (gather): it does that job.
   std::vector<PackChunk> list(chunks, chunks + n);
@@ -72,12 +76,13 @@ void EmulatedDevice::pack(PackChunk* chunks, std::uint32_t n, std::uint64_t, std
   });
 }
 
-void EmulatedDevice::copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
-                             std::size_t rows, bool to_host, StreamHandle s) {
+void EmulatedDevice::copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+                             std::size_t width, std::size_t rows, bool to_host, StreamHandle s) {
   (void)to_host;
   enqueue_data(s, "copy_2d", [=] {
     for (std::size_t r = 0; r < rows; ++r)
-      std::memcpy(static_cast<std::byte*>(dst) + r * dpitch, static_cast<const std::byte*>(src) + r * spitch, width);
+      std::memcpy(static_cast<std::byte*>(dst) + r * dpitch,
+                  static_cast<const std::byte*>(src) + r * spitch, width);
   });
 }
 
@@ -92,8 +97,8 @@ void EmulatedDevice::copy_2d_on_device(const Copy2D* copies, std::size_t count, 
   });
 }
 
-void EmulatedDevice::copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
-                                std::size_t count, bool, StreamHandle s) {
+void EmulatedDevice::copy_batch(void* const* dsts, const void* const* srcs,
+                                const std::size_t* sizes, std::size_t count, bool, StreamHandle s) {
   // Like CUDA, take the arrays during the call: the caller may reuse them at once.
   std::vector<ZeroCopyEntry> copies(count);
   for (std::size_t i = 0; i < count; ++i)
@@ -126,11 +131,14 @@ std::condition_variable& value_cv() {
 }
 }  // namespace
 
-void EmulatedDevice::wait_value_geq(const std::uint64_t* addr, std::uint64_t value, StreamHandle s) {
+void EmulatedDevice::wait_value_geq(const std::uint64_t* addr, std::uint64_t value,
+                                    StreamHandle s) {
   auto* a = const_cast<std::uint64_t*>(addr);
   enqueue(s, [=] {
     std::unique_lock lk(value_mutex());
-    value_cv().wait(lk, [&] { return std::atomic_ref<std::uint64_t>(*a).load(std::memory_order_acquire) >= value; });
+    value_cv().wait(lk, [&] {
+      return std::atomic_ref<std::uint64_t>(*a).load(std::memory_order_acquire) >= value;
+    });
   });
 }
 

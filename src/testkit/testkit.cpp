@@ -7,12 +7,12 @@
 #include <utility>
 
 #include "device/device.hpp"
-#include "testkit/emulated_device.hpp"
 #include "engine/engine_core.hpp"
 #include "gfd/error.hpp"
 #include "host/gather_copy.hpp"
 #include "host/host_pool.hpp"
 #include "host/topology.hpp"
+#include "testkit/emulated_device.hpp"
 
 namespace gfd::testkit {
 
@@ -55,29 +55,39 @@ void Device::memset_async(void* dst, int value, std::size_t bytes, cudaStream_t 
   d_->memset_async(dst, value, bytes, handle(s));
 }
 
-void Device::delay_async(std::uint32_t microseconds, cudaStream_t s) { d_->delay_async(microseconds, handle(s)); }
+void Device::delay_async(std::uint32_t microseconds, cudaStream_t s) {
+  d_->delay_async(microseconds, handle(s));
+}
 
 const char* Device::pointer_kind(const void* p) {
   switch (d_->query_pointer(p).kind) {
-    case detail::PointerKind::kPageableHost: return "pageable";
-    case detail::PointerKind::kPinnedHost: return "pinned";
-    case detail::PointerKind::kDevice: return "device";
-    case detail::PointerKind::kOtherDevice: return "other_device";
-    case detail::PointerKind::kManaged: return "managed";
+    case detail::PointerKind::kPageableHost:
+      return "pageable";
+    case detail::PointerKind::kPinnedHost:
+      return "pinned";
+    case detail::PointerKind::kDevice:
+      return "device";
+    case detail::PointerKind::kOtherDevice:
+      return "other_device";
+    case detail::PointerKind::kManaged:
+      return "managed";
   }
   return "unknown";
 }
 
 detail::EmulatedDevice& Device::emulator(const char* call) const {
   if (!emulated_)
-    throw Error(ErrorCode::kInvalidArgument, std::string(call) + ": only the emulated device has it, and this device is a GPU");
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(call) + ": only the emulated device has it, and this device is a GPU");
   return static_cast<detail::EmulatedDevice&>(*d_);
 }
 
 void Device::adopt_device_memory(void* p, std::size_t bytes) {
   emulator("adopt_device_memory").adopt_device_memory(p, bytes);
 }
-void Device::release_device_memory(void* p) { emulator("release_device_memory").release_device_memory(p); }
+void Device::release_device_memory(void* p) {
+  emulator("release_device_memory").release_device_memory(p);
+}
 void Device::clear_fault() { emulator("clear_fault").clear_fault(); }
 std::string Device::fault_message() const { return emulator("fault_message").fault_message(); }
 
@@ -87,13 +97,17 @@ Engine Device::make_engine(EngineOptions options, const detail::Tuning& tuning) 
 }
 
 detail::Tuning tuning_of(const Engine& engine) { return detail::EngineCore::of(engine).tuning(); }
-detail::TuningStats tuning_stats(const Engine& engine) { return detail::EngineCore::of(engine).tuning_stats(); }
+detail::TuningStats tuning_stats(const Engine& engine) {
+  return detail::EngineCore::of(engine).tuning_stats();
+}
 
 void start_trace(Engine& engine, std::size_t capacity) {
   detail::EngineCore::of(engine).start_trace(capacity);
 }
 
-std::vector<TraceEvent> take_trace(Engine& engine) { return detail::EngineCore::of(engine).take_trace(); }
+std::vector<TraceEvent> take_trace(Engine& engine) {
+  return detail::EngineCore::of(engine).take_trace();
+}
 
 Locality gpu_locality(const Device& device) {
   const detail::GpuLocality loc = detail::read_gpu_locality(device.pci_bus_id());
@@ -115,10 +129,12 @@ void copy_like_staging(void* dst, const void* src, std::size_t bytes, StagingWri
   if (kind == detail::StoreKind::kNonTemporal) detail::store_fence();
 }
 
-void gather_like_engine(const StagedBlock* blocks, std::size_t count, void* staging, StagingWrites writes) {
+void gather_like_engine(const StagedBlock* blocks, std::size_t count, void* staging,
+                        StagingWrites writes) {
   // gather_ops is the gather threads' own loop (GatherToDevice::run_piece), with its default
   // prefetch; StagedBlock has the fields it reads (src, slot_offset, bytes).
-  detail::gather_ops(blocks, count, static_cast<std::byte*>(staging), detail::resolve_staging_writes(writes));
+  detail::gather_ops(blocks, count, static_cast<std::byte*>(staging),
+                     detail::resolve_staging_writes(writes));
 }
 
 void place_like_engine(const StagedBlock* blocks, std::size_t count, const void* staging,

@@ -21,15 +21,15 @@
 #include <string>
 #include <vector>
 
-#include "gfd/gfd.hpp"
 #include "common/trace_event.hpp"
 #include "common/tuning.hpp"
+#include "gfd/gfd.hpp"
 #include "testkit/emulated_options.hpp"
 
 namespace gfd::detail {
 class Device;
 class EmulatedDevice;
-}
+}  // namespace gfd::detail
 
 namespace gfd::testkit {
 
@@ -129,7 +129,8 @@ struct StagedBlock {
 /// Copies `count` blocks from their `src` into `staging + slot_offset` exactly as a gather thread
 /// copies one piece of a host-to-device chunk (the same loop: the next blocks prefetched, the
 /// store kind of `writes` resolved as the engine resolves it, streaming stores fenced).
-void gather_like_engine(const StagedBlock* blocks, std::size_t count, void* staging, StagingWrites writes);
+void gather_like_engine(const StagedBlock* blocks, std::size_t count, void* staging,
+                        StagingWrites writes);
 /// The reverse, as the threads place one piece of a device-to-host chunk: `staging + slot_offset`
 /// to each block's `dst`, with the engine's placing stores for `writes`.
 void place_like_engine(const StagedBlock* blocks, std::size_t count, const void* staging,

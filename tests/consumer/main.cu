@@ -1,10 +1,9 @@
 // A CUDA source of a program outside gfd's tree that includes gfd's public API: it compiles only
 // when gfd::gfd carries C++20 to CUDA sources (std::span), and it runs where a GPU is or is not.
 #include <cstdio>
+#include <gfd/gfd.hpp>
 #include <span>
 #include <vector>
-
-#include <gfd/gfd.hpp>
 
 __global__ void mark(int* flag) { *flag = 1; }
 

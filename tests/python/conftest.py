@@ -6,14 +6,11 @@ needs torch and a CUDA GPU and skips with the reason otherwise.
 """
 
 import os
-import sys
-
-import pytest
 
 # `import gfd` must find the package under test: tools/python_test.sh puts the build tree's
 # python/ first on PYTHONPATH; an installed gfd (pip install .) works as well. A missing package
 # is an error, never a skip: CI would otherwise pass without testing anything.
-import gfd  # noqa: E402
+import pytest
 from gfd import testing  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -30,9 +27,18 @@ def bench_env():
 
 def small_options(**over):
     """A small ring, so that transfers cycle through it (as the C++ suites' small_options)."""
-    o = dict(staging_bytes=1 << 20, slot_bytes=256 << 10, first_chunk_bytes=64 << 10,
-             piece_bytes=16 << 10, direct_min_bytes=512 << 10, direct_min_bytes_to_host=512 << 10, inline_gather_bytes=16 << 10,
-             gather_threads=2, copy_streams=2, spin_us=20)
+    o = dict(
+        staging_bytes=1 << 20,
+        slot_bytes=256 << 10,
+        first_chunk_bytes=64 << 10,
+        piece_bytes=16 << 10,
+        direct_min_bytes=512 << 10,
+        direct_min_bytes_to_host=512 << 10,
+        inline_gather_bytes=16 << 10,
+        gather_threads=2,
+        copy_streams=2,
+        spin_us=20,
+    )
     o.update(over)
     return o
 

@@ -5,18 +5,17 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 import gfd
-from gfd import testing
+import pytest
 from conftest import ROOT, small_options
+from gfd import testing
 
 
 def header_fields(path, struct):
     """Field names of `struct` in a public header, in declaration order."""
     text = open(os.path.join(ROOT, path)).read()
-    body = text[text.index("struct " + struct + " {"):]
-    body = body[:body.index("\n};")]
+    body = text[text.index("struct " + struct + " {") :]
+    body = body[: body.index("\n};")]
     names = []
     for line in body.splitlines():
         line = line.split("///")[0].split("//")[0].strip()
@@ -42,8 +41,9 @@ def test_every_stat_is_covered(engine):
 
 
 def test_options_by_name_round_trip():
-    e = testing.emulated_engine(**small_options(spin_us=77, check_overlaps=False, backend="per_block",
-                                                 staging_bytes="2M"))
+    e = testing.emulated_engine(
+        **small_options(spin_us=77, check_overlaps=False, backend="per_block", staging_bytes="2M")
+    )
     with e:
         o = e.options()
         assert set(o) == set(gfd.option_names)
@@ -60,17 +60,34 @@ def test_unknown_option_is_a_type_error():
         testing.emulated_engine(spin_uss=1)
 
 
-@pytest.mark.parametrize("name,value", [("spin_us", 1.5), ("check_overlaps", "yes"), ("check_overlaps", 1),
-                                        ("staging_bytes", 1.5), ("backend", 3), ("cpus", 3)])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("spin_us", 1.5),
+        ("check_overlaps", "yes"),
+        ("check_overlaps", 1),
+        ("staging_bytes", 1.5),
+        ("backend", 3),
+        ("cpus", 3),
+    ],
+)
 def test_option_of_the_wrong_type(name, value):
     with pytest.raises(TypeError, match=name):
         testing.emulated_engine(**{name: value})
 
 
-@pytest.mark.parametrize("name,value", [("copy_streams", 0), ("backend", "fastest"),
-                                        ("staging_bytes", "12Q"), ("spin_us", -1),
-                                        ("staging_writes", "sideways"), ("cpus", "3-x"),
-                                        ("spin_us", "fast")])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("copy_streams", 0),
+        ("backend", "fastest"),
+        ("staging_bytes", "12Q"),
+        ("spin_us", -1),
+        ("staging_writes", "sideways"),
+        ("cpus", "3-x"),
+        ("spin_us", "fast"),
+    ],
+)
 def test_bad_option_value_names_it(name, value):
     with pytest.raises(gfd.Error) as info:
         testing.emulated_engine(**small_options(**{name: value}))
@@ -82,6 +99,7 @@ def test_bad_option_value_names_it(name, value):
 def test_error_is_a_runtime_error_with_code_and_block():
     assert issubclass(gfd.Error, RuntimeError)
     from gfd._errors import _error
+
     e = _error("x: y")
     assert e.code == "invalid_argument" and e.block is None and str(e) == "x: y"
 
@@ -132,8 +150,13 @@ def test_engines_are_closed_at_exit():
         "del t\n"
         "print('ok')\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ))
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
 
@@ -154,8 +177,13 @@ def test_buffers_dropped_with_copies_in_flight_at_exit():
         "e.copy_blocks(sets, 'to_device', [0, 1, 2, 3], [3, 2, 1, 0], stream=s)\n"
         "print('ok')\n"
     )
-    r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True,
-                       timeout=120, env=dict(os.environ))
+    r = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
 

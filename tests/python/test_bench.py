@@ -5,48 +5,100 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 import gfd
-
+import pytest
 from conftest import BENCH_PATH, ROOT, bench_env
 
 
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
 def test_bench_on_the_emulated_device(direction):
-    r = subprocess.run([sys.executable, "-m", "gfd_bench", "--emulated", "--blocks", "256", "--iters", "20",
-                        "--warmup", "1", "--backends", "gather,per_block", "--pool-bytes", str(64 << 20),
-                        "--direction", direction, "--dst", "scattered"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=bench_env())
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gfd_bench",
+            "--emulated",
+            "--blocks",
+            "256",
+            "--iters",
+            "20",
+            "--warmup",
+            "1",
+            "--backends",
+            "gather,per_block",
+            "--pool-bytes",
+            str(64 << 20),
+            "--direction",
+            direction,
+            "--dst",
+            "scattered",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=bench_env(),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "contiguous copy" in r.stdout and "host-only" in r.stdout
-    lines = [l for l in r.stdout.splitlines() if l.startswith("gfd ")]
-    assert len(lines) == 2 and all(l.rstrip().endswith("yes") for l in lines), r.stdout
+    lines = [line for line in r.stdout.splitlines() if line.startswith("gfd ")]
+    assert len(lines) == 2 and all(line.rstrip().endswith("yes") for line in lines), r.stdout
 
 
 # --layout paged: copy_blocks over every layer's K and V caches (gfd_bench/paged.py). On a GPU it
 # needs torch (test_gpu.py runs it there); here it runs on the emulated device with gfd buffers.
 
+
 def paged(args, tmp_path=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "gfd_bench", "--layout", "paged"] + args,
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=bench_env())
+    return subprocess.run(
+        [sys.executable, "-m", "gfd_bench", "--layout", "paged"] + args,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=bench_env(),
+    )
 
 
 def test_paged_bench_on_the_emulated_device(tmp_path):
     out = tmp_path / "paged.csv"
-    r = paged(["--emulated", "--layers", "2", "--block-sizes", "4K,16K", "--blocks", "8,16", "--iters", "20",
-               "--warmup", "1", "--host-cache-bytes", "8M", "--gpu-cache-bytes", "4M", "--direction", "both",
-               "--under-load", "--csv", str(out)])
+    r = paged(
+        [
+            "--emulated",
+            "--layers",
+            "2",
+            "--block-sizes",
+            "4K,16K",
+            "--blocks",
+            "8,16",
+            "--iters",
+            "20",
+            "--warmup",
+            "1",
+            "--host-cache-bytes",
+            "8M",
+            "--gpu-cache-bytes",
+            "4M",
+            "--direction",
+            "both",
+            "--under-load",
+            "--csv",
+            str(out),
+        ]
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "host-only" in r.stdout
     assert "--under-load needs torch and a CUDA GPU" in r.stdout  # no load on the emulated device
     import csv
+
     rows = list(csv.DictReader(open(out)))
     # 2 block sizes x 2 block counts x 2 directions, each with the contiguous copy and the methods
     configs = {(x["block_bytes"], x["blocks"], x["direction"]) for x in rows}
     assert len(configs) == 8, rows
     for c in configs:
-        methods = {x["method"] for x in rows if (x["block_bytes"], x["blocks"], x["direction"]) == c}
+        methods = {
+            x["method"] for x in rows if (x["block_bytes"], x["blocks"], x["direction"]) == c
+        }
         assert {"contiguous copy", "gfd", "batch_async", "per_block"} <= methods, (c, methods)
     for x in rows:
         assert x["verified"] in ("yes", "-"), x
@@ -57,38 +109,61 @@ def test_paged_bench_on_the_emulated_device(tmp_path):
     for d in ("h2d", "d2h"):
         zc = [x for x in rows if x["method"] == "zero_copy_kernel" and x["direction"] == d]
         assert zc or f"skipped: zero_copy_kernel {d}" in r.stdout, r.stdout
-    table = [l for l in r.stdout.splitlines() if " gfd " in f" {l} " and ("h2d" in l or "d2h" in l)]
-    assert table and all(l.rstrip().endswith("yes") for l in table), r.stdout
+    table = [
+        line
+        for line in r.stdout.splitlines()
+        if " gfd " in f" {line} " and ("h2d" in line or "d2h" in line)
+    ]
+    assert table and all(line.rstrip().endswith("yes") for line in table), r.stdout
 
 
 def test_paged_bench_help_and_bad_arguments():
     r = paged(["--help"])
-    assert r.returncode == 0 and "--under-load" in r.stdout and "--block-sizes" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "--under-load" in r.stdout and "--block-sizes" in r.stdout, (
+        r.stdout + r.stderr
+    )
     r = paged(["--emulated", "--block-sizes", "4Q"])
     assert r.returncode == 2 and "--block-sizes" in r.stderr, r.stderr
     r = paged(["--emulated", "--layers", "2", "--blocks", "100000", "--host-cache-bytes", "8M"])
-    assert r.returncode == 2 and "--host-cache-bytes" in r.stderr and "fewer than --blocks" in r.stderr, r.stderr
+    assert (
+        r.returncode == 2 and "--host-cache-bytes" in r.stderr and "fewer than --blocks" in r.stderr
+    ), r.stderr
     r = paged(["--emulated", "--methods", "gather_everything"])
     assert r.returncode == 2 and "--methods" in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, "-m", "gfd_bench", "--help"], capture_output=True, text=True, cwd=ROOT,
-                       env=bench_env())
+    r = subprocess.run(
+        [sys.executable, "-m", "gfd_bench", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=bench_env(),
+    )
     assert r.returncode == 0 and "--layout" in r.stdout
 
 
 def test_paged_bench_sizes(monkeypatch):
     monkeypatch.syspath_prepend(BENCH_PATH)
     from gfd_bench import paged
-    assert [paged.parse_size(s) for s in ("4096", "4K", "16KiB", "32kb", "4G", "1.5M")] == \
-        [4096, 4096, 16384, 32768, 4 << 30, 3 << 19]
+
+    assert [paged.parse_size(s) for s in ("4096", "4K", "16KiB", "32kb", "4G", "1.5M")] == [
+        4096,
+        4096,
+        16384,
+        32768,
+        4 << 30,
+        3 << 19,
+    ]
     assert paged.size_list("4K,16K,32K") == [4096, 16384, 32768]
 
 
 def test_paged_bench_without_torch_on_a_gpu():
     """On a GPU machine without torch the paged layout stops with a clear message (status 2)."""
     if gfd.cuda_device_count() == 0:
-        pytest.skip("no CUDA GPU here: the paged bench runs on the emulated device instead (tested above)")
+        pytest.skip(
+            "no CUDA GPU here: the paged bench runs on the emulated device instead (tested above)"
+        )
     try:
         import torch  # noqa: F401
+
         pytest.skip("torch is installed: the GPU run is in test_gpu.py")
     except ImportError:
         pass
@@ -106,15 +181,23 @@ def test_summarize_reads_the_hosts_driver_call_speed(tmp_path):
         d = tmp_path / name
         d.mkdir()
         (d / "run.csv").write_text(head + body)
-        r = subprocess.run([sys.executable, script, str(d)], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, script, str(d)], capture_output=True, text=True, timeout=60
+        )
         return r.stdout
 
-    out = host_line("usual", "gpu,dma_contiguous,none,4096,2.5\ngpu,dma_contiguous,none,4096,3.5\n"
-                             "gpu,gfd,none,4096,90\ngpu,dma_contiguous,decode,4096,40\n"
-                             "gpu,dma_contiguous,none,1073741824,50\n")
+    out = host_line(
+        "usual",
+        "gpu,dma_contiguous,none,4096,2.5\ngpu,dma_contiguous,none,4096,3.5\n"
+        "gpu,gfd,none,4096,90\ngpu,dma_contiguous,decode,4096,40\n"
+        "gpu,dma_contiguous,none,1073741824,50\n",
+    )
     assert "3.0 us (median of 2 idle rows" in out and "as usual" in out, out
-    out = host_line("slow", "gpu,dma_contiguous,none,4096,9.5\ngpu,dma_contiguous,none,4096,10.5\n"
-                            "gpu,dma_contiguous,none,4096,11\n")
+    out = host_line(
+        "slow",
+        "gpu,dma_contiguous,none,4096,9.5\ngpu,dma_contiguous,none,4096,10.5\n"
+        "gpu,dma_contiguous,none,4096,11\n",
+    )
     assert "10.5 us (median of 3 idle rows" in out and "SLOW" in out, out
     out = host_line("host_only", "host-only,dma_contiguous,none,4096,40\n")
     assert "host-only: no GPU was used" in out and "median of" not in out, out
@@ -124,17 +207,27 @@ def test_summarize_sglang_table_gives_layer_0_on_the_link_where_measured(tmp_pat
     # gfd_bench.sglang writes NaN where a figure is not measured (a write-back's layer 0 on the
     # link): the table says "-" there, and the runs' range where they measured it.
     script = os.path.join(ROOT, "bench", "summarize.py")
-    head = ("model,layout,direction,method,ratio_p50,gbps_p50,layer0_us_p50,layer0_link_us_p50,"
-            "layer0_enqueued_us_p50,call_us_p50,matmul_slowdown\n")
+    head = (
+        "model,layout,direction,method,ratio_p50,gbps_p50,layer0_us_p50,layer0_link_us_p50,"
+        "layer0_enqueued_us_p50,call_us_p50,matmul_slowdown\n"
+    )
     for run, link in ((1, "301.5"), (2, "309.2")):
         (tmp_path / f"sglang_{run}.csv").write_text(
             head + f"llama3-8b,layer_first,load,gfd,0.97,53.1,405,{link},148,2270,nan\n"
-                   "llama3-8b,layer_first,write_back,gfd,0.92,50.6,10800,nan,1890,1950,nan\n")
-    r = subprocess.run([sys.executable, script, str(tmp_path), "sglang"], capture_output=True, text=True,
-                       timeout=60)
+            "llama3-8b,layer_first,write_back,gfd,0.92,50.6,10800,nan,1890,1950,nan\n"
+        )
+    r = subprocess.run(
+        [sys.executable, script, str(tmp_path), "sglang"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
-    rows = {line.split("|")[3].strip(): [c.strip() for c in line.split("|")[1:-1]]
-            for line in r.stdout.splitlines() if line.startswith("| llama3-8b")}
+    rows = {
+        line.split("|")[3].strip(): [c.strip() for c in line.split("|")[1:-1]]
+        for line in r.stdout.splitlines()
+        if line.startswith("| llama3-8b")
+    }
     header = next(line for line in r.stdout.splitlines() if "layer 0's copies alone" in line)
     at = [c.strip() for c in header.split("|")[1:-1]].index("layer 0's copies alone")
     assert rows["load"][at] == "302 us - 309 us", r.stdout
@@ -145,24 +238,52 @@ def test_summarize_onegpu_table_gives_each_engine_counts_call_and_the_ratios(tmp
     # gfd_multi_gpu_benchmark --one-gpu CSVs (onegpu_<run>.csv): a column per engine count, the
     # caller's CPU time with one engine and with the most, the most engines' ratios as ranges.
     script = os.path.join(ROOT, "bench", "summarize.py")
-    head = ("mode,sources,engines,backend,blocks,block_size,call_p50_us,call_p90_us,call_ratio,cpu_p50_us,"
-            "cpu_p90_us,cpu_ratio,e2e_p50_us,e2e_p90_us,e2e_ratio,p50_gbps,ref_gbps,threads,caller_cpus,"
-            "gather_cpus,verified\n")
+    head = (
+        "mode,sources,engines,backend,blocks,block_size,call_p50_us,call_p90_us,call_ratio,cpu_p50_us,"
+        "cpu_p90_us,cpu_ratio,e2e_p50_us,e2e_p90_us,e2e_ratio,p50_gbps,ref_gbps,threads,caller_cpus,"
+        "gather_cpus,verified\n"
+    )
     for run, call8 in ((1, "11.0"), (2, "12.0")):
         (tmp_path / f"onegpu_{run}.csv").write_text(
             head + "gpu,cold,1,contiguous,2048,4096,2.0,2.5,1,2.1,2.6,1,160,170,1,52,52,0,0,,\n"
-                   "gpu,cold,1,gather,2048,4096,10.0,12,1,9.0,11,1,250,300,1,33,52,15,0,1-15,1\n"
-                   f"gpu,cold,8,gather,2048,4096,{call8},14,{float(call8) / 10},9.5,12,1.05,1900,2000,7.6,35,52,"
-                   "1,0 2 4 6 8 10 12 14,1|3|5|7|9|11|13|15,1\n")
-    r = subprocess.run([sys.executable, script, str(tmp_path), "onegpu"], capture_output=True, text=True,
-                       timeout=60)
+            "gpu,cold,1,gather,2048,4096,10.0,12,1,9.0,11,1,250,300,1,33,52,15,0,1-15,1\n"
+            f"gpu,cold,8,gather,2048,4096,{call8},14,{float(call8) / 10},9.5,12,1.05,1900,2000,7.6,35,52,"
+            "1,0 2 4 6 8 10 12 14,1|3|5|7|9|11|13|15,1\n"
+        )
+    r = subprocess.run(
+        [sys.executable, script, str(tmp_path), "onegpu"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    header = [c.strip() for c in next(line for line in lines if "call, 1 engine" in line).split("|")[1:-1]]
-    assert header == ["backend", "call, 1 engine", "call, 8 engines", "caller's CPU per transfer, 1 / 8",
-                      "8 over 1: call", "caller's CPU", "end to end"], header
-    rows = {c[0]: c for c in ([x.strip() for x in line.split("|")[1:-1]] for line in lines if line.startswith("| "))}
-    assert rows["gather"][1:] == ["10.0 us", "11.0 - 12.0 us", "9.0 us / 9.5 us", "1.10-1.20x", "1.05x", "7.60x"]
+    header = [
+        c.strip() for c in next(line for line in lines if "call, 1 engine" in line).split("|")[1:-1]
+    ]
+    assert header == [
+        "backend",
+        "call, 1 engine",
+        "call, 8 engines",
+        "caller's CPU per transfer, 1 / 8",
+        "8 over 1: call",
+        "caller's CPU",
+        "end to end",
+    ], header
+    rows = {
+        c[0]: c
+        for c in (
+            [x.strip() for x in line.split("|")[1:-1]] for line in lines if line.startswith("| ")
+        )
+    }
+    assert rows["gather"][1:] == [
+        "10.0 us",
+        "11.0 - 12.0 us",
+        "9.0 us / 9.5 us",
+        "1.10-1.20x",
+        "1.05x",
+        "7.60x",
+    ]
     assert rows["contiguous DMA"][1:3] == ["2.0 us", "-"], rows
 
 
@@ -170,13 +291,21 @@ def test_summarize_onegpu_table_gives_each_engine_counts_call_and_the_ratios(tmp
 def test_runtime_benches_say_what_is_missing(module):
     try:
         import torch
+
         if torch.cuda.is_available():
             pytest.skip("this machine has torch with a GPU: the benchmark would run")
     except ImportError:
         pass
-    r = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=120, env=bench_env())
+    r = subprocess.run(
+        [sys.executable, "-m", module], capture_output=True, text=True, timeout=120, env=bench_env()
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "needs" in r.stderr and ("torch" in r.stderr or "sees none" in r.stderr), r.stderr
-    h = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120,
-                       env=bench_env())
+    h = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=bench_env(),
+    )
     assert h.returncode == 0 and "usage: python -m " + module in h.stdout, h.stdout + h.stderr

@@ -7,14 +7,18 @@ import gc
 import time
 import weakref
 
+import gfd
 import numpy as np
 import pytest
-
-import gfd
 from gfd import testing
 
-DTYPES = {"float16": np.float16, "float32": np.float32, "uint8": np.uint8, "int64": np.int64,
-          "bfloat16": None}
+DTYPES = {
+    "float16": np.float16,
+    "float32": np.float32,
+    "uint8": np.uint8,
+    "int64": np.int64,
+    "bfloat16": None,
+}
 
 
 def caches(engine, blocks_host, blocks_dev, block_shape, dtype, seed=0):
@@ -32,13 +36,17 @@ def swap(engine, src, dst, mapping, stream=None):
     """Block mapping[i, 0] of src to block mapping[i, 1] of dst (single tensors or lists), one
     way or the other: the caches registered with the host side first, then one copy_blocks."""
     srcs = src if isinstance(src, list) else [src]
-    dsts = dst if isinstance(dst, list) else [dst]
     to_device = getattr(srcs[0], "is_host", True)
     m = np.asarray(mapping, dtype=np.int64).reshape(-1, 2)
     host, dev = (src, dst) if to_device else (dst, src)
     cs = engine.register_caches(host, dev)
-    return engine.copy_blocks(cs, gfd.Direction.TO_DEVICE if to_device else gfd.Direction.TO_HOST,
-                              m[:, 0], m[:, 1], stream=stream)
+    return engine.copy_blocks(
+        cs,
+        gfd.Direction.TO_DEVICE if to_device else gfd.Direction.TO_HOST,
+        m[:, 0],
+        m[:, 1],
+        stream=stream,
+    )
 
 
 def raw(buf):
@@ -48,7 +56,9 @@ def raw(buf):
 
 
 def mapping(rng, n_src, n_dst, n):
-    return np.stack([rng.choice(n_src, n, replace=False), rng.choice(n_dst, n, replace=False)], 1).astype(np.int64)
+    return np.stack(
+        [rng.choice(n_src, n, replace=False), rng.choice(n_dst, n, replace=False)], 1
+    ).astype(np.int64)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -86,8 +96,13 @@ def test_every_backend(engine_b):
 def test_mapping_forms(engine, form):
     host, dev, hv, dv = caches(engine, 8, 8, (1024,), "uint8")
     m = np.array([[1, 0], [5, 2], [7, 7]], dtype=np.int64)
-    arg = {"numpy": m, "list": m.tolist(), "int32": m.astype(np.int32),
-           "tuple_rows": tuple(tuple(r) for r in m.tolist()), "array_interface": ArrayIface(m)}[form]
+    arg = {
+        "numpy": m,
+        "list": m.tolist(),
+        "int32": m.astype(np.int32),
+        "tuple_rows": tuple(tuple(r) for r in m.tolist()),
+        "array_interface": ArrayIface(m),
+    }[form]
     expect = dv.copy()
     expect[m[:, 1]] = hv[m[:, 0]]
     cs = engine.register_caches([host], [dev])
@@ -115,8 +130,14 @@ class CudaIface:
     """Device memory offered through __cuda_array_interface__ only (as Numba or CuPy do)."""
 
     def __init__(self, ptr, shape, typestr, strides=None, stream=None):
-        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (ptr, False),
-                                         "strides": strides, "version": 3, "stream": stream}
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape),
+            "typestr": typestr,
+            "data": (ptr, False),
+            "strides": strides,
+            "version": 3,
+            "stream": stream,
+        }
 
 
 def test_cuda_array_interface_and_strided_caches(engine):
@@ -141,7 +162,7 @@ def test_cuda_array_interface_and_strided_caches(engine):
 
 def test_multi_layer_lists_in_one_transfer(engine):
     layers = 6
-    pairs = [caches(engine, 20, 16, (8, 128), "float16", seed=l) for l in range(2 * layers)]
+    pairs = [caches(engine, 20, 16, (8, 128), "float16", seed=i) for i in range(2 * layers)]
     srcs = [p[0] for p in pairs]
     dsts = [p[1] for p in pairs]
     m = mapping(np.random.default_rng(9), 20, 16, 10)
@@ -163,8 +184,8 @@ def test_multi_layer_lists_in_one_transfer(engine):
 @pytest.mark.parametrize("direction", ["in", "out"])
 def test_every_layer_k_and_v_in_one_transfer(engine, with_v, direction):
     layers = 4
-    k = [caches(engine, 30, 30, (2048,), "bfloat16", seed=l) for l in range(layers)]
-    v = [caches(engine, 30, 30, (2048,), "bfloat16", seed=100 + l) for l in range(layers)]
+    k = [caches(engine, 30, 30, (2048,), "bfloat16", seed=i) for i in range(layers)]
+    v = [caches(engine, 30, 30, (2048,), "bfloat16", seed=100 + i) for i in range(layers)]
     rng = np.random.default_rng(11)
     si = rng.choice(30, 12, replace=False)
     di = rng.choice(30, 12, replace=False)
@@ -177,7 +198,9 @@ def test_every_layer_k_and_v_in_one_transfer(engine, with_v, direction):
         expects.append(e)
     untouched = [c[dst_view].copy() for c in v]
     cs = engine.register_caches([c[0] for c in used], [c[1] for c in used])
-    t = engine.copy_blocks(cs, "to_device" if direction == "in" else "to_host", list(si), np.asarray(di, np.int32))
+    t = engine.copy_blocks(
+        cs, "to_device" if direction == "in" else "to_host", list(si), np.asarray(di, np.int32)
+    )
     t.wait()
     for c, e in zip(used, expects):
         assert (c[dst_view] == e).all()
@@ -195,6 +218,7 @@ def test_empty_ids(engine):
 
 # ---- errors ---------------------------------------------------------------------------------
 
+
 def expect_error(match, fn, *args, block=None):
     with pytest.raises(gfd.Error, match=match) as info:
         fn(*args)
@@ -208,8 +232,14 @@ def test_duplicate_destination_names_the_row(engine):
     host, dev, hv, dv = caches(engine, 8, 8, (1024,), "uint8")
     dv[:] = 0
     cs = engine.register_caches(host, dev)
-    err = expect_error(r"dst_ids\[(0|2)\] \(block (0|5) -> 1\)", engine.copy_blocks, cs, "to_device", [0, 3, 5],
-                       [1, 2, 1])
+    err = expect_error(
+        r"dst_ids\[(0|2)\] \(block (0|5) -> 1\)",
+        engine.copy_blocks,
+        cs,
+        "to_device",
+        [0, 3, 5],
+        [1, 2, 1],
+    )
     assert err.block in (0, 2)
     assert (dv == 0).all(), "nothing copied"
 
@@ -223,19 +253,31 @@ def test_tensor_errors(engine):
     expect_error(r"register_caches: host has blocks of 1024 bytes, device of 2048", r, host, dev3)
     expect_error(r"register_caches: device is on cpu", r, host, host)
     expect_error(r"register_caches: host is on cuda:0", r, dev, dev)
-    expect_error(r"register_caches: host: expected a tensor or a list of tensors, got str", r, "cache", dev)
+    expect_error(
+        r"register_caches: host: expected a tensor or a list of tensors, got str", r, "cache", dev
+    )
     expect_error(r"2 host caches but 1 device caches", r, [host, host], [dev])
     expect_error(r"device\[1\] has dtype float16", r, [host, host], [dev, dev2])
     expect_error(r"register_caches: host\[1\] is on cuda:0", r, [host, dev], [dev, host])
     expect_error(r"register_caches: host\[1\]: expected a tensor", r, [host, None], [dev, dev])
     # Dimensions after the first must be compact.
     strided = CudaIface(dev.ptr, (8, 4, 128), "|u1", strides=(1024, 256, 1))
-    expect_error(r"device: each block must be contiguous.*dimension 1 has stride 256, expected 128", r, host, strided)
+    expect_error(
+        r"device: each block must be contiguous.*dimension 1 has stride 256, expected 128",
+        r,
+        host,
+        strided,
+    )
     overlapping = CudaIface(dev.ptr, (8, 1024), "|u1", strides=(512, 1))
     expect_error(r"device: blocks overlap", r, host, overlapping)
     expect_error(r"host: a cache needs a first \(block\) dimension", r, np.uint8(3), dev)
     # One device tensor registered twice: its blocks would be written twice by one transfer.
-    expect_error(r"device\[1\].*device\[0\]|device\[0\].*device\[1\]", r, [host, caches(engine, 8, 8, (1024,), "uint8")[0]], [dev, dev])
+    expect_error(
+        r"device\[1\].*device\[0\]|device\[0\].*device\[1\]",
+        r,
+        [host, caches(engine, 8, 8, (1024,), "uint8")[0]],
+        [dev, dev],
+    )
 
 
 class RefusesDlpack:
@@ -263,8 +305,12 @@ def test_refused_dlpack_export_falls_back_to_the_array_interface(engine):
     swap(engine, RefusesDlpack(hv), dev, m).wait()
     assert (dv == expect).all()
     # A producer whose export returns garbage is an error, not a reason to look elsewhere.
-    expect_error(r"host: __dlpack__ did not return a DLPack capsule", engine.register_caches,
-                 RefusesDlpack(hv, broken=True), dev)
+    expect_error(
+        r"host: __dlpack__ did not return a DLPack capsule",
+        engine.register_caches,
+        RefusesDlpack(hv, broken=True),
+        dev,
+    )
 
 
 def test_tensor_on_another_gpu(engine):
@@ -272,12 +318,15 @@ def test_tensor_on_another_gpu(engine):
     try:
         host, _, _, _ = caches(engine, 8, 8, (1024,), "uint8")
         dev1 = testing.device_buffer(other, (8, 1024))
-        expect_error(r"device is on cuda:1, but the engine serves GPU 0", engine.register_caches, host, dev1)
+        expect_error(
+            r"device is on cuda:1, but the engine serves GPU 0", engine.register_caches, host, dev1
+        )
     finally:
         other.close()
 
 
 # ---- lifetime -------------------------------------------------------------------------------
+
 
 class HostCache:
     """A host cache that is a plain Python object (weak-referenceable), offering its numpy

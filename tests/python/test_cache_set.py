@@ -1,12 +1,10 @@
 """CacheSet: caches registered once (Engine.register_caches) and transfers by block ids
 (Engine.copy_blocks), both directions spelled both ways (emulated device)."""
 
+import gfd
 import numpy as np
 import pytest
-
-import gfd
 from gfd import testing
-
 from test_blocks import caches, expect_error
 
 
@@ -43,8 +41,11 @@ def test_torch_cpu_tensors_as_ids(engine):
     hs, ds, hv, dv = layers(engine, 3)
     cs = engine.register_caches(hs, ds)
     m = np.array([[3, 0], [20, 7], [9, 15]], np.int64)
-    for mapping in (torch.from_numpy(m), torch.from_numpy(m).to(torch.int32),
-                    torch.from_numpy(np.ascontiguousarray(m.T)).t()):
+    for mapping in (
+        torch.from_numpy(m),
+        torch.from_numpy(m).to(torch.int32),
+        torch.from_numpy(np.ascontiguousarray(m.T)).t(),
+    ):
         for d in dv:
             d[:] = 0
         engine.copy_blocks(cs, "to_device", mapping[:, 0], mapping[:, 1]).wait()
@@ -54,8 +55,15 @@ def test_torch_cpu_tensors_as_ids(engine):
     engine.copy_blocks(cs, "to_device", src, dst).wait()
     for h, d in zip(hv, dv):
         assert (d[[1, 2]] == h[[5, 6]]).all()
-    expect_error(r"copy_blocks: src_ids\[1\] \(block 24 -> 1\): source block 24 is out of range",
-                 engine.copy_blocks, cs, "to_device", torch.tensor([0, 24]), torch.tensor([0, 1]), block=1)
+    expect_error(
+        r"copy_blocks: src_ids\[1\] \(block 24 -> 1\): source block 24 is out of range",
+        engine.copy_blocks,
+        cs,
+        "to_device",
+        torch.tensor([0, 24]),
+        torch.tensor([0, 1]),
+        block=1,
+    )
     with pytest.raises(gfd.InvalidType, match="src_ids: float32 is not an integer type"):
         engine.copy_blocks(cs, "to_device", torch.tensor([0.0, 1.0]), [0, 1])
     with pytest.raises(gfd.InvalidType, match="dst_ids: bool is not an integer type"):
@@ -69,12 +77,34 @@ def test_copy_blocks_errors(engine):
     c = engine.copy_blocks
     # One check, in the engine, with one wording whatever the ids are given as.
     for ids in ([0, 24], np.array([0, 24]), np.array([0, 24], np.uint16)):
-        expect_error(r"copy_blocks: src_ids\[1\] \(block 24 -> 1\): source block 24 is out of range "
-                     r"\(host\[0\] has 24 blocks\)", c, cs, "to_device", ids, [0, 1], block=1)
-    expect_error(r"copy_blocks: dst_ids\[0\] \(block 0 -> -1\): destination block -1 is negative",
-                 c, cs, "to_device", [0], [-1], block=0)
-    expect_error(r"dst_ids\[2\] \(block 2 -> 5\): destination block 5 is also that of dst_ids\[0\]",
-                 c, cs, "to_device", [0, 1, 2], [5, 6, 5], block=2)
+        expect_error(
+            r"copy_blocks: src_ids\[1\] \(block 24 -> 1\): source block 24 is out of range "
+            r"\(host\[0\] has 24 blocks\)",
+            c,
+            cs,
+            "to_device",
+            ids,
+            [0, 1],
+            block=1,
+        )
+    expect_error(
+        r"copy_blocks: dst_ids\[0\] \(block 0 -> -1\): destination block -1 is negative",
+        c,
+        cs,
+        "to_device",
+        [0],
+        [-1],
+        block=0,
+    )
+    expect_error(
+        r"dst_ids\[2\] \(block 2 -> 5\): destination block 5 is also that of dst_ids\[0\]",
+        c,
+        cs,
+        "to_device",
+        [0, 1, 2],
+        [5, 6, 5],
+        block=2,
+    )
     expect_error(r"src_ids has 2 ids, dst_ids 1", c, cs, "to_device", [0, 1], [5])
     expect_error(r"direction: 'sideways' is not a direction", c, cs, "sideways", [0], [0])
     with pytest.raises(gfd.InvalidType, match="direction: expected"):
@@ -82,10 +112,22 @@ def test_copy_blocks_errors(engine):
     assert all((d == b).all() for d, b in zip(dv, before)), "a rejected transfer moved bytes"
     other = testing.emulated_engine()
     try:
-        expect_error(r"copy_blocks: caches was registered with another engine", other.copy_blocks, cs, "to_device",
-                     [0], [0])
-        expect_error(r"copy_blocks: caches\[0\] was registered with another engine", other.copy_blocks, [cs],
-                     "to_device", [0], [0])
+        expect_error(
+            r"copy_blocks: caches was registered with another engine",
+            other.copy_blocks,
+            cs,
+            "to_device",
+            [0],
+            [0],
+        )
+        expect_error(
+            r"copy_blocks: caches\[0\] was registered with another engine",
+            other.copy_blocks,
+            [cs],
+            "to_device",
+            [0],
+            [0],
+        )
     finally:
         other.close()
 
@@ -93,13 +135,29 @@ def test_copy_blocks_errors(engine):
 def test_register_errors(engine):
     hs, ds, _, _ = layers(engine, 2)
     # Given the wrong way round: both sides named.
-    expect_error(r"register_caches: host\[0\] is on cuda:0 and device\[0\] on cpu( \(pinned\))?: host and device "
-                 r"swapped\?", engine.register_caches, ds, hs)
-    expect_error(r"register_caches: host\[0\] is on cuda:0; the host caches must be in host memory",
-                 engine.register_caches, ds, ds)
+    expect_error(
+        r"register_caches: host\[0\] is on cuda:0 and device\[0\] on cpu( \(pinned\))?: host and device "
+        r"swapped\?",
+        engine.register_caches,
+        ds,
+        hs,
+    )
+    expect_error(
+        r"register_caches: host\[0\] is on cuda:0; the host caches must be in host memory",
+        engine.register_caches,
+        ds,
+        ds,
+    )
     expect_error(r"2 host caches but 1 device", engine.register_caches, hs, ds[:1])
-    expect_error(r"register_caches: device\[1\] overlaps device\[0\]", engine.register_caches, hs, [ds[0], ds[0]])
-    expect_error(r"register_caches: host\[1\] overlaps host\[0\]", engine.register_caches, [hs[0], hs[0]], ds)
+    expect_error(
+        r"register_caches: device\[1\] overlaps device\[0\]",
+        engine.register_caches,
+        hs,
+        [ds[0], ds[0]],
+    )
+    expect_error(
+        r"register_caches: host\[1\] overlaps host\[0\]", engine.register_caches, [hs[0], hs[0]], ds
+    )
     h16, d16, _, _ = caches(engine, 8, 8, (1024,), "float16")
     expect_error(r"device has dtype float16, host uint8", engine.register_caches, hs[0], d16)
 
@@ -114,6 +172,7 @@ def test_layers_in_one_call_in_order(engine):
 
     def after(k):
         called.append((k, engine.stats()["transfers"] - before))  # set k's transfer is enqueued
+
     ts = engine.copy_blocks(sets, "to_device", [3, 20, 9], [0, 7, 15], after_each=after)
     assert called == [(0, 1), (1, 2), (2, 3), (3, 4)]
     assert len(ts) == 4 and all(isinstance(t, gfd.Transfer) for t in ts)
@@ -135,8 +194,11 @@ def test_layers_in_one_call_bad_input(engine):
     sets.append(engine.register_caches(small[0], small[1]))
     before = engine.stats()["transfers"]
     for ids in ([0, 9], np.array([0, 9])):
-        with pytest.raises(gfd.InvalidArgument, match=r"copy_blocks: src_ids\[1\] \(block 9 -> 1\): source block 9 is "
-                                                      r"out of range \(caches\[2\]'s host\[0\] has 4 blocks\)"):
+        with pytest.raises(
+            gfd.InvalidArgument,
+            match=r"copy_blocks: src_ids\[1\] \(block 9 -> 1\): source block 9 is "
+            r"out of range \(caches\[2\]'s host\[0\] has 4 blocks\)",
+        ):
             engine.copy_blocks(sets, "to_device", ids, [0, 1])
     with pytest.raises(gfd.InvalidArgument, match="empty list"):
         engine.copy_blocks([], "to_device", [0], [0])
@@ -155,6 +217,7 @@ def test_layers_in_one_call_bad_input(engine):
     def boom(k):
         called.append(k)
         raise RuntimeError(f"layer {k}")
+
     with pytest.raises(RuntimeError, match="layer 0"):
         engine.copy_blocks(sets[:2], "to_device", [1], [2], after_each=boom)
     assert called == [0] and engine.stats()["transfers"] == before + 2

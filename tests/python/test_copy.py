@@ -5,10 +5,9 @@ import array
 import threading
 import time
 
+import gfd
 import numpy as np
 import pytest
-
-import gfd
 from gfd import testing
 
 BLOCK = 4096
@@ -37,15 +36,20 @@ def test_copy_to_device_numpy(engine_b):
     assert (d[dr] == h[sr]).all()
 
 
-@pytest.mark.parametrize("form", ["list", "tuple", "int32_sizes", "array_module", "scalar_size",
-                                  "strided", "uint64"])
+@pytest.mark.parametrize(
+    "form", ["list", "tuple", "int32_sizes", "array_module", "scalar_size", "strided", "uint64"]
+)
 def test_argument_forms(engine, form):
     host, dev, h, sr, dr, src, dst = setup_blocks(engine, n=32)
     sizes = np.full(len(src), BLOCK, dtype=np.int64)
     if form == "list":
         src, dst, sizes = [int(x) for x in src], [int(x) for x in dst], [BLOCK] * len(src)
     elif form == "tuple":
-        src, dst, sizes = tuple(int(x) for x in src), tuple(int(x) for x in dst), (BLOCK,) * len(src)
+        src, dst, sizes = (
+            tuple(int(x) for x in src),
+            tuple(int(x) for x in dst),
+            (BLOCK,) * len(src),
+        )
     elif form == "int32_sizes":
         sizes = sizes.astype(np.int32)
     elif form == "array_module":
@@ -83,16 +87,19 @@ def test_empty_transfer(engine):
     assert t.wait()
 
 
-@pytest.mark.parametrize("bad,match", [
-    (dict(src=np.zeros(3, np.float64)), "src_ptrs.*float64|src_ptrs.*integer"),
-    (dict(dst=np.zeros((3, 2), np.int64)), "1-D"),
-    (dict(sizes=[1, 2]), "sizes has 2 entries"),
-    (dict(dst=[1, 2]), "dst_ptrs 2"),
-    (dict(src=[1 << 20, -2, 3]), "src_ptrs\\[1\\].*negative"),
-    (dict(src="abc"), "src_ptrs: expected an array of integers"),
-    (dict(sizes=[1.0, 2.0, 3.0]), "sizes\\[0\\]: expected an int"),
-    (dict(src=np.array([1 << 20, -2, 3], np.int64)), "src_ptrs\\[1\\]: -2 is negative"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (dict(src=np.zeros(3, np.float64)), "src_ptrs.*float64|src_ptrs.*integer"),
+        (dict(dst=np.zeros((3, 2), np.int64)), "1-D"),
+        (dict(sizes=[1, 2]), "sizes has 2 entries"),
+        (dict(dst=[1, 2]), "dst_ptrs 2"),
+        (dict(src=[1 << 20, -2, 3]), "src_ptrs\\[1\\].*negative"),
+        (dict(src="abc"), "src_ptrs: expected an array of integers"),
+        (dict(sizes=[1.0, 2.0, 3.0]), "sizes\\[0\\]: expected an int"),
+        (dict(src=np.array([1 << 20, -2, 3], np.int64)), "src_ptrs\\[1\\]: -2 is negative"),
+    ],
+)
 def test_argument_errors_name_the_argument(engine, bad, match):
     args = dict(src=[1 << 20, 2 << 20, 3 << 20], dst=[4 << 20, 5 << 20, 6 << 20], sizes=[7, 8, 9])
     args.update(bad)
@@ -143,7 +150,9 @@ def test_stream_forms_and_ordering(engine, kind):
     # back. Only if gfd waits for the memset and the read waits for gfd are the bytes right.
     s = testing.create_stream(engine)
     try:
-        stream = {"int": s, "protocol": CudaStreamProtocol(s), "torch_like": TorchLikeStream(s)}[kind]
+        stream = {"int": s, "protocol": CudaStreamProtocol(s), "torch_like": TorchLikeStream(s)}[
+            kind
+        ]
         host, dev, h, sr, dr, src, dst = setup_blocks(engine, n=32)
         back = np.zeros_like(np.asarray(dev))
         testing.delay(engine, 30000, s)
@@ -176,13 +185,17 @@ def test_a_stream_handle_the_emulated_device_never_made_is_refused(engine_b, n):
     gone = testing.create_stream(engine_b)
     testing.destroy_stream(engine_b, gone)
     cs = engine_b.register_caches(host, dev)
-    calls = [lambda s: engine_b.copy_to_device(src, dst, BLOCK, stream=s),
-             lambda s: engine_b.copy_blocks(cs, "to_device", list(range(n)), list(range(n)), stream=s)]
+    calls = [
+        lambda s: engine_b.copy_to_device(src, dst, BLOCK, stream=s),
+        lambda s: engine_b.copy_blocks(cs, "to_device", list(range(n)), list(range(n)), stream=s),
+    ]
     if engine_b.options()["backend"] != "zero_copy_kernel":  # it moves host to device only
         calls.append(lambda s: engine_b.copy_to_host(dst, src, BLOCK, stream=s))
     for stream in (0x1234, gone):
         for call in calls:
-            with pytest.raises(gfd.InvalidArgument, match="stream 0x[0-9a-f]+: not a stream of the emulated device"):
+            with pytest.raises(
+                gfd.InvalidArgument, match="stream 0x[0-9a-f]+: not a stream of the emulated device"
+            ):
                 call(stream).wait()
     assert not d.any(), "a refused call wrote device memory"
     engine_b.copy_to_device(src, dst, BLOCK).wait()
@@ -215,8 +228,9 @@ def test_wait_timeout_and_gil_released(slow_engine):
 
 
 def test_fault_reported_through_the_transfer():
-    e = testing.emulated_engine(fault="copy_d2h", **{"gather_threads": 2, "staging_bytes": 1 << 20,
-                                                      "slot_bytes": 256 << 10})
+    e = testing.emulated_engine(
+        fault="copy_d2h", **{"gather_threads": 2, "staging_bytes": 1 << 20, "slot_bytes": 256 << 10}
+    )
     try:
         host, dev, h, sr, dr, src, dst = setup_blocks(e, n=64)
         try:

@@ -18,19 +18,31 @@ import time
 import numpy as np
 import pytest
 
-hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install hypothesis)")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
+hypothesis = pytest.importorskip(
+    "hypothesis", reason="hypothesis is not installed (pip install hypothesis)"
+)
 import gfd  # noqa: E402
 from gfd import testing  # noqa: E402
 from gfd.kv_worker import KVTransferWorker  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 _LONG = os.environ.get("GFD_FUZZ_EXAMPLES")
-settings.register_profile("gfd-ci", max_examples=200, deadline=None, derandomize=True, database=None,
-                          suppress_health_check=list(HealthCheck))
-settings.register_profile("gfd-long", max_examples=int(_LONG or 0) or 1, deadline=None, database=None,
-                          suppress_health_check=list(HealthCheck))
+settings.register_profile(
+    "gfd-ci",
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+settings.register_profile(
+    "gfd-long",
+    max_examples=int(_LONG or 0) or 1,
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 FUZZ = settings.get_profile("gfd-long" if _LONG else "gfd-ci")
 
 BLOCKS, BLOCK = 16, 512
@@ -42,10 +54,18 @@ SENTINEL = 0xEE
 
 # ---- shared state: one engine and one set of caches for every example --------------------------
 
+
 class State:
     def __init__(self):
-        self.engine = testing.emulated_engine(staging_bytes=1 << 20, slot_bytes=256 << 10, first_chunk_bytes=64 << 10,
-                                              piece_bytes=16 << 10, gather_threads=2, copy_streams=2, spin_us=20)
+        self.engine = testing.emulated_engine(
+            staging_bytes=1 << 20,
+            slot_bytes=256 << 10,
+            first_chunk_bytes=64 << 10,
+            piece_bytes=16 << 10,
+            gather_threads=2,
+            copy_streams=2,
+            spin_us=20,
+        )
         self.host_buf = testing.pinned_buffer(self.engine, (BLOCKS, BLOCK), "uint8")
         self.dev_buf = testing.device_buffer(self.engine, (BLOCKS, BLOCK), "uint8")
         self.host, self.dev = np.asarray(self.host_buf), np.asarray(self.dev_buf)
@@ -53,7 +73,10 @@ class State:
         self.reset()
 
     def reset(self):
-        self.host[:] = (np.arange(BLOCKS, dtype=np.uint8)[:, None] * 7 + np.arange(BLOCK, dtype=np.uint8)[None, :]) | 1
+        self.host[:] = (
+            np.arange(BLOCKS, dtype=np.uint8)[:, None] * 7
+            + np.arange(BLOCK, dtype=np.uint8)[None, :]
+        ) | 1
         self.dev[:] = SENTINEL
 
     def usable(self):
@@ -86,7 +109,9 @@ def timed(fn, *args, **kw):
     try:
         return fn(*args, **kw)
     finally:
-        assert time.perf_counter() - t0 < MAX_CALL_SECONDS, f"{getattr(fn, '__name__', fn)} took too long"
+        assert time.perf_counter() - t0 < MAX_CALL_SECONDS, (
+            f"{getattr(fn, '__name__', fn)} took too long"
+        )
 
 
 def expect_rejected(e, names):
@@ -98,8 +123,25 @@ def expect_rejected(e, names):
 
 # ---- integers as the oracle sees them ------------------------------------------------------------
 
-BAD_SCALARS = [True, False, 0.5, 1.0, None, "1", b"1", 2**64, 2**63, 2**70, -1, -(2**63) - 1, np.float32(1),
-               np.bool_(True), [1], (1,), object()]
+BAD_SCALARS = [
+    True,
+    False,
+    0.5,
+    1.0,
+    None,
+    "1",
+    b"1",
+    2**64,
+    2**63,
+    2**70,
+    -1,
+    -(2**63) - 1,
+    np.float32(1),
+    np.bool_(True),
+    [1],
+    (1,),
+    object(),
+]
 
 
 def int_values(value):
@@ -127,8 +169,20 @@ def as_container(values, kind):
     return np.array(values, dtype=kind)
 
 
-CONTAINERS = ["list", "tuple", "int64", "int32", "uint64", "uint32", "int16", "uint8", "int8", "float64",
-              "float32", "bool"]
+CONTAINERS = [
+    "list",
+    "tuple",
+    "int64",
+    "int32",
+    "uint64",
+    "uint32",
+    "int16",
+    "uint8",
+    "int8",
+    "float64",
+    "float32",
+    "bool",
+]
 
 
 @st.composite
@@ -147,8 +201,21 @@ def id_lists(draw, n_src, n_dst):
         if m == "element" and len(a):
             a[draw(st.integers(0, len(a) - 1))] = draw(st.sampled_from(BAD_SCALARS))
         elif m == "value" and len(a):
-            a[draw(st.integers(0, len(a) - 1))] = draw(st.sampled_from(
-                [BLOCKS, BLOCKS + 1, 2**31, 2**32, 2**62, -2, np.int64(-5), np.uint64(2**63 + 1), np.int32(3)]))
+            a[draw(st.integers(0, len(a) - 1))] = draw(
+                st.sampled_from(
+                    [
+                        BLOCKS,
+                        BLOCKS + 1,
+                        2**31,
+                        2**32,
+                        2**62,
+                        -2,
+                        np.int64(-5),
+                        np.uint64(2**63 + 1),
+                        np.int32(3),
+                    ]
+                )
+            )
         elif m == "length":
             if len(a) and draw(st.booleans()):
                 a.pop()
@@ -157,11 +224,14 @@ def id_lists(draw, n_src, n_dst):
         elif m == "duplicate" and len(a) > 1:
             a[-1] = a[0]
         elif m == "shape":
-            args[which] = draw(st.sampled_from([None, 3, "ids", [[0, 1]], np.zeros((2, 2), np.int64), {0: 1}]))
+            args[which] = draw(
+                st.sampled_from([None, 3, "ids", [[0, 1]], np.zeros((2, 2), np.int64), {0: 1}])
+            )
     out = []
     for a in args:
-        if isinstance(a, list) and all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-                                       for x in a):
+        if isinstance(a, list) and all(
+            isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) for x in a
+        ):
             kind = draw(st.sampled_from(CONTAINERS))
             try:
                 a = as_container(a, kind)
@@ -173,27 +243,55 @@ def id_lists(draw, n_src, n_dst):
 
 # ---- copy_blocks ---------------------------------------------------------------------------------
 
+
 @FUZZ
-@given(ids=id_lists(BLOCKS, BLOCKS), direction=st.sampled_from(
-    ["to_device", "to_host", gfd.Direction.TO_DEVICE, gfd.Direction.TO_HOST, "sideways", None, 1, True, b"to_host"]),
-       stream=st.sampled_from([None, None, None, -1, 2**64, 1.5, "0", True]))
+@given(
+    ids=id_lists(BLOCKS, BLOCKS),
+    direction=st.sampled_from(
+        [
+            "to_device",
+            "to_host",
+            gfd.Direction.TO_DEVICE,
+            gfd.Direction.TO_HOST,
+            "sideways",
+            None,
+            1,
+            True,
+            b"to_host",
+        ]
+    ),
+    stream=st.sampled_from([None, None, None, -1, 2**64, 1.5, "0", True]),
+)
 def test_copy_blocks(ids, direction, stream):
     s = state()
     src, dst = ids
     before_h, before_d = s.host.copy(), s.dev.copy()
     sv, dv = int_values(src), int_values(dst)
-    way = {"to_device": 1, "to_host": -1}.get(direction if isinstance(direction, str) else getattr(direction, "value", None))
-    valid = (way is not None and stream is None and sv is not None and dv is not None and len(sv) == len(dv)
-             and all(0 <= x < BLOCKS for x in sv + dv) and len(set(dv)) == len(dv))
+    way = {"to_device": 1, "to_host": -1}.get(
+        direction if isinstance(direction, str) else getattr(direction, "value", None)
+    )
+    valid = (
+        way is not None
+        and stream is None
+        and sv is not None
+        and dv is not None
+        and len(sv) == len(dv)
+        and all(0 <= x < BLOCKS for x in sv + dv)
+        and len(set(dv)) == len(dv)
+    )
     try:
         t = timed(s.engine.copy_blocks, s.caches, direction, src, dst, stream=stream)
     except Exception as e:  # noqa: BLE001 - checked
         expect_rejected(e, ["src_ids", "dst_ids", "direction", "stream"])
         assert not valid, f"a valid call was rejected: {e}"
-        assert (s.host == before_h).all() and (s.dev == before_d).all(), "a rejected call wrote bytes"
+        assert (s.host == before_h).all() and (s.dev == before_d).all(), (
+            "a rejected call wrote bytes"
+        )
         s.usable()
         return
-    assert valid, f"an invalid call was accepted: {direction!r}, {src!r}, {dst!r}, stream={stream!r}"
+    assert valid, (
+        f"an invalid call was accepted: {direction!r}, {src!r}, {dst!r}, stream={stream!r}"
+    )
     t.wait(timeout=30)
     want_h, want_d = before_h.copy(), before_d.copy()
     if way > 0:
@@ -206,24 +304,37 @@ def test_copy_blocks(ids, direction, stream):
 
 # ---- copy_to_device / copy_to_host ---------------------------------------------------------------
 
+
 @FUZZ
-@given(ids=id_lists(BLOCKS, BLOCKS), to_device=st.booleans(),
-       size=st.sampled_from(["block", "block", "scalar", "list_bad", "huge", "zero_one", "past_end"]),
-       pointer=st.sampled_from([None, None, None, 0, 0x1000, 2**47, 2**63, 2**64 - 8, "dev_as_host", "host_as_dev"]))
+@given(
+    ids=id_lists(BLOCKS, BLOCKS),
+    to_device=st.booleans(),
+    size=st.sampled_from(["block", "block", "scalar", "list_bad", "huge", "zero_one", "past_end"]),
+    pointer=st.sampled_from(
+        [None, None, None, 0, 0x1000, 2**47, 2**63, 2**64 - 8, "dev_as_host", "host_as_dev"]
+    ),
+)
 def test_block_list(ids, to_device, size, pointer):
     s = state()
     src_ids, dst_ids = ids
     sv, dv = int_values(src_ids), int_values(dst_ids)
     before_h, before_d = s.host.copy(), s.dev.copy()
     host_base, dev_base = s.host_buf.ptr, s.dev_buf.ptr
-    valid = sv is not None and dv is not None and len(sv) == len(dv) and all(0 <= x < BLOCKS for x in sv + dv)
+    valid = (
+        sv is not None
+        and dv is not None
+        and len(sv) == len(dv)
+        and all(0 <= x < BLOCKS for x in sv + dv)
+    )
     if valid:
         h_ids, d_ids = (sv, dv) if to_device else (dv, sv)
         hp = [host_base + i * BLOCK for i in h_ids]
         dp = [dev_base + i * BLOCK for i in d_ids]
         valid = len(set(dv)) == len(dv)  # destinations overlap otherwise
     else:
-        hp, dp = (src_ids, dst_ids) if to_device else (dst_ids, src_ids)  # what the binding must reject
+        hp, dp = (
+            (src_ids, dst_ids) if to_device else (dst_ids, src_ids)
+        )  # what the binding must reject
         hp = list(hp) if isinstance(hp, (list, tuple)) else hp
         dp = list(dp) if isinstance(dp, (list, tuple)) else dp
     sizes = BLOCK
@@ -238,7 +349,13 @@ def test_block_list(ids, to_device, size, pointer):
         valid = valid and isinstance(hp, list) and len(hp) == 0
     elif size == "past_end" and isinstance(hp, list) and len(hp):
         sizes, valid = BLOCK * (BLOCKS + 1), False
-    if isinstance(hp, list) and isinstance(dp, list) and len(hp) and len(dp) and pointer is not None:
+    if (
+        isinstance(hp, list)
+        and isinstance(dp, list)
+        and len(hp)
+        and len(dp)
+        and pointer is not None
+    ):
         valid = False
         if pointer == "dev_as_host":
             hp[0] = dev_base
@@ -253,7 +370,9 @@ def test_block_list(ids, to_device, size, pointer):
     except Exception as e:  # noqa: BLE001 - checked
         expect_rejected(e, ["src_ptrs", "dst_ptrs", "sizes", "block"])
         assert not valid, f"a valid call was rejected: {e}"
-        assert (s.host == before_h).all() and (s.dev == before_d).all(), "a rejected call wrote bytes"
+        assert (s.host == before_h).all() and (s.dev == before_d).all(), (
+            "a rejected call wrote bytes"
+        )
         s.usable()
         return
     assert valid, f"an invalid call was accepted: {src!r}, {dst!r}, {sizes!r}"
@@ -270,15 +389,26 @@ def test_block_list(ids, to_device, size, pointer):
 
 # ---- register_caches -----------------------------------------------------------------------------
 
+
 @FUZZ
-@given(host=st.sampled_from(["host", "dev", None, 3, "str", "list2", "empty", "float"]),
-       dev=st.sampled_from(["dev", "host", None, 3, "str", "list1", "empty", "other_dtype", "narrow"]))
+@given(
+    host=st.sampled_from(["host", "dev", None, 3, "str", "list2", "empty", "float"]),
+    dev=st.sampled_from(["dev", "host", None, 3, "str", "list1", "empty", "other_dtype", "narrow"]),
+)
 def test_register_caches(host, dev):
     s = state()
     e = s.engine
-    table = {"host": s.host_buf, "dev": s.dev_buf, "str": "cache", "list2": [s.host_buf, s.host_buf], "empty": [],
-             "list1": [s.dev_buf], "float": 1.5, "other_dtype": testing.device_buffer(e, (BLOCKS, BLOCK // 2), "float16"),
-             "narrow": testing.device_buffer(e, (BLOCKS, BLOCK // 2), "uint8")}
+    table = {
+        "host": s.host_buf,
+        "dev": s.dev_buf,
+        "str": "cache",
+        "list2": [s.host_buf, s.host_buf],
+        "empty": [],
+        "list1": [s.dev_buf],
+        "float": 1.5,
+        "other_dtype": testing.device_buffer(e, (BLOCKS, BLOCK // 2), "float16"),
+        "narrow": testing.device_buffer(e, (BLOCKS, BLOCK // 2), "uint8"),
+    }
     h, d = table.get(host, host), table.get(dev, dev)
     valid = (host, dev) in (("host", "dev"), ("host", "list1"))
     try:
@@ -295,16 +425,27 @@ def test_register_caches(host, dev):
 
 # ---- HostPool and view ---------------------------------------------------------------------------
 
-SIZES = st.one_of(st.integers(-(2**70), 2**70).filter(lambda b: not (8 << 20 < b <= 1 << 46)),
-                  st.integers(1, 8 << 20), st.sampled_from(BAD_SCALARS))
+SIZES = st.one_of(
+    st.integers(-(2**70), 2**70).filter(lambda b: not (8 << 20 < b <= 1 << 46)),
+    st.integers(1, 8 << 20),
+    st.sampled_from(BAD_SCALARS),
+)
 
 
 @FUZZ
-@given(nbytes=SIZES, numa=st.sampled_from([-2, -2, -1, 5000, -3, 1.0, None, True]),
-       register=st.sampled_from([False, False, 0, None, "no"]))
+@given(
+    nbytes=SIZES,
+    numa=st.sampled_from([-2, -2, -1, 5000, -3, 1.0, None, True]),
+    register=st.sampled_from([False, False, 0, None, "no"]),
+)
 def test_host_pool(nbytes, numa, register):
-    valid = (type(nbytes) is int and 1 <= nbytes <= 1 << 46 and numa in (-2, -1) and type(numa) is int
-             and register is False)
+    valid = (
+        type(nbytes) is int
+        and 1 <= nbytes <= 1 << 46
+        and numa in (-2, -1)
+        and type(numa) is int
+        and register is False
+    )
     try:
         pool = timed(gfd.HostPool, nbytes, device=-1, numa_node=numa, register=register)
     except Exception as e:  # noqa: BLE001 - checked
@@ -322,10 +463,21 @@ _POOL = None
 
 
 @FUZZ
-@given(shape=st.one_of(st.lists(st.one_of(st.integers(-4, 4096), st.sampled_from([2**62, 2**63, 2**64, -(2**63)] + BAD_SCALARS)),
-                                max_size=4), st.integers(-5, 1 << 22), st.sampled_from([None, "4", 2.0])),
-       dtype=st.sampled_from(["uint8", "float16", "int64", "bfloat16", "complex64", 3, None]),
-       offset=st.one_of(st.integers(-1, 3 << 20), st.sampled_from([2**64, 1.0, True, None])))
+@given(
+    shape=st.one_of(
+        st.lists(
+            st.one_of(
+                st.integers(-4, 4096),
+                st.sampled_from([2**62, 2**63, 2**64, -(2**63)] + BAD_SCALARS),
+            ),
+            max_size=4,
+        ),
+        st.integers(-5, 1 << 22),
+        st.sampled_from([None, "4", 2.0]),
+    ),
+    dtype=st.sampled_from(["uint8", "float16", "int64", "bfloat16", "complex64", 3, None]),
+    offset=st.one_of(st.integers(-1, 3 << 20), st.sampled_from([2**64, 1.0, True, None])),
+)
 def test_view(shape, dtype, offset):
     global _POOL
     if _POOL is None:
@@ -336,8 +488,14 @@ def test_view(shape, dtype, offset):
     n = item or 0
     for x in dims if ok_dims else []:
         n *= x
-    valid = (ok_dims and item is not None and type(offset) is int and offset >= 0 and offset % item == 0
-             and offset + n <= _POOL.bytes)
+    valid = (
+        ok_dims
+        and item is not None
+        and type(offset) is int
+        and offset >= 0
+        and offset % item == 0
+        and offset + n <= _POOL.bytes
+    )
     try:
         buf = timed(_POOL.view, shape, dtype, offset)
     except Exception as e:  # noqa: BLE001 - checked
@@ -358,7 +516,11 @@ def worker():
     s = state()
     if _WORKER is None or _WORKER[0] is not s.engine:
         gpu = [testing.device_buffer(s.engine, (BLOCKS, 256), "int8") for _ in range(2)]
-        _WORKER = (s.engine, KVTransferWorker(s.engine, gpu, [[0, 1]], 2, 8), [np.asarray(g) for g in gpu])
+        _WORKER = (
+            s.engine,
+            KVTransferWorker(s.engine, gpu, [[0, 1]], 2, 8),
+            [np.asarray(g) for g in gpu],
+        )
     w, gpu = _WORKER[1], _WORKER[2]
     for t in range(2):
         w.host_rows(t)[:] = (np.arange(16, dtype=np.int8)[:, None] + 1) * (t + 1)
@@ -367,8 +529,11 @@ def worker():
 
 
 @FUZZ
-@given(ids=id_lists(8, BLOCKS), to_device=st.sampled_from([True, False, True, 1, None, np.bool_(False)]),
-       group=st.sampled_from(["none", "exact", "float", "negative", "bool", "short", "huge"]))
+@given(
+    ids=id_lists(8, BLOCKS),
+    to_device=st.sampled_from([True, False, True, 1, None, np.bool_(False)]),
+    group=st.sampled_from(["none", "exact", "float", "negative", "bool", "short", "huge"]),
+)
 def test_submit(ids, to_device, group):
     w, gpu = worker()
     chunks, blocks = ids  # chunk i holds blocks 2i and 2i + 1 (blocks_per_chunk 2)
@@ -376,16 +541,27 @@ def test_submit(ids, to_device, group):
     host_before = [w.host_rows(t).copy() for t in range(2)]
     gpu_before = [g.copy() for g in gpu]
     n = len(bv) if bv is not None else 0
-    sizes = {"none": None, "exact": [n], "float": [float(n)], "negative": [-1], "bool": [True], "short": [],
-             "huge": [2**64]}[group]
+    sizes = {
+        "none": None,
+        "exact": [n],
+        "float": [float(n)],
+        "negative": [-1],
+        "bool": [True],
+        "short": [],
+        "huge": [2**64],
+    }[group]
     flag_ok = isinstance(to_device, (bool, np.bool_))
-    shape_ok = cv is not None and bv is not None and -(-n // 2) == len(cv) and group in ("none", "exact")
+    shape_ok = (
+        cv is not None and bv is not None and -(-n // 2) == len(cv) and group in ("none", "exact")
+    )
     in_range = shape_ok and all(0 <= c < 8 for c in cv) and all(0 <= b < BLOCKS for b in bv)
     valid = flag_ok and in_range
     try:
         timed(w.submit, 7, to_device, chunks, blocks, sizes, None if sizes is None else [0])
     except Exception as e:  # noqa: BLE001 - checked
-        expect_rejected(e, ["job_id", "to_device", "chunk_ids", "gpu_block_ids", "group_sizes", "block_indices"])
+        expect_rejected(
+            e, ["job_id", "to_device", "chunk_ids", "gpu_block_ids", "group_sizes", "block_indices"]
+        )
         assert not valid, f"a valid job was rejected: {e}"
         assert all((w.host_rows(t) == b).all() for t, b in zip(range(2), host_before))
         assert all((g == b).all() for g, b in zip(gpu, gpu_before))
@@ -414,13 +590,19 @@ def test_submit(ids, to_device, group):
 
 # ---- Engine options ------------------------------------------------------------------------------
 
+
 @settings(FUZZ, max_examples=min(FUZZ.max_examples, 25))
-@given(name=st.sampled_from(list(gfd.option_names) + ["spin_uss", "host_direct"]),
-       value=st.one_of(st.sampled_from(BAD_SCALARS + ["64M", "fast", "", "-1", "1G", 0, 1, 4, 2**31]),
-                       st.integers(-(2**40), 2**40)))
+@given(
+    name=st.sampled_from(list(gfd.option_names) + ["spin_uss", "host_direct"]),
+    value=st.one_of(
+        st.sampled_from(BAD_SCALARS + ["64M", "fast", "", "-1", "1G", 0, 1, 4, 2**31]),
+        st.integers(-(2**40), 2**40),
+    ),
+)
 def test_engine_options(name, value):
-    if name in ("device", "cpus", "numa_node", "use_all_local_cpus") or (name.endswith("bytes") and type(value) is int
-                                                                          and value > 1 << 30):
+    if name in ("device", "cpus", "numa_node", "use_all_local_cpus") or (
+        name.endswith("bytes") and type(value) is int and value > 1 << 30
+    ):
         return  # options that would need a device or memory this machine may not have
     try:
         e = timed(testing.emulated_engine, **{name: value})

@@ -5,20 +5,19 @@ empty_pinned, transfer lifetime, the example and the benchmark. Skipped, with th
 torch or a CUDA GPU is missing."""
 
 import gc
-import os
 import subprocess
 import sys
-import weakref
-
-import pytest
 
 import gfd
+import pytest
 from conftest import ROOT, bench_env
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the GPU suite needs it")
 if not torch.cuda.is_available() or gfd.cuda_device_count() == 0:
-    pytest.skip("no CUDA GPU here (torch.cuda.is_available() is False or gfd sees no device)",
-                allow_module_level=True)
+    pytest.skip(
+        "no CUDA GPU here (torch.cuda.is_available() is False or gfd sees no device)",
+        allow_module_level=True,
+    )
 
 DEV = torch.device("cuda", 0)
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.int8]
@@ -43,11 +42,15 @@ def random_cache(blocks, block_bytes, dtype, device, gen, pinned=False):
 
 def same(a, b):
     """Bitwise equality (random bytes viewed as floats hold NaNs, which torch.equal rejects)."""
-    return torch.equal(a.contiguous().view(torch.uint8).cpu(), b.contiguous().view(torch.uint8).cpu())
+    return torch.equal(
+        a.contiguous().view(torch.uint8).cpu(), b.contiguous().view(torch.uint8).cpu()
+    )
 
 
 def random_mapping(gen, n_src, n_dst, n):
-    return torch.stack([torch.randperm(n_src, generator=gen)[:n], torch.randperm(n_dst, generator=gen)[:n]], 1)
+    return torch.stack(
+        [torch.randperm(n_src, generator=gen)[:n], torch.randperm(n_dst, generator=gen)[:n]], 1
+    )
 
 
 def swap(engine, src, dst, mapping, stream=None):
@@ -58,8 +61,13 @@ def swap(engine, src, dst, mapping, stream=None):
     m = torch.as_tensor(mapping, dtype=torch.int64).reshape(-1, 2)
     host, dev = (src, dst) if to_device else (dst, src)
     cs = engine.register_caches(host, dev)
-    return engine.copy_blocks(cs, gfd.Direction.TO_DEVICE if to_device else gfd.Direction.TO_HOST,
-                              m[:, 0], m[:, 1], stream=stream)
+    return engine.copy_blocks(
+        cs,
+        gfd.Direction.TO_DEVICE if to_device else gfd.Direction.TO_HOST,
+        m[:, 0],
+        m[:, 1],
+        stream=stream,
+    )
 
 
 def torch_swap(src, dst, mapping):
@@ -99,8 +107,12 @@ def test_swap_in_ordered_between_torch_kernels(engine, stream_form):
         for _ in range(4):
             a = a @ a / 64  # keeps the stream busy for a while
         dev.fill_(1)  # before: must not land after gfd's blocks
-    arg = {"current": None, "explicit": s, "int": s.cuda_stream,
-           "protocol": type("P", (), {"__cuda_stream__": lambda self: (0, s.cuda_stream)})()}[stream_form]
+    arg = {
+        "current": None,
+        "explicit": s,
+        "int": s.cuda_stream,
+        "protocol": type("P", (), {"__cuda_stream__": lambda self: (0, s.cuda_stream)})(),
+    }[stream_form]
     if stream_form == "current":
         with torch.cuda.stream(s):
             t = swap(engine, host, dev, m)
@@ -263,21 +275,49 @@ def test_from_env(monkeypatch):
 
 def run(args, timeout=600):
     env = bench_env()
-    return subprocess.run([sys.executable] + args, capture_output=True, text=True, timeout=timeout, env=env,
-                          cwd=ROOT)
+    return subprocess.run(
+        [sys.executable] + args, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
 
 
 def test_example_runs():
-    r = run(["examples/python/swap_kv.py", "--layers", "2", "--gpu-blocks", "256", "--cpu-blocks", "512",
-             "--swap", "64", "--iters", "3"])
+    r = run(
+        [
+            "examples/python/swap_kv.py",
+            "--layers",
+            "2",
+            "--gpu-blocks",
+            "256",
+            "--cpu-blocks",
+            "512",
+            "--swap",
+            "64",
+            "--iters",
+            "3",
+        ]
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "every byte matches" in r.stdout
 
 
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
 def test_bench_runs_and_verifies(direction):
-    r = run(["-m", "gfd_bench", "--iters", "20", "--warmup", "2", "--direction", direction,
-             "--backends", "gather,batch_async", "--pool-bytes", str(256 << 20)])
+    r = run(
+        [
+            "-m",
+            "gfd_bench",
+            "--iters",
+            "20",
+            "--warmup",
+            "2",
+            "--direction",
+            direction,
+            "--backends",
+            "gather,batch_async",
+            "--pool-bytes",
+            str(256 << 20),
+        ]
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "contiguous copy" in r.stdout and "NO" not in r.stdout.split("verified")[-1]
 
@@ -286,11 +326,34 @@ def test_paged_bench_runs_and_verifies(tmp_path):
     """python -m gfd_bench --layout paged: copy_blocks over every layer's K and V, both directions,
     every backend, under the decode load too; every row verified (no timing is checked)."""
     out = tmp_path / "paged.csv"
-    r = run(["-m", "gfd_bench", "--layout", "paged", "--layers", "4", "--block-sizes", "4K,32K", "--blocks",
-             "16", "--iters", "20", "--warmup", "2", "--host-cache-bytes", "256M", "--gpu-cache-bytes", "64M",
-             "--under-load=decode", "--csv", str(out)])
+    r = run(
+        [
+            "-m",
+            "gfd_bench",
+            "--layout",
+            "paged",
+            "--layers",
+            "4",
+            "--block-sizes",
+            "4K,32K",
+            "--blocks",
+            "16",
+            "--iters",
+            "20",
+            "--warmup",
+            "2",
+            "--host-cache-bytes",
+            "256M",
+            "--gpu-cache-bytes",
+            "64M",
+            "--under-load=decode",
+            "--csv",
+            str(out),
+        ]
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     import csv
+
     rows = list(csv.DictReader(open(out)))
     assert {x["direction"] for x in rows} == {"h2d", "d2h"}, rows
     assert {"contiguous copy", "gfd", "batch_async", "per_block"} <= {x["method"] for x in rows}

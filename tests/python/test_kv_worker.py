@@ -8,10 +8,9 @@ tests/vllm the glue to vLLM (gfd.vllm)."""
 import re
 import threading
 
+import gfd
 import numpy as np
 import pytest
-
-import gfd
 from gfd import testing
 from gfd.kv_worker import KVTransferWorker, host_block_ids
 
@@ -30,11 +29,11 @@ def device_caches(engine, pages=PAGES, blocks=GPU_BLOCKS, seed=0):
     return bufs, views
 
 
-def host_rows(worker, tensors=len(PAGES)):
+def host_rows(worker, tensors=None):
     """Per tensor, the worker's host pages as (chunks * bpc, page) rows (numpy views): row
-    c * bpc + j is sub-block j of chunk c, in either layout."""
+    c * bpc + j is sub-block j of chunk c, in either layout; every tensor of PAGES by default."""
     out = []
-    for t in range(tensors):
+    for t in range(len(PAGES) if tensors is None else tensors):
         pages = worker.host_pages(t)
         rows = pages.reshape(-1, pages.shape[2])
         assert np.shares_memory(rows, pages)  # a view: writing it writes the worker's memory
@@ -101,9 +100,13 @@ def test_block_layout_rows(engine, bpc):
         rows = host_rows(w)
         assert [r.shape for r in rows] == [(5 * bpc, p) for p in PAGES]
         assert all(r.strides[0] == sum(PAGES) for r in rows)
-        assert [r.ctypes.data - rows[0].ctypes.data for r in rows] == [0, PAGES[0], PAGES[0] + PAGES[1]]
+        assert [r.ctypes.data - rows[0].ctypes.data for r in rows] == [
+            0,
+            PAGES[0],
+            PAGES[0] + PAGES[1],
+        ]
         with pytest.raises(gfd.Error, match="'block' layout keeps one array"):
-            w.host_caches
+            _ = w.host_caches
     finally:
         w.shutdown()
 
@@ -116,12 +119,14 @@ def test_store_then_load_every_byte(counted, bpc, skip, layout):
     w = KVTransferWorker(engine, bufs, [[0, 1, 2]], bpc, 8, host_layout=layout)
     try:
         host = host_rows(w)
-        blocks = np.array([7, 2, 19, 11, 4, 23, 0][:max(3, 7 - skip)], np.int64)
+        blocks = np.array([7, 2, 19, 11, 4, 23, 0][: max(3, 7 - skip)], np.int64)
         n = len(blocks)
-        chunks = np.array([6, 1, 3, 5, 0, 2, 4][:-(-(n + skip) // bpc)], np.int64)
+        chunks = np.array([6, 1, 3, 5, 0, 2, 4][: -(-(n + skip) // bpc)], np.int64)
         ids = host_block_ids(chunks, bpc, n, skip)
         before = [h.copy() for h in host]
-        r = run(w, 1, False, chunks, blocks, [n], [5 * bpc + skip])  # block index: only its offset counts
+        r = run(
+            w, 1, False, chunks, blocks, [n], [5 * bpc + skip]
+        )  # block index: only its offset counts
         assert r.success and r.error is None and r.bytes == n * sum(PAGES) and r.seconds > 0
         for t, (h, b, g) in enumerate(zip(host, before, gpu)):
             b[ids] = g[blocks]
@@ -149,7 +154,10 @@ def test_groups_sharing_tensors_move_as_one_transfer(counted):
     try:
         host = host_rows(w, 2)
         g0, g1 = np.array([3, 4, 5, 6, 7], np.int64), np.array([12, 13], np.int64)
-        c0, c1 = np.array([2, 5]), np.array([7])  # group 0 from sub-block 1 of chunk 2; group 1 at 2 of 7
+        c0, c1 = (
+            np.array([2, 5]),
+            np.array([7]),
+        )  # group 0 from sub-block 1 of chunk 2; group 1 at 2 of 7
         r = run(w, 1, False, np.concatenate([c0, c1]), np.concatenate([g0, g1]), [5, 2], [1, 6])
         assert r.success and r.bytes == 7 * sum(PAGES[:2])
         assert len(calls) == 1 and len(calls[0][1]) == 7
@@ -188,17 +196,39 @@ def test_submit_errors(engine):
     bufs, _ = device_caches(engine)
     w = KVTransferWorker(engine, bufs, [[0], [1, 2], []], 4, 8)
     try:
+
         def bad(match, *args):
             with pytest.raises(gfd.Error, match=match):
                 w.submit(9, *args)
 
         bad("group_sizes: 2 sizes for 3 groups", False, [0], [1, 2], [1, 1], [0, 0])
         bad("block_indices: 2 indices for 3 groups", False, [0], [1, 2], [1, 1, 0], [0, 0])
-        bad("the sizes sum to 3, gpu_block_ids has 2 blocks", False, [0], [1, 2], [2, 1, 0], [0, 0, 0])
-        bad("group 1 needs 1 chunks from position 1, 1 given", False, [0], [1, 2], [1, 1, 0], [0, 0, 0])
+        bad(
+            "the sizes sum to 3, gpu_block_ids has 2 blocks",
+            False,
+            [0],
+            [1, 2],
+            [2, 1, 0],
+            [0, 0, 0],
+        )
+        bad(
+            "group 1 needs 1 chunks from position 1, 1 given",
+            False,
+            [0],
+            [1, 2],
+            [1, 1, 0],
+            [0, 0, 0],
+        )
         bad("3 chunks given, the groups use 2", False, [0, 1, 2], [1, 2], [1, 1, 0], [0, 0, 0])
         # Skipping 3 sub-blocks of the first chunk: 2 blocks need 2 chunks.
-        bad("group 0 needs 2 chunks from position 0, 1 given", False, [0], [1, 2], [2, 0, 0], [3, 0, 0])
+        bad(
+            "group 0 needs 2 chunks from position 0, 1 given",
+            False,
+            [0],
+            [1, 2],
+            [2, 0, 0],
+            [3, 0, 0],
+        )
         bad("group 2 has blocks but no tensors", False, [0], [1], [0, 0, 1], [0, 0, 0])
         assert w.get_finished() == []  # nothing was queued
         # A job id in flight (submitted, not yet reported by get_finished) cannot be used again.
@@ -233,16 +263,55 @@ def test_constructor_errors(engine):
     wide = testing.device_buffer(engine, (GPU_BLOCKS, 16), "int32")
     bad(r"gpu_caches\[0\]: expected a byte array", engine, [wide], [[0]], 1, 4)
     bad("copy_bytes: 2 entries for 3 GPU tensors", engine, bufs, [[0]], 1, 4, copy_bytes=[1, 2])
-    bad(r"copy_bytes\[1\]: 2048 is out of range \[1, 1024\]", engine, bufs, [[0]], 1, 4, copy_bytes=[8, 2048, 8])
+    bad(
+        r"copy_bytes\[1\]: 2048 is out of range \[1, 1024\]",
+        engine,
+        bufs,
+        [[0]],
+        1,
+        4,
+        copy_bytes=[8, 2048, 8],
+    )
     hosts = [testing.pinned_buffer(engine, (4, p * 2), "int8") for p in PAGES]
     bad("host_caches: 2 arrays for 3 GPU tensors", engine, bufs, [[0]], 2, 4, host_caches=hosts[:2])
     short = [hosts[0], testing.pinned_buffer(engine, (3, PAGES[1] * 2), "int8"), hosts[2]]
-    bad(r"host_caches\[1\]: expected 4 rows of 2048 bytes, got 3 x 2048",
-        engine, bufs, [[0]], 2, 4,
-        host_caches=short)
-    bad(r"host_memory: expected one of \('pool', 'torch'\), got 'mmap'", engine, bufs, [[0]], 1, 4, host_memory="mmap")
-    bad(r"host_layout: expected one of \('tensor', 'block'\), got 'rows'", engine, bufs, [[0]], 1, 4, host_layout="rows")
-    bad("'block' allocates its own host memory", engine, bufs, [[0]], 2, 4, host_caches=hosts, host_layout="block")
+    bad(
+        r"host_caches\[1\]: expected 4 rows of 2048 bytes, got 3 x 2048",
+        engine,
+        bufs,
+        [[0]],
+        2,
+        4,
+        host_caches=short,
+    )
+    bad(
+        r"host_memory: expected one of \('pool', 'torch'\), got 'mmap'",
+        engine,
+        bufs,
+        [[0]],
+        1,
+        4,
+        host_memory="mmap",
+    )
+    bad(
+        r"host_layout: expected one of \('tensor', 'block'\), got 'rows'",
+        engine,
+        bufs,
+        [[0]],
+        1,
+        4,
+        host_layout="rows",
+    )
+    bad(
+        "'block' allocates its own host memory",
+        engine,
+        bufs,
+        [[0]],
+        2,
+        4,
+        host_caches=hosts,
+        host_layout="block",
+    )
 
 
 def test_given_host_caches_are_used(engine):
@@ -263,7 +332,10 @@ def test_bad_ids_are_a_failed_job_not_an_exception(engine):
     w = KVTransferWorker(engine, bufs, [[0, 1, 2]], 1, 8)
     try:
         # A destination given twice: found before anything is enqueued, reported as a failed job.
-        for job, to_device, chunks, blocks in [(1, True, [0, 1], [3, 3]), (2, False, [4, 4], [0, 1])]:
+        for job, to_device, chunks, blocks in [
+            (1, True, [0, 1], [3, 3]),
+            (2, False, [4, 4], [0, 1]),
+        ]:
             r = run(w, job, to_device, chunks, blocks)
             assert not r.success and r.bytes == 0 and isinstance(r.error, gfd.Error)
         snapshot = [g.copy() for g in gpu]
@@ -287,17 +359,31 @@ def test_a_destination_twice_in_a_job_fails_it_whole_in_the_callers_terms(engine
     page, tensors, chunks = 1024, 2, 6
     buf, a = region(engine, chunks, tensors * bpc * page + 4096)
     bufs, gpu = device_caches(engine, (page,) * tensors, seed=30)
-    w = KVTransferWorker(engine, bufs, [[0, 1]], bpc, chunks, host_caches=cell_views(a, page, bpc, tensors, 0))
+    w = KVTransferWorker(
+        engine, bufs, [[0, 1]], bpc, chunks, host_caches=cell_views(a, page, bpc, tensors, 0)
+    )
     try:
         a[:] = np.random.default_rng(31).integers(-128, 128, a.shape, dtype=np.int8)
         host_before, gpu_before = a.copy(), [g.copy() for g in gpu]
         cases = [  # (to_device, chunk ids, GPU block ids, message)
-            (True, [1], [9, 9] + list(range(10, 10 + bpc - 2)),
-             r"submit: gpu_block_ids\[1\]: GPU block 9 is written twice in this job \(also by gpu_block_ids\[0\]\)"),
-            (True, [0, 1], list(range(12, 12 + 2 * bpc - 1)) + [12],
-             rf"submit: gpu_block_ids\[{2 * bpc - 1}\]: GPU block 12 is written twice"),
-            (False, [4, 4], list(range(2 * bpc)),
-             r"submit: chunk_ids\[1\]: sub-block 0 of chunk 4 is written twice in this job \(also by chunk_ids\[0\]\)"),
+            (
+                True,
+                [1],
+                [9, 9] + list(range(10, 10 + bpc - 2)),
+                r"submit: gpu_block_ids\[1\]: GPU block 9 is written twice in this job \(also by gpu_block_ids\[0\]\)",
+            ),
+            (
+                True,
+                [0, 1],
+                list(range(12, 12 + 2 * bpc - 1)) + [12],
+                rf"submit: gpu_block_ids\[{2 * bpc - 1}\]: GPU block 12 is written twice",
+            ),
+            (
+                False,
+                [4, 4],
+                list(range(2 * bpc)),
+                r"submit: chunk_ids\[1\]: sub-block 0 of chunk 4 is written twice in this job \(also by chunk_ids\[0\]\)",
+            ),
         ]
         for job, (to_device, chunk_ids, blocks, message) in enumerate(cases):
             r = run(w, job, to_device, chunk_ids, blocks)
@@ -305,7 +391,9 @@ def test_a_destination_twice_in_a_job_fails_it_whole_in_the_callers_terms(engine
             assert isinstance(r.error, gfd.InvalidArgument)
             assert re.search(message, str(r.error)), str(r.error)
         assert np.array_equal(a, host_before), "a failed job wrote host memory"
-        assert all(np.array_equal(g, b) for g, b in zip(gpu, gpu_before)), "a failed job wrote GPU memory"
+        assert all(np.array_equal(g, b) for g, b in zip(gpu, gpu_before)), (
+            "a failed job wrote GPU memory"
+        )
         assert engine.stats()["transfers"] == 0  # nothing was enqueued
         r = run(w, 9, True, [1], list(range(10, 10 + bpc)))  # the same job without the duplicate
         assert r.success
@@ -318,9 +406,14 @@ def test_wait_takes_a_set_or_list_of_job_ids(engine):
     w = KVTransferWorker(engine, bufs, [[0, 1, 2]], 1, 8)
     try:
         for bad, what in [(None, "NoneType"), (5, "int"), ("12", "str")]:
-            with pytest.raises(gfd.InvalidType, match=f"wait: job_ids: expected a set or list of job ids, got {what}"):
+            with pytest.raises(
+                gfd.InvalidType,
+                match=f"wait: job_ids: expected a set or list of job ids, got {what}",
+            ):
                 w.wait(bad)
-        with pytest.raises(gfd.InvalidType, match=r"wait: job_ids\[1\]: expected an int, got float"):
+        with pytest.raises(
+            gfd.InvalidType, match=r"wait: job_ids\[1\]: expected an int, got float"
+        ):
             w.wait([1, 2.0])
         w.wait(set())
         w.wait({3, 4})  # not in flight: nothing to wait for
@@ -371,9 +464,15 @@ def test_block_layout_moves_in_place_through_a_small_ring():
     """The block layout's rows (8 tensors x 4 KB side by side) move in place both ways (chunks
     read from host memory directly: no piece for the gather threads), in transfers 12 times the
     staging ring (a ring that waits for a slot that only issuing frees would hang)."""
-    e = testing.emulated_engine(gather_threads=2, direct_min_bytes=16384, direct_min_bytes_to_host=16384,
-                                 staging_bytes=512 << 10, slot_bytes=256 << 10, first_chunk_bytes=64 << 10,
-                                 piece_bytes=16 << 10)
+    e = testing.emulated_engine(
+        gather_threads=2,
+        direct_min_bytes=16384,
+        direct_min_bytes_to_host=16384,
+        staging_bytes=512 << 10,
+        slot_bytes=256 << 10,
+        first_chunk_bytes=64 << 10,
+        piece_bytes=16 << 10,
+    )
     try:
         pages = 8
         gpu = [testing.device_buffer(e, (256, 4096), "int8") for _ in range(pages)]
@@ -386,13 +485,17 @@ def test_block_layout_moves_in_place_through_a_small_ring():
         w.wait([1])
         assert [r.success for r in w.get_finished()] == [True]
         for t in range(pages):
-            assert np.array_equal(np.asarray(gpu[t])[blocks], w.host_rows(t)[chunks]), f"load, tensor {t}"
+            assert np.array_equal(np.asarray(gpu[t])[blocks], w.host_rows(t)[chunks]), (
+                f"load, tensor {t}"
+            )
         back = rng.choice(512, 200, replace=False)
         w.submit(2, False, back, blocks)
         w.wait([2])
         assert [r.success for r in w.get_finished()] == [True]
         for t in range(pages):
-            assert np.array_equal(w.host_rows(t)[back], np.asarray(gpu[t])[blocks]), f"store, tensor {t}"
+            assert np.array_equal(w.host_rows(t)[back], np.asarray(gpu[t])[blocks]), (
+                f"store, tensor {t}"
+            )
         st = e.stats()
         assert st["chunks"] > 0
         w.shutdown()
@@ -404,9 +507,15 @@ def test_workers_of_both_layouts_share_one_engine():
     """Four workers on one engine, two per host layout, each storing and loading random blocks
     from its own thread: transfers moved in place (block layout) and gathered ones (tensor
     layout) interleave in the engine's ring and queue; every byte is checked."""
-    e = testing.emulated_engine(gather_threads=2, direct_min_bytes=16384, direct_min_bytes_to_host=16384,
-                                 staging_bytes=1 << 20, slot_bytes=256 << 10, first_chunk_bytes=64 << 10,
-                                 piece_bytes=16 << 10)
+    e = testing.emulated_engine(
+        gather_threads=2,
+        direct_min_bytes=16384,
+        direct_min_bytes_to_host=16384,
+        staging_bytes=1 << 20,
+        slot_bytes=256 << 10,
+        first_chunk_bytes=64 << 10,
+        piece_bytes=16 << 10,
+    )
     errors = []
 
     def run(layout, seed):
@@ -418,19 +527,28 @@ def test_workers_of_both_layouts_share_one_engine():
                 w.host_rows(t)[:] = rng.integers(-128, 127, (256, 4096), dtype=np.int8)
             for job in range(30):
                 n = int(rng.integers(1, 100))
-                chunks, blocks = rng.choice(256, n, replace=False), rng.choice(128, n, replace=False)
+                chunks, blocks = (
+                    rng.choice(256, n, replace=False),
+                    rng.choice(128, n, replace=False),
+                )
                 w.submit(job, job % 2 == 0, chunks, blocks)
                 w.wait([job])
                 assert [r.success for r in w.get_finished()] == [True]
                 for t in range(6):
-                    assert np.array_equal(np.asarray(gpu[t])[blocks], w.host_rows(t)[chunks]), (layout, job, t)
+                    assert np.array_equal(np.asarray(gpu[t])[blocks], w.host_rows(t)[chunks]), (
+                        layout,
+                        job,
+                        t,
+                    )
             w.shutdown()
         except Exception as ex:  # noqa: BLE001 - reported below, with the thread's layout
             errors.append(f"{layout}: {ex!r}")
 
     try:
-        threads = [threading.Thread(target=run, args=(layout, seed))
-                   for seed, layout in enumerate(["block", "tensor", "block", "tensor"])]
+        threads = [
+            threading.Thread(target=run, args=(layout, seed))
+            for seed, layout in enumerate(["block", "tensor", "block", "tensor"])
+        ]
         for th in threads:
             th.start()
         for th in threads:
@@ -446,8 +564,13 @@ class CudaArray:
     """GPU memory offered through __cuda_array_interface__ alone: no .dtype, no .shape."""
 
     def __init__(self, buf):
-        self.__cuda_array_interface__ = {"shape": tuple(buf.shape), "typestr": "|i1", "data": (buf.ptr, False),
-                                         "strides": None, "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": tuple(buf.shape),
+            "typestr": "|i1",
+            "data": (buf.ptr, False),
+            "strides": None,
+            "version": 3,
+        }
 
 
 def test_cuda_array_interface_caches_without_dtype(engine):
@@ -467,8 +590,13 @@ class DeviceRows:
 
     def __init__(self, array):
         self.array = array
-        self.__cuda_array_interface__ = {"shape": array.shape, "typestr": "|i1", "strides": array.strides,
-                                         "data": (array.ctypes.data, False), "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": array.shape,
+            "typestr": "|i1",
+            "strides": array.strides,
+            "data": (array.ctypes.data, False),
+            "version": 3,
+        }
 
 
 def test_adopted_host_memory_serves_as_the_emulated_gpus_memory(engine):
@@ -507,8 +635,15 @@ def test_releasing_adopted_memory_waits_for_the_copies_queued_on_it():
         testing.destroy_stream(e, s)
 
 
-@pytest.mark.parametrize("value,settings", [("", None), ("0", None), ("1", {}),
-                                            ("copy_delay_us=5,fault=copy_d2h", {"copy_delay_us": 5, "fault": "copy_d2h"})])
+@pytest.mark.parametrize(
+    "value,settings",
+    [
+        ("", None),
+        ("0", None),
+        ("1", {}),
+        ("copy_delay_us=5,fault=copy_d2h", {"copy_delay_us": 5, "fault": "copy_d2h"}),
+    ],
+)
 def test_emulated_device_variable(monkeypatch, value, settings):
     monkeypatch.setenv("GFD_EMULATED_DEVICE", value)
     assert testing.emulated_device_settings() == settings
@@ -533,8 +668,12 @@ def cell_views(a, page, bpc, tensors, offset):
     """Per tensor, an int8 (chunks, bpc * page) view of the region whose rows are a region row
     apart: a rank's cell at ``offset``, each tensor's pages of a chunk side by side (vLLM's
     SharedOffloadRegion layout)."""
-    return [np.lib.stride_tricks.as_strided(a[:, offset + t * bpc * page:], (a.shape[0], bpc * page), a.strides)
-            for t in range(tensors)]
+    return [
+        np.lib.stride_tricks.as_strided(
+            a[:, offset + t * bpc * page :], (a.shape[0], bpc * page), a.strides
+        )
+        for t in range(tensors)
+    ]
 
 
 @pytest.mark.parametrize("bpc", [1, 3])
@@ -547,10 +686,17 @@ def test_ranks_cells_in_one_region_with_any_row_stride(engine, bpc):
     ranks = []
     for r in range(2):
         bufs, gpu = device_caches(engine, (page,) * tensors, seed=10 + r)
-        w = KVTransferWorker(engine, bufs, [[0, 1]], bpc, chunks, host_caches=cell_views(a, page, bpc, tensors, r * cell))
+        w = KVTransferWorker(
+            engine,
+            bufs,
+            [[0, 1]],
+            bpc,
+            chunks,
+            host_caches=cell_views(a, page, bpc, tensors, r * cell),
+        )
         ranks.append((w, gpu))
     try:
-        blocks = [4, 17, 2, 9, 11][:2 * bpc if bpc > 1 else 2]
+        blocks = [4, 17, 2, 9, 11][: 2 * bpc if bpc > 1 else 2]
         skip = 1 if bpc > 1 else 0
         chunk_ids = [5, 0] if bpc > 1 else [5, 0]
         for r, (w, gpu) in enumerate(ranks):
@@ -561,14 +707,14 @@ def test_ranks_cells_in_one_region_with_any_row_stride(engine, bpc):
                 for t in range(tensors):
                     c, j = divmod(int(p), bpc)
                     at = r * cell + t * bpc * page + j * page
-                    assert np.array_equal(a[c, at:at + page], gpu[t][b]), (r, b, t)
+                    assert np.array_equal(a[c, at : at + page], gpu[t][b]), (r, b, t)
             assert np.array_equal(w.host_pages(0)[5, skip], gpu[0][blocks[0]])
             # And back, into other blocks.
             back = [20, 21, 22, 23, 1][:n]
             assert run(w, 2, True, chunk_ids, back, [n], [skip]).success
             for b, src in zip(back, blocks[:n]):
                 assert all(np.array_equal(gpu[t][b], gpu[t][src]) for t in range(tensors))
-        assert not a[:, 2 * cell:].any(), "the rows' padding was written"
+        assert not a[:, 2 * cell :].any(), "the rows' padding was written"
         with pytest.raises(gfd.Error, match="not one stride apart") if bpc > 1 else _nothing():
             ranks[0][0].host_rows(0)
     finally:
@@ -590,10 +736,10 @@ def test_fragments_and_writer_rotation_on_a_shared_canonical_page(engine):
     fragments, a load brings them back. Replicated pages (writers (2, r)): page p is written by
     rank p % 2 alone."""
     page, chunks, bpc = 1024, 4, 2
-    row_bytes = page // 4                      # one token's heads of this rank
-    canon = 2 * page                           # the canonical page: both ranks' heads
+    row_bytes = page // 4  # one token's heads of this rank
+    canon = 2 * page  # the canonical page: both ranks' heads
     buf, a = region(engine, chunks, canon * bpc + 4096)
-    views = [a[:, :canon * bpc]]
+    views = [a[:, : canon * bpc]]
     ranks = []
     for r in range(2):
         bufs, gpu = device_caches(engine, (page,), seed=20 + r)
@@ -601,16 +747,18 @@ def test_fragments_and_writer_rotation_on_a_shared_canonical_page(engine):
         w = KVTransferWorker(engine, bufs, [[0]], bpc, chunks, host_caches=views, fragments=[frags])
         ranks.append((w, gpu))
     try:
-        for r, (w, gpu) in enumerate(ranks):
+        for w, _gpu in ranks:
             assert run(w, 1, False, [2, 3], [6, 7, 8, 9]).success  # pages 4..7
         for p, b in zip(range(4, 8), [6, 7, 8, 9]):
             c, j = divmod(p, bpc)
-            got = a[c, j * canon:(j + 1) * canon].reshape(4, 2, row_bytes)  # token, rank, bytes
+            got = a[c, j * canon : (j + 1) * canon].reshape(4, 2, row_bytes)  # token, rank, bytes
             for r, (_, gpu) in enumerate(ranks):
                 assert np.array_equal(got[:, r], gpu[0][b].reshape(4, row_bytes)), (p, r)
-        for r, (w, gpu) in enumerate(ranks):
+        for w, gpu in ranks:
             assert run(w, 2, True, [2, 3], [10, 11, 12, 13]).success
-            assert all(np.array_equal(gpu[0][d], gpu[0][s]) for d, s in zip([10, 11, 12, 13], [6, 7, 8, 9]))
+            assert all(
+                np.array_equal(gpu[0][d], gpu[0][s]) for d, s in zip([10, 11, 12, 13], [6, 7, 8, 9])
+            )
     finally:
         for w, _ in ranks:
             w.shutdown()
@@ -619,7 +767,9 @@ def test_fragments_and_writer_rotation_on_a_shared_canonical_page(engine):
     ranks = []
     for r in range(2):
         bufs, gpu = device_caches(engine, (page,), seed=30 + r)
-        w = KVTransferWorker(engine, bufs, [[0]], bpc, chunks, host_caches=[a[:, :page * bpc]], writers=[(2, r)])
+        w = KVTransferWorker(
+            engine, bufs, [[0]], bpc, chunks, host_caches=[a[:, : page * bpc]], writers=[(2, r)]
+        )
         ranks.append((w, gpu))
     try:
         results = [run(w, 1, False, [0, 1, 2], [1, 2, 3, 4, 5], [5], [1]) for w, _ in ranks]
@@ -627,7 +777,7 @@ def test_fragments_and_writer_rotation_on_a_shared_canonical_page(engine):
         assert [x.bytes for x in results] == [2 * page, 3 * page]  # pages 2, 4 and 1, 3, 5
         for p, b in zip(range(1, 6), [1, 2, 3, 4, 5]):
             c, j = divmod(p, bpc)
-            assert np.array_equal(a[c, j * page:(j + 1) * page], ranks[p % 2][1][0][b]), p
+            assert np.array_equal(a[c, j * page : (j + 1) * page], ranks[p % 2][1][0][b]), p
         # A load reads every page, whoever wrote it.
         w, gpu = ranks[0]
         assert run(w, 2, True, [0, 1, 2], [10, 11, 12, 13, 14], [5], [1]).success
@@ -645,9 +795,19 @@ def test_bad_fragments_and_writers_name_the_argument(engine):
     def bad(match, **kw):
         with pytest.raises((gfd.Error, TypeError), match=match):
             KVTransferWorker(engine, bufs, [[0]], 1, 4, host_caches=hosts, **kw)
-    bad(r"fragments\[0\]\[0\]: expected \(gpu_offset, host_offset, size\), got 2 values", fragments=[[(0, 0)]])
-    bad(r"fragments\[0\]\[0\]: gpu_offset: 1000 is out of range \[0, 924\]", fragments=[[(1000, 0, 100)]])
-    bad(r"fragments\[0\]\[0\]: host_offset: 2000 is out of range \[0, 1948\]", fragments=[[(0, 2000, 100)]])
+
+    bad(
+        r"fragments\[0\]\[0\]: expected \(gpu_offset, host_offset, size\), got 2 values",
+        fragments=[[(0, 0)]],
+    )
+    bad(
+        r"fragments\[0\]\[0\]: gpu_offset: 1000 is out of range \[0, 924\]",
+        fragments=[[(1000, 0, 100)]],
+    )
+    bad(
+        r"fragments\[0\]\[0\]: host_offset: 2000 is out of range \[0, 1948\]",
+        fragments=[[(0, 2000, 100)]],
+    )
     bad(r"fragments\[0\]: no fragment given", fragments=[[]])
     bad("fragments: 2 entries for 1 GPU tensors", fragments=[None, None])
     bad(r"writers\[0\]: writer_index: 2 is out of range \[0, 1\]", writers=[(2, 2)])

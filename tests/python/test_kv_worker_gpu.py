@@ -7,10 +7,9 @@ Needs torch with CUDA; skips with the reason otherwise (the emulated-device suit
 test_kv_worker.py, covers the logic everywhere).
 """
 
+import gfd
 import numpy as np
 import pytest
-
-import gfd
 from gfd import testing
 from gfd.kv_worker import KVTransferWorker, host_block_ids
 
@@ -37,9 +36,11 @@ def _random(shape, seed):
 
 def _vllm_copy(engine, to_device, host_rows, gpu, host_ids, gpu_ids, page, stream):
     """vLLM's CPUOffloadingWorker copy on (rows, page) host arrays."""
+
     def addr(t, ids):
         h = host_rows[t]
         return np.uint64(h.data_ptr()) + ids.astype(np.uint64) * np.uint64(h.stride(0))
+
     _batch(engine, to_device, addr, gpu, host_ids, gpu_ids, page, stream)
 
 
@@ -54,8 +55,15 @@ def _batch(engine, to_device, host_addr, gpu, host_ids, gpu_ids, page, stream):
     src = np.concatenate(src).astype(np.uint64)
     dst = np.concatenate(dst).astype(np.uint64)
     sizes = np.full(len(src), page, np.uint64)
-    testing.memcpy_batch(engine, dst.ctypes.data, src.ctypes.data, sizes.ctypes.data, len(sizes), to_device,
-                          int(stream.cuda_stream))
+    testing.memcpy_batch(
+        engine,
+        dst.ctypes.data,
+        src.ctypes.data,
+        sizes.ctypes.data,
+        len(sizes),
+        to_device,
+        int(stream.cuda_stream),
+    )
     stream.synchronize()
 
 
@@ -75,7 +83,10 @@ def _gpu_caches(tensors, gpu_blocks, page, alloc):
     if alloc == "separate":
         return [_random((gpu_blocks, page), t).cuda() for t in range(tensors)]
     buf = torch.empty(tensors * gpu_blocks * page, dtype=torch.int8, device="cuda")
-    gpu = [buf[t * gpu_blocks * page:(t + 1) * gpu_blocks * page].view(gpu_blocks, page) for t in range(tensors)]
+    gpu = [
+        buf[t * gpu_blocks * page : (t + 1) * gpu_blocks * page].view(gpu_blocks, page)
+        for t in range(tensors)
+    ]
     for t, g in enumerate(gpu):
         g.copy_(_random((gpu_blocks, page), t))
     return gpu
@@ -194,12 +205,20 @@ def _region(tensors, page, bpc, num_chunks):
     tensor t, as vLLM's compute_sub_block_ptrs computes it."""
     row = -(-tensors * page * bpc // 4096) * 4096
     base = torch.zeros(num_chunks * row, dtype=torch.int8, pin_memory=True)
-    views = [torch.as_strided(base, (num_chunks, page * bpc), (row, 1), t * page * bpc) for t in range(tensors)]
+    views = [
+        torch.as_strided(base, (num_chunks, page * bpc), (row, 1), t * page * bpc)
+        for t in range(tensors)
+    ]
 
     def addr(t, ids):
         ids = ids.astype(np.uint64)
-        return (np.uint64(base.data_ptr()) + ids // np.uint64(bpc) * np.uint64(row) + np.uint64(t * page * bpc)
-                + ids % np.uint64(bpc) * np.uint64(page))
+        return (
+            np.uint64(base.data_ptr())
+            + ids // np.uint64(bpc) * np.uint64(row)
+            + np.uint64(t * page * bpc)
+            + ids % np.uint64(bpc) * np.uint64(page)
+        )
+
     return base, views, addr
 
 

@@ -3,10 +3,9 @@ as long as any view), and pools registered with the (emulated) device."""
 
 import gc
 
+import gfd
 import numpy as np
 import pytest
-
-import gfd
 from gfd import testing
 
 MiB = 1 << 20
@@ -23,9 +22,16 @@ def test_unregistered_pool_needs_no_gpu():
     assert gfd.HostPool(MiB, register=False).bytes == 2 * MiB
 
 
-@pytest.mark.parametrize("dtype,np_dtype", [("float16", np.float16), (np.float32, np.float32),
-                                            (np.dtype("int64"), np.int64), ("torch.uint8", np.uint8),
-                                            ("bool", np.bool_)])
+@pytest.mark.parametrize(
+    "dtype,np_dtype",
+    [
+        ("float16", np.float16),
+        (np.float32, np.float32),
+        (np.dtype("int64"), np.int64),
+        ("torch.uint8", np.uint8),
+        ("bool", np.bool_),
+    ],
+)
 def test_view_through_numpy_and_dlpack(dtype, np_dtype):
     pool = gfd.HostPool(MiB, device=-1, register=False)
     buf = pool.view((16, 32), dtype)
@@ -109,5 +115,7 @@ def test_unregistered_pool_as_a_pageable_source(engine):
     host = pool.view((16, 4096), "uint8")
     np.asarray(host)[:] = np.arange(16, dtype=np.uint8)[:, None] + 1
     dev = testing.device_buffer(engine, (16, 4096), "uint8")
-    engine.copy_blocks(engine.register_caches(host, dev), "to_device", list(range(16)), [15 - i for i in range(16)]).wait()
+    engine.copy_blocks(
+        engine.register_caches(host, dev), "to_device", list(range(16)), [15 - i for i in range(16)]
+    ).wait()
     assert (np.asarray(dev)[:, 0] == np.arange(16, 0, -1)).all()

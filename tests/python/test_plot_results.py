@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install matplotlib)")
@@ -139,17 +138,27 @@ def serving_csv(path, spread=0.0, failed=()):
             for j, p in enumerate(paths):
                 slow = 1.0 + 0.02 * j + spread
                 row = dict.fromkeys(SERVING_HEADER, "")
-                row.update(batch=batch, path=p, tpot_p50_ms=2.0 * slow, tpot_p99_ms=2.4 * slow,
-                           p50_vs_alone=slow, p99_vs_alone=slow, p50_vs_dma=slow / 1.02 + spread,
-                           p99_vs_dma=slow / 1.02 + spread,
-                           verified="-" if p == "alone" else "NO" if (batch, p) in failed else "yes")
+                row.update(
+                    batch=batch,
+                    path=p,
+                    tpot_p50_ms=2.0 * slow,
+                    tpot_p99_ms=2.4 * slow,
+                    p50_vs_alone=slow,
+                    p99_vs_alone=slow,
+                    p50_vs_dma=slow / 1.02 + spread,
+                    p99_vs_dma=slow / 1.02 + spread,
+                    verified="-" if p == "alone" else "NO" if (batch, p) in failed else "yes",
+                )
                 w.writerow(row)
     return path
 
 
 def test_the_serving_chart_from_runs_of_the_serving_loop(tmp_path):
-    r, out = plot(tmp_path, serving_csv(tmp_path / "serving_1.csv"),
-                  serving_csv(tmp_path / "serving_2.csv", spread=0.01, failed={(64, "uva2")}))
+    r, out = plot(
+        tmp_path,
+        serving_csv(tmp_path / "serving_1.csv"),
+        serving_csv(tmp_path / "serving_2.csv", spread=0.01, failed={(64, "uva2")}),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert os.listdir(out) == ["serving_tpot_p99.png"] and is_png(out / "serving_tpot_p99.png")
     assert str(out / "serving_tpot_p99.png") in r.stdout
@@ -157,6 +166,14 @@ def test_the_serving_chart_from_runs_of_the_serving_loop(tmp_path):
 
 
 def test_serving_and_paged_csvs_in_one_call_each_give_their_charts(tmp_path):
-    r, out = plot(tmp_path, serving_csv(tmp_path / "serving_1.csv"), sweep_csv(tmp_path / "load_sweep_h2d_1.csv"))
+    r, out = plot(
+        tmp_path,
+        serving_csv(tmp_path / "serving_1.csv"),
+        sweep_csv(tmp_path / "load_sweep_h2d_1.csv"),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert sorted(os.listdir(out)) == ["load_slowdown.png", "rate_vs_block_size.png", "serving_tpot_p99.png"]
+    assert sorted(os.listdir(out)) == [
+        "load_slowdown.png",
+        "rate_vs_block_size.png",
+        "serving_tpot_p99.png",
+    ]

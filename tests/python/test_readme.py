@@ -6,10 +6,8 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 import gfd
-
+import pytest
 from conftest import ROOT
 
 

@@ -9,19 +9,26 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import BENCH_PATH, ROOT, bench_env
 
 
 def serving(args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "gfd_bench.serving"] + args, capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=bench_env())
+    return subprocess.run(
+        [sys.executable, "-m", "gfd_bench.serving"] + args,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=bench_env(),
+    )
 
 
 @pytest.fixture
 def modules(monkeypatch):
     monkeypatch.syspath_prepend(BENCH_PATH)
-    from gfd_bench import serving as s, serving_loads, serving_model
+    from gfd_bench import serving as s
+    from gfd_bench import serving_loads, serving_model
+
     return s, serving_loads, serving_model
 
 
@@ -29,10 +36,13 @@ def test_help_and_the_message_without_a_gpu_or_torch():
     h = serving(["--help"])
     assert h.returncode == 0, h.stdout + h.stderr
     assert "usage: python -m gfd_bench.serving" in h.stdout
-    assert all(flag in h.stdout for flag in ("--batch-sizes", "--paths", "--sched-us", "--load-every", "--quick",
-                                             "--table"))
+    assert all(
+        flag in h.stdout
+        for flag in ("--batch-sizes", "--paths", "--sched-us", "--load-every", "--quick", "--table")
+    )
     try:
         import torch
+
         if torch.cuda.is_available():
             pytest.skip("this machine has torch with a GPU: the benchmark would run")
     except ImportError:
@@ -46,12 +56,24 @@ def test_help_and_the_message_without_a_gpu_or_torch():
 def write_run(path, runs_scale=1.0, failed=()):
     rows = []
     for batch in (1, 64):
-        alone = dict(batch=batch, path="alone", tpot_p50_ms=2.0, tpot_p99_ms=2.5 * runs_scale, verified="-")
+        alone = dict(
+            batch=batch, path="alone", tpot_p50_ms=2.0, tpot_p99_ms=2.5 * runs_scale, verified="-"
+        )
         rows.append(alone)
         for name, slow in (("dma", 1.02), ("gfd", 1.05), ("batch", 1.10)):
-            rows.append(dict(batch=batch, path=name, tpot_p50_ms=2.0 * slow, tpot_p99_ms=2.5 * slow * runs_scale,
-                             load_p50_us=170.0, load_p99_us=240.0, load_gbps=49.3, call_p50_us=25.0,
-                             verified="NO" if (batch, name) in failed else "yes"))
+            rows.append(
+                dict(
+                    batch=batch,
+                    path=name,
+                    tpot_p50_ms=2.0 * slow,
+                    tpot_p99_ms=2.5 * slow * runs_scale,
+                    load_p50_us=170.0,
+                    load_p99_us=240.0,
+                    load_gbps=49.3,
+                    call_p50_us=25.0,
+                    verified="NO" if (batch, name) in failed else "yes",
+                )
+            )
     for r in rows:
         r["p50_vs_alone"] = r["tpot_p50_ms"] / 2.0
         r["p99_vs_alone"] = r["tpot_p99_ms"] / (2.5 * runs_scale)
@@ -65,12 +87,19 @@ def write_run(path, runs_scale=1.0, failed=()):
 
 
 def test_table_of_two_runs(tmp_path):
-    r = serving(["--table", str(write_run(tmp_path / "serving_1.csv")),
-                 str(write_run(tmp_path / "serving_2.csv", runs_scale=1.2))])
+    r = serving(
+        [
+            "--table",
+            str(write_run(tmp_path / "serving_1.csv")),
+            str(write_run(tmp_path / "serving_2.csv", runs_scale=1.2)),
+        ]
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [line for line in r.stdout.splitlines() if line.startswith("| ")]
-    cells = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[1:-1]]
-             for line in lines[1:]}
+    cells = {
+        tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[1:-1]]
+        for line in lines[1:]
+    }
     header = [c.strip() for c in lines[0].split("|")[1:-1]]
     assert len(cells) == 8, r.stdout  # 2 batch sizes x (alone, dma, gfd, batch)
     at = header.index("P99 vs alone")
@@ -100,17 +129,26 @@ def test_summary_rows_give_ratios_to_both_references(modules):
         layers, context, output_len, sched_us, load_every, load_pages = 4, 1024, 128, 300.0, 4, 32
 
     # P99 of 100 steps is the 99th slowest (nearest rank): two outliers make it.
-    tp = {"alone": [0.002] * 98 + [0.004] * 2, "dma": [0.002] * 98 + [0.005] * 2,
-          "gfd": [0.0021] * 98 + [0.006] * 2}
+    tp = {
+        "alone": [0.002] * 98 + [0.004] * 2,
+        "dma": [0.002] * 98 + [0.005] * 2,
+        "gfd": [0.0021] * 98 + [0.006] * 2,
+    }
     gp = {k: [1.5] * 100 for k in tp}
     rec = loads.LoadRecord(True, 30.0, False)
     rec.usable_us = 200.0
     recs = {"alone": [], "dma": [rec] * 25, "gfd": [rec] * 25}
-    rows = s.summarize(16, ["alone", "dma", "gfd"], tp, gp, recs, {"dma": "yes", "gfd": "yes"}, A, 8 << 20, "gpu")
+    rows = s.summarize(
+        16, ["alone", "dma", "gfd"], tp, gp, recs, {"dma": "yes", "gfd": "yes"}, A, 8 << 20, "gpu"
+    )
     by = {r["path"]: r for r in rows}
     assert by["alone"]["p99_vs_alone"] == pytest.approx(1.0) and by["alone"]["loads"] == 0
-    assert by["gfd"]["tpot_p99_ms"] == pytest.approx(6.0) and by["gfd"]["p99_vs_alone"] == pytest.approx(1.5)
-    assert by["gfd"]["p99_vs_dma"] == pytest.approx(1.2) and by["gfd"]["p50_vs_dma"] == pytest.approx(1.05)
+    assert by["gfd"]["tpot_p99_ms"] == pytest.approx(6.0) and by["gfd"][
+        "p99_vs_alone"
+    ] == pytest.approx(1.5)
+    assert by["gfd"]["p99_vs_dma"] == pytest.approx(1.2) and by["gfd"][
+        "p50_vs_dma"
+    ] == pytest.approx(1.05)
     assert by["gfd"]["load_gbps"] == pytest.approx((8 << 20) / 200e3)
     assert by["gfd"]["loads"] == 25 and by["gfd"]["backlog"] == 0 and by["gfd"]["verified"] == "yes"
     assert "load_p50_us" not in by["alone"]
@@ -138,6 +176,7 @@ def test_scheduler_advances_finishes_and_builds_inputs(modules):
 
 def test_scheduler_work_takes_the_budget(modules):
     import time
+
     _, _, m = modules
     sch = m.Scheduler(batch=4, context=16, output_len=8, page_tokens=16, pages_per_seq=2, vocab=10)
     t0 = time.perf_counter()
@@ -162,12 +201,22 @@ def test_load_descriptors_are_every_tensors_pages(modules):
     gpu = [Cache(1 << 40, 100, page), Cache(2 << 40, 100, page)]
     host = [Cache(1 << 30, 50, page), Cache(3 << 30, 50, page)]
     s = loads.Setup(None, "cuda:0", Stream(), gpu, host)
-    dsts, srcs, sizes = s.descriptors(np.array([3, 7], dtype=np.int64), np.array([90, 91], dtype=np.int64))
+    dsts, srcs, sizes = s.descriptors(
+        np.array([3, 7], dtype=np.int64), np.array([90, 91], dtype=np.int64)
+    )
     assert dsts.dtype == np.uint64 and s.stream_handle == 1234
-    assert dsts.tolist() == [(1 << 40) + 90 * page, (1 << 40) + 91 * page, (2 << 40) + 90 * page,
-                             (2 << 40) + 91 * page]
-    assert srcs.tolist() == [(1 << 30) + 3 * page, (1 << 30) + 7 * page, (3 << 30) + 3 * page,
-                             (3 << 30) + 7 * page]
+    assert dsts.tolist() == [
+        (1 << 40) + 90 * page,
+        (1 << 40) + 91 * page,
+        (2 << 40) + 90 * page,
+        (2 << 40) + 91 * page,
+    ]
+    assert srcs.tolist() == [
+        (1 << 30) + 3 * page,
+        (1 << 30) + 7 * page,
+        (3 << 30) + 3 * page,
+        (3 << 30) + 7 * page,
+    ]
     assert sizes.tolist() == [page] * 4
 
 
@@ -179,10 +228,16 @@ def test_load_descriptors_are_every_tensors_pages(modules):
 def small(modules):
     torch = pytest.importorskip("torch")
     _, _, m = modules
-    shape = m.ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, mlp=96, vocab=50, page_tokens=4)
+    shape = m.ModelShape(
+        layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, mlp=96, vocab=50, page_tokens=4
+    )
     per_seq = m.pages_per_sequence(shape, 9, 6)
-    caches = m.KVCaches(torch, shape, 3 * per_seq, 8, torch.float32, "cpu", torch.Generator().manual_seed(0))
-    model = m.DecodeModel(torch, shape, caches, per_seq * shape.page_tokens, torch.float32, "cpu", seed=0)
+    caches = m.KVCaches(
+        torch, shape, 3 * per_seq, 8, torch.float32, "cpu", torch.Generator().manual_seed(0)
+    )
+    model = m.DecodeModel(
+        torch, shape, caches, per_seq * shape.page_tokens, torch.float32, "cpu", seed=0
+    )
     sched = m.Scheduler(3, 9, 6, shape.page_tokens, per_seq, shape.vocab)
     return torch, m, shape, caches, model, sched
 
@@ -203,7 +258,7 @@ def test_paged_attention_matches_unpaged_grouped_query_attention(small):
         v = torch.cat([caches.pages(1)[p] for p in table[i].tolist()])[:n]
         for h in range(shape.heads):
             kv = h // shape.group  # query head h reads KV head h // group
-            w = torch.softmax(k[:, kv] @ q[i, h] / shape.head_dim ** 0.5, dim=0)
+            w = torch.softmax(k[:, kv] @ q[i, h] / shape.head_dim**0.5, dim=0)
             assert torch.allclose(out[i, h], w @ v[:, kv], atol=1e-5), (i, h)
 
 
@@ -237,19 +292,41 @@ def test_a_short_run_on_a_gpu(tmp_path):
     """The whole benchmark, small: every path runs, is verified and gets its ratios."""
     torch = pytest.importorskip("torch")
     import gfd
+
     if not torch.cuda.is_available() or gfd.cuda_device_count() == 0:
         pytest.skip("needs torch with a CUDA GPU")
     out = tmp_path / "serving.csv"
-    r = serving(["--batch-sizes", "1,4", "--layers", "1", "--steps", "40", "--rounds", "2", "--warmup", "4",
-                 "--host-cache-bytes", "256M", "--csv", str(out)], timeout=600)
+    r = serving(
+        [
+            "--batch-sizes",
+            "1,4",
+            "--layers",
+            "1",
+            "--steps",
+            "40",
+            "--rounds",
+            "2",
+            "--warmup",
+            "4",
+            "--host-cache-bytes",
+            "256M",
+            "--csv",
+            str(out),
+        ],
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     rows = list(csv.DictReader(open(out)))
     paths = {"alone", "dma", "gfd", "gfd_worker", "batch", "per_block", "uva2", "uva12"}
-    assert {(int(x["batch"]), x["path"]) for x in rows} == {(b, p) for b in (1, 4) for p in paths}, r.stdout
+    assert {(int(x["batch"]), x["path"]) for x in rows} == {
+        (b, p) for b in (1, 4) for p in paths
+    }, r.stdout
     for x in rows:
         assert x["verified"] == ("-" if x["path"] == "alone" else "yes"), x
         assert int(x["steps"]) == 40 and float(x["tpot_p99_ms"]) >= float(x["tpot_p50_ms"]) > 0
         assert x["p99_vs_alone"] and x["p99_vs_dma"]
         if x["path"] != "alone":
-            assert int(x["loads"]) >= 8 and float(x["load_p50_us"]) > 0 and float(x["call_p50_us"]) > 0, x
+            assert (
+                int(x["loads"]) >= 8 and float(x["load_p50_us"]) > 0 and float(x["call_p50_us"]) > 0
+            ), x
     assert "skipped: gfd_sglang" in r.stdout

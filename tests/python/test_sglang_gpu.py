@@ -15,9 +15,8 @@ Needs torch with CUDA; skips with the reason otherwise (tests/sglang covers the 
 real SGLang on the emulated device).
 """
 
-import pytest
-
 import gfd
+import pytest
 
 torch = pytest.importorskip("torch", reason="the GPU suite needs torch")
 if not torch.cuda.is_available():
@@ -41,13 +40,26 @@ def shapes(kind):
 def pools(kind, layout, seed):
     layers, token, parts = shapes(kind)
     g = torch.Generator().manual_seed(seed)
-    dev = [[torch.randint(-32768, 32767, (DEV_PAGES * PAGE, *token), generator=g, dtype=torch.int16)
-            .view(torch.bfloat16).cuda() for _ in range(layers)] for _ in range(parts)]
+    dev = [
+        [
+            torch.randint(-32768, 32767, (DEV_PAGES * PAGE, *token), generator=g, dtype=torch.int16)
+            .view(torch.bfloat16)
+            .cuda()
+            for _ in range(layers)
+        ]
+        for _ in range(parts)
+    ]
     if layout == "layer_first":
-        host = torch.empty((parts, layers, PAGES * PAGE, *token), dtype=torch.bfloat16, pin_memory=True)
+        host = torch.empty(
+            (parts, layers, PAGES * PAGE, *token), dtype=torch.bfloat16, pin_memory=True
+        )
     else:
-        host = torch.empty((parts, PAGES, layers, PAGE, *token), dtype=torch.bfloat16, pin_memory=True)
-    host.view(torch.int16).copy_(torch.randint(-32768, 32767, host.shape, generator=g, dtype=torch.int16))
+        host = torch.empty(
+            (parts, PAGES, layers, PAGE, *token), dtype=torch.bfloat16, pin_memory=True
+        )
+    host.view(torch.int16).copy_(
+        torch.randint(-32768, 32767, host.shape, generator=g, dtype=torch.int16)
+    )
     return dev, host
 
 
@@ -65,9 +77,14 @@ def register(engine, dev, host, layout):
         hs = [host_pages(host, layout, p, layer) for p in range(parts)]
         ds = [dev[p][layer].view(DEV_PAGES, -1).view(torch.int8) for p in range(parts)]
         per_layer.append(engine.register_caches(hs, ds))
-    every = engine.register_caches([host_pages(host, layout, p, layer) for layer in range(layers) for p in range(parts)],
-                                   [dev[p][layer].view(DEV_PAGES, -1).view(torch.int8)
-                                    for layer in range(layers) for p in range(parts)])
+    every = engine.register_caches(
+        [host_pages(host, layout, p, layer) for layer in range(layers) for p in range(parts)],
+        [
+            dev[p][layer].view(DEV_PAGES, -1).view(torch.int8)
+            for layer in range(layers)
+            for p in range(parts)
+        ],
+    )
     return per_layer, every
 
 
@@ -79,20 +96,34 @@ def test_load_layer_by_layer_and_stream_ordered_write_back(engine, kind, layout)
     layers, parts = len(dev[0]), len(dev)
     hp = torch.randperm(PAGES)[:64]
     dp = torch.randperm(DEV_PAGES)[:64]
-    ref = [[host_pages(host, layout, p, layer)[hp].clone() for layer in range(layers)] for p in range(parts)]
+    ref = [
+        [host_pages(host, layout, p, layer)[hp].clone() for layer in range(layers)]
+        for p in range(parts)
+    ]
 
     # Load: one call, an event per layer on the load stream; the forward stream waits on each.
     load, forward = torch.cuda.Stream(), torch.cuda.Stream()
     events = [torch.cuda.Event() for _ in range(layers)]
     torch.cuda.synchronize()
     with torch.cuda.stream(load):
-        engine.copy_blocks(per_layer, "to_device", hp.numpy(), dp.numpy(), stream=load,
-                           after_each=lambda k: events[k].record(load))
+        engine.copy_blocks(
+            per_layer,
+            "to_device",
+            hp.numpy(),
+            dp.numpy(),
+            stream=load,
+            after_each=lambda k: events[k].record(load),
+        )
     out = []
     with torch.cuda.stream(forward):
         for layer in range(layers):
             forward.wait_event(events[layer])
-            out.append([dev[p][layer].view(DEV_PAGES, -1).view(torch.int8)[dp.cuda()].clone() for p in range(parts)])
+            out.append(
+                [
+                    dev[p][layer].view(DEV_PAGES, -1).view(torch.int8)[dp.cuda()].clone()
+                    for p in range(parts)
+                ]
+            )
     forward.synchronize()
     for layer in range(layers):
         for p in range(parts):
@@ -101,8 +132,13 @@ def test_load_layer_by_layer_and_stream_ordered_write_back(engine, kind, layout)
     # Write-back of other device pages: the event after the call acknowledges the bytes.
     hp2 = torch.randperm(PAGES)[:64]
     dp2 = torch.randperm(DEV_PAGES)[:64]
-    expect = [[dev[p][layer].view(DEV_PAGES, -1).view(torch.int8)[dp2.cuda()].cpu() for layer in range(layers)]
-              for p in range(parts)]
+    expect = [
+        [
+            dev[p][layer].view(DEV_PAGES, -1).view(torch.int8)[dp2.cuda()].cpu()
+            for layer in range(layers)
+        ]
+        for p in range(parts)
+    ]
     torch.cuda.synchronize()
     back = torch.cuda.Stream()
     ack = torch.cuda.Event()
@@ -111,6 +147,7 @@ def test_load_layer_by_layer_and_stream_ordered_write_back(engine, kind, layout)
     ack.synchronize()
     for layer in range(layers):
         for p in range(parts):
-            assert torch.equal(host_pages(host, layout, p, layer)[hp2], expect[p][layer]), \
+            assert torch.equal(host_pages(host, layout, p, layer)[hp2], expect[p][layer]), (
                 f"write-back: layer {layer}, part {p}: the event fired before the bytes"
+            )
     t.wait()

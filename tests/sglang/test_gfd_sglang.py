@@ -16,25 +16,36 @@ GFD_REQUIRE_SGLANG=1: without SGLang this module then fails instead of skipping.
 
 import os
 import sys
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 
 try:
     import sglang  # noqa: F401
     import torch
 except Exception as e:  # noqa: BLE001 - any failure to import SGLang
     if os.environ.get("GFD_REQUIRE_SGLANG") == "1":
-        raise RuntimeError(f"GFD_REQUIRE_SGLANG=1 but sglang cannot be imported ({type(e).__name__}: {e}); "
-                           "tools/sglang_test.sh installs it into a virtual environment") from e
-    pytest.skip(f"sglang is not importable ({type(e).__name__}: {e}); tools/sglang_test.sh installs it and runs "
-                "this suite", allow_module_level=True)
+        raise RuntimeError(
+            f"GFD_REQUIRE_SGLANG=1 but sglang cannot be imported ({type(e).__name__}: {e}); "
+            "tools/sglang_test.sh installs it into a virtual environment"
+        ) from e
+    pytest.skip(
+        f"sglang is not importable ({type(e).__name__}: {e}); tools/sglang_test.sh installs it and runs "
+        "this suite",
+        allow_module_level=True,
+    )
 
 ROOT = Path(__file__).resolve().parents[2]
-P, H, D, LAYERS, TOKENS = 16, 2, 32, 4, 256  # page tokens, KV heads, head dim, layers, device tokens
-KV_LORA, ROPE = 64, 16                        # MLA latent: 80 values a token
+P, H, D, LAYERS, TOKENS = (
+    16,
+    2,
+    32,
+    4,
+    256,
+)  # page tokens, KV heads, head dim, layers, device tokens
+KV_LORA, ROPE = 64, 16  # MLA latent: 80 values a token
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +53,26 @@ def plugins(tmp_path_factory):
     """SGLang's plugin loader run as in each SGLang process, gfd installed as far as entry points
     go: a distribution's metadata with the entry points pyproject.toml declares."""
     import gfd
-    points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["sglang.srt.plugins"]
+
+    points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][
+        "sglang.srt.plugins"
+    ]
     site = tmp_path_factory.mktemp("site")
     info = site / f"gfd-{gfd.__version__}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: gfd\nVersion: {gfd.__version__}\n")
-    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\n" +
-                                           "".join(f"{k} = {v}\n" for k, v in points.items()))
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: gfd\nVersion: {gfd.__version__}\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[sglang.srt.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in points.items())
+    )
     sys.path.insert(0, str(site))
     env = {"SGLANG_PLUGINS": "gfd", "GFD_SGLANG_HICACHE": "1", "GFD_EMULATED_DEVICE": "1"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     from sglang.srt import plugins as sp
     from sglang.srt.mem_cache.l2_transfer import L2TransferEngine
+
     unhooked = (L2TransferEngine.submit_host_to_device, L2TransferEngine.submit_device_to_host)
     sp.load_plugins()
     yield unhooked
@@ -68,10 +86,16 @@ def plugins(tmp_path_factory):
 def test_the_plugin_is_found_by_entry_point_and_hooks_the_transfer_engine(plugins):
     from sglang.srt.mem_cache.l2_transfer import L2TransferEngine
     from sglang.srt.plugins.hook_registry import HookRegistry
-    assert (L2TransferEngine.submit_host_to_device, L2TransferEngine.submit_device_to_host) != plugins
+
+    assert (
+        L2TransferEngine.submit_host_to_device,
+        L2TransferEngine.submit_device_to_host,
+    ) != plugins
     hooked = {t for t in HookRegistry._patched if t.startswith("sglang.srt.mem_cache.l2_transfer.")}
-    assert hooked == {"sglang.srt.mem_cache.l2_transfer.L2TransferEngine.submit_host_to_device",
-                      "sglang.srt.mem_cache.l2_transfer.L2TransferEngine.submit_device_to_host"}
+    assert hooked == {
+        "sglang.srt.mem_cache.l2_transfer.L2TransferEngine.submit_host_to_device",
+        "sglang.srt.mem_cache.l2_transfer.L2TransferEngine.submit_device_to_host",
+    }
 
 
 def pools(kind, layout):
@@ -79,23 +103,57 @@ def pools(kind, layout):
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
     gen = torch.Generator().manual_seed(hash((kind, layout)) % (1 << 31))
     if kind == "mha":
-        dev = MHATokenToKVPool(TOKENS, P, torch.bfloat16, H, D, LAYERS, "cpu", False, start_layer=0, end_layer=LAYERS)
-        host = MHATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 2, 0, P, layout,
-                                    device_capacity_tokens=dev.size, start_layer=0, end_layer=LAYERS,
-                                    write_back_staging=dev.hicache_write_back_staging, pin_memory=False)
+        dev = MHATokenToKVPool(
+            TOKENS, P, torch.bfloat16, H, D, LAYERS, "cpu", False, start_layer=0, end_layer=LAYERS
+        )
+        host = MHATokenToKVPoolHost(
+            dev.get_device_pool_infos()[0].buffer_info,
+            2,
+            0,
+            P,
+            layout,
+            device_capacity_tokens=dev.size,
+            start_layer=0,
+            end_layer=LAYERS,
+            write_back_staging=dev.hicache_write_back_staging,
+            pin_memory=False,
+        )
         device_layers = [*dev.k_buffer, *dev.v_buffer]
     else:
-        dev = MLATokenToKVPool(TOKENS, P, torch.bfloat16, KV_LORA, ROPE, LAYERS, "cpu", False, start_layer=0,
-                               end_layer=LAYERS)
-        host = MLATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 2, 0, P, layout,
-                                    device_capacity_tokens=dev.size, start_layer=0, end_layer=LAYERS,
-                                    target_layer_num=LAYERS, pin_memory=False)
+        dev = MLATokenToKVPool(
+            TOKENS,
+            P,
+            torch.bfloat16,
+            KV_LORA,
+            ROPE,
+            LAYERS,
+            "cpu",
+            False,
+            start_layer=0,
+            end_layer=LAYERS,
+        )
+        host = MLATokenToKVPoolHost(
+            dev.get_device_pool_infos()[0].buffer_info,
+            2,
+            0,
+            P,
+            layout,
+            device_capacity_tokens=dev.size,
+            start_layer=0,
+            end_layer=LAYERS,
+            target_layer_num=LAYERS,
+            pin_memory=False,
+        )
         device_layers = list(dev.kv_buffer)
     for t in device_layers:
-        t.view(torch.int16).copy_(torch.randint(-32768, 32767, t.shape, dtype=torch.int16, generator=gen)
-                                  .view(t.view(torch.int16).shape))
+        t.view(torch.int16).copy_(
+            torch.randint(-32768, 32767, t.shape, dtype=torch.int16, generator=gen).view(
+                t.view(torch.int16).shape
+            )
+        )
     return dev, host, device_layers
 
 
@@ -103,7 +161,7 @@ def host_page(host, layer, page, kind, part=0):
     """Layer ``layer``'s page ``page`` in the host pool (K (part 0) or V (1); MLA's latent)."""
     buf = (host.k_buffer, host.v_buffer)[part] if kind == "mha" else host.kv_buffer
     if host.layout == "layer_first":
-        return buf[layer, page * P:(page + 1) * P]
+        return buf[layer, page * P : (page + 1) * P]
     return buf[page, layer]
 
 
@@ -113,28 +171,36 @@ def same(a, b):
 
 
 def tokens(pages):
-    return torch.tensor(np.concatenate([np.arange(p * P, (p + 1) * P) for p in pages]), dtype=torch.int64)
+    return torch.tensor(
+        np.concatenate([np.arange(p * P, (p + 1) * P) for p in pages]), dtype=torch.int64
+    )
 
 
 def gfd_engine():
     from gfd import sglang as gs
-    (engine, _), = [v for k, v in gs._engines.items() if k == -1]
+
+    ((engine, _),) = [v for k, v in gs._engines.items() if k == -1]
     return engine
 
 
 @pytest.mark.parametrize("layout", ["layer_first", "page_first_direct"])
 @pytest.mark.parametrize("kind", ["mha", "mla"])
 def test_write_back_then_load_layer_by_layer(plugins, kind, layout):
-    from sglang.srt.mem_cache.l2_transfer import L2Transfer, L2TransferEngine
     from gfd import testing
+    from sglang.srt.mem_cache.l2_transfer import L2Transfer, L2TransferEngine
+
     dev, host, device_layers = pools(kind, layout)
     l2 = L2TransferEngine("direct")
     parts = 2 if kind == "mha" else 1
-    dev_layer = (lambda layer, part: (dev.k_buffer, dev.v_buffer)[part][layer]) if kind == "mha" else \
-        (lambda layer, part: dev.kv_buffer[layer])
+    dev_layer = (
+        (lambda layer, part: (dev.k_buffer, dev.v_buffer)[part][layer])
+        if kind == "mha"
+        else (lambda layer, part: dev.kv_buffer[layer])
+    )
     # Write-back: device pages 3, 9, 4, 12 to host pages 20, 1, 7, 30, every layer.
     dpages, hpages = [3, 9, 4, 12], [20, 1, 7, 30]
     from gfd import sglang as gs
+
     before = gs._engines[-1][0].stats()["transfers"] if -1 in gs._engines else 0
     l2.submit_device_to_host([L2Transfer(host, dev, tokens(hpages), tokens(dpages))])
     engine = gfd_engine()
@@ -145,22 +211,31 @@ def test_write_back_then_load_layer_by_layer(plugins, kind, layout):
     for layer in range(LAYERS):
         for part in range(parts):
             for h, d in zip(hpages, dpages):
-                assert same(host_page(host, layer, h, kind, part), dev_layer(layer, part)[d * P:(d + 1) * P]), \
-                    (layer, part, h)
+                assert same(
+                    host_page(host, layer, h, kind, part),
+                    dev_layer(layer, part)[d * P : (d + 1) * P],
+                ), (layer, part, h)
     # Load, layer by layer: host pages 1, 30 to device pages 14, 2; each layer's completion after
     # its own transfer, in order.
     events, start = [], engine.stats()["transfers"]
 
     def on_layer_done(layer):
         events.append((layer, engine.stats()["transfers"] - start))
-    l2.submit_host_to_device([L2Transfer(host, dev, tokens([1, 30]), tokens([14, 2]))],
-                             transfer_layer_id_max=LAYERS, on_layer_done=on_layer_done)
+
+    l2.submit_host_to_device(
+        [L2Transfer(host, dev, tokens([1, 30]), tokens([14, 2]))],
+        transfer_layer_id_max=LAYERS,
+        on_layer_done=on_layer_done,
+    )
     assert events == [(layer, layer + 1) for layer in range(LAYERS)]
     testing.stream_sync(engine)
     for layer in range(LAYERS):
         for part in range(parts):
             for h, d in zip([1, 30], [14, 2]):
-                assert same(dev_layer(layer, part)[d * P:(d + 1) * P], host_page(host, layer, h, kind, part))
+                assert same(
+                    dev_layer(layer, part)[d * P : (d + 1) * P],
+                    host_page(host, layer, h, kind, part),
+                )
 
 
 def test_what_is_not_covered_goes_sglangs_way(plugins, monkeypatch, caplog):
@@ -168,12 +243,18 @@ def test_what_is_not_covered_goes_sglangs_way(plugins, monkeypatch, caplog):
     layouts, io backends or token runs that are not whole pages) reaches the pool's own methods
     unchanged."""
     from sglang.srt.mem_cache.l2_transfer import L2Transfer, L2TransferEngine
+
     dev, host, _ = pools("mha", "layer_first")
     seen = []
-    monkeypatch.setattr(host, "load_to_device_per_layer",
-                        lambda *a, **k: seen.append(("load", a[3])), raising=False)
-    monkeypatch.setattr(host, "backup_from_device_all_layer", lambda *a, **k: seen.append(("backup",)),
-                        raising=False)
+    monkeypatch.setattr(
+        host, "load_to_device_per_layer", lambda *a, **k: seen.append(("load", a[3])), raising=False
+    )
+    monkeypatch.setattr(
+        host,
+        "backup_from_device_all_layer",
+        lambda *a, **k: seen.append(("backup",)),
+        raising=False,
+    )
     l2 = L2TransferEngine("direct")
     before = gfd_engine().stats()["transfers"]
     mapped = L2Transfer(host, dev, tokens([1]), tokens([2]), layer_mapper=lambda layer: layer)
@@ -190,13 +271,17 @@ def test_what_is_not_covered_goes_sglangs_way(plugins, monkeypatch, caplog):
 
 def test_a_different_sglang_is_refused_and_left_alone(plugins, monkeypatch, caplog):
     import sglang as sg
-    from sglang.srt.plugins.hook_registry import HookRegistry
     from gfd import sglang as gs
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
     monkeypatch.setattr(sg, "__version__", "0.6.0")
     hooks = {k: list(v) for k, v in HookRegistry._hooks.items()}
     with caplog.at_level("WARNING", logger="gfd.sglang"):
         gs.plugin()
-    assert "SGLang 0.6.0 is not 0.5.23" in caplog.text and "keeps SGLang's own transfer path" in caplog.text
+    assert (
+        "SGLang 0.6.0 is not 0.5.23" in caplog.text
+        and "keeps SGLang's own transfer path" in caplog.text
+    )
     assert {k: list(v) for k, v in HookRegistry._hooks.items()} == hooks
     monkeypatch.setenv("GFD_SGLANG_HICACHE", "0")  # off: nothing at all, not even the check
     caplog.clear()
@@ -212,6 +297,7 @@ def test_index_tensors_of_unequal_lengths_are_refused_by_gfd_naming_both(plugins
     streams there) lack; gfd gives them one."""
     import gfd
     from sglang.srt.mem_cache.l2_transfer import L2Transfer, L2TransferEngine
+
     dev, host, _ = pools("mha", "layer_first")
     l2 = L2TransferEngine("direct")
     bad = L2Transfer(host, dev, tokens([1, 2]), tokens([3]))
@@ -224,8 +310,9 @@ def test_index_tensors_of_unequal_lengths_are_refused_by_gfd_naming_both(plugins
     # The engine goes on.
     l2.submit_device_to_host([L2Transfer(host, dev, tokens([5]), tokens([6]))])
     from gfd import testing
+
     testing.stream_sync(gfd_engine())
-    assert same(host_page(host, 0, 5, "mha"), dev.k_buffer[0][6 * P:7 * P])
+    assert same(host_page(host, 0, 5, "mha"), dev.k_buffer[0][6 * P : 7 * P])
 
 
 # -- lifetimes: SGLang letting go of its pools with gfd's transfers in flight ------------------------
@@ -263,10 +350,20 @@ memory = weakref.ref(host.kv_buffer)  # the pool's host memory (it owns its mapp
 
 def run_scenario(tail, timeout=120):
     import subprocess
-    env = {**os.environ, "SGLANG_PLUGINS": "gfd", "GFD_SGLANG_HICACHE": "1",
-           "GFD_EMULATED_DEVICE": "copy_delay_us=200000"}
-    r = subprocess.run([sys.executable, "-c", SCENARIO + tail], capture_output=True, text=True, timeout=timeout,
-                       env=env)
+
+    env = {
+        **os.environ,
+        "SGLANG_PLUGINS": "gfd",
+        "GFD_SGLANG_HICACHE": "1",
+        "GFD_EMULATED_DEVICE": "copy_delay_us=200000",
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", SCENARIO + tail],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     assert r.returncode == 0, f"exit status {r.returncode}\n{r.stdout}\n{r.stderr}"
     return r.stdout
 

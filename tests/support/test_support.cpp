@@ -72,8 +72,9 @@ std::string cuda_skip_reason(int needed) {
 std::unique_ptr<TestDevice> open_test_device(DeviceKind kind, int ordinal,
                                              const testkit::EmulatedOptions& emu) {
   if (kind == DeviceKind::kCuda && !cuda_skip_reason(ordinal + 1).empty()) return nullptr;
-  auto td = std::make_unique<TestDevice>(TestDevice{
-      kind, kind == DeviceKind::kCuda ? testkit::Device::cuda(ordinal) : testkit::Device::emulated(ordinal, emu)});
+  auto td = std::make_unique<TestDevice>(
+      TestDevice{kind, kind == DeviceKind::kCuda ? testkit::Device::cuda(ordinal)
+                                                 : testkit::Device::emulated(ordinal, emu)});
   td->device = td->facade.shared();
   td->device->make_current();
   td->stream = td->device->create_stream();

@@ -61,7 +61,7 @@ class DeviceBuffer {
 // The device a parameterised suite runs against, with one stream of the caller's.
 struct TestDevice {
   DeviceKind kind;
-  testkit::Device facade;  // the device as the benchmarks and gfd.testing see it
+  testkit::Device facade;                  // the device as the benchmarks and gfd.testing see it
   std::shared_ptr<detail::Device> device;  // the same device, for the tests of internals
   detail::StreamHandle stream = nullptr;
 
@@ -96,8 +96,12 @@ class DeviceParamTest : public ::testing::TestWithParam<DeviceKind> {
 };
 
 // The internal mechanisms and their counters of an engine.
-inline const detail::Tuning& tuning_of(const Engine& e) { return detail::EngineCore::of(e).tuning(); }
-inline detail::TuningStats tuning_stats(const Engine& e) { return detail::EngineCore::of(e).tuning_stats(); }
+inline const detail::Tuning& tuning_of(const Engine& e) {
+  return detail::EngineCore::of(e).tuning();
+}
+inline detail::TuningStats tuning_stats(const Engine& e) {
+  return detail::EngineCore::of(e).tuning_stats();
+}
 
 // Small engine options for tests: a small ring so that transfers cycle through it.
 EngineOptions small_options();

@@ -34,51 +34,96 @@ try:
     import vllm  # noqa: F401
 except Exception as e:  # noqa: BLE001 - any failure to import vLLM (a broken torch, say)
     if os.environ.get("GFD_REQUIRE_VLLM") == "1":
-        raise RuntimeError(f"GFD_REQUIRE_VLLM=1 but vllm cannot be imported ({type(e).__name__}: {e}); "
-                           "tools/vllm_test.sh installs it into a virtual environment") from e
-    pytest.skip(f"vllm is not importable ({type(e).__name__}: {e}); tools/vllm_test.sh installs it "
-                "and runs this suite", allow_module_level=True)
+        raise RuntimeError(
+            f"GFD_REQUIRE_VLLM=1 but vllm cannot be imported ({type(e).__name__}: {e}); "
+            "tools/vllm_test.sh installs it into a virtual environment"
+        ) from e
+    pytest.skip(
+        f"vllm is not importable ({type(e).__name__}: {e}); tools/vllm_test.sh installs it "
+        "and runs this suite",
+        allow_module_level=True,
+    )
 
+import gfd  # noqa: E402
+import gfd.vllm as gfd_vllm  # noqa: E402 - an error, never a skip: the package under test
 import torch  # noqa: E402 - vLLM's dependency
 from pydantic import TypeAdapter  # noqa: E402
 from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, VllmConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # noqa: E402
-    OffloadingConnectorMetadata, TransferJob)
+    OffloadingConnectorMetadata,
+    TransferJob,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config  # noqa: E402
-from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,  # noqa: E402
-                                        KVCacheTensor, MambaSpec, SlidingWindowSpec)
-from vllm.v1.kv_offload.base import (GPULoadStoreSpec, LookupResult, ReqContext,  # noqa: E402
-                                     ScheduleEndContext, TransferResult, make_offload_key)
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheTensor,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.kv_offload.base import (  # noqa: E402
+    GPULoadStoreSpec,
+    LookupResult,
+    ReqContext,
+    ScheduleEndContext,
+    TransferResult,
+    make_offload_key,
+)
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 
-import gfd  # noqa: E402
-import gfd.vllm as gfd_vllm  # noqa: E402 - an error, never a skip: the package under test
-from gfd import testing  # noqa: E402
-
-LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-         "num_hidden_layers": 4, "vocab_size": 256, "max_position_embeddings": 256,
-         "rms_norm_eps": 1e-5, "torch_dtype": "float16"}
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_hidden_layers": 4,
+    "vocab_size": 256,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float16",
+}
 LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
 TOKENS = 16  # per GPU block
 ATTN = FullAttentionSpec(block_size=TOKENS, num_kv_heads=2, head_size=16, dtype=torch.float16)
-SWA = SlidingWindowSpec(block_size=TOKENS, num_kv_heads=2, head_size=16, dtype=torch.float16, sliding_window=32)
+SWA = SlidingWindowSpec(
+    block_size=TOKENS, num_kv_heads=2, head_size=16, dtype=torch.float16, sliding_window=32
+)
 MAMBA = MambaSpec(block_size=TOKENS, shapes=((512,), (512,)), dtypes=(torch.float16, torch.float16))
 PAGE = ATTN.page_size_bytes  # 2 heads x 16 tokens x (16 + 16) x 2 bytes = 2048
 NUM_BLOCKS = 48
 CPU_BYTES = 1 << 20
 # A small staging ring (as tests/python/conftest.py's small_options): transfers cycle through it.
-SMALL = dict(staging_bytes=1 << 20, slot_bytes=256 << 10, first_chunk_bytes=64 << 10, piece_bytes=16 << 10,
-             gather_threads=2, copy_streams=2, spin_us=20)
+SMALL = dict(
+    staging_bytes=1 << 20,
+    slot_bytes=256 << 10,
+    first_chunk_bytes=64 << 10,
+    piece_bytes=16 << 10,
+    gather_threads=2,
+    copy_streams=2,
+    spin_us=20,
+)
 
 
 def config_json(extra, spec="GfdOffloadingSpec"):
-    return json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-                       "kv_connector_extra_config": {"spec_name": spec, "spec_module_path": "gfd.vllm",
-                                                     "cpu_bytes_to_use": CPU_BYTES, **extra}})
+    return json.dumps(
+        {
+            "kv_connector": "OffloadingConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {
+                "spec_name": spec,
+                "spec_module_path": "gfd.vllm",
+                "cpu_bytes_to_use": CPU_BYTES,
+                **extra,
+            },
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -92,24 +137,43 @@ def vllm_config(model_dir, extra, spec="GfdOffloadingSpec"):
     # As vLLM's CLI parses --kv-transfer-config (EngineArgs: TypeAdapter(...).validate_json).
     kv = TypeAdapter(KVTransferConfig).validate_json(config_json(extra, spec))
     model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=128)
-    return VllmConfig(model_config=model, device_config=DeviceConfig("cpu"),
-                      cache_config=CacheConfig(block_size=TOKENS), kv_transfer_config=kv)
+    return VllmConfig(
+        model_config=model,
+        device_config=DeviceConfig("cpu"),
+        cache_config=CacheConfig(block_size=TOKENS),
+        kv_transfer_config=kv,
+    )
 
 
 def kv_cache_config(topology):
     """'one_group': two full-attention layers, a tensor each. 'hybrid': vLLM's hybrid allocator,
     a full-attention group and a sliding-window group whose layers alias the same two tensors."""
+
     def tensor(layers):
-        return KVCacheTensor(size=2 * NUM_BLOCKS * PAGE, layers=layers, layer_stride=NUM_BLOCKS * PAGE,
-                             block_stride=PAGE)
+        return KVCacheTensor(
+            size=2 * NUM_BLOCKS * PAGE,
+            layers=layers,
+            layer_stride=NUM_BLOCKS * PAGE,
+            block_stride=PAGE,
+        )
+
     if topology == "one_group":
         groups = [KVCacheGroupSpec(LAYERS[:2], ATTN)]
     elif topology == "hybrid":
-        groups = [KVCacheGroupSpec([LAYERS[0], LAYERS[2]], ATTN), KVCacheGroupSpec([LAYERS[1], LAYERS[3]], SWA)]
+        groups = [
+            KVCacheGroupSpec([LAYERS[0], LAYERS[2]], ATTN),
+            KVCacheGroupSpec([LAYERS[1], LAYERS[3]], SWA),
+        ]
     else:  # "mamba": full attention beside Mamba state pages of the same size
-        groups = [KVCacheGroupSpec([LAYERS[0], LAYERS[2]], ATTN), KVCacheGroupSpec([LAYERS[1], LAYERS[3]], MAMBA)]
-    return KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[tensor(g.layer_names) for g in groups],
-                         kv_cache_groups=groups)
+        groups = [
+            KVCacheGroupSpec([LAYERS[0], LAYERS[2]], ATTN),
+            KVCacheGroupSpec([LAYERS[1], LAYERS[3]], MAMBA),
+        ]
+    return KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[tensor(g.layer_names) for g in groups],
+        kv_cache_groups=groups,
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -117,10 +181,12 @@ def world(tmp_path_factory):
     """vLLM's world group of this one worker process (gloo), as vLLM's worker sets it up: the
     CPU spec's shared region waits on it."""
     from vllm.distributed import parallel_state as ps
+
     if ps._WORLD is None:
         init = f"file://{tmp_path_factory.mktemp('dist')}/init"
-        ps.init_distributed_environment(world_size=1, rank=0, distributed_init_method=init, local_rank=0,
-                                        backend="gloo")
+        ps.init_distributed_environment(
+            world_size=1, rank=0, distributed_init_method=init, local_rank=0, backend="gloo"
+        )
     yield
 
 
@@ -129,13 +195,25 @@ class Stack:
     through vLLM's register_kv_caches: CPU tensors, which gfd's emulated device
     (GFD_EMULATED_DEVICE) serves as GPU memory."""
 
-    def __init__(self, model_dir, monkeypatch, topology="one_group", extra=None, emulated="1", spec="GfdOffloadingSpec"):
+    def __init__(
+        self,
+        model_dir,
+        monkeypatch,
+        topology="one_group",
+        extra=None,
+        emulated="1",
+        spec="GfdOffloadingSpec",
+    ):
         monkeypatch.setenv("GFD_EMULATED_DEVICE", emulated)
         extra = {"gfd_options": SMALL, **dict(extra or {})}
         self.vllm_config = vllm_config(model_dir, extra, spec)
         kcc = kv_cache_config(topology)
-        self.scheduler = KVConnectorFactory.create_connector(self.vllm_config, KVConnectorRole.SCHEDULER, kcc)
-        self.conn = KVConnectorFactory.create_connector(self.vllm_config, KVConnectorRole.WORKER, kcc)
+        self.scheduler = KVConnectorFactory.create_connector(
+            self.vllm_config, KVConnectorRole.SCHEDULER, kcc
+        )
+        self.conn = KVConnectorFactory.create_connector(
+            self.vllm_config, KVConnectorRole.WORKER, kcc
+        )
         self.manager = self.scheduler.connector_scheduler.manager
         self.spec = self.conn.connector_worker.spec
         self.bpc = self.spec.blocks_per_chunk
@@ -147,7 +225,9 @@ class Stack:
         for g in self.gpu:
             g[:] = rng.integers(-128, 128, g.shape, dtype=np.int8)
         views = [t.view(torch.float16).view(NUM_BLOCKS, 2, TOKENS, 2, 16) for t in self.gpu_tensors]
-        layer_views = {name: views[t] for g in kcc.kv_cache_groups for t, name in enumerate(g.layer_names)}
+        layer_views = {
+            name: views[t] for g in kcc.kv_cache_groups for t, name in enumerate(g.layer_names)
+        }
         self.conn.register_kv_caches(layer_views)
         self.worker = self.conn.connector_worker.worker
         assert isinstance(self.worker, gfd_vllm.GfdOffloadingWorker)
@@ -165,8 +245,9 @@ class Stack:
 
     def step(self, load_jobs=None, store_jobs=None, flush=None):
         """One engine step of the worker side, in the model runner's order."""
-        meta = OffloadingConnectorMetadata(load_jobs=dict(load_jobs or {}), store_jobs=dict(store_jobs or {}),
-                                           jobs_to_flush=flush)
+        meta = OffloadingConnectorMetadata(
+            load_jobs=dict(load_jobs or {}), store_jobs=dict(store_jobs or {}), jobs_to_flush=flush
+        )
         self.conn.handle_preemptions(meta)
         self.conn.bind_connector_metadata(meta)
         self.conn.start_load_kv(None)
@@ -177,7 +258,9 @@ class Stack:
         return recving, out
 
     def keys(self, group, chunks, salt="a"):
-        return [make_offload_key(hashlib.sha256(f"{salt}/{c}".encode()).digest(), group) for c in chunks]
+        return [
+            make_offload_key(hashlib.sha256(f"{salt}/{c}".encode()).digest(), group) for c in chunks
+        ]
 
     def job(self, tables, ranges, store, salt="a"):
         """A store (GPU -> CPU) or load of the blocks at positions [start, end) of each group's block
@@ -232,7 +315,9 @@ def tables_for(s, rng):
     return stores, loads, store_ranges, load_ranges
 
 
-@pytest.mark.parametrize("extra,bpc", [({}, 1), ({"block_size": 4 * TOKENS}, 4), ({"blocks_per_chunk": 4}, 4)])
+@pytest.mark.parametrize(
+    "extra,bpc", [({}, 1), ({"block_size": 4 * TOKENS}, 4), ({"blocks_per_chunk": 4}, 4)]
+)
 def test_config_resolves_to_the_gfd_spec_in_both_roles(model_dir, extra, bpc):
     vc = vllm_config(model_dir, extra)
     extra_config = vc.kv_transfer_config.kv_connector_extra_config
@@ -247,7 +332,10 @@ def test_config_resolves_to_the_gfd_spec_in_both_roles(model_dir, extra, bpc):
     assert type(spec) is gfd_vllm.GfdOffloadingSpec and spec.blocks_per_chunk == bpc
     assert spec.num_chunks == CPU_BYTES // chunk > 0 and not spec.replicated_layout
     scheduler = KVConnectorFactory.create_connector(vc, KVConnectorRole.SCHEDULER, kcc)
-    assert scheduler.connector_worker is None and scheduler.connector_scheduler.config.blocks_per_chunk == bpc
+    assert (
+        scheduler.connector_worker is None
+        and scheduler.connector_scheduler.config.blocks_per_chunk == bpc
+    )
     manager = scheduler.connector_scheduler.manager
     assert isinstance(manager, CPUOffloadingManager) and manager._num_chunks == spec.num_chunks
     worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, kcc)
@@ -257,14 +345,20 @@ def test_config_resolves_to_the_gfd_spec_in_both_roles(model_dir, extra, bpc):
     assert (wspec.blocks_per_chunk, wspec.num_chunks) == (bpc, spec.num_chunks)
 
 
-HOST_MEMORY = {"region": {}, "canonical": {"canonical_layout": True}, "pool-block": {"gfd_host_memory": "pool"},
-               "pool-tensor": {"gfd_host_memory": "pool", "gfd_host_layout": "tensor"}}
+HOST_MEMORY = {
+    "region": {},
+    "canonical": {"canonical_layout": True},
+    "pool-block": {"gfd_host_memory": "pool"},
+    "pool-tensor": {"gfd_host_memory": "pool", "gfd_host_layout": "tensor"},
+}
 
 
 @pytest.mark.parametrize("memory", list(HOST_MEMORY))
 @pytest.mark.parametrize("topology", ["one_group", "hybrid", "mamba"])
 @pytest.mark.parametrize("extra", [{}, {"block_size": 4 * TOKENS}], ids=["bpc1", "bpc4"])
-def test_store_then_load_back_through_the_connector(model_dir, monkeypatch, topology, extra, memory):
+def test_store_then_load_back_through_the_connector(
+    model_dir, monkeypatch, topology, extra, memory
+):
     s = Stack(model_dir, monkeypatch, topology, {**extra, **HOST_MEMORY[memory]})
     if memory == "region":  # the host pages are vLLM's region: this rank's cell of each row
         region = s.worker.region
@@ -325,7 +419,13 @@ def test_store_then_load_back_through_the_connector(model_dir, monkeypatch, topo
 
 def test_jobs_in_flight_then_done(model_dir, monkeypatch):
     delay = 200_000  # us per emulated copy: a job stays in flight at least that long
-    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, emulated=f"copy_delay_us={delay}")
+    s = Stack(
+        model_dir,
+        monkeypatch,
+        "one_group",
+        {"block_size": 4 * TOKENS},
+        emulated=f"copy_delay_us={delay}",
+    )
     stores = tables_for(s, np.random.default_rng(3))[0]
     first = s.job(stores, [(0, 4)], store=True, salt="x")
     second = s.job(stores, [(4, 12)], store=True, salt="y")
@@ -350,10 +450,18 @@ def test_jobs_in_flight_then_done(model_dir, monkeypatch):
 
 
 def test_sync_load_is_expedited_and_waited_within_the_step(model_dir, monkeypatch):
-    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, emulated="copy_delay_us=50000")
+    s = Stack(
+        model_dir,
+        monkeypatch,
+        "one_group",
+        {"block_size": 4 * TOKENS},
+        emulated="copy_delay_us=50000",
+    )
     stores, loads, store_ranges, load_ranges = tables_for(s, np.random.default_rng(4))
     keys, gpu_spec, cpu_spec, rows = s.job(stores, store_ranges, store=True)
-    assert s.step(flush={1}, store_jobs={1: TransferJob("req-0", gpu_spec, cpu_spec)})[1].completed_jobs == {1: 1}
+    assert s.step(flush={1}, store_jobs={1: TransferJob("req-0", gpu_spec, cpu_spec)})[
+        1
+    ].completed_jobs == {1: 1}
     with s.manager.lock:
         s.manager.complete_store(keys, s.ctx)
     _, gpu_spec, cpu_spec, rows = s.job(loads, load_ranges, store=False)
@@ -368,7 +476,9 @@ def test_sync_load_is_expedited_and_waited_within_the_step(model_dir, monkeypatc
 
 @pytest.mark.parametrize("fault", ["copy_d2h", "copy_h2d"])
 def test_device_fault_is_a_failed_job(model_dir, monkeypatch, fault):
-    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, emulated=f"fault={fault}")
+    s = Stack(
+        model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, emulated=f"fault={fault}"
+    )
     stores, loads, store_ranges, load_ranges = tables_for(s, np.random.default_rng(5))
     keys, gpu_spec, cpu_spec, _ = s.job(stores, store_ranges, store=True)
     assert s.worker.submit_store(1, gpu_spec, cpu_spec) is True  # never raises for a device fault
@@ -418,25 +528,44 @@ def mapped(path):
 
 
 @pytest.mark.parametrize("bpc", [2, 4])
-def test_a_job_writing_a_block_twice_fails_whole_says_why_and_moves_nothing(model_dir, monkeypatch, caplog, bpc):
+def test_a_job_writing_a_block_twice_fails_whole_says_why_and_moves_nothing(
+    model_dir, monkeypatch, caplog, bpc
+):
     """vLLM's shared region holds a chunk's pages of a tensor side by side (a transfer per slot):
     a load writing GPU block 9 from two slots of one chunk, a load whose duplicate is only in a
     later slot and a store of one chunk twice each fail before anything moves, and the cause is
     logged, since vLLM sees success=False alone."""
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
     s = Stack(model_dir, monkeypatch, "one_group", {"block_size": bpc * TOKENS})
     assert s.bpc == bpc and s.worker.region is not None
     n = 2 * bpc
     stored = list(range(1, 1 + n))
-    assert s.worker.submit_store(1, GPULoadStoreSpec(stored, group_sizes=[n], block_indices=[0]),
-                                 CPULoadStoreSpec([0, 1]))
+    assert s.worker.submit_store(
+        1, GPULoadStoreSpec(stored, group_sizes=[n], block_indices=[0]), CPULoadStoreSpec([0, 1])
+    )
     s.worker.wait({1})
     assert [(r.job_id, r.success) for r in s.worker.get_finished()] == [(1, True)]
     gpu_before, host_before = [g.copy() for g in s.gpu], [h.copy() for h in s.host]
     jobs = {  # job id: (load?, chunk ids, GPU block ids, what the log says)
-        2: (True, [0], [9, 9] + list(range(10, 8 + bpc)), "gpu_block_ids[1]: GPU block 9 is written twice"),
-        3: (True, [0, 1], list(range(20, 19 + n)) + [20], f"gpu_block_ids[{n - 1}]: GPU block 20 is written twice"),
-        4: (False, [2, 2], list(range(30, 30 + n)), "chunk_ids[1]: sub-block 0 of chunk 2 is written twice"),
+        2: (
+            True,
+            [0],
+            [9, 9] + list(range(10, 8 + bpc)),
+            "gpu_block_ids[1]: GPU block 9 is written twice",
+        ),
+        3: (
+            True,
+            [0, 1],
+            list(range(20, 19 + n)) + [20],
+            f"gpu_block_ids[{n - 1}]: GPU block 20 is written twice",
+        ),
+        4: (
+            False,
+            [2, 2],
+            list(range(30, 30 + n)),
+            "chunk_ids[1]: sub-block 0 of chunk 2 is written twice",
+        ),
     }
     with caplog.at_level("ERROR", logger="gfd.vllm"):
         for job, (load, chunks, blocks, _) in jobs.items():
@@ -447,18 +576,30 @@ def test_a_job_writing_a_block_twice_fails_whole_says_why_and_moves_nothing(mode
                 assert s.worker.submit_store(job, gpu_spec, CPULoadStoreSpec(chunks)) is True
         s.worker.wait(set(jobs))
         done = s.worker.get_finished()
-    assert sorted((r.job_id, r.success, r.transfer_size) for r in done) == [(j, False, 0) for j in sorted(jobs)]
+    assert sorted((r.job_id, r.success, r.transfer_size) for r in done) == [
+        (j, False, 0) for j in sorted(jobs)
+    ]
     for job, (_, _, _, said) in jobs.items():
         assert f"gfd.vllm: job {job} failed: submit: {said}" in caplog.text, caplog.text
-    assert all(np.array_equal(g, b) for g, b in zip(s.gpu, gpu_before)), "a failed load wrote GPU blocks"
-    assert all(np.array_equal(h, b) for h, b in zip(s.host, host_before)), "a failed store wrote host pages"
+    assert all(np.array_equal(g, b) for g, b in zip(s.gpu, gpu_before)), (
+        "a failed load wrote GPU blocks"
+    )
+    assert all(np.array_equal(h, b) for h, b in zip(s.host, host_before)), (
+        "a failed store wrote host pages"
+    )
     s.conn.shutdown()
 
 
 def test_shutdown_lets_go_of_vllms_region(model_dir, monkeypatch):
     """After shutdown() (jobs in flight waited for) nothing of gfd's holds vLLM's region, so that
     vLLM unmaps it: it is no longer mapped in the process."""
-    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 2 * TOKENS}, emulated="copy_delay_us=50000")
+    s = Stack(
+        model_dir,
+        monkeypatch,
+        "one_group",
+        {"block_size": 2 * TOKENS},
+        emulated="copy_delay_us=50000",
+    )
     region = s.worker.region
     path = region.mmap_path
     assert mapped(path)
@@ -480,21 +621,37 @@ def _exit_with_jobs_in_flight(model_dir, init, out):
     try:
         os.environ["GFD_EMULATED_DEVICE"] = "copy_delay_us=200000"
         from vllm.distributed import parallel_state as ps
-        from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
+        from vllm.v1.kv_offload.base import (
+            CanonicalKVCacheRef,
+            CanonicalKVCaches,
+            CanonicalKVCacheTensor,
+        )
         from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
-        ps.init_distributed_environment(world_size=1, rank=0, distributed_init_method=init, local_rank=0,
-                                        backend="gloo")
+
+        ps.init_distributed_environment(
+            world_size=1, rank=0, distributed_init_method=init, local_rank=0, backend="gloo"
+        )
         vc = vllm_config(model_dir, {"gfd_options": SMALL, "block_size": 2 * TOKENS})
-        spec = OffloadingSpecFactory.create_spec(build_offloading_config(vc, kv_cache_config("one_group")))
+        spec = OffloadingSpecFactory.create_spec(
+            build_offloading_config(vc, kv_cache_config("one_group"))
+        )
         gpu = [torch.full((NUM_BLOCKS, PAGE), t + 1, dtype=torch.int8) for t in range(2)]
-        worker = spec.get_worker(CanonicalKVCaches([CanonicalKVCacheTensor(g, PAGE) for g in gpu],
-                                                   [[CanonicalKVCacheRef(t, PAGE) for t in range(2)]]))
+        worker = spec.get_worker(
+            CanonicalKVCaches(
+                [CanonicalKVCacheTensor(g, PAGE) for g in gpu],
+                [[CanonicalKVCacheRef(t, PAGE) for t in range(2)]],
+            )
+        )
         for job in range(3):
-            assert worker.submit_store(job, GPULoadStoreSpec([2 * job + 1, 2 * job + 2], group_sizes=[2],
-                                                             block_indices=[0]), CPULoadStoreSpec([job]))
+            assert worker.submit_store(
+                job,
+                GPULoadStoreSpec([2 * job + 1, 2 * job + 2], group_sizes=[2], block_indices=[0]),
+                CPULoadStoreSpec([job]),
+            )
         out.put("submitted")
     except BaseException as e:  # noqa: BLE001 - reported to the test
         import traceback
+
         out.put(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
 
 
@@ -502,9 +659,12 @@ def test_a_process_ending_with_jobs_in_flight_exits_cleanly(model_dir, tmp_path)
     """The worker process ends (vLLM's engine exiting) with stores in flight and no shutdown():
     no crash, exit status 0."""
     import multiprocessing
+
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    p = ctx.Process(target=_exit_with_jobs_in_flight, args=(model_dir, f"file://{tmp_path}/init", out))
+    p = ctx.Process(
+        target=_exit_with_jobs_in_flight, args=(model_dir, f"file://{tmp_path}/init", out)
+    )
     p.start()
     said = out.get(timeout=300)  # a hang guard only
     p.join(120)
@@ -526,12 +686,25 @@ def test_canonical_layout_is_said_at_startup(model_dir, monkeypatch, caplog):
 
 
 def test_unsupported_combinations_are_refused_naming_the_key(model_dir, monkeypatch):
-    with pytest.raises(gfd.Error, match="gfd_host_memory: expected one of \\('vllm', 'pool'\\), got 'mmap'"):
+    with pytest.raises(
+        gfd.Error, match="gfd_host_memory: expected one of \\('vllm', 'pool'\\), got 'mmap'"
+    ):
         Stack(model_dir, monkeypatch, "one_group", {"gfd_host_memory": "mmap"})
     with pytest.raises(gfd.Error, match="canonical_layout needs vLLM's shared region"):
-        Stack(model_dir, monkeypatch, "one_group", {"gfd_host_memory": "pool", "canonical_layout": True})
+        Stack(
+            model_dir,
+            monkeypatch,
+            "one_group",
+            {"gfd_host_memory": "pool", "canonical_layout": True},
+        )
     with pytest.raises(gfd.Error, match="GfdTieringOffloadingSpec takes only 'vllm'"):
-        Stack(model_dir, monkeypatch, "one_group", {"gfd_host_memory": "pool"}, spec="GfdTieringOffloadingSpec")
+        Stack(
+            model_dir,
+            monkeypatch,
+            "one_group",
+            {"gfd_host_memory": "pool"},
+            spec="GfdTieringOffloadingSpec",
+        )
 
 
 def enqueued_within(engine, call):
@@ -552,18 +725,26 @@ def test_a_job_reaches_gfd_within_the_submit_call(model_dir, monkeypatch):
     """No thread stands between submit_store / submit_load and gfd: the transfer is enqueued
     when the call returns, though no other thread could have run meanwhile (the switch interval
     is far longer than the test, so a caller busy in Python keeps the interpreter)."""
-    s = Stack(model_dir, monkeypatch, "one_group", {"block_size": 4 * TOKENS}, emulated="copy_delay_us=20000")
+    s = Stack(
+        model_dir,
+        monkeypatch,
+        "one_group",
+        {"block_size": 4 * TOKENS},
+        emulated="copy_delay_us=20000",
+    )
     stores, loads, store_ranges, load_ranges = tables_for(s, np.random.default_rng(8))
     keys, gpu_spec, cpu_spec, rows = s.job(stores, store_ranges, store=True)
-    assert enqueued_within(s.engine, lambda: s.worker.submit_store(1, gpu_spec, cpu_spec)), \
+    assert enqueued_within(s.engine, lambda: s.worker.submit_store(1, gpu_spec, cpu_spec)), (
         "the store was not enqueued by the time submit_store returned"
+    )
     s.worker.wait({1})
     assert [(r.job_id, r.success) for r in s.worker.get_finished()] == [(1, True)]
     with s.manager.lock:
         s.manager.complete_store(keys, s.ctx)
     _, gpu_spec, cpu_spec, rows = s.job(loads, load_ranges, store=False)
-    assert enqueued_within(s.engine, lambda: s.worker.submit_load(2, cpu_spec, gpu_spec)), \
+    assert enqueued_within(s.engine, lambda: s.worker.submit_load(2, cpu_spec, gpu_spec)), (
         "the load was not enqueued by the time submit_load returned"
+    )
     s.worker.wait({2})
     assert [(r.job_id, r.success) for r in s.worker.get_finished()] == [(2, True)]
     for g, b, row in rows:
@@ -588,20 +769,36 @@ def test_fs_tier_below_gfds_cpu_tier_round_trip(model_dir, monkeypatch, tmp_path
     """GfdTieringOffloadingSpec with vLLM's fs tier: one instance stores through gfd into vLLM's
     region, vLLM's tier writes the chunks to files; a second instance, its CPU tier empty,
     finds them there, vLLM promotes them into its region, and gfd loads them onto its GPU."""
-    tiers = {"secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path / "kv"), "n_read_threads": 2,
-                                  "n_write_threads": 2}]}
+    tiers = {
+        "secondary_tiers": [
+            {
+                "type": "fs",
+                "root_dir": str(tmp_path / "kv"),
+                "n_read_threads": 2,
+                "n_write_threads": 2,
+            }
+        ]
+    }
     a = Stack(model_dir, monkeypatch, "one_group", tiers, spec="GfdTieringOffloadingSpec")
     assert isinstance(a.spec, gfd_vllm.GfdTieringOffloadingSpec) and a.worker.region is not None
     n = 3 * a.bpc
-    table = [int(b) for b in np.random.default_rng(9).permutation(np.arange(1, NUM_BLOCKS))[:2 * n]]
+    table = [
+        int(b) for b in np.random.default_rng(9).permutation(np.arange(1, NUM_BLOCKS))[: 2 * n]
+    ]
     keys, gpu_spec, cpu_spec, rows = a.job([table[:n]], [(0, n)], store=True)
-    assert a.step(flush={1}, store_jobs={1: TransferJob("req-0", gpu_spec, cpu_spec)})[1].completed_jobs == {1: 1}
+    assert a.step(flush={1}, store_jobs={1: TransferJob("req-0", gpu_spec, cpu_spec)})[
+        1
+    ].completed_jobs == {1: 1}
     stored = {p: table[p] for p in range(n)}
     with a.manager.lock:
         a.manager.complete_store(keys, a.ctx)
         a.manager.on_request_finished(a.ctx)
     files = lambda: sum(1 for p in (tmp_path / "kv").rglob("*") if p.is_file())  # noqa: E731
-    poll(lambda: files() >= len(keys) and not a.manager.has_pending_work(), "the fs tier's writes", a.manager)
+    poll(
+        lambda: files() >= len(keys) and not a.manager.has_pending_work(),
+        "the fs tier's writes",
+        a.manager,
+    )
     original = [g.copy() for g in a.gpu]
     a.conn.shutdown()
     a.scheduler.shutdown()
@@ -611,11 +808,14 @@ def test_fs_tier_below_gfds_cpu_tier_round_trip(model_dir, monkeypatch, tmp_path
         g[:] = 0
     with b.manager.lock:
         first = [b.manager.lookup(k, b.ctx) for k in keys]
-    assert all(r is not LookupResult.HIT for r in first), "the second instance's CPU tier is not empty"
+    assert all(r is not LookupResult.HIT for r in first), (
+        "the second instance's CPU tier is not empty"
+    )
 
     def promoted():
         with b.manager.lock:
             return all(b.manager.lookup(k, b.ctx) is LookupResult.HIT for k in keys)
+
     poll(promoted, "the promotion from the fs tier", b.manager)
     _, gpu_spec, cpu_spec, rows = b.job([table[n:]], [(0, n)], store=False)
     recving, meta = b.step(load_jobs={2: TransferJob("req-0", cpu_spec, gpu_spec)})
@@ -624,7 +824,9 @@ def test_fs_tier_below_gfds_cpu_tier_round_trip(model_dir, monkeypatch, tmp_path
     assert recving | recving2 == {"req-0"}
     for p in range(n):
         for t in b.groups[0]:
-            assert np.array_equal(b.gpu[t][table[n + p]], original[t][stored[p]]), f"position {p}, tensor {t}"
+            assert np.array_equal(b.gpu[t][table[n + p]], original[t][stored[p]]), (
+                f"position {p}, tensor {t}"
+            )
     b.conn.shutdown()
     b.scheduler.shutdown()
 
@@ -638,37 +840,61 @@ def _rank(rank, mode, model_dir, init, engine_id, out):
     the error in ``out``."""
     try:
         import dataclasses
+
         os.environ["GFD_EMULATED_DEVICE"] = "1"
         from vllm.distributed import parallel_state as ps
-        from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor,
-                                             CanonicalPageMapping, CopyRun)
+        from vllm.v1.kv_offload.base import (
+            CanonicalKVCacheRef,
+            CanonicalKVCaches,
+            CanonicalKVCacheTensor,
+            CanonicalPageMapping,
+            CopyRun,
+        )
         from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
-        ps.init_distributed_environment(world_size=2, rank=rank, distributed_init_method=init, local_rank=rank,
-                                        backend="gloo")
+
+        ps.init_distributed_environment(
+            world_size=2, rank=rank, distributed_init_method=init, local_rank=rank, backend="gloo"
+        )
         extra = {"engine_id": engine_id}
         if mode == "replicated":
             extra["canonical_layout"] = True
         kv = json.loads(config_json({"gfd_options": SMALL, **extra}))
         kv["engine_id"] = engine_id
-        vc = VllmConfig(model_config=ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=128),
-                        device_config=DeviceConfig("cpu"), cache_config=CacheConfig(block_size=TOKENS),
-                        kv_transfer_config=TypeAdapter(KVTransferConfig).validate_python(kv))
+        vc = VllmConfig(
+            model_config=ModelConfig(
+                model=str(model_dir), skip_tokenizer_init=True, max_model_len=128
+            ),
+            device_config=DeviceConfig("cpu"),
+            cache_config=CacheConfig(block_size=TOKENS),
+            kv_transfer_config=TypeAdapter(KVTransferConfig).validate_python(kv),
+        )
         oc = build_offloading_config(vc, kv_cache_config("one_group"))
-        oc = dataclasses.replace(oc, parallel=dataclasses.replace(oc.parallel, rank=rank, world_size=2, tp_size=2),
-                                 replicated_layout=mode == "replicated", canonical_layout=mode == "replicated")
+        oc = dataclasses.replace(
+            oc,
+            parallel=dataclasses.replace(oc.parallel, rank=rank, world_size=2, tp_size=2),
+            replicated_layout=mode == "replicated",
+            canonical_layout=mode == "replicated",
+        )
         spec = OffloadingSpecFactory.create_spec(oc)
         gpu = [torch.full((NUM_BLOCKS, PAGE), 0, dtype=torch.int8) for _ in range(2)]
         for t, g in enumerate(gpu):  # byte value: who wrote it, which tensor, which block
-            g[:] = (torch.arange(NUM_BLOCKS, dtype=torch.int8)[:, None] + 16 * t + 64 * rank)
+            g[:] = torch.arange(NUM_BLOCKS, dtype=torch.int8)[:, None] + 16 * t + 64 * rank
         if mode == "replicated":  # the MLA latent: the whole page is canonical, ranks take turns
-            mapping = CanonicalPageMapping(PAGE, PAGE, (CopyRun(0, 0, PAGE, 1, PAGE, PAGE),), 2, rank, True)
+            mapping = CanonicalPageMapping(
+                PAGE, PAGE, (CopyRun(0, 0, PAGE, 1, PAGE, PAGE),), 2, rank, True
+            )
         else:
             mapping = None
         refs = [[CanonicalKVCacheRef(t, PAGE, mapping) for t in range(2)]]
-        worker = spec.get_worker(CanonicalKVCaches([CanonicalKVCacheTensor(g, PAGE) for g in gpu], refs))
+        worker = spec.get_worker(
+            CanonicalKVCaches([CanonicalKVCacheTensor(g, PAGE) for g in gpu], refs)
+        )
         blocks = [5, 9, 13]
-        worker.submit_store(1, GPULoadStoreSpec(blocks, group_sizes=[3], block_indices=[0]),
-                            CPULoadStoreSpec([0, 1, 2]))
+        worker.submit_store(
+            1,
+            GPULoadStoreSpec(blocks, group_sizes=[3], block_indices=[0]),
+            CPULoadStoreSpec([0, 1, 2]),
+        )
         worker.wait({1})
         (r,) = worker.get_finished()
         assert r.success, r
@@ -682,16 +908,22 @@ def _rank(rank, mode, model_dir, init, engine_id, out):
                     for owner in range(2):  # each rank's cell: its tensors' pages side by side
                         at = c * row + owner * region.cpu_page_size + t * PAGE
                         want = (b + 16 * t + 64 * owner) & 0xFF
-                        assert (base[at:at + PAGE].view(np.uint8) == want).all(), (mode, c, t, owner)
+                        assert (base[at : at + PAGE].view(np.uint8) == want).all(), (
+                            mode,
+                            c,
+                            t,
+                            owner,
+                        )
                 else:  # one copy, canonical area from the row's start; page c written by rank c % 2
                     at = c * row + t * PAGE
                     want = (b + 16 * t + 64 * (c % 2)) & 0xFF
-                    assert (base[at:at + PAGE].view(np.uint8) == want).all(), (mode, c, t)
+                    assert (base[at : at + PAGE].view(np.uint8) == want).all(), (mode, c, t)
         ps.get_world_group().barrier()
         worker.shutdown()
         out.put((rank, "ok"))
     except BaseException as e:  # noqa: BLE001 - reported to the test
         import traceback
+
         out.put((rank, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
@@ -702,11 +934,14 @@ def test_two_ranks_share_vllms_region(model_dir, tmp_path, mode):
     turns to write it (vLLM's writer rotation)."""
     import multiprocessing
     import uuid
+
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     init = f"file://{tmp_path}/init"
     engine_id = f"gfd-test-{uuid.uuid4().hex}"
-    procs = [ctx.Process(target=_rank, args=(r, mode, model_dir, init, engine_id, out)) for r in range(2)]
+    procs = [
+        ctx.Process(target=_rank, args=(r, mode, model_dir, init, engine_id, out)) for r in range(2)
+    ]
     for p in procs:
         p.start()
     results = {}
@@ -722,28 +957,39 @@ def test_packed_layout_one_region_per_block(model_dir, monkeypatch):
     """A packed layout (DeepSeek-V4: every layer of a block interleaved in one region, its block
     stride larger than any layer's page) reaches the worker as vLLM hands it over: one tensor of
     whole blocks, every group referring to it. Stored and loaded back byte for byte."""
-    from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
+    from vllm.v1.kv_offload.base import (
+        CanonicalKVCacheRef,
+        CanonicalKVCaches,
+        CanonicalKVCacheTensor,
+    )
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
     monkeypatch.setenv("GFD_EMULATED_DEVICE", "1")
     vc = vllm_config(model_dir, {"gfd_options": SMALL, "block_size": 2 * TOKENS})
-    spec = OffloadingSpecFactory.create_spec(build_offloading_config(vc, kv_cache_config("one_group")))
+    spec = OffloadingSpecFactory.create_spec(
+        build_offloading_config(vc, kv_cache_config("one_group"))
+    )
     block = 2 * PAGE  # the packed block: both layers' pages
     whole = torch.empty((NUM_BLOCKS, block), dtype=torch.int8)
     gpu = whole.numpy()
     gpu[:] = np.random.default_rng(10).integers(-128, 128, gpu.shape, dtype=np.int8)
-    worker = spec.get_worker(CanonicalKVCaches([CanonicalKVCacheTensor(whole, block)],
-                                               [[CanonicalKVCacheRef(0, block)]]))
+    worker = spec.get_worker(
+        CanonicalKVCaches([CanonicalKVCacheTensor(whole, block)], [[CanonicalKVCacheRef(0, block)]])
+    )
     host = worker.core.host_pages(0)
     assert host.shape[1:] == (2, block)
     blocks = [7, 3, 30, 12]  # chunks 4 and 1, two blocks each
-    assert worker.submit_store(1, GPULoadStoreSpec(blocks, group_sizes=[4], block_indices=[0]),
-                               CPULoadStoreSpec([4, 1]))
+    assert worker.submit_store(
+        1, GPULoadStoreSpec(blocks, group_sizes=[4], block_indices=[0]), CPULoadStoreSpec([4, 1])
+    )
     worker.wait({1})
     assert [r.success for r in worker.get_finished()] == [True]
     for i, b in enumerate(blocks):
         assert np.array_equal(host[[4, 1][i // 2], i % 2], gpu[b])
     back = [40, 41, 42]  # from the second sub-block of chunk 4 on
-    assert worker.submit_load(2, CPULoadStoreSpec([4, 1]), GPULoadStoreSpec(back, group_sizes=[3], block_indices=[1]))
+    assert worker.submit_load(
+        2, CPULoadStoreSpec([4, 1]), GPULoadStoreSpec(back, group_sizes=[3], block_indices=[1])
+    )
     worker.wait({2})
     assert [r.success for r in worker.get_finished()] == [True]
     for b, src in zip(back, blocks[1:]):

@@ -42,10 +42,10 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import numpy as np
-
 import gfd
+import numpy as np
 from gfd import testing
+
 from ._util import fmt_size, percentile
 
 METHODS = ("gfd", "batch_async", "per_block", "zero_copy_kernel")
@@ -70,7 +70,9 @@ def parse_size(text: str) -> int:
     try:
         value = float(s) if "." in s else int(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a size (examples: 4096, 16K, 4G)")
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a size (examples: 4096, 16K, 4G)"
+        ) from None
     n = int(value * mult)
     if n <= 0:
         raise argparse.ArgumentTypeError(f"'{text}': a size must be positive")
@@ -85,7 +87,9 @@ def int_list(text: str) -> List[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of integers")
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a comma-separated list of integers"
+        ) from None
     if not out or any(v <= 0 for v in out):
         raise argparse.ArgumentTypeError(f"'{text}': every value must be a positive integer")
     return out
@@ -103,7 +107,7 @@ def fill_random(a: np.ndarray, salt: int) -> None:
         base = _BASE[n] = np.random.default_rng(0x9E3779B9).integers(1, 256, n, dtype=np.uint8)
     for seg, off in enumerate(range(0, a.size, n)):
         k = min(n, a.size - off)
-        a[off:off + k] = np.roll(base, 4099 * (salt * 997 + seg + 1))[:k]
+        a[off : off + k] = np.roll(base, 4099 * (salt * 997 + seg + 1))[:k]
 
 
 def lcm(values: List[int]) -> int:
@@ -121,11 +125,11 @@ class Sample:
     __slots__ = ("time_us", "event_us", "wall_us", "call_us", "window")
 
     def __init__(self, time_us, event_us, wall_us, call_us, window):
-        self.time_us = time_us    # the figure: events (h2d) or host clock to completion (d2h)
+        self.time_us = time_us  # the figure: events (h2d) or host clock to completion (d2h)
         self.event_us = event_us  # start to end event on the stream (None on the emulated device)
-        self.wall_us = wall_us    # host clock, call to completion
-        self.call_us = call_us    # how long the call blocked
-        self.window = window      # (start event, end event) for the load overlap, or None
+        self.wall_us = wall_us  # host clock, call to completion
+        self.call_us = call_us  # how long the call blocked
+        self.window = window  # (start event, end event) for the load overlap, or None
 
 
 class TorchEnv:
@@ -133,8 +137,16 @@ class TorchEnv:
 
     emulated = False
 
-    def __init__(self, torch: Any, device: int, caches: int, host_per_cache: int, gpu_per_cache: int,
-                 first_bs: int, max_nbytes: int) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        device: int,
+        caches: int,
+        host_per_cache: int,
+        gpu_per_cache: int,
+        first_bs: int,
+        max_nbytes: int,
+    ) -> None:
         self.torch = torch
         self.dev = torch.device("cuda", device)
         torch.cuda.set_device(self.dev)
@@ -148,8 +160,12 @@ class TorchEnv:
             t = torch.from_dlpack(buf)
             fill_random(t.numpy(), i)
             self.host_flat.append(t.view(-1))
-        self.gpu_flat = [torch.empty((gpu_per_cache // first_bs, first_bs), dtype=torch.int8, device=self.dev).view(-1)
-                         for _ in range(caches)]
+        self.gpu_flat = [
+            torch.empty(
+                (gpu_per_cache // first_bs, first_bs), dtype=torch.int8, device=self.dev
+            ).view(-1)
+            for _ in range(caches)
+        ]
         self.ref_host = torch.empty(max_nbytes, dtype=torch.uint8, pin_memory=True)
         fill_random(self.ref_host.numpy(), 100003)
         self.ref_gpu = torch.empty(max_nbytes, dtype=torch.uint8, device=self.dev)
@@ -197,8 +213,11 @@ class TorchEnv:
         torch = self.torch
         with self.current():
             for g in self.gpu_flat:
-                g.view(torch.uint8).copy_(torch.randint(1, 256, g.shape, dtype=torch.uint8, device=self.dev,
-                                                        generator=self.gen))
+                g.view(torch.uint8).copy_(
+                    torch.randint(
+                        1, 256, g.shape, dtype=torch.uint8, device=self.dev, generator=self.gen
+                    )
+                )
         self.stream.synchronize()
 
     def verify_h2d(self, hosts, gpus, pairs, submit) -> Tuple[bool, str]:
@@ -218,7 +237,10 @@ class TorchEnv:
                 return False, f"cache {i}: destination blocks differ from their sources"
             nz = int(torch.count_nonzero(g))
             if nz != n_bytes:
-                return False, f"cache {i}: {nz} nonzero bytes, expected {n_bytes} (bytes outside the mapped blocks written, or missed)"
+                return (
+                    False,
+                    f"cache {i}: {nz} nonzero bytes, expected {n_bytes} (bytes outside the mapped blocks written, or missed)",
+                )
         return True, ""
 
     def verify_d2h(self, gpus, hosts, pairs, submit) -> Tuple[bool, str]:
@@ -256,8 +278,14 @@ class EmulatedEnv:
     emulated = True
     label = "emulated device (host-only), gfd buffers"
 
-    def __init__(self, helper: gfd.Engine, caches: int, host_per_cache: int, gpu_per_cache: int,
-                 max_nbytes: int) -> None:
+    def __init__(
+        self,
+        helper: gfd.Engine,
+        caches: int,
+        host_per_cache: int,
+        gpu_per_cache: int,
+        max_nbytes: int,
+    ) -> None:
         self.helper = helper
         self.caches = caches
         self.host_per_cache = host_per_cache
@@ -272,15 +300,20 @@ class EmulatedEnv:
 
     def current(self):
         import contextlib
+
         return contextlib.nullcontext()
 
     def views(self, bs: int) -> Tuple[list, list]:
         # gfd.Buffer has no reshape: new buffers for each block size (they are small here).
         if self.bs != bs:
-            self.hosts = [testing.pinned_buffer(self.helper, (self.host_per_cache // bs, bs), "int8")
-                          for _ in range(self.caches)]
-            self.gpus = [testing.device_buffer(self.helper, (self.gpu_per_cache // bs, bs), "int8")
-                         for _ in range(self.caches)]
+            self.hosts = [
+                testing.pinned_buffer(self.helper, (self.host_per_cache // bs, bs), "int8")
+                for _ in range(self.caches)
+            ]
+            self.gpus = [
+                testing.device_buffer(self.helper, (self.gpu_per_cache // bs, bs), "int8")
+                for _ in range(self.caches)
+            ]
             for i, h in enumerate(self.hosts):
                 fill_random(np.asarray(h), i)
             self.bs = bs
@@ -329,8 +362,10 @@ class EmulatedEnv:
     def verify_d2h(self, gpus, hosts, pairs, submit) -> Tuple[bool, str]:
         rows = np.asarray(hosts[0]).shape[0]
         hset = set(pairs[:, 1].tolist())
-        nbr = np.array(sorted({j for k in hset for j in (k - 1, k + 1) if 0 <= j < rows and j not in hset}),
-                       dtype=np.int64)
+        nbr = np.array(
+            sorted({j for k in hset for j in (k - 1, k + 1) if 0 <= j < rows and j not in hset}),
+            dtype=np.int64,
+        )
         before = [np.asarray(h)[nbr].copy() for h in hosts]
         for h in hosts:
             np.asarray(h)[pairs[:, 1]] = 0
@@ -432,8 +467,9 @@ class DecodeLoad:
         t = [ev[0].elapsed_time(e) for e in ev]
         return [(t[i], t[i + 1]) for i in range(len(t) - 1)]
 
-    def during(self, spans: List[Tuple[float, float]], windows: List[Tuple[Any, Any]],
-               alone_ms: float) -> Tuple[Optional[float], Optional[float], int]:
+    def during(
+        self, spans: List[Tuple[float, float]], windows: List[Tuple[Any, Any]], alone_ms: float
+    ) -> Tuple[Optional[float], Optional[float], int]:
         """The load's slowdown while transfers run: (slowdown, median ms of the matmuls that
         overlap a transfer, how many do).
 
@@ -470,37 +506,101 @@ class DecodeLoad:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gfd_bench --layout paged",
-                                description="gfd measured the way a runtime calls it: copy_blocks over every layer's K and V caches, registered once.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--layers", type=int, default=32, help="layers (2 caches each, K and V; default 32)")
-    p.add_argument("--block-sizes", type=size_list, default=size_list("4K,16K,32K"),
-                   help="bytes per block of one cache, comma-separated (default 4K,16K,32K)")
-    p.add_argument("--blocks", type=int_list, default=[64], help="blocks per transfer, comma-separated (default 64)")
-    p.add_argument("--direction", choices=["h2d", "d2h", "both"], default="both", help="default both")
-    p.add_argument("--methods", default=",".join(METHODS),
-                   help=f"comma-separated, of {', '.join(METHODS)} (default all; 'gfd' is a default Engine)")
-    p.add_argument("--iters", type=int, default=20, help="timed repetitions (default 20, at least 20)")
+    p = argparse.ArgumentParser(
+        prog="python -m gfd_bench --layout paged",
+        description="gfd measured the way a runtime calls it: copy_blocks over every layer's K and V caches, registered once.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument(
+        "--layers", type=int, default=32, help="layers (2 caches each, K and V; default 32)"
+    )
+    p.add_argument(
+        "--block-sizes",
+        type=size_list,
+        default=size_list("4K,16K,32K"),
+        help="bytes per block of one cache, comma-separated (default 4K,16K,32K)",
+    )
+    p.add_argument(
+        "--blocks",
+        type=int_list,
+        default=[64],
+        help="blocks per transfer, comma-separated (default 64)",
+    )
+    p.add_argument(
+        "--direction", choices=["h2d", "d2h", "both"], default="both", help="default both"
+    )
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help=f"comma-separated, of {', '.join(METHODS)} (default all; 'gfd' is a default Engine)",
+    )
+    p.add_argument(
+        "--iters", type=int, default=20, help="timed repetitions (default 20, at least 20)"
+    )
     p.add_argument("--warmup", type=int, default=3, help="untimed repetitions first (default 3)")
-    p.add_argument("--host-cache-bytes", type=parse_size, default=None,
-                   help="all host caches together (default 4G; 256M on the emulated device)")
-    p.add_argument("--gpu-cache-bytes", type=parse_size, default=None,
-                   help="all GPU caches together (default 2G; 256M on the emulated device)")
-    p.add_argument("--under-load", nargs="?", const="decode", default=None, choices=["decode"],
-                   help="also measure under a decode-like matmul load on another stream")
+    p.add_argument(
+        "--host-cache-bytes",
+        type=parse_size,
+        default=None,
+        help="all host caches together (default 4G; 256M on the emulated device)",
+    )
+    p.add_argument(
+        "--gpu-cache-bytes",
+        type=parse_size,
+        default=None,
+        help="all GPU caches together (default 2G; 256M on the emulated device)",
+    )
+    p.add_argument(
+        "--under-load",
+        nargs="?",
+        const="decode",
+        default=None,
+        choices=["decode"],
+        help="also measure under a decode-like matmul load on another stream",
+    )
     p.add_argument("--device", type=int, default=0)
-    p.add_argument("--emulated", action="store_true", help="the emulated device (host-only figures, no torch)")
+    p.add_argument(
+        "--emulated", action="store_true", help="the emulated device (host-only figures, no torch)"
+    )
     p.add_argument("--csv", metavar="FILE", default=None, help="also write every row to FILE")
     p.add_argument("--seed", type=int, default=1, help="seed of the block picks (default 1)")
     return p
 
 
-CSV_FIELDS = ["layout", "device", "layers", "caches", "block_bytes", "blocks", "direction", "method", "backend",
-              "bytes", "iters", "p50_us", "p90_us", "p50_gbps", "p90_gbps", "ref_p50_gbps", "ratio",
-              "call_p50_us", "event_p50_us", "wall_p50_us", "verified", "load", "load_p50_gbps",
-              "load_p90_gbps", "load_ratio", "rate_kept", "load_dry", "mm_alone_ms", "mm_during_ms",
-              "load_slowdown", "mm_samples"]
+CSV_FIELDS = [
+    "layout",
+    "device",
+    "layers",
+    "caches",
+    "block_bytes",
+    "blocks",
+    "direction",
+    "method",
+    "backend",
+    "bytes",
+    "iters",
+    "p50_us",
+    "p90_us",
+    "p50_gbps",
+    "p90_gbps",
+    "ref_p50_gbps",
+    "ratio",
+    "call_p50_us",
+    "event_p50_us",
+    "wall_p50_us",
+    "verified",
+    "load",
+    "load_p50_gbps",
+    "load_p90_gbps",
+    "load_ratio",
+    "rate_kept",
+    "load_dry",
+    "mm_alone_ms",
+    "mm_during_ms",
+    "load_slowdown",
+    "mm_samples",
+]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -513,7 +613,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
-        p.error(f"--methods: unknown {', '.join(bad) or '(none)'}; choose from {', '.join(METHODS)}")
+        p.error(
+            f"--methods: unknown {', '.join(bad) or '(none)'}; choose from {', '.join(METHODS)}"
+        )
     directions = ["h2d", "d2h"] if a.direction == "both" else [a.direction]
     caches = 2 * a.layers
 
@@ -521,23 +623,31 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch = None
     if emulated:
         if not a.emulated:
-            print("No CUDA GPU is visible here: running on the emulated device. These figures are host-only\n"
-                  "(gather threads into the real staging ring, the 'DMA' a host memcpy) and say nothing about PCIe.")
+            print(
+                "No CUDA GPU is visible here: running on the emulated device. These figures are host-only\n"
+                "(gather threads into the real staging ring, the 'DMA' a host memcpy) and say nothing about PCIe."
+            )
         if a.under_load:
-            print("--under-load needs torch and a CUDA GPU: no load on the emulated device (skipped)")
+            print(
+                "--under-load needs torch and a CUDA GPU: no load on the emulated device (skipped)"
+            )
     else:
         try:
             import torch  # noqa: F401  (the benchmark needs it; gfd itself does not)
         except ImportError:
-            print("error: --layout paged measures copy_blocks on torch tensors and times it with torch.cuda.Event,\n"
-                  "but torch is not installed for this interpreter. Install PyTorch (with CUDA), or pass --emulated\n"
-                  "for the host-only run, or use the default layout (python -m gfd_bench), which needs no torch.",
-                  file=sys.stderr)
+            print(
+                "error: --layout paged measures copy_blocks on torch tensors and times it with torch.cuda.Event,\n"
+                "but torch is not installed for this interpreter. Install PyTorch (with CUDA), or pass --emulated\n"
+                "for the host-only run, or use the default layout (python -m gfd_bench), which needs no torch.",
+                file=sys.stderr,
+            )
             return 2
         if not torch.cuda.is_available():
-            print("error: --layout paged: gfd sees a CUDA GPU but torch.cuda.is_available() is False (a CPU-only\n"
-                  "torch build?). Install a CUDA build of PyTorch, or pass --emulated for the host-only run.",
-                  file=sys.stderr)
+            print(
+                "error: --layout paged: gfd sees a CUDA GPU but torch.cuda.is_available() is False (a CPU-only\n"
+                "torch build?). Install a CUDA build of PyTorch, or pass --emulated for the host-only run.",
+                file=sys.stderr,
+            )
             return 2
 
     host_total = a.host_cache_bytes or ((256 << 20) if emulated else (4 << 30))
@@ -551,11 +661,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     max_n = max(a.blocks)
     for bs in sizes:
         if host_per_cache // bs < max_n:
-            p.error(f"--host-cache-bytes: {fmt_size(host_total)} over {caches} caches gives "
-                    f"{host_per_cache // bs} host blocks of {fmt_size(bs)} per cache, fewer than --blocks {max_n}")
+            p.error(
+                f"--host-cache-bytes: {fmt_size(host_total)} over {caches} caches gives "
+                f"{host_per_cache // bs} host blocks of {fmt_size(bs)} per cache, fewer than --blocks {max_n}"
+            )
         if gpu_per_cache // bs < max_n:
-            p.error(f"--gpu-cache-bytes: {fmt_size(gpu_total)} over {caches} caches gives "
-                    f"{gpu_per_cache // bs} GPU blocks of {fmt_size(bs)} per cache, fewer than --blocks {max_n}")
+            p.error(
+                f"--gpu-cache-bytes: {fmt_size(gpu_total)} over {caches} caches gives "
+                f"{gpu_per_cache // bs} GPU blocks of {fmt_size(bs)} per cache, fewer than --blocks {max_n}"
+            )
     max_nbytes = caches * max_n * max(sizes)
 
     # Engines: a default one ('gfd') and one per other backend, from the GFD_* variables (A/B runs).
@@ -564,10 +678,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     for m in methods:
         opts = {} if m == "gfd" else {"backend": m}
         try:
-            engines[m] = (testing.emulated_engine(**opts) if emulated
-                          else gfd.Engine.from_env(device=a.device, **opts))
+            engines[m] = (
+                testing.emulated_engine(**opts)
+                if emulated
+                else gfd.Engine.from_env(device=a.device, **opts)
+            )
         except gfd.Error as e:
-            print(f"skipped: {m}: gfd.Engine({', '.join(f'{k}={v!r}' for k, v in opts.items())}) raised: {e}")
+            print(
+                f"skipped: {m}: gfd.Engine({', '.join(f'{k}={v!r}' for k, v in opts.items())}) raised: {e}"
+            )
     if not engines:
         print("error: no engine could be created", file=sys.stderr)
         return 1
@@ -581,24 +700,40 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     st = helper.stats()
     backends = {m: e.options()["backend"] for m, e in engines.items()}
-    print(f"gfd_bench --layout paged: {a.layers} layers x K,V = {caches} caches per side, "
-          f"engine.copy_blocks(caches, direction, src_ids, dst_ids) on caches registered once, one call per transfer")
-    print(f"  device {a.device}{' (emulated)' if emulated else ''} | {env.label} | host caches "
-          f"{fmt_size(host_per_cache * caches)} (gfd.empty_pinned, {fmt_size(host_per_cache)} each, "
-          f"pinned={env.host_pinned}), GPU caches {fmt_size(gpu_per_cache * caches)} | cold: fresh random "
-          f"distinct host and device blocks every rep | {iters} timed reps after {warmup} warm-up")
-    print("  methods: " + ", ".join(f"{m} (backend {b})" for m, b in backends.items())
-          + f" | engine: {st['gather_threads']} gather threads, staging {fmt_size(st['staging_bytes'])}"
-          + (f" | GFD_* applied: {' '.join(f'{k}={v}' for k, v in sorted(os.environ.items()) if k.startswith('GFD_'))}"
-             if any(k.startswith("GFD_") for k in os.environ) and not emulated else ""))
+    print(
+        f"gfd_bench --layout paged: {a.layers} layers x K,V = {caches} caches per side, "
+        f"engine.copy_blocks(caches, direction, src_ids, dst_ids) on caches registered once, one call per transfer"
+    )
+    print(
+        f"  device {a.device}{' (emulated)' if emulated else ''} | {env.label} | host caches "
+        f"{fmt_size(host_per_cache * caches)} (gfd.empty_pinned, {fmt_size(host_per_cache)} each, "
+        f"pinned={env.host_pinned}), GPU caches {fmt_size(gpu_per_cache * caches)} | cold: fresh random "
+        f"distinct host and device blocks every rep | {iters} timed reps after {warmup} warm-up"
+    )
+    print(
+        "  methods: "
+        + ", ".join(f"{m} (backend {b})" for m, b in backends.items())
+        + f" | engine: {st['gather_threads']} gather threads, staging {fmt_size(st['staging_bytes'])}"
+        + (
+            f" | GFD_* applied: {' '.join(f'{k}={v}' for k, v in sorted(os.environ.items()) if k.startswith('GFD_'))}"
+            if any(k.startswith("GFD_") for k in os.environ) and not emulated
+            else ""
+        )
+    )
     if emulated:
-        print("  timing: host clock from the call until the transfer is done and the stream drained")
+        print(
+            "  timing: host clock from the call until the transfer is done and the stream drained"
+        )
     else:
-        print("  timing: h2d by torch.cuda.Event on the current stream; d2h host clock from the call until "
-              "t.wait() (bytes placed in host memory)")
+        print(
+            "  timing: h2d by torch.cuda.Event on the current stream; d2h host clock from the call until "
+            "t.wait() (bytes placed in host memory)"
+        )
     if load is not None:
-        print(f"  load: 4096x4096 bf16 matmul back to back on a default-priority stream, "
-              f"{load.mm_ms:.3f} ms each alone")
+        print(
+            f"  load: 4096x4096 bf16 matmul back to back on a default-priority stream, "
+            f"{load.mm_ms:.3f} ms each alone"
+        )
 
     rng = np.random.default_rng(a.seed)
     rows: List[dict] = []
@@ -613,8 +748,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             out.append(np.stack([d, h] if to_host else [h, d], 1).astype(np.int64))
         return out
 
-    def series(call_for: Callable[[Any], Callable[[], Any]], maps: List[Any], to_host: bool,
-               under_load: bool, cover_ms: float):
+    def series(
+        call_for: Callable[[Any], Callable[[], Any]],
+        maps: List[Any],
+        to_host: bool,
+        under_load: bool,
+        cover_ms: float,
+    ):
         """warmup + iters repetitions: the timed samples, and under load the matmul spans and
         every repetition's window (warm-up ones too: they load the GPU as well)."""
         samples, windows = [], []
@@ -638,10 +778,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         t = [s.time_us for s in samples]
         ev = [s.event_us for s in samples if s.event_us is not None]
         p50, p90 = percentile(t, 0.5), percentile(t, 0.9)
-        return dict(p50_us=p50, p90_us=p90, p50_gbps=nbytes / (p50 * 1e3), p90_gbps=nbytes / (p90 * 1e3),
-                    call_p50_us=percentile([s.call_us for s in samples], 0.5),
-                    event_p50_us=percentile(ev, 0.5) if ev else None,
-                    wall_p50_us=percentile([s.wall_us for s in samples], 0.5))
+        return dict(
+            p50_us=p50,
+            p90_us=p90,
+            p50_gbps=nbytes / (p50 * 1e3),
+            p90_gbps=nbytes / (p90 * 1e3),
+            call_p50_us=percentile([s.call_us for s in samples], 0.5),
+            event_p50_us=percentile(ev, 0.5) if ev else None,
+            wall_p50_us=percentile([s.wall_us for s in samples], 0.5),
+        )
 
     def skip(name: str, direction: str, bs: int, n: int, what: str, e: Exception) -> None:
         why = f"{what} raised gfd.Error [{getattr(e, 'code', '?')}]: {e}"
@@ -662,8 +807,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 way = gfd.Direction.TO_HOST if to_host else gfd.Direction.TO_DEVICE
                 for n in a.blocks:
                     nbytes = caches * n * bs
-                    print(f"  ... {fmt_size(bs)} x {n} blocks x {caches} caches, {direction}", file=sys.stderr,
-                          flush=True)
+                    print(
+                        f"  ... {fmt_size(bs)} x {n} blocks x {caches} caches, {direction}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     ref_call = env.reference(nbytes, to_host)
 
                     def plan(name):
@@ -673,11 +821,20 @@ def main(argv: Optional[List[str]] = None) -> int:
                         eng = engines[name]
                         maps = [env.mapping(x) for x in picks(n, hb, gb, to_host, warmup + iters)]
                         cs = sets[name]
-                        return (lambda m: (lambda: eng.copy_blocks(cs, way, m[0], m[1]))), maps
+                        return (lambda m: lambda: eng.copy_blocks(cs, way, m[0], m[1])), maps
 
-                    config = dict(layout="paged", device=("emulated" if emulated else str(a.device)),
-                                  layers=a.layers, caches=caches, block_bytes=bs, blocks=n, direction=direction,
-                                  bytes=nbytes, iters=iters, load=a.under_load if load is not None else "")
+                    config = dict(
+                        layout="paged",
+                        device=("emulated" if emulated else str(a.device)),
+                        layers=a.layers,
+                        caches=caches,
+                        block_bytes=bs,
+                        blocks=n,
+                        direction=direction,
+                        bytes=nbytes,
+                        iters=iters,
+                        load=a.under_load if load is not None else "",
+                    )
                     measured = []  # rows of this configuration, the contiguous copy first
                     for name in [REF] + list(engines):
                         call_for, maps = plan(name)
@@ -694,15 +851,21 @@ def main(argv: Optional[List[str]] = None) -> int:
                             try:
                                 verify = env.verify_d2h if to_host else env.verify_h2d
                                 cs = sets[name]
-                                good, why = verify(src, dst, pairs, lambda: eng.copy_blocks(cs, way, m[0], m[1]))
+                                good, why = verify(
+                                    src, dst, pairs, lambda: eng.copy_blocks(cs, way, m[0], m[1])
+                                )
                             except gfd.Error as e:
                                 good, why = False, f"gfd.Error: {e}"
                             if not good:
                                 failures += 1
-                                print(f"VERIFY FAILED: {name} {direction} {fmt_size(bs)} x {n}: {why}",
-                                      file=sys.stderr)
+                                print(
+                                    f"VERIFY FAILED: {name} {direction} {fmt_size(bs)} x {n}: {why}",
+                                    file=sys.stderr,
+                                )
                             ok = "yes" if good else "NO"
-                        row = dict(config, method=name, backend=backends.get(name, "-"), verified=ok)
+                        row = dict(
+                            config, method=name, backend=backends.get(name, "-"), verified=ok
+                        )
                         row.update(summarize(s, nbytes))
                         measured.append(row)
                     ref = measured[0] if measured and measured[0]["method"] == REF else None
@@ -721,10 +884,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                                 continue
                             lsum = summarize(ls, nbytes)
                             slow, mm_during, count = load.during(spans, windows, mm_alone)
-                            row.update(load_p50_gbps=lsum["p50_gbps"], load_p90_gbps=lsum["p90_gbps"],
-                                       rate_kept=lsum["p50_gbps"] / row["p50_gbps"], load_dry=load.dry,
-                                       mm_alone_ms=mm_alone, mm_during_ms=mm_during, mm_samples=count,
-                                       load_slowdown=slow)
+                            row.update(
+                                load_p50_gbps=lsum["p50_gbps"],
+                                load_p90_gbps=lsum["p90_gbps"],
+                                rate_kept=lsum["p50_gbps"] / row["p50_gbps"],
+                                load_dry=load.dry,
+                                mm_alone_ms=mm_alone,
+                                mm_during_ms=mm_during,
+                                mm_samples=count,
+                                load_slowdown=slow,
+                            )
                         lref = ref.get("load_p50_gbps") if ref else None
                         for row in measured:
                             if lref and row.get("load_p50_gbps"):
@@ -736,8 +905,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if emulated:
         print("(host-only: the emulated device; these figures say nothing about PCIe)")
     if load is not None and any(r.get("load_dry") for r in rows):
-        print("note: the load queue ran empty during some repetitions (load_dry in the CSV): those "
-              "repetitions were partly unloaded")
+        print(
+            "note: the load queue ran empty during some repetitions (load_dry in the CSV): those "
+            "repetitions were partly unloaded"
+        )
     for (name, direction), why in skipped.items():
         print(f"skipped: {name} {direction} (first reason): {why}")
     print(f"({elapsed:.1f} s measuring)")
@@ -746,8 +917,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
             w.writeheader()
             for r in rows:
-                w.writerow({k: ("" if r.get(k) is None else (f"{r[k]:.6g}" if isinstance(r.get(k), float) else r[k]))
-                            for k in CSV_FIELDS})
+                w.writerow(
+                    {
+                        k: (
+                            ""
+                            if r.get(k) is None
+                            else (f"{r[k]:.6g}" if isinstance(r.get(k), float) else r[k])
+                        )
+                        for k in CSV_FIELDS
+                    }
+                )
         print(f"wrote {len(rows)} rows to {a.csv}")
     env.close()
     for e in engines.values():
@@ -758,24 +937,33 @@ def main(argv: Optional[List[str]] = None) -> int:
 def print_table(rows: List[dict], loaded: bool) -> None:
     def f(v, spec):
         return "-" if v is None else format(v, spec)
+
     print()
-    head = (f"{'block':>8}{'blocks':>7}{'dir':>5}  {'method':<18}{'P50 GB/s':>9}{'ratio':>7}{'P90 GB/s':>9}"
-            f"{'call us':>9}  {'verified':<8}")
+    head = (
+        f"{'block':>8}{'blocks':>7}{'dir':>5}  {'method':<18}{'P50 GB/s':>9}{'ratio':>7}{'P90 GB/s':>9}"
+        f"{'call us':>9}  {'verified':<8}"
+    )
     if loaded:
         head += f"{'load GB/s':>10}{'kept':>6}{'ratio':>7}{'mm x':>8}"
     print(head)
     for r in rows:
-        line = (f"{fmt_size(r['block_bytes']).replace(' ', ''):>8}{r['blocks']:>7}{r['direction']:>5}  "
-                f"{r['method']:<18}{r['p50_gbps']:>9.2f}{f(r.get('ratio'), '.2f'):>7}{r['p90_gbps']:>9.2f}"
-                f"{r['call_p50_us']:>9.0f}  {r['verified']:<8}")
+        line = (
+            f"{fmt_size(r['block_bytes']).replace(' ', ''):>8}{r['blocks']:>7}{r['direction']:>5}  "
+            f"{r['method']:<18}{r['p50_gbps']:>9.2f}{f(r.get('ratio'), '.2f'):>7}{r['p90_gbps']:>9.2f}"
+            f"{r['call_p50_us']:>9.0f}  {r['verified']:<8}"
+        )
         if loaded:
-            line += (f"{f(r.get('load_p50_gbps'), '.2f'):>10}{f(r.get('rate_kept'), '.2f'):>6}"
-                     f"{f(r.get('load_ratio'), '.2f'):>7}{f(r.get('load_slowdown'), '.3f'):>8}")
+            line += (
+                f"{f(r.get('load_p50_gbps'), '.2f'):>10}{f(r.get('rate_kept'), '.2f'):>6}"
+                f"{f(r.get('load_ratio'), '.2f'):>7}{f(r.get('load_slowdown'), '.3f'):>8}"
+            )
         print(line)
     if loaded:
-        print("kept: P50 under load / idle P50; ratio: to the contiguous copy under the same load; mm x: the "
-              "load's slowdown while transfers run\n(its rate alone / its rate during them; the contiguous "
-              "copy's is the floor)")
+        print(
+            "kept: P50 under load / idle P50; ratio: to the contiguous copy under the same load; mm x: the "
+            "load's slowdown while transfers run\n(its rate alone / its rate during them; the contiguous "
+            "copy's is the floor)"
+        )
 
 
 if __name__ == "__main__":

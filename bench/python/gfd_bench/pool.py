@@ -20,15 +20,14 @@ tensors) through ``engine.register_caches`` once and ``engine.copy_blocks(caches
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import Any, List
 
-import numpy as np
-
 import gfd
+import numpy as np
 from gfd import testing
+
 from ._util import fmt_size, percentile
 
 
@@ -46,13 +45,14 @@ def l3_bytes() -> int:
     return 256 << 20
 
 
-
 class TorchEnv:
     """Buffers, stream and the contiguous copy from torch."""
 
     label = "torch"
 
-    def __init__(self, torch: Any, device: int, pool_bytes: int, span: int, use_gfd_pool: bool) -> None:
+    def __init__(
+        self, torch: Any, device: int, pool_bytes: int, span: int, use_gfd_pool: bool
+    ) -> None:
         self.torch = torch
         self.dev = torch.device("cuda", device)
         self.stream = torch.cuda.Stream(self.dev)
@@ -91,7 +91,7 @@ class TorchEnv:
         self.sync()
 
     def write_device(self, data: np.ndarray) -> None:
-        self.dst[:data.size].copy_(self.torch.from_numpy(data))
+        self.dst[: data.size].copy_(self.torch.from_numpy(data))
         self.torch.cuda.synchronize(self.dev)
 
     def pool_view(self) -> np.ndarray:
@@ -101,7 +101,9 @@ class TorchEnv:
 class GfdEnv:
     """The same from gfd's testing helpers (no torch), on a real or the emulated device."""
 
-    def __init__(self, helper: gfd.Engine, device: int, pool_bytes: int, span: int, emulated: bool) -> None:
+    def __init__(
+        self, helper: gfd.Engine, device: int, pool_bytes: int, span: int, emulated: bool
+    ) -> None:
         self.helper = helper
         self.label = "emulated device (host-only)" if emulated else "gfd helpers"
         self.handle = testing.create_stream(helper)
@@ -154,7 +156,7 @@ def fill_random(a: np.ndarray) -> None:
     chunk = rng.integers(1, 256, min(a.size, 64 << 20), dtype=np.uint8)
     for off in range(0, a.size, chunk.size):
         n = min(chunk.size, a.size - off)
-        a[off:off + n] = chunk[:n]
+        a[off : off + n] = chunk[:n]
         chunk = np.roll(chunk, 4099)  # no two chunks alike
 
 
@@ -165,29 +167,56 @@ def main(argv: List[str] = None) -> int:
     known, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
     if known.layout == "paged":
         from . import paged
+
         return paged.main(rest)
     argv = rest
     p = argparse.ArgumentParser(prog="python -m gfd_bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--layout", choices=["flat", "paged"], default="flat",
-                   help="flat (default): scattered blocks of one pool through copy_to_device/copy_to_host; "
-                        "paged: every layer's K and V caches through copy_blocks on torch tensors, as vLLM "
-                        "calls it (python -m gfd_bench --layout paged --help)")
+    p.add_argument(
+        "--layout",
+        choices=["flat", "paged"],
+        default="flat",
+        help="flat (default): scattered blocks of one pool through copy_to_device/copy_to_host; "
+        "paged: every layer's K and V caches through copy_blocks on torch tensors, as vLLM "
+        "calls it (python -m gfd_bench --layout paged --help)",
+    )
     p.add_argument("--blocks", type=int, default=2048, help="blocks per transfer (default 2048)")
     p.add_argument("--block-size", type=int, default=4096, help="bytes per block (default 4096)")
-    p.add_argument("--backends", default="gather",
-                   help="comma-separated backends, or 'all' (default: gather)")
-    p.add_argument("--iters", type=int, default=30, help="timed repetitions (default 30, at least 20)")
+    p.add_argument(
+        "--backends", default="gather", help="comma-separated backends, or 'all' (default: gather)"
+    )
+    p.add_argument(
+        "--iters", type=int, default=30, help="timed repetitions (default 30, at least 20)"
+    )
     p.add_argument("--warmup", type=int, default=5, help="untimed repetitions first (default 5)")
-    p.add_argument("--warm", action="store_true", help="reuse the same source blocks every repetition")
-    p.add_argument("--dst", choices=["contiguous", "scattered"], default="contiguous",
-                   help="destination blocks consecutive (default) or a random permutation")
+    p.add_argument(
+        "--warm", action="store_true", help="reuse the same source blocks every repetition"
+    )
+    p.add_argument(
+        "--dst",
+        choices=["contiguous", "scattered"],
+        default="contiguous",
+        help="destination blocks consecutive (default) or a random permutation",
+    )
     p.add_argument("--direction", choices=["h2d", "d2h"], default="h2d", help="default h2d")
     p.add_argument("--device", type=int, default=0)
-    p.add_argument("--pool", choices=["pinned", "gfd"], default="pinned",
-                   help="source pool: torch's pinned memory (cudaHostAlloc, default) or gfd.HostPool")
-    p.add_argument("--pool-bytes", type=int, default=0, help="source pool size (default max(8 x L3, 32 x transfer))")
-    p.add_argument("--no-torch", action="store_true", help="use gfd's helpers even when torch is installed")
-    p.add_argument("--emulated", action="store_true", help="the emulated device (host-only figures)")
+    p.add_argument(
+        "--pool",
+        choices=["pinned", "gfd"],
+        default="pinned",
+        help="source pool: torch's pinned memory (cudaHostAlloc, default) or gfd.HostPool",
+    )
+    p.add_argument(
+        "--pool-bytes",
+        type=int,
+        default=0,
+        help="source pool size (default max(8 x L3, 32 x transfer))",
+    )
+    p.add_argument(
+        "--no-torch", action="store_true", help="use gfd's helpers even when torch is installed"
+    )
+    p.add_argument(
+        "--emulated", action="store_true", help="the emulated device (host-only figures)"
+    )
     a = p.parse_args(argv)
     iters = max(20, a.iters)
     n, size = a.blocks, a.block_size
@@ -199,8 +228,10 @@ def main(argv: List[str] = None) -> int:
 
     emulated = a.emulated or gfd.cuda_device_count() == 0
     if emulated and not a.emulated:
-        print("No CUDA GPU is visible here: running on the emulated device. These figures are host-only\n"
-              "(gather threads into the real staging ring, the 'DMA' a host memcpy) and say nothing about PCIe.")
+        print(
+            "No CUDA GPU is visible here: running on the emulated device. These figures are host-only\n"
+            "(gather threads into the real staging ring, the 'DMA' a host memcpy) and say nothing about PCIe."
+        )
     torch = None
     if not emulated and not a.no_torch:
         try:
@@ -214,7 +245,10 @@ def main(argv: List[str] = None) -> int:
     pool_bytes = max(pool_bytes & ~((1 << 20) - 1), 1 << 20)
     slots = pool_bytes // (2 * size)
     if n > slots // 2:
-        print(f"error: a {fmt_size(pool_bytes)} pool cannot give {n} blocks of {fmt_size(size)}", file=sys.stderr)
+        print(
+            f"error: a {fmt_size(pool_bytes)} pool cannot give {n} blocks of {fmt_size(size)}",
+            file=sys.stderr,
+        )
         return 2
 
     engines = {}
@@ -231,15 +265,21 @@ def main(argv: List[str] = None) -> int:
     nbytes = n * size
 
     st = first.stats()
-    print(f"gfd_bench: {n} x {fmt_size(size)} ({fmt_size(nbytes) if nbytes % 1024 == 0 else nbytes}), "
-          f"{'device to host' if to_host else 'host to device'}, "
-          f"{'warm (same blocks every rep)' if a.warm else 'cold (fresh random blocks every rep)'}, "
-          f"{a.dst} destinations")
-    print(f"  device {a.device}{' (emulated)' if emulated else ''} | buffers: {env.label} | pool "
-          f"{fmt_size(pool_bytes)} ({env.pool_label}), L3 {fmt_size(l3_bytes())}, 2x block stride | "
-          f"{iters} timed reps after {a.warmup} warm-up")
-    print(f"  engine: {st['gather_threads']} gather threads, staging {fmt_size(st['staging_bytes'])} "
-          f"({st['hugepages']} pages), numa node {st['numa_node']}, staging writes {st['staging_writes']}")
+    print(
+        f"gfd_bench: {n} x {fmt_size(size)} ({fmt_size(nbytes) if nbytes % 1024 == 0 else nbytes}), "
+        f"{'device to host' if to_host else 'host to device'}, "
+        f"{'warm (same blocks every rep)' if a.warm else 'cold (fresh random blocks every rep)'}, "
+        f"{a.dst} destinations"
+    )
+    print(
+        f"  device {a.device}{' (emulated)' if emulated else ''} | buffers: {env.label} | pool "
+        f"{fmt_size(pool_bytes)} ({env.pool_label}), L3 {fmt_size(l3_bytes())}, 2x block stride | "
+        f"{iters} timed reps after {a.warmup} warm-up"
+    )
+    print(
+        f"  engine: {st['gather_threads']} gather threads, staging {fmt_size(st['staging_bytes'])} "
+        f"({st['hugepages']} pages), numa node {st['numa_node']}, staging writes {st['staging_writes']}"
+    )
 
     # The contiguous copy of the same bytes, timed the same way (call to stream completion).
     ref_us = []
@@ -307,9 +347,13 @@ def main(argv: List[str] = None) -> int:
     print()
     print(f"{'method':<22}{'P50 GB/s':>10}{'P90 GB/s':>10}{'ratio':>8}  verified")
     ref_p90 = percentile(ref_us, 0.9)
-    print(f"{'contiguous copy':<22}{ref_gbps:>10.2f}{nbytes / (ref_p90 * 1e3):>10.2f}{1.0:>8.2f}  -")
+    print(
+        f"{'contiguous copy':<22}{ref_gbps:>10.2f}{nbytes / (ref_p90 * 1e3):>10.2f}{1.0:>8.2f}  -"
+    )
     for b, g50, g90, ok in rows:
-        print(f"{'gfd ' + b:<22}{g50:>10.2f}{g90:>10.2f}{g50 / ref_gbps:>8.2f}  {'yes' if ok else 'NO'}")
+        print(
+            f"{'gfd ' + b:<22}{g50:>10.2f}{g90:>10.2f}{g50 / ref_gbps:>8.2f}  {'yes' if ok else 'NO'}"
+        )
     if emulated:
         print("(host-only: the emulated device; these figures say nothing about PCIe)")
     if isinstance(env, GfdEnv):

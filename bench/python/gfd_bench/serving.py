@@ -65,56 +65,143 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from ._util import percentile, write_csv
 from . import serving_loads as loads
+from ._util import percentile, write_csv
 from .serving_model import DecodeModel, KVCaches, ModelShape, Scheduler, pages_per_sequence
 
 ALONE, DMA = "alone", "dma"
 PATHS = ("gfd", "gfd_worker", "batch", "per_block", "uva2", "uva12")
 
-CSV_FIELDS = ["batch", "path", "device", "layers", "context", "output_len", "sched_us", "load_every",
-              "load_pages", "load_bytes", "steps", "loads", "tpot_p50_ms", "tpot_p99_ms", "tpot_mean_ms",
-              "p50_vs_alone", "p99_vs_alone", "p50_vs_dma", "p99_vs_dma", "gpu_step_p50_ms", "gpu_step_p99_ms",
-              "load_p50_us", "load_p99_us", "load_gbps", "call_p50_us", "call_p99_us", "backlog", "verified"]
+CSV_FIELDS = [
+    "batch",
+    "path",
+    "device",
+    "layers",
+    "context",
+    "output_len",
+    "sched_us",
+    "load_every",
+    "load_pages",
+    "load_bytes",
+    "steps",
+    "loads",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "tpot_mean_ms",
+    "p50_vs_alone",
+    "p99_vs_alone",
+    "p50_vs_dma",
+    "p99_vs_dma",
+    "gpu_step_p50_ms",
+    "gpu_step_p99_ms",
+    "load_p50_us",
+    "load_p99_us",
+    "load_gbps",
+    "call_p50_us",
+    "call_p99_us",
+    "backlog",
+    "verified",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gfd_bench.serving",
-                                description="A decode loop (CUDA graph replayed by a Python loop) beside prefix-hit "
-                                            "KV loads through each path: TPOT P50/P99 and each load's time.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--batch-sizes", default="1,16,64", help="decode batch sizes, comma-separated (default 1,16,64)")
-    p.add_argument("--paths", default=",".join(PATHS),
-                   help=f"load paths beside the loop, comma-separated, of {', '.join(PATHS)} (default all; the "
-                        "loop alone and the contiguous DMA always run)")
-    p.add_argument("--layers", type=int, default=4, help="decoder layers (K and V caches each; default 4)")
-    p.add_argument("--vocab", type=int, default=16384,
-                   help="LM head size (default 16384: about the share of the step that Llama-3-8B's 128256-token "
-                        "head has beside its 32 layers)")
-    p.add_argument("--context", type=int, default=1024, help="tokens in the cache when a request starts (default 1024)")
-    p.add_argument("--output-len", type=int, default=128,
-                   help="tokens a request generates before a new one takes its place (default 128)")
-    p.add_argument("--sched-us", type=float, default=300.0,
-                   help="the scheduler's Python work between steps, in microseconds (default 300)")
-    p.add_argument("--load-every", type=int, default=4, help="one load every N decode steps (default 4)")
-    p.add_argument("--load-pages", type=int, default=32, help="pages of 16 tokens per load, of every layer's K and V "
-                                                              "(default 32: 512 tokens)")
-    p.add_argument("--load-region-pages", type=int, default=None,
-                   help="pages per cache that loads land in, outside the batch's (default 8 x --load-pages)")
-    p.add_argument("--host-cache-bytes", default=None, help="pinned host caches in all (default 4G; --quick 1G)")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per path and batch size (default 1500; "
-                                                           "--quick 150)")
-    p.add_argument("--rounds", type=int, default=None, help="rounds the timed steps are spread over (default 3; "
-                                                            "--quick 1)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed steps before each path's steps in a round "
-                                                            "(default 50; --quick 20)")
-    p.add_argument("--quick", action="store_true", help="a short run (fewer steps, one round, 1G host caches)")
+    p = argparse.ArgumentParser(
+        prog="python -m gfd_bench.serving",
+        description="A decode loop (CUDA graph replayed by a Python loop) beside prefix-hit "
+        "KV loads through each path: TPOT P50/P99 and each load's time.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument(
+        "--batch-sizes",
+        default="1,16,64",
+        help="decode batch sizes, comma-separated (default 1,16,64)",
+    )
+    p.add_argument(
+        "--paths",
+        default=",".join(PATHS),
+        help=f"load paths beside the loop, comma-separated, of {', '.join(PATHS)} (default all; the "
+        "loop alone and the contiguous DMA always run)",
+    )
+    p.add_argument(
+        "--layers", type=int, default=4, help="decoder layers (K and V caches each; default 4)"
+    )
+    p.add_argument(
+        "--vocab",
+        type=int,
+        default=16384,
+        help="LM head size (default 16384: about the share of the step that Llama-3-8B's 128256-token "
+        "head has beside its 32 layers)",
+    )
+    p.add_argument(
+        "--context",
+        type=int,
+        default=1024,
+        help="tokens in the cache when a request starts (default 1024)",
+    )
+    p.add_argument(
+        "--output-len",
+        type=int,
+        default=128,
+        help="tokens a request generates before a new one takes its place (default 128)",
+    )
+    p.add_argument(
+        "--sched-us",
+        type=float,
+        default=300.0,
+        help="the scheduler's Python work between steps, in microseconds (default 300)",
+    )
+    p.add_argument(
+        "--load-every", type=int, default=4, help="one load every N decode steps (default 4)"
+    )
+    p.add_argument(
+        "--load-pages",
+        type=int,
+        default=32,
+        help="pages of 16 tokens per load, of every layer's K and V (default 32: 512 tokens)",
+    )
+    p.add_argument(
+        "--load-region-pages",
+        type=int,
+        default=None,
+        help="pages per cache that loads land in, outside the batch's (default 8 x --load-pages)",
+    )
+    p.add_argument(
+        "--host-cache-bytes",
+        default=None,
+        help="pinned host caches in all (default 4G; --quick 1G)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="timed steps per path and batch size (default 1500; --quick 150)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds the timed steps are spread over (default 3; --quick 1)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed steps before each path's steps in a round (default 50; --quick 20)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="a short run (fewer steps, one round, 1G host caches)"
+    )
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--csv", metavar="FILE", default=None, help="also write every row to FILE")
-    p.add_argument("--table", metavar="CSV", nargs="+", default=None,
-                   help="only print the Markdown table of these CSVs (one or more runs), then exit")
+    p.add_argument(
+        "--table",
+        metavar="CSV",
+        nargs="+",
+        default=None,
+        help="only print the Markdown table of these CSVs (one or more runs), then exit",
+    )
     return p
 
 
@@ -131,14 +218,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         import torch
     except ImportError:
-        return skipped(f"needs torch with CUDA and a CUDA GPU, and torch is not installed for {sys.executable}")
+        return skipped(
+            f"needs torch with CUDA and a CUDA GPU, and torch is not installed for {sys.executable}"
+        )
     if not torch.cuda.is_available():
-        return skipped(f"needs a CUDA GPU, and torch {torch.__version__} sees none (torch.cuda.is_available() is "
-                       "False: no GPU or driver here, or a CPU-only torch build)")
+        return skipped(
+            f"needs a CUDA GPU, and torch {torch.__version__} sees none (torch.cuda.is_available() is "
+            "False: no GPU or driver here, or a CPU-only torch build)"
+        )
     import gfd
+
     if gfd.cuda_device_count() == 0:
         return skipped("needs a CUDA GPU, and gfd sees none")
     from .paged import int_list, parse_size
+
     try:
         a.batch = int_list(a.batch_sizes)
         a.host_bytes = parse_size(a.host_cache_bytes or ("1G" if a.quick else "4G"))
@@ -151,7 +244,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     a.steps = a.steps if a.steps is not None else (150 if a.quick else 1500)
     a.rounds = a.rounds if a.rounds is not None else (1 if a.quick else 3)
     a.warmup = a.warmup if a.warmup is not None else (20 if a.quick else 50)
-    for name in ("layers", "vocab", "context", "output_len", "load_every", "load_pages", "steps", "rounds"):
+    for name in (
+        "layers",
+        "vocab",
+        "context",
+        "output_len",
+        "load_every",
+        "load_pages",
+        "steps",
+        "rounds",
+    ):
         if getattr(a, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if a.warmup < 1:
@@ -163,7 +265,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if a.load_region_pages is None:
         a.load_region_pages = 8 * a.load_pages
     if a.load_region_pages < a.load_pages:
-        p.error(f"--load-region-pages {a.load_region_pages}: fewer than --load-pages {a.load_pages}")
+        p.error(
+            f"--load-region-pages {a.load_region_pages}: fewer than --load-pages {a.load_pages}"
+        )
     return run(a, torch, gfd)
 
 
@@ -174,10 +278,21 @@ def main(argv: Optional[List[str]] = None) -> int:
 class Loop:
     """One batch size's decode loop: the scheduler, the static inputs and the captured step."""
 
-    def __init__(self, torch: Any, model: DecodeModel, shape: ModelShape, batch: int, a: Any, pages_per_seq: int,
-                 device: Any, stream: Any) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        model: DecodeModel,
+        shape: ModelShape,
+        batch: int,
+        a: Any,
+        pages_per_seq: int,
+        device: Any,
+        stream: Any,
+    ) -> None:
         self.torch, self.stream = torch, stream
-        self.sched = Scheduler(batch, a.context, a.output_len, shape.page_tokens, pages_per_seq, shape.vocab)
+        self.sched = Scheduler(
+            batch, a.context, a.output_len, shape.page_tokens, pages_per_seq, shape.vocab
+        )
         self.inp_h = torch.zeros((3, batch), dtype=torch.int64, pin_memory=True)
         self.inp_np = self.inp_h.numpy()
         self.inp_g = torch.zeros((3, batch), dtype=torch.int64, device=device)
@@ -191,6 +306,7 @@ class Loop:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         from torch.nn.attention import SDPBackend, sdpa_kernel
+
         backends = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
         with sdpa_kernel(backends):
             with torch.cuda.stream(side):
@@ -208,8 +324,10 @@ class Loop:
             self.graph.replay()
             finite = bool(torch.isfinite(self.logits).all().item())
         if not finite:
-            raise RuntimeError(f"batch {batch}: the model's logits are not finite (weights or KV caches "
-                               "out of range)")
+            raise RuntimeError(
+                f"batch {batch}: the model's logits are not finite (weights or KV caches "
+                "out of range)"
+            )
 
     def _stage(self, inputs: tuple) -> None:
         ids, pos, slots = inputs
@@ -217,12 +335,23 @@ class Loop:
         self.inp_np[1] = pos
         self.inp_np[2] = slots
 
-    def series(self, path: Optional[loads.Path], steps: int, warmup: int, every: int, srcs: list, dsts: list,
-               budget_s: float) -> tuple:
+    def series(
+        self,
+        path: Optional[loads.Path],
+        steps: int,
+        warmup: int,
+        every: int,
+        srcs: list,
+        dsts: list,
+        budget_s: float,
+    ) -> tuple:
         """``warmup`` then ``steps`` decode steps, a load every ``every`` steps through ``path``
         (None: no loads). Returns (TPOT seconds per timed step, GPU ms per timed step)."""
         torch = self.torch
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+        ev = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(steps)
+        ]
         tpot: List[float] = []
         perf = time.perf_counter
         sched, graph, inp_g, inp_h, ms = self.sched, self.graph, self.inp_g, self.inp_h, self.stream
@@ -259,8 +388,15 @@ class Loop:
         del self.graph
 
 
-def verify(torch: Any, path: loads.Path, setup: loads.Setup, region: tuple, pages: int, host_pages: int,
-           rng: np.random.Generator) -> str:
+def verify(
+    torch: Any,
+    path: loads.Path,
+    setup: loads.Setup,
+    region: tuple,
+    pages: int,
+    host_pages: int,
+    rng: np.random.Generator,
+) -> str:
     """One load through ``path`` with fresh ids into a zeroed load region, outside any timing:
     "" when exact (the destination pages hold their sources, nothing else of the load region or
     of the batch's pages changed), else what differs."""
@@ -272,7 +408,11 @@ def verify(torch: Any, path: loads.Path, setup: loads.Setup, region: tuple, page
         path.issue(None, None, False)
         path.drain()
         path.take()
-        return "" if torch.equal(path.dev_buf.cpu(), path.host_buf) else "the device buffer differs from its source"
+        return (
+            ""
+            if torch.equal(path.dev_buf.cpu(), path.host_buf)
+            else "the device buffer differs from its source"
+        )
     for g in setup.gpu:
         g[lo:hi].zero_()
     before = [int(g[:lo].view(torch.int64).sum()) for g in setup.gpu]
@@ -289,16 +429,20 @@ def verify(torch: Any, path: loads.Path, setup: loads.Setup, region: tuple, page
             return f"tensor {t}: destination pages differ from their sources"
         nz = int(torch.count_nonzero(g[lo:hi]))
         if nz != pages * setup.page:
-            return f"tensor {t}: {nz} nonzero bytes in the load region, expected {pages * setup.page}"
+            return (
+                f"tensor {t}: {nz} nonzero bytes in the load region, expected {pages * setup.page}"
+            )
         if int(g[:lo].view(torch.int64).sum()) != before[t]:
             return f"tensor {t}: the running batch's pages changed"
     return ""
 
 
-def make_paths(a: Any, torch: Any, gfd: Any, setup: loads.Setup, count: int, dma_bytes: int,
-               fill: Any) -> tuple:
+def make_paths(
+    a: Any, torch: Any, gfd: Any, setup: loads.Setup, count: int, dma_bytes: int, fill: Any
+) -> tuple:
     """The paths of --paths that can run here, the contiguous DMA first; and the engines."""
     from gfd import testing
+
     paths: Dict[str, loads.Path] = {DMA: loads.ContiguousDma(setup, dma_bytes, fill)}
     engines: list = []
 
@@ -311,30 +455,43 @@ def make_paths(a: Any, torch: Any, gfd: Any, setup: loads.Setup, count: int, dma
     for name in a.path_list:
         try:
             if name == "gfd":
-                paths[name] = loads.GfdCaches(setup, gfd, helper, "gfd", "gfd, caches registered once (copy_blocks)")
+                paths[name] = loads.GfdCaches(
+                    setup, gfd, helper, "gfd", "gfd, caches registered once (copy_blocks)"
+                )
             elif name == "per_block":
-                paths[name] = loads.GfdCaches(setup, gfd, engine(backend="per_block"), "per_block",
-                                              "one cudaMemcpyAsync per page (gfd's per_block backend, the same call)")
+                paths[name] = loads.GfdCaches(
+                    setup,
+                    gfd,
+                    engine(backend="per_block"),
+                    "per_block",
+                    "one cudaMemcpyAsync per page (gfd's per_block backend, the same call)",
+                )
             elif name == "gfd_worker":
                 from gfd.kv_worker import KVTransferWorker
+
                 paths[name] = loads.GfdWorker(setup, KVTransferWorker, engine())
             elif name == "batch":
                 paths[name] = loads.VllmBatchDma(setup, testing, helper)
             elif name in ("uva2", "uva12"):
                 uva_copy = getattr(gfd._gfd.testing, "uva_copy", None)
                 if uva_copy is None:
-                    print(f"skipped: {name}: this gfd build has no gfd._gfd.testing.uva_copy (rebuild the extension)")
+                    print(
+                        f"skipped: {name}: this gfd build has no gfd._gfd.testing.uva_copy (rebuild the extension)"
+                    )
                     continue
                 paths[name] = loads.UvaKernel(setup, uva_copy, helper, int(name[3:]), count)
         except (gfd.Error, ImportError, RuntimeError) as e:
             print(f"skipped: {name}: {type(e).__name__}: {e}")
-    print("skipped: gfd_sglang: gfd.sglang drives SGLang's own HiCache objects (L2TransferEngine, host pools), "
-          "which this loop does not build; python -m gfd_bench.sglang measures its calls")
+    print(
+        "skipped: gfd_sglang: gfd.sglang drives SGLang's own HiCache objects (L2TransferEngine, host pools), "
+        "which this loop does not build; python -m gfd_bench.sglang measures its calls"
+    )
     return paths, engines
 
 
 def run(a: Any, torch: Any, gfd: Any) -> int:
     from .paged import fill_random
+
     t_start = time.perf_counter()
     dev = torch.device("cuda", a.device)
     torch.cuda.set_device(dev)
@@ -350,8 +507,11 @@ def run(a: Any, torch: Any, gfd: Any) -> int:
     page = caches.page_bytes
     host_pages = a.host_bytes // (tensors * page)
     if host_pages < a.load_pages:
-        print(f"error: --host-cache-bytes {a.host_bytes}: {host_pages} host pages per tensor, fewer than "
-              f"--load-pages {a.load_pages}", file=sys.stderr)
+        print(
+            f"error: --host-cache-bytes {a.host_bytes}: {host_pages} host pages per tensor, fewer than "
+            f"--load-pages {a.load_pages}",
+            file=sys.stderr,
+        )
         return 2
     host = []
     for i in range(tensors):
@@ -362,18 +522,24 @@ def run(a: Any, torch: Any, gfd: Any) -> int:
     model_stream = torch.cuda.Stream(dev)
     setup = loads.Setup(torch, dev, load_stream, caches.tensors, host)
     load_bytes = a.load_pages * tensors * page
-    paths, engines = make_paths(a, torch, gfd, setup, a.load_pages * tensors, load_bytes, fill_random)
+    paths, engines = make_paths(
+        a, torch, gfd, setup, a.load_pages * tensors, load_bytes, fill_random
+    )
     region = (caches.batch_pages, caches.num_pages)
     rng = np.random.default_rng(a.seed)
 
-    print(f"gfd_bench.serving: {a.layers} Llama-3-8B-shaped layers (bf16, random weights), LM head {a.vocab}, "
-          f"paged KV cache ({tensors} tensors of {caches.num_pages} pages x {page // 1024} KiB), context "
-          f"{a.context} + {a.output_len} tokens per request, CUDA graph replayed by a Python loop, "
-          f"{a.sched_us:.0f} us of scheduling per step")
-    print(f"  {torch.cuda.get_device_name(dev)} | torch {torch.__version__} | gfd {gfd.__version__} | load: "
-          f"{a.load_pages} pages x {tensors} tensors = {load_bytes / 1e6:.1f} MB every {a.load_every} steps from "
-          f"{host_pages * tensors * page / 2**30:.1f} GiB of pinned host caches | {a.steps} timed steps per path "
-          f"and batch size over {a.rounds} round(s), {a.warmup} warm-up steps each")
+    print(
+        f"gfd_bench.serving: {a.layers} Llama-3-8B-shaped layers (bf16, random weights), LM head {a.vocab}, "
+        f"paged KV cache ({tensors} tensors of {caches.num_pages} pages x {page // 1024} KiB), context "
+        f"{a.context} + {a.output_len} tokens per request, CUDA graph replayed by a Python loop, "
+        f"{a.sched_us:.0f} us of scheduling per step"
+    )
+    print(
+        f"  {torch.cuda.get_device_name(dev)} | torch {torch.__version__} | gfd {gfd.__version__} | load: "
+        f"{a.load_pages} pages x {tensors} tensors = {load_bytes / 1e6:.1f} MB every {a.load_every} steps from "
+        f"{host_pages * tensors * page / 2**30:.1f} GiB of pinned host caches | {a.steps} timed steps per path "
+        f"and batch size over {a.rounds} round(s), {a.warmup} warm-up steps each"
+    )
     for name, pth in paths.items():
         print(f"  path {name}: {pth.what}")
 
@@ -381,7 +547,9 @@ def run(a: Any, torch: Any, gfd: Any) -> int:
     # run (their module loads then, with no engine stream in flight).
     verified: Dict[str, str] = {}
     failures = 0
-    order = [DMA] + sorted((n for n in paths if n != DMA), key=lambda n: (not n.startswith("uva"), n))
+    order = [DMA] + sorted(
+        (n for n in paths if n != DMA), key=lambda n: (not n.startswith("uva"), n)
+    )
     for name in order:
         why = verify(torch, paths[name], setup, region, a.load_pages, host_pages, rng)
         verified[name] = "yes" if not why else "NO"
@@ -391,7 +559,9 @@ def run(a: Any, torch: Any, gfd: Any) -> int:
 
     names = [ALONE] + list(paths)
     budget = a.sched_us * 1e-6
-    per_round = [a.steps // a.rounds + (1 if r < a.steps % a.rounds else 0) for r in range(a.rounds)]
+    per_round = [
+        a.steps // a.rounds + (1 if r < a.steps % a.rounds else 0) for r in range(a.rounds)
+    ]
     rows: List[dict] = []
     for b in a.batch:
         loop = Loop(torch, model, shape, b, a, per_seq, dev, model_stream)
@@ -399,13 +569,24 @@ def run(a: Any, torch: Any, gfd: Any) -> int:
         gp: Dict[str, list] = {n: [] for n in names}
         recs: Dict[str, list] = {n: [] for n in names}
         for r, steps in enumerate(per_round):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                print(f"  ... batch {b}, {name}, round {r + 1}/{a.rounds}", file=sys.stderr, flush=True)
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                print(
+                    f"  ... batch {b}, {name}, round {r + 1}/{a.rounds}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 path = paths.get(name)
                 n_loads = (a.warmup + steps) // a.load_every + 1
-                srcs = [rng.choice(host_pages, a.load_pages, replace=False).astype(np.int64) for _ in range(n_loads)]
-                dsts = [(region[0] + rng.choice(region[1] - region[0], a.load_pages, replace=False)).astype(np.int64)
-                        for _ in range(n_loads)]
+                srcs = [
+                    rng.choice(host_pages, a.load_pages, replace=False).astype(np.int64)
+                    for _ in range(n_loads)
+                ]
+                dsts = [
+                    (
+                        region[0] + rng.choice(region[1] - region[0], a.load_pages, replace=False)
+                    ).astype(np.int64)
+                    for _ in range(n_loads)
+                ]
                 gc.collect()  # the garbage of setting up falls outside the series, alike for every path
                 t, g = loop.series(path, steps, a.warmup, a.load_every, srcs, dsts, budget)
                 tp[name] += t
@@ -415,7 +596,9 @@ def run(a: Any, torch: Any, gfd: Any) -> int:
         loop.close()
         del loop
         torch.cuda.empty_cache()
-        rows += summarize(b, names, tp, gp, recs, verified, a, load_bytes, torch.cuda.get_device_name(dev))
+        rows += summarize(
+            b, names, tp, gp, recs, verified, a, load_bytes, torch.cuda.get_device_name(dev)
+        )
 
     for pth in paths.values():
         pth.close()
@@ -433,25 +616,52 @@ def run(a: Any, torch: Any, gfd: Any) -> int:
     return 1 if failures else 0
 
 
-def summarize(batch: int, names: List[str], tp: dict, gp: dict, recs: dict, verified: dict, a: Any,
-              load_bytes: int, device: str) -> List[dict]:
+def summarize(
+    batch: int,
+    names: List[str],
+    tp: dict,
+    gp: dict,
+    recs: dict,
+    verified: dict,
+    a: Any,
+    load_bytes: int,
+    device: str,
+) -> List[dict]:
     rows = []
     for name in names:
         t = [x * 1e3 for x in tp[name]]
-        row = dict(batch=batch, path=name, device=device, layers=a.layers, context=a.context,
-                   output_len=a.output_len, sched_us=a.sched_us, load_every=a.load_every if name != ALONE else "",
-                   load_pages=a.load_pages if name != ALONE else "", load_bytes=load_bytes if name != ALONE else "",
-                   steps=len(t), tpot_p50_ms=percentile(t, 0.5), tpot_p99_ms=percentile(t, 0.99),
-                   tpot_mean_ms=sum(t) / len(t), gpu_step_p50_ms=percentile(gp[name], 0.5),
-                   gpu_step_p99_ms=percentile(gp[name], 0.99), verified=verified.get(name, "-"))
+        row = dict(
+            batch=batch,
+            path=name,
+            device=device,
+            layers=a.layers,
+            context=a.context,
+            output_len=a.output_len,
+            sched_us=a.sched_us,
+            load_every=a.load_every if name != ALONE else "",
+            load_pages=a.load_pages if name != ALONE else "",
+            load_bytes=load_bytes if name != ALONE else "",
+            steps=len(t),
+            tpot_p50_ms=percentile(t, 0.5),
+            tpot_p99_ms=percentile(t, 0.99),
+            tpot_mean_ms=sum(t) / len(t),
+            gpu_step_p50_ms=percentile(gp[name], 0.5),
+            gpu_step_p99_ms=percentile(gp[name], 0.99),
+            verified=verified.get(name, "-"),
+        )
         r = [x for x in recs[name] if x.usable_us is not None]
         row["loads"] = len(r) if name != ALONE else 0
         if r:
             usable = [x.usable_us for x in r]
             call = [x.call_us for x in r]
-            row.update(load_p50_us=percentile(usable, 0.5), load_p99_us=percentile(usable, 0.99),
-                       load_gbps=load_bytes / (percentile(usable, 0.5) * 1e3), call_p50_us=percentile(call, 0.5),
-                       call_p99_us=percentile(call, 0.99), backlog=sum(x.backlog for x in r))
+            row.update(
+                load_p50_us=percentile(usable, 0.5),
+                load_p99_us=percentile(usable, 0.99),
+                load_gbps=load_bytes / (percentile(usable, 0.5) * 1e3),
+                call_p50_us=percentile(call, 0.5),
+                call_p99_us=percentile(call, 0.99),
+                backlog=sum(x.backlog for x in r),
+            )
         rows.append(row)
     by = {r["path"]: r for r in rows}
     for row in rows:
@@ -472,23 +682,30 @@ def _f(v: Any, spec: str) -> str:
 
 def print_rows(rows: List[dict]) -> None:
     print()
-    print(f"{'batch':>5}  {'path':<11}{'TPOT p50':>9}{'p99 ms':>8}{'p50/alone':>10}{'p99/alone':>10}{'p99/dma':>8}"
-          f"{'GPU p50':>8}{'load p50':>9}{'p99 us':>8}{'GB/s':>6}{'call p50':>9}{'p99 us':>8}{'queued':>7}  verified")
+    print(
+        f"{'batch':>5}  {'path':<11}{'TPOT p50':>9}{'p99 ms':>8}{'p50/alone':>10}{'p99/alone':>10}{'p99/dma':>8}"
+        f"{'GPU p50':>8}{'load p50':>9}{'p99 us':>8}{'GB/s':>6}{'call p50':>9}{'p99 us':>8}{'queued':>7}  verified"
+    )
     for r in rows:
-        print(f"{r['batch']:>5}  {r['path']:<11}{r['tpot_p50_ms']:>9.3f}{r['tpot_p99_ms']:>8.3f}"
-              f"{_f(r.get('p50_vs_alone'), '.3f'):>10}{_f(r.get('p99_vs_alone'), '.3f'):>10}"
-              f"{_f(r.get('p99_vs_dma'), '.3f'):>8}{r['gpu_step_p50_ms']:>8.3f}{_f(r.get('load_p50_us'), '.0f'):>9}"
-              f"{_f(r.get('load_p99_us'), '.0f'):>8}{_f(r.get('load_gbps'), '.1f'):>6}"
-              f"{_f(r.get('call_p50_us'), '.0f'):>9}{_f(r.get('call_p99_us'), '.0f'):>8}"
-              f"{_f(r.get('backlog'), 'd'):>7}  {r['verified']}")
-    print("TPOT: host clock between tokens (ms); p50/alone, p99/alone: to the loop with no loads; p99/dma: to the "
-          "loop beside the contiguous DMA;\nGPU p50: the step's replay on the GPU (ms); load: submit to usable (us), "
-          "GB/s at its P50; call: how long the load's call held the loop's thread (us);\nqueued: loads issued while "
-          "the previous one was still in flight")
+        print(
+            f"{r['batch']:>5}  {r['path']:<11}{r['tpot_p50_ms']:>9.3f}{r['tpot_p99_ms']:>8.3f}"
+            f"{_f(r.get('p50_vs_alone'), '.3f'):>10}{_f(r.get('p99_vs_alone'), '.3f'):>10}"
+            f"{_f(r.get('p99_vs_dma'), '.3f'):>8}{r['gpu_step_p50_ms']:>8.3f}{_f(r.get('load_p50_us'), '.0f'):>9}"
+            f"{_f(r.get('load_p99_us'), '.0f'):>8}{_f(r.get('load_gbps'), '.1f'):>6}"
+            f"{_f(r.get('call_p50_us'), '.0f'):>9}{_f(r.get('call_p99_us'), '.0f'):>8}"
+            f"{_f(r.get('backlog'), 'd'):>7}  {r['verified']}"
+        )
+    print(
+        "TPOT: host clock between tokens (ms); p50/alone, p99/alone: to the loop with no loads; p99/dma: to the "
+        "loop beside the contiguous DMA;\nGPU p50: the step's replay on the GPU (ms); load: submit to usable (us), "
+        "GB/s at its P50; call: how long the load's call held the loop's thread (us);\nqueued: loads issued while "
+        "the previous one was still in flight"
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # --table: the Markdown table of docs/performance.md from one or more runs' CSVs
+
 
 def _num(v: Any) -> Optional[float]:
     try:
@@ -507,10 +724,15 @@ def print_markdown(paths: List[str]) -> int:
         except OSError as e:
             print(f"gfd_bench.serving --table: cannot read {p}: {e.strerror}", file=sys.stderr)
             return 2
-        missing = [c for c in ("batch", "path", "tpot_p50_ms", "tpot_p99_ms") if rows and c not in rows[0]]
+        missing = [
+            c for c in ("batch", "path", "tpot_p50_ms", "tpot_p99_ms") if rows and c not in rows[0]
+        ]
         if missing or not rows:
-            print(f"gfd_bench.serving --table: {p}: not a CSV of gfd_bench.serving "
-                  f"({'missing ' + ', '.join(missing) if missing else 'no rows'})", file=sys.stderr)
+            print(
+                f"gfd_bench.serving --table: {p}: not a CSV of gfd_bench.serving "
+                f"({'missing ' + ', '.join(missing) if missing else 'no rows'})",
+                file=sys.stderr,
+            )
             return 2
         runs.append(rows)
     order = [ALONE, DMA] + list(PATHS)
@@ -534,18 +756,22 @@ def print_markdown(paths: List[str]) -> int:
             return " / ".join(f"{100 * (v - 1):+.1f}%" for v in vals)
         return " / ".join(format(v, spec) for v in vals)
 
-    print("| batch | path | TPOT P50 (ms) | TPOT P99 (ms) | P99 vs alone | P99 vs contiguous DMA | P50 vs alone "
-          "| load P50 (us) | load P99 (us) | load GB/s | call P50 (us) |")
+    print(
+        "| batch | path | TPOT P50 (ms) | TPOT P99 (ms) | P99 vs alone | P99 vs contiguous DMA | P50 vs alone "
+        "| load P50 (us) | load P99 (us) | load GB/s | call P50 (us) |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for k in keys:
         vs_alone = k[1] != ALONE
         vs_dma = k[1] != DMA
-        print(f"| {k[0]} | {k[1]} | {cell(k, 'tpot_p50_ms', '.3f')} | {cell(k, 'tpot_p99_ms', '.3f')} "
-              f"| {cell(k, 'p99_vs_alone', '', pct=True) if vs_alone else '-'} "
-              f"| {cell(k, 'p99_vs_dma', '', pct=True) if vs_dma else '-'} "
-              f"| {cell(k, 'p50_vs_alone', '', pct=True) if vs_alone else '-'} "
-              f"| {cell(k, 'load_p50_us', '.0f')} | {cell(k, 'load_p99_us', '.0f')} | {cell(k, 'load_gbps', '.1f')} "
-              f"| {cell(k, 'call_p50_us', '.0f')} |")
+        print(
+            f"| {k[0]} | {k[1]} | {cell(k, 'tpot_p50_ms', '.3f')} | {cell(k, 'tpot_p99_ms', '.3f')} "
+            f"| {cell(k, 'p99_vs_alone', '', pct=True) if vs_alone else '-'} "
+            f"| {cell(k, 'p99_vs_dma', '', pct=True) if vs_dma else '-'} "
+            f"| {cell(k, 'p50_vs_alone', '', pct=True) if vs_alone else '-'} "
+            f"| {cell(k, 'load_p50_us', '.0f')} | {cell(k, 'load_p99_us', '.0f')} | {cell(k, 'load_gbps', '.1f')} "
+            f"| {cell(k, 'call_p50_us', '.0f')} |"
+        )
     print(f"\n({len(runs)} run(s); where several, a cell lists each run's figure)")
     return 0
 

@@ -32,7 +32,9 @@ class Setup:
     """What every path shares: torch, the device, the load stream, the model's KV caches (int8
     ``[pages, page bytes]`` on the GPU) and the pinned host caches of the same tensors."""
 
-    def __init__(self, torch: Any, device: Any, stream: Any, gpu: List[Any], host: List[Any]) -> None:
+    def __init__(
+        self, torch: Any, device: Any, stream: Any, gpu: List[Any], host: List[Any]
+    ) -> None:
         self.torch, self.device, self.stream, self.gpu, self.host = torch, device, stream, gpu, host
         self.page = gpu[0].shape[1]
         self.stream_handle = int(stream.cuda_stream)
@@ -133,8 +135,11 @@ class GfdCaches(Path):
         self.transfers: "collections.deque" = collections.deque()
 
     def submit(self, src: np.ndarray, dst: np.ndarray) -> Any:
-        self.transfers.append(self.engine.copy_blocks(self.caches, self.gfd.Direction.TO_DEVICE, src, dst,
-                                                      stream=self.s.stream))
+        self.transfers.append(
+            self.engine.copy_blocks(
+                self.caches, self.gfd.Direction.TO_DEVICE, src, dst, stream=self.s.stream
+            )
+        )
         return None  # the Transfer keeps what it reads
 
     def poll(self) -> None:
@@ -161,8 +166,15 @@ class VllmBatchDma(Path):
 
     def submit(self, src: np.ndarray, dst: np.ndarray) -> Any:
         dsts, srcs, sizes = self.s.descriptors(src, dst)
-        self.testing.memcpy_batch(self.engine, dsts.ctypes.data, srcs.ctypes.data, sizes.ctypes.data, dsts.size,
-                                  True, self.s.stream_handle)
+        self.testing.memcpy_batch(
+            self.engine,
+            dsts.ctypes.data,
+            srcs.ctypes.data,
+            sizes.ctypes.data,
+            dsts.size,
+            True,
+            self.s.stream_handle,
+        )
         return dsts, srcs, sizes  # kept until the load is done, as vLLM keeps a job's descriptors
 
 
@@ -202,8 +214,15 @@ class UvaKernel(Path):
         d = self.dev_slots[k]
         with torch.cuda.stream(self.s.stream):
             d.copy_(self.host_slots[k], non_blocking=True)
-        self.uva_copy(self.engine, d[0].data_ptr(), d[1].data_ptr(), d[2].data_ptr(), self.count, self.ctas,
-                      self.s.stream_handle)
+        self.uva_copy(
+            self.engine,
+            d[0].data_ptr(),
+            d[1].data_ptr(),
+            d[2].data_ptr(),
+            self.count,
+            self.ctas,
+            self.s.stream_handle,
+        )
         self.slot_done[k].record(self.s.stream)
         self.slot_used[k] = True
         return None  # the slot is guarded by its event
@@ -221,8 +240,9 @@ class GfdWorker(Path):
 
     def __init__(self, s: Setup, worker_cls: Any, engine: Any) -> None:
         super().__init__(s)
-        self.worker = worker_cls(engine, s.gpu, [list(range(len(s.gpu)))], 1, s.host[0].shape[0],
-                                 host_caches=s.host)
+        self.worker = worker_cls(
+            engine, s.gpu, [list(range(len(s.gpu)))], 1, s.host[0].shape[0], host_caches=s.host
+        )
         self.job_id = 0
         self.by_job: dict = {}
         self.last_job: Optional[int] = None

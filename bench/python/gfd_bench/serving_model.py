@@ -51,8 +51,16 @@ class KVCaches:
     ``[batch_pages, num_pages)`` are the load region, where prefix-hit loads land and which the
     running batch never reads."""
 
-    def __init__(self, torch: Any, shape: ModelShape, batch_pages: int, load_pages: int, dtype: Any,
-                 device: Any, generator: Optional[Any] = None) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        shape: ModelShape,
+        batch_pages: int,
+        load_pages: int,
+        dtype: Any,
+        device: Any,
+        generator: Optional[Any] = None,
+    ) -> None:
         self.shape = shape
         self.dtype = dtype
         self.batch_pages = batch_pages
@@ -70,15 +78,25 @@ class KVCaches:
     def pages(self, t: int) -> Any:
         """Tensor ``t`` as ``[num_pages, page_tokens, kv_heads, head_dim]`` of the model's dtype."""
         s = self.shape
-        return self.tensors[t].view(self.dtype).view(self.num_pages, s.page_tokens, s.kv_heads, s.head_dim)
+        return (
+            self.tensors[t]
+            .view(self.dtype)
+            .view(self.num_pages, s.page_tokens, s.kv_heads, s.head_dim)
+        )
 
     def slots(self, t: int) -> Any:
         """Tensor ``t`` as ``[num_pages * page_tokens, kv_heads, head_dim]``: one row per token slot."""
         s = self.shape
-        return self.tensors[t].view(self.dtype).view(self.num_pages * s.page_tokens, s.kv_heads, s.head_dim)
+        return (
+            self.tensors[t]
+            .view(self.dtype)
+            .view(self.num_pages * s.page_tokens, s.kv_heads, s.head_dim)
+        )
 
 
-def paged_attention(torch: Any, q: Any, k_pages: Any, v_pages: Any, block_table: Any, mask: Any) -> Any:
+def paged_attention(
+    torch: Any, q: Any, k_pages: Any, v_pages: Any, block_table: Any, mask: Any
+) -> Any:
     """Decode attention of one new token per sequence over its pages.
 
     ``q``: ``[B, heads, head_dim]``; ``k_pages``/``v_pages``: ``[num_pages, page_tokens, kv_heads,
@@ -107,8 +125,16 @@ class DecodeModel:
     activations stay near unit scale and finite. :meth:`step` is one decode step of a batch: it
     writes each sequence's new K and V into its slot and returns the argmax token per sequence."""
 
-    def __init__(self, torch: Any, shape: ModelShape, caches: KVCaches, max_positions: int, dtype: Any,
-                 device: Any, seed: int = 0) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        shape: ModelShape,
+        caches: KVCaches,
+        max_positions: int,
+        dtype: Any,
+        device: Any,
+        seed: int = 0,
+    ) -> None:
         self.torch, self.shape, self.caches, self.dtype = torch, shape, caches, dtype
         g = torch.Generator(device=device)
         g.manual_seed(seed)
@@ -121,16 +147,22 @@ class DecodeModel:
         self.embed = torch.randn((s.vocab, s.hidden), dtype=dtype, device=device, generator=g)
         self.layers = []
         for _ in range(s.layers):
-            self.layers.append(dict(
-                attn_norm=torch.ones(s.hidden, dtype=dtype, device=device),
-                wqkv=weight((s.heads + 2 * s.kv_heads) * s.head_dim, s.hidden),
-                wo=weight(s.hidden, s.heads * s.head_dim),
-                mlp_norm=torch.ones(s.hidden, dtype=dtype, device=device),
-                w_gate_up=weight(2 * s.mlp, s.hidden),
-                w_down=weight(s.hidden, s.mlp)))
+            self.layers.append(
+                dict(
+                    attn_norm=torch.ones(s.hidden, dtype=dtype, device=device),
+                    wqkv=weight((s.heads + 2 * s.kv_heads) * s.head_dim, s.hidden),
+                    wo=weight(s.hidden, s.heads * s.head_dim),
+                    mlp_norm=torch.ones(s.hidden, dtype=dtype, device=device),
+                    w_gate_up=weight(2 * s.mlp, s.hidden),
+                    w_down=weight(s.hidden, s.mlp),
+                )
+            )
         self.final_norm = torch.ones(s.hidden, dtype=dtype, device=device)
         self.lm_head = weight(s.vocab, s.hidden)
-        inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32, device=device) / s.head_dim))
+        inv = 1.0 / (
+            s.rope_theta
+            ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32, device=device) / s.head_dim)
+        )
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32, device=device), inv)
         angles = torch.cat([angles, angles], dim=-1)
         self.cos, self.sin = angles.cos().to(dtype), angles.sin().to(dtype)
@@ -138,7 +170,9 @@ class DecodeModel:
 
     def _norm(self, x: Any, w: Any) -> Any:
         x32 = x.float()
-        return (x32 * self.torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.shape.eps)).to(self.dtype) * w
+        return (x32 * self.torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.shape.eps)).to(
+            self.dtype
+        ) * w
 
     @staticmethod
     def _rope(torch: Any, x: Any, cos: Any, sin: Any) -> Any:
@@ -146,7 +180,9 @@ class DecodeModel:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
-    def step(self, input_ids: Any, positions: Any, slot_mapping: Any, block_table: Any) -> Tuple[Any, Any]:
+    def step(
+        self, input_ids: Any, positions: Any, slot_mapping: Any, block_table: Any
+    ) -> Tuple[Any, Any]:
         """One decode step: ``input_ids``, ``positions``, ``slot_mapping`` (the token slot
         ``page * page_tokens + offset`` its K and V go to) are ``[B]`` int64, ``block_table``
         ``[B, P]`` int64. Returns (next tokens ``[B]`` int64, logits ``[B, vocab]``). Only
@@ -161,7 +197,9 @@ class DecodeModel:
         for i, w in enumerate(self.layers):
             h = self._norm(x, w["attn_norm"])
             qkv = linear(h, w["wqkv"])
-            q, k, v = qkv.split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], dim=-1)
+            q, k, v = qkv.split(
+                [s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], dim=-1
+            )
             q = self._rope(torch, q.view(b, s.heads, s.head_dim), cos, sin)
             k = self._rope(torch, k.view(b, s.kv_heads, s.head_dim), cos, sin)
             c.slots(2 * i).index_copy_(0, slot_mapping, k)
@@ -181,12 +219,29 @@ class DecodeModel:
 class Request:
     """One running request: its tokens so far and where it is."""
 
-    __slots__ = ("request_id", "slot", "arrival", "prompt_len", "output", "max_output", "length", "priority")
+    __slots__ = (
+        "request_id",
+        "slot",
+        "arrival",
+        "prompt_len",
+        "output",
+        "max_output",
+        "length",
+        "priority",
+    )
 
-    def __init__(self, request_id: int, slot: int, arrival: int, prompt_len: int, max_output: int,
-                 generated: int, first_token: int) -> None:
+    def __init__(
+        self,
+        request_id: int,
+        slot: int,
+        arrival: int,
+        prompt_len: int,
+        max_output: int,
+        generated: int,
+        first_token: int,
+    ) -> None:
         self.request_id = request_id
-        self.slot = slot                 # its row of the batch (and its pages)
+        self.slot = slot  # its row of the batch (and its pages)
         self.arrival = arrival
         self.prompt_len = prompt_len
         self.max_output = max_output
@@ -207,15 +262,26 @@ class Scheduler:
     Batch row ``r`` owns pages ``[r * pages_per_seq, (r + 1) * pages_per_seq)``; the requests
     start at staggered points of their output so that they finish on different steps."""
 
-    def __init__(self, batch: int, context: int, output_len: int, page_tokens: int, pages_per_seq: int,
-                 vocab: int) -> None:
+    def __init__(
+        self,
+        batch: int,
+        context: int,
+        output_len: int,
+        page_tokens: int,
+        pages_per_seq: int,
+        vocab: int,
+    ) -> None:
         if context < 1 or output_len < 1:
             raise ValueError("context and output_len must be positive")
         if context + output_len > pages_per_seq * page_tokens:
-            raise ValueError(f"{pages_per_seq} pages of {page_tokens} tokens hold fewer than {context + output_len} tokens")
+            raise ValueError(
+                f"{pages_per_seq} pages of {page_tokens} tokens hold fewer than {context + output_len} tokens"
+            )
         self.batch, self.context, self.output_len = batch, context, output_len
         self.page_tokens, self.pages_per_seq, self.vocab = page_tokens, pages_per_seq, vocab
-        self.block_table = [[r * pages_per_seq + p for p in range(pages_per_seq)] for r in range(batch)]
+        self.block_table = [
+            [r * pages_per_seq + p for p in range(pages_per_seq)] for r in range(batch)
+        ]
         self.steps = 0
         self.next_id = 0
         self.finished = 0
@@ -224,7 +290,9 @@ class Scheduler:
             self.running.append(self._admit(r, (r * output_len) // batch, first_token=r % vocab))
 
     def _admit(self, slot: int, generated: int = 0, first_token: int = 0) -> Request:
-        req = Request(self.next_id, slot, self.steps, self.context, self.output_len, generated, first_token)
+        req = Request(
+            self.next_id, slot, self.steps, self.context, self.output_len, generated, first_token
+        )
         self.next_id += 1
         return req
 

@@ -36,12 +36,15 @@ import time
 from typing import List, Optional, Tuple
 
 import numpy as np
-
 from gfd import Engine
+
 from ._util import fmt_size, percentile, write_csv
 from .paged import parse_size
 
-MODELS = {"llama3-8b": (32, (8, 128), 2), "mla": (61, (1, 576), 1)}  # layers, per-token shape, K/V parts
+MODELS = {
+    "llama3-8b": (32, (8, 128), 2),
+    "mla": (61, (1, 576), 1),
+}  # layers, per-token shape, K/V parts
 
 
 def _uva_kernel():
@@ -61,32 +64,52 @@ def _uva_kernel():
             dst = tl.load(dst_addrs + job).to(tl.pointer_type(tl.int64))
             for start in range(0, WORDS, CHUNK):
                 mask = start + offsets < WORDS
-                tl.store(dst + start + offsets, tl.load(src + start + offsets, mask=mask), mask=mask)
+                tl.store(
+                    dst + start + offsets, tl.load(src + start + offsets, mask=mask), mask=mask
+                )
             job += step
+
     # SGLang launches 2 CTAs of 32 warps (block_quota 2, num_warps_per_block 32), a warp copying
     # one token's bytes with 8-byte loads: up to 64 warps' loads in flight. 32 warps a program
     # and 64 KiB a step keep as many bytes in flight, which reading host memory over PCIe needs.
-    return lambda src, dst, n, words: copy_pages[(2,)](src, dst, n, WORDS=words, CHUNK=8192, num_warps=32)
+    return lambda src, dst, n, words: copy_pages[(2,)](
+        src, dst, n, WORDS=words, CHUNK=8192, num_warps=32
+    )
 
 
 class Pools:
     """Device buffers and a pinned host pool shaped as SGLang's, and each layer's pages as byte
     rows (pages, page bytes) for registration and for the peers' addresses."""
 
-    def __init__(self, torch, model: str, layout: str, page: int, host_bytes: int, device_pages: int) -> None:
+    def __init__(
+        self, torch, model: str, layout: str, page: int, host_bytes: int, device_pages: int
+    ) -> None:
         layers, token, parts = MODELS[model]
-        self.torch, self.layers, self.parts, self.layout, self.page = torch, layers, parts, layout, page
+        self.torch, self.layers, self.parts, self.layout, self.page = (
+            torch,
+            layers,
+            parts,
+            layout,
+            page,
+        )
         per_token = int(np.prod(token)) * 2
         self.page_bytes = page * per_token
         self.host_pages = max(host_bytes // (self.page_bytes * layers * parts), 256)
         self.device_pages = device_pages
-        self.dev = [[torch.empty((device_pages * page, *token), dtype=torch.bfloat16, device="cuda")
-                     for _ in range(layers)] for _ in range(parts)]
+        self.dev = [
+            [
+                torch.empty((device_pages * page, *token), dtype=torch.bfloat16, device="cuda")
+                for _ in range(layers)
+            ]
+            for _ in range(parts)
+        ]
         if layout == "layer_first":
             shape = (parts, layers, self.host_pages * page, *token)
         else:
             shape = (parts, self.host_pages, layers, page, *token)
-        self.host = torch.empty(shape, dtype=torch.bfloat16, pin_memory=True)  # far larger than the caches
+        self.host = torch.empty(
+            shape, dtype=torch.bfloat16, pin_memory=True
+        )  # far larger than the caches
         g = torch.Generator(device="cuda").manual_seed(1)
         for part in self.dev:
             for t in part:
@@ -101,10 +124,14 @@ class Pools:
         return self.dev[part][layer].view(self.device_pages, -1).view(self.torch.int8)
 
     def arrays(self, layer: int) -> tuple:
-        return ([self.host_rows(p, layer) for p in range(self.parts)],
-                [self.dev_rows(p, layer) for p in range(self.parts)])
+        return (
+            [self.host_rows(p, layer) for p in range(self.parts)],
+            [self.dev_rows(p, layer) for p in range(self.parts)],
+        )
 
-    def addresses(self, layers: range, host_pages: np.ndarray, dev_pages: np.ndarray, to_device: bool) -> tuple:
+    def addresses(
+        self, layers: range, host_pages: np.ndarray, dev_pages: np.ndarray, to_device: bool
+    ) -> tuple:
         """(sources, destinations) of every page of ``layers``, as int64 device tensors."""
         src, dst = [], []
         for layer, p in ((layer, p) for layer in layers for p in range(self.parts)):
@@ -151,17 +178,24 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
             events[k].record(stream)
             if k == 0:
                 layer0_at.append(time.perf_counter())
+
         addresses = []
         if method == "kernel":  # built and on the GPU before the batch, outside the timed calls
-            addresses = [(part, pools.addresses(part, hp, dp, to_device))
-                         for part in ([range(layer, layer + 1) for layer in range(L)] if to_device else [range(L)])]
+            addresses = [
+                (part, pools.addresses(part, hp, dp, to_device))
+                for part in (
+                    [range(layer, layer + 1) for layer in range(L)] if to_device else [range(L)]
+                )
+            ]
             torch.cuda.synchronize()
         start = torch.cuda.Event(enable_timing=True)
         start.record(stream)
         t0 = time.perf_counter()
         if method == "gfd":
             if to_device:
-                gfd_engine.copy_blocks(per_layer, "to_device", hp, dp, stream=stream, after_each=record)
+                gfd_engine.copy_blocks(
+                    per_layer, "to_device", hp, dp, stream=stream, after_each=record
+                )
             else:
                 gfd_engine.copy_blocks(every, "to_host", dp, hp, stream=stream)
                 for k in range(L):
@@ -169,7 +203,9 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
         elif method == "direct":  # loads per layer from Python, a write-back all layers in one call
             if to_device:
                 for layer in range(L):
-                    direct_engine.copy_blocks(direct_sets[layer], "to_device", hp, dp, stream=stream)
+                    direct_engine.copy_blocks(
+                        direct_sets[layer], "to_device", hp, dp, stream=stream
+                    )
                     record(layer)
             else:
                 direct_engine.copy_blocks(direct_every, "to_host", dp, hp, stream=stream)
@@ -225,7 +261,9 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
             for p in range(parts):
                 h, d = pools.host_rows(p, layer)[hi], pools.dev_rows(p, layer)[di].cpu()
                 if not torch.equal(h, d):
-                    raise RuntimeError(f"{method}: {direction} layer {layer} part {p}: bytes differ")
+                    raise RuntimeError(
+                        f"{method}: {direction} layer {layer} part {p}: bytes differ"
+                    )
 
     def matmuls(n: int) -> float:
         """Seconds for n back-to-back bf16 matmuls on a stream of their own."""
@@ -286,12 +324,25 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
                 _, events, _, _ = batch(method, hp, dp)
                 events[-1].synchronize()
             slow.append(b0.elapsed_time(b1) * 1e-3 / idle_mm - 1)
-        rows.append(dict(model=model, layout=layout, direction=direction, method=method, page=pools.page_bytes,
-                         pages=args.pages, layers=L, gbps_p50=percentile(rates, 0.5), gbps_min=min(rates),
-                         gbps_max=max(rates), layer0_us_p50=percentile(first, 0.5),
-                         layer0_link_us_p50=percentile(on_link, 0.5) if on_link else float("nan"),
-                         layer0_enqueued_us_p50=percentile(enqueued, 0.5), call_us_p50=percentile(calls, 0.5),
-                         matmul_slowdown=slow[0] if slow else float("nan")))
+        rows.append(
+            dict(
+                model=model,
+                layout=layout,
+                direction=direction,
+                method=method,
+                page=pools.page_bytes,
+                pages=args.pages,
+                layers=L,
+                gbps_p50=percentile(rates, 0.5),
+                gbps_min=min(rates),
+                gbps_max=max(rates),
+                layer0_us_p50=percentile(first, 0.5),
+                layer0_link_us_p50=percentile(on_link, 0.5) if on_link else float("nan"),
+                layer0_enqueued_us_p50=percentile(enqueued, 0.5),
+                call_us_p50=percentile(calls, 0.5),
+                matmul_slowdown=slow[0] if slow else float("nan"),
+            )
+        )
     line = rows[0]["gbps_p50"]
     for r in rows:
         r["ratio_p50"] = r["gbps_p50"] / line
@@ -301,17 +352,25 @@ def run_case(torch, args, model: str, layout: str, direction: str) -> List[dict]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gfd_bench.sglang", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m gfd_bench.sglang", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--models", default="llama3-8b,mla", help="llama3-8b, mla (comma list)")
     ap.add_argument("--layouts", default="layer_first,page_first_direct")
     ap.add_argument("--directions", default="load,write_back")
-    ap.add_argument("--methods", default="gfd,direct,kernel", help="gfd, direct, kernel (dma always runs)")
+    ap.add_argument(
+        "--methods", default="gfd,direct,kernel", help="gfd, direct, kernel (dma always runs)"
+    )
     ap.add_argument("--page", type=int, default=64, help="tokens per page (default 64)")
     ap.add_argument("--pages", type=int, default=64, help="pages per batch (default 64)")
-    ap.add_argument("--host-bytes", type=parse_size, default=parse_size("8G"), help="host pool in all (cold)")
+    ap.add_argument(
+        "--host-bytes", type=parse_size, default=parse_size("8G"), help="host pool in all (cold)"
+    )
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--load", default="none", help="none, or matmul: also beside back-to-back bf16 matmuls")
+    ap.add_argument(
+        "--load", default="none", help="none, or matmul: also beside back-to-back bf16 matmuls"
+    )
     ap.add_argument("--matmuls", type=int, default=200, help="matmuls of the --load matmul run")
     ap.add_argument("--csv", default="")
     a = ap.parse_args(argv)
@@ -319,12 +378,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         import torch
     except ImportError:
-        print(f"gfd_bench.sglang: needs torch with CUDA and a CUDA GPU; torch is not installed for {sys.executable}",
-              file=sys.stderr)
+        print(
+            f"gfd_bench.sglang: needs torch with CUDA and a CUDA GPU; torch is not installed for {sys.executable}",
+            file=sys.stderr,
+        )
         return 2
     if not torch.cuda.is_available():
-        print("gfd_bench.sglang: needs a CUDA GPU, and torch sees none (on a machine without a GPU, "
-              "tools/sglang_test.sh tests the plugin against SGLang instead)", file=sys.stderr)
+        print(
+            "gfd_bench.sglang: needs a CUDA GPU, and torch sees none (on a machine without a GPU, "
+            "tools/sglang_test.sh tests the plugin against SGLang instead)",
+            file=sys.stderr,
+        )
         return 2
     rows = []
     for model in a.models.split(","):
@@ -332,13 +396,17 @@ def main(argv: Optional[List[str]] = None) -> int:
             for d in a.directions.split(","):
                 rows += run_case(torch, a, model, layout, d)
     write_csv(a.csv, rows)
-    print(f"{'model':>9} {'layout':>17} {'dir':>10} {'method':>7} {'page':>8} {'GB/s p50':>9} {'min-max':>13} "
-          f"{'ratio':>6} {'layer0 us':>9} {'link us':>7} {'enq us':>7} {'call us':>8} {'matmul':>7}")
+    print(
+        f"{'model':>9} {'layout':>17} {'dir':>10} {'method':>7} {'page':>8} {'GB/s p50':>9} {'min-max':>13} "
+        f"{'ratio':>6} {'layer0 us':>9} {'link us':>7} {'enq us':>7} {'call us':>8} {'matmul':>7}"
+    )
     for r in rows:
-        print(f"{r['model']:>9} {r['layout']:>17} {r['direction']:>10} {r['method']:>7} {fmt_size(r['page']):>8} "
-              f"{r['gbps_p50']:9.1f} {r['gbps_min']:6.1f}-{r['gbps_max']:<6.1f} {100 * r['ratio_p50']:5.1f}% "
-              f"{r['layer0_us_p50']:9.0f} {r['layer0_link_us_p50']:7.0f} {r['layer0_enqueued_us_p50']:7.0f} "
-              f"{r['call_us_p50']:8.0f} {100 * r['matmul_slowdown']:+6.1f}%")
+        print(
+            f"{r['model']:>9} {r['layout']:>17} {r['direction']:>10} {r['method']:>7} {fmt_size(r['page']):>8} "
+            f"{r['gbps_p50']:9.1f} {r['gbps_min']:6.1f}-{r['gbps_max']:<6.1f} {100 * r['ratio_p50']:5.1f}% "
+            f"{r['layer0_us_p50']:9.0f} {r['layer0_link_us_p50']:7.0f} {r['layer0_enqueued_us_p50']:7.0f} "
+            f"{r['call_us_p50']:8.0f} {100 * r['matmul_slowdown']:+6.1f}%"
+        )
     return 0
 
 

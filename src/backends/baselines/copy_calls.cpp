@@ -16,8 +16,10 @@ class CopyCalls final : public BackendImpl {
     TransferPtr t = plan_transfer(ctx_, r, cfg);
     if (!t) return nullptr;
     try {
-      if (batched_) copy_batched(*t, r.stream);
-      else copy_each(*t, r.stream);
+      if (batched_)
+        copy_batched(*t, r.stream);
+      else
+        copy_each(*t, r.stream);
       ctx_->device->record_event(t->done_event, r.stream);
     } catch (...) {
       t->fail(std::current_exception());
@@ -33,8 +35,10 @@ class CopyCalls final : public BackendImpl {
   void copy_each(TransferState& t, StreamHandle s) {
     Device& d = *ctx_->device;
     for (const DirectCopy& c : t.plan.direct) {
-      if (t.to_host()) d.copy_d2h(c.dst, c.src, c.bytes, s);
-      else d.copy_h2d(c.dst, c.src, c.bytes, s);
+      if (t.to_host())
+        d.copy_d2h(c.dst, c.src, c.bytes, s);
+      else
+        d.copy_h2d(c.dst, c.src, c.bytes, s);
     }
   }
 

@@ -11,7 +11,8 @@ namespace gfd::detail {
 // A pass-through plan's list is the kernel's list, byte for byte: it is streamed into the slot
 // whole with non-temporal stores (the slot's lines are rarely still cached from their last use),
 // less than half the time of copying it entry by entry.
-static_assert(sizeof(DirectCopy) == sizeof(ZeroCopyEntry) && offsetof(DirectCopy, src) == offsetof(ZeroCopyEntry, src) &&
+static_assert(sizeof(DirectCopy) == sizeof(ZeroCopyEntry) &&
+              offsetof(DirectCopy, src) == offsetof(ZeroCopyEntry, src) &&
               offsetof(DirectCopy, dst) == offsetof(ZeroCopyEntry, dst) &&
               offsetof(DirectCopy, bytes) == offsetof(ZeroCopyEntry, bytes));
 
@@ -21,10 +22,11 @@ void ZeroCopyKernel::submit(TransferState& t, StreamHandle stream) {
   const std::size_t per_slot = ring_.slot_bytes() / sizeof(ZeroCopyEntry);
   auto entry = [&](std::size_t i) -> ZeroCopyEntry {
     if (i < p.ops.size())
-      return {reinterpret_cast<std::uint64_t>(p.ops[i].src), reinterpret_cast<std::uint64_t>(p.ops[i].dst),
-              p.ops[i].bytes};
+      return {reinterpret_cast<std::uint64_t>(p.ops[i].src),
+              reinterpret_cast<std::uint64_t>(p.ops[i].dst), p.ops[i].bytes};
     const DirectCopy& d = p.direct[i - p.ops.size()];
-    return {reinterpret_cast<std::uint64_t>(d.src), reinterpret_cast<std::uint64_t>(d.dst), d.bytes};
+    return {reinterpret_cast<std::uint64_t>(d.src), reinterpret_cast<std::uint64_t>(d.dst),
+            d.bytes};
   };
   Device& d = *ctx_.device;
   {
@@ -63,8 +65,9 @@ class ZeroCopyBackend final : public BackendImpl {
   explicit ZeroCopyBackend(const BackendSetup& setup)
       : BackendImpl(setup.ctx),
         ring_(*ctx_->device, ctx_->counters,
-              RingConfig{ctx_->options.staging_bytes / ctx_->options.slot_bytes, ctx_->options.slot_bytes,
-                         setup.numa_node, /*device_twin=*/false, /*flags=*/false}),
+              RingConfig{ctx_->options.staging_bytes / ctx_->options.slot_bytes,
+                         ctx_->options.slot_bytes, setup.numa_node, /*device_twin=*/false,
+                         /*flags=*/false}),
         kernel_(*ctx_, ring_, lock_) {}
 
   TransferPtr submit(const Request& r) override {

@@ -8,8 +8,8 @@
 #include <memory>
 
 #include "backends/backend.hpp"
-#include "pipeline/slot_ring.hpp"
 #include "common/sync.hpp"
+#include "pipeline/slot_ring.hpp"
 
 namespace gfd::detail {
 

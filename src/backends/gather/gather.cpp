@@ -7,9 +7,9 @@
 #include <span>
 #include <vector>
 
+#include "backends/baselines/zero_copy_kernel.hpp"
 #include "backends/gather/gather_to_device.hpp"
 #include "backends/gather/gather_to_host.hpp"
-#include "backends/baselines/zero_copy_kernel.hpp"
 
 namespace gfd::detail {
 
@@ -17,13 +17,14 @@ StagingPipeline::StagingPipeline(const BackendSetup& setup)
     : ctx(setup.ctx),
       options(ctx->options),
       ring(*ctx->device, ctx->counters,
-           RingConfig{options.staging_bytes / options.slot_bytes, options.slot_bytes, setup.numa_node,
-                      /*device_twin=*/true, /*flags=*/ctx->tuning.preissue,
-                      /*placed_flags=*/ctx->tuning.batch_placement && ctx->device->host_pointers_usable(),
-                      // Device to host with preissue: a flag in each slot, written once the
-                      // chunk's DMA is done (CopyLanes' flag stream), which the gather threads
-                      // read instead of asking about `done` (FaultWatch).
-                      /*dma_flags=*/ctx->tuning.preissue && ctx->device->supports_wait_value()}),
+           RingConfig{
+               options.staging_bytes / options.slot_bytes, options.slot_bytes, setup.numa_node,
+               /*device_twin=*/true, /*flags=*/ctx->tuning.preissue,
+               /*placed_flags=*/ctx->tuning.batch_placement && ctx->device->host_pointers_usable(),
+               // Device to host with preissue: a flag in each slot, written once the
+               // chunk's DMA is done (CopyLanes' flag stream), which the gather threads
+               // read instead of asking about `done` (FaultWatch).
+               /*dma_flags=*/ctx->tuning.preissue && ctx->device->supports_wait_value()}),
       lanes(*ctx, options.copy_streams, ring.size(), ring.has_dma_flags()),
       // Room for every slot's chunk plus the direct copies and finalizations between them.
       queue(ring.size() + 4096, ctx->tracer),
@@ -32,7 +33,8 @@ StagingPipeline::StagingPipeline(const BackendSetup& setup)
       watch(*ctx->device) {
   Device* device = ctx->device.get();
   pool = std::make_unique<GatherPool>(
-      options.gather_threads, setup.cpus, options.spin_us, [this] { return queue.run_next_piece(); },
+      options.gather_threads, setup.cpus, options.spin_us,
+      [this] { return queue.run_next_piece(); },
       [device](int index) {
         Tracer::set_thread_index(index);
         device->make_current();
@@ -52,7 +54,8 @@ std::size_t direct_min(const EngineContext& ctx, Direction d) {
 }
 
 bool all_at_least(std::span<const BlockCopy> blocks, std::size_t bytes) {
-  return std::all_of(blocks.begin(), blocks.end(), [bytes](const BlockCopy& b) { return b.bytes >= bytes; });
+  return std::all_of(blocks.begin(), blocks.end(),
+                     [bytes](const BlockCopy& b) { return b.bytes >= bytes; });
 }
 
 // How a transfer is planned: the one choice of the gather backend's way for a transfer, made by
@@ -71,18 +74,18 @@ enum class Route {
 enum class Move {
   kKernel,        // small, pinned: the zero-copy kernel on the caller's stream
   kCallerStream,  // nothing staged, at most one batch of direct copies: on the caller's stream
-  kInline,        // one chunk of at most inline_gather_bytes: gathered here, moved on the caller's stream
-  kOneChunk,      // one larger chunk: gathered by the pool, moved on the caller's stream
-  kLanes,         // host to device through staging on the copy lanes
-  kToHost,        // device to host through staging
+  kInline,  // one chunk of at most inline_gather_bytes: gathered here, moved on the caller's stream
+  kOneChunk,  // one larger chunk: gathered by the pool, moved on the caller's stream
+  kLanes,     // host to device through staging on the copy lanes
+  kToHost,    // device to host through staging
 };
 
 // A transfer as route() sees it: a CacheSet's ids, or a block list and what is known of it.
 struct Work {
   const SetRequest* set = nullptr;
   const Request* list = nullptr;
-  bool lead = true;      // SetRequest::lead
-  bool strided = false;  // the list may be all constant-stride runs (planned whole first)
+  bool lead = true;         // SetRequest::lead
+  bool strided = false;     // the list may be all constant-stride runs (planned whole first)
   bool all_direct = false;  // a CacheSet's list of at most one batch of blocks that all go direct
   std::uint64_t bytes = 0;  // the list's bytes summed (not for a strided list)
 };
@@ -90,7 +93,11 @@ struct Work {
 class GatherBackend final : public BackendImpl {
  public:
   explicit GatherBackend(const BackendSetup& setup)
-      : BackendImpl(setup.ctx), pipe_(setup), to_device_(pipe_), to_host_(pipe_), kernel_(*ctx_, pipe_.ring, pipe_.lock) {}
+      : BackendImpl(setup.ctx),
+        pipe_(setup),
+        to_device_(pipe_),
+        to_host_(pipe_),
+        kernel_(*ctx_, pipe_.ring, pipe_.lock) {}
 
   TransferPtr submit(const Request& r) override { return submit_list(r, true); }
 
@@ -104,7 +111,7 @@ class GatherBackend final : public BackendImpl {
   void drain() noexcept override {
     pipe_.queue.drain();  // every published item issued (the pool finishes its pieces)
     pipe_.lanes.drain();
-    pipe_.ring.drain();   // kernels on callers' streams read their slots
+    pipe_.ring.drain();  // kernels on callers' streams read their slots
     pipe_.pool.reset();
   }
 
@@ -129,12 +136,14 @@ class GatherBackend final : public BackendImpl {
     // are (a layer's pages in a layered load, say) stages nothing: no pool to wake, no lanes to
     // join and no cross-stream waits on the GPU.
     w.all_direct = several && !w.strided && r.trust != nullptr && r.trust->all_pinned &&
-                   r.blocks.size() <= CopyLanes::kGroup && all_at_least(r.blocks, direct_min(*ctx_, r.direction));
+                   r.blocks.size() <= CopyLanes::kGroup &&
+                   all_at_least(r.blocks, direct_min(*ctx_, r.direction));
     // Parked gather threads are woken first, on an estimate from the first block: they are back
     // and spinning by the time planning has produced pieces (a futex wake-up costs tens of
     // microseconds, summing and planning about as much).
     if (!w.strided && !w.all_direct && !r.blocks.empty() &&
-        r.blocks.size() * std::min<std::size_t>(r.blocks[0].bytes, 1u << 30) > pipe_.options.inline_gather_bytes)
+        r.blocks.size() * std::min<std::size_t>(r.blocks[0].bytes, 1u << 30) >
+            pipe_.options.inline_gather_bytes)
       wake_pool(r.id);
     if (!w.strided) w.bytes = total_bytes(r.blocks);
     return submit_routed(w);
@@ -148,7 +157,8 @@ class GatherBackend final : public BackendImpl {
       return Route::kListed;
     }
     const Request& r = *w.list;
-    if (r.blocks.size() <= 1 || w.strided || w.all_direct || w.bytes <= o.kernel_max_bytes) return Route::kWhole;
+    if (r.blocks.size() <= 1 || w.strided || w.all_direct || w.bytes <= o.kernel_max_bytes)
+      return Route::kWhole;
     if (r.direction == Direction::kToHost) return Route::kStretchesToHost;
     // A transfer of one first chunk or less is planned whole (one chunk: Move::kOneChunk).
     if (w.bytes > o.inline_gather_bytes && w.bytes > ctx_->plan_config.first_chunk_bytes)
@@ -158,7 +168,8 @@ class GatherBackend final : public BackendImpl {
 
   TransferPtr submit_routed(const Work& w) {
     switch (route(w)) {
-      case Route::kRuns: return submit_runs(*w.set);
+      case Route::kRuns:
+        return submit_runs(*w.set);
       case Route::kFromIds: {
         TransferPtr t;
         if (submit_from_ids(*w.set, t)) return t;
@@ -166,9 +177,12 @@ class GatherBackend final : public BackendImpl {
       }
       case Route::kListed:
         return submit_listed(*w.set, [&](const Request& q) { return submit_list(q, w.lead); });
-      case Route::kStretchesToHost: return to_host_.submit(*w.list, nullptr, w.bytes);
-      case Route::kStretchesToDevice: return to_device_.submit_planning(*w.list, w.bytes);
-      case Route::kWhole: break;
+      case Route::kStretchesToHost:
+        return to_host_.submit(*w.list, nullptr, w.bytes);
+      case Route::kStretchesToDevice:
+        return to_device_.submit_planning(*w.list, w.bytes);
+      case Route::kWhole:
+        break;
     }
     const Request& r = *w.list;
     PlanConfig cfg = ctx_->plan_config;
@@ -183,8 +197,8 @@ class GatherBackend final : public BackendImpl {
     const EngineOptions& o = pipe_.options;
     // A small transfer is dominated by the staging pipeline's fixed costs: the kernel takes it
     // where it can read the host memory.
-    if (o.kernel_max_bytes != 0 && p.total_bytes <= o.kernel_max_bytes && p.strided.empty() && p.all_pinned_host &&
-        ctx_->device->host_pointers_usable())
+    if (o.kernel_max_bytes != 0 && p.total_bytes <= o.kernel_max_bytes && p.strided.empty() &&
+        p.all_pinned_host && ctx_->device->host_pointers_usable())
       return Move::kKernel;
     if (p.chunks.empty() && p.direct.size() <= CopyLanes::kGroup) return Move::kCallerStream;
     if (d == Direction::kToHost) return Move::kToHost;
@@ -196,17 +210,27 @@ class GatherBackend final : public BackendImpl {
   // Moves transfer `t` of request `r`, planned whole.
   void move(const TransferPtr& t, const Request& r, bool lead) {
     switch (move_of(t->plan, r.direction)) {
-      case Move::kKernel: kernel_.submit(*t, r.stream); return;
+      case Move::kKernel:
+        kernel_.submit(*t, r.stream);
+        return;
       case Move::kCallerStream: {
         std::lock_guard lk(pipe_.lock);
         ctx_->tracer.begin_transfer(*t, r.stream);
         pipe_.lanes.submit_directs_on(*t, r.stream, lead);
         return;
       }
-      case Move::kInline: to_device_.submit_inline(*t, r.stream); return;
-      case Move::kOneChunk: to_device_.submit_one_chunk(t, r.stream); return;
-      case Move::kLanes: to_device_.submit(t, r.stream); return;
-      case Move::kToHost: to_host_.submit(r, t); return;
+      case Move::kInline:
+        to_device_.submit_inline(*t, r.stream);
+        return;
+      case Move::kOneChunk:
+        to_device_.submit_one_chunk(t, r.stream);
+        return;
+      case Move::kLanes:
+        to_device_.submit(t, r.stream);
+        return;
+      case Move::kToHost:
+        to_host_.submit(r, t);
+        return;
     }
   }
 
@@ -232,7 +256,8 @@ class GatherBackend final : public BackendImpl {
     PlanConfig c = ctx_->plan_config;
     c.direction = d;
     const std::size_t b = set.block_bytes;
-    return set.all_pinned && !set.side_by_side && b != 0 && b < c.direct_min() && fits_from_ids(b, c);
+    return set.all_pinned && !set.side_by_side && b != 0 && b < c.direct_min() &&
+           fits_from_ids(b, c);
   }
 
   // The runs on the caller's stream, bounced through the staging ring's device twin where they
@@ -261,10 +286,12 @@ class GatherBackend final : public BackendImpl {
   bool bounces(std::span<const StridedCopy> runs, const SetRequest& r) const {
     if (r.stream == nullptr) return false;
     const bool to_host = r.direction == Direction::kToHost;
-    const std::size_t max_width = to_host ? CopyLanes::kBounceMaxStoreWidth : CopyLanes::kBounceMaxLoadWidth;
+    const std::size_t max_width =
+        to_host ? CopyLanes::kBounceMaxStoreWidth : CopyLanes::kBounceMaxLoadWidth;
     return std::all_of(runs.begin(), runs.end(), [&](const StridedCopy& c) {
       const std::uint64_t host_pitch = to_host ? c.dpitch : c.spitch;
-      return c.width <= max_width && host_pitch == c.width && c.width * c.rows <= pipe_.ring.slot_bytes();
+      return c.width <= max_width && host_pitch == c.width &&
+             c.width * c.rows <= pipe_.ring.slot_bytes();
     });
   }
 

@@ -8,12 +8,12 @@
 #include <memory>
 
 #include "backends/backend.hpp"
+#include "common/sync.hpp"
 #include "host/gather_copy.hpp"
 #include "host/gather_pool.hpp"
 #include "pipeline/copy_lanes.hpp"
 #include "pipeline/slot_ring.hpp"
 #include "pipeline/work_queue.hpp"
-#include "common/sync.hpp"
 
 namespace gfd::detail {
 

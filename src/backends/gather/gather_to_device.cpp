@@ -5,8 +5,8 @@
 #include <optional>
 #include <thread>
 
-#include "pipeline/engine_context.hpp"
 #include "gfd/error.hpp"
+#include "pipeline/engine_context.hpp"
 
 namespace gfd::detail {
 
@@ -76,7 +76,8 @@ void GatherToDevice::submit_one_chunk(const TransferPtr& t, StreamHandle stream)
       while (!it.ready.load(std::memory_order_acquire))
         if (!p_.queue.run_next_piece(false)) cpu_relax();
       move_on_stream(*t, p_.ring[it.slot], stream);
-      p_.ctx->tracer.record(t->id, TraceEvent::kChunkIssued, 0, static_cast<std::uint32_t>(t->plan.chunks[0].data_bytes));
+      p_.ctx->tracer.record(t->id, TraceEvent::kChunkIssued, 0,
+                            static_cast<std::uint32_t>(t->plan.chunks[0].data_bytes));
     } catch (...) {
       t->fail(std::current_exception());
     }
@@ -90,13 +91,17 @@ void GatherToDevice::move_on_stream(TransferState& t, Slot& s, StreamHandle stre
 }
 
 void GatherToDevice::add_directs(const TransferPtr& t) {
-  if (p_.preissue) p_.lanes.enqueue_directs(*t);
-  else p_.queue.publish(p_.queue.append(Item::Kind::kDirect, this, t, 0, 0, true), 0);
+  if (p_.preissue)
+    p_.lanes.enqueue_directs(*t);
+  else
+    p_.queue.publish(p_.queue.append(Item::Kind::kDirect, this, t, 0, 0, true), 0);
 }
 
 void GatherToDevice::add_finalize(const TransferPtr& t) {
-  if (p_.preissue) p_.lanes.finalize(*t);
-  else p_.queue.publish(p_.queue.append(Item::Kind::kFinalize, this, t, 0, 0, true), 0);
+  if (p_.preissue)
+    p_.lanes.finalize(*t);
+  else
+    p_.queue.publish(p_.queue.append(Item::Kind::kFinalize, this, t, 0, 0, true), 0);
 }
 
 void GatherToDevice::finish_submit(TransferState& t, StreamHandle stream) {
@@ -157,14 +162,16 @@ Item& GatherToDevice::publish_chunk(const TransferPtr& t, std::uint32_t k, ItemH
 }
 
 // Enqueues a chunk at submission (preissue) and marks its slot as carrying a DMA.
-void GatherToDevice::enqueue_issued(TransferState& t, std::uint32_t index, std::uint32_t slot, bool wait) {
+void GatherToDevice::enqueue_issued(TransferState& t, std::uint32_t index, std::uint32_t slot,
+                                    bool wait) {
   Slot& s = p_.ring[slot];
   const PlannedChunk& c = t.plan.chunks[index];
   s.issue([&] { p_.lanes.enqueue_to_device(t, index, s, wait && !c.host_direct, s.flag_value); });
   p_.ctx->tracer.record(t.id, TraceEvent::kStage, TraceEvent::kEnqueued, index);
   // Nothing to gather, so no thread says when it is ready: its enqueue is the point to trace.
   if (c.host_direct)
-    p_.ctx->tracer.record(t.id, TraceEvent::kChunkIssued, index, static_cast<std::uint32_t>(c.data_bytes));
+    p_.ctx->tracer.record(t.id, TraceEvent::kChunkIssued, index,
+                          static_cast<std::uint32_t>(c.data_bytes));
 }
 
 ItemHandler::Claim GatherToDevice::claimable(Item& item, bool /*may_poll*/) {
@@ -203,11 +210,13 @@ void GatherToDevice::run_piece(Item& item, std::uint32_t piece) {
   const PlannedChunk& c = p.chunks[item.index];
   std::byte* slot = p_.ring[item.slot].host;
   const auto t0 = Clock::now();
-  // A plan made from ids: this piece's ops are made here, from the ids, by the thread that uses them.
+  // A plan made from ids: this piece's ops are made here, from the ids, by the thread that uses
+  // them.
   if (ops_to_make(p, c)) make_ops(p, pc.op_begin, pc.op_end, c.op_begin);
   // Each piece writes its own ops' scatter entries (which the chunk's DMA carries with the data):
   // spread over the threads instead of written by the submitter as it packs.
-  if (!c.contiguous_device) stream_scatter_entries(p, c, pc.op_begin, pc.op_end, slot, Direction::kToDevice);
+  if (!c.contiguous_device)
+    stream_scatter_entries(p, c, pc.op_begin, pc.op_end, slot, Direction::kToDevice);
   gather_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, slot, p_.store);
   Counters::add(p_.ctx->counters.gather_ns, ns_since(t0));
 }
@@ -222,7 +231,9 @@ void GatherToDevice::chunk_done(Item& item) {
 void GatherToDevice::issue(Item& item) {
   if (p_.preissue) return;  // everything was enqueued at submission
   switch (item.kind) {
-    case Item::Kind::kChunk: issue_chunk(item); break;
+    case Item::Kind::kChunk:
+      issue_chunk(item);
+      break;
     case Item::Kind::kDirect:
       try {
         p_.lanes.enqueue_directs(*item.t);
@@ -230,7 +241,9 @@ void GatherToDevice::issue(Item& item) {
         item.t->fail(std::current_exception());
       }
       break;
-    case Item::Kind::kFinalize: p_.lanes.finalize(*item.t); break;
+    case Item::Kind::kFinalize:
+      p_.lanes.finalize(*item.t);
+      break;
   }
 }
 

@@ -17,10 +17,18 @@ namespace gfd::detail {
 // submitter talks to the driver (and a slot is taken again only once its DMA is enqueued).
 class GatherToDevice::Planning {
  public:
-  Planning(GatherToDevice& g, const Request& r, const TransferPtr& t, PlanBuilder& builder, std::uint64_t& plan_ns,
-           std::uint64_t early_bytes)
-      : g_(g), p_(g.p_), r_(r), t_(t), plan_(t->plan), builder_(builder), plan_ns_(plan_ns),
-        early_bytes_(early_bytes), checked_(early_bytes == 0), items_(g.items_) {
+  Planning(GatherToDevice& g, const Request& r, const TransferPtr& t, PlanBuilder& builder,
+           std::uint64_t& plan_ns, std::uint64_t early_bytes)
+      : g_(g),
+        p_(g.p_),
+        r_(r),
+        t_(t),
+        plan_(t->plan),
+        builder_(builder),
+        plan_ns_(plan_ns),
+        early_bytes_(early_bytes),
+        checked_(early_bytes == 0),
+        items_(g.items_) {
     items_.clear();
   }
 
@@ -83,7 +91,8 @@ class GatherToDevice::Planning {
   // only after it.
   void publish_early_and_check() {
     std::uint64_t out = 0;  // bytes in the published chunks
-    while (builder_.packed() < builder_.size() && out < early_bytes_ && published_ < early_limit()) {
+    while (builder_.packed() < builder_.size() && out < early_bytes_ &&
+           published_ < early_limit()) {
       const std::uint32_t before = published_;
       pack_stretch();
       for (std::uint32_t k = before; k < published_; ++k) out += plan_.chunks[k].data_bytes;
@@ -95,11 +104,13 @@ class GatherToDevice::Planning {
   }
 
   void enqueue_up_to(std::uint32_t end) {
-    for (; enqueued_ < end; ++enqueued_) g_.enqueue_issued(*t_, enqueued_, items_[enqueued_]->slot, true);
+    for (; enqueued_ < end; ++enqueued_)
+      g_.enqueue_issued(*t_, enqueued_, items_[enqueued_]->slot, true);
   }
 
   void publish_packed() {
-    const std::size_t end = checked_ ? plan_.chunks.size() : std::min(plan_.chunks.size(), early_limit());
+    const std::size_t end =
+        checked_ ? plan_.chunks.size() : std::min(plan_.chunks.size(), early_limit());
     for (; published_ < end; ++published_) {
       items_.push_back(&g_.publish_chunk(t_, published_));
       if (p_.preissue && checked_ && published_ >= kLag) enqueue_up_to(published_ - kLag + 1);
@@ -122,7 +133,8 @@ class GatherToDevice::Planning {
   // stretches left the threads without a chunk to gather.
   void pack_stretch() {
     timed([&] { builder_.advance(builder_.packed() + step_); });
-    p_.ctx->tracer.record(t_->id, TraceEvent::kStage, TraceEvent::kPacked, static_cast<std::uint32_t>(builder_.packed()));
+    p_.ctx->tracer.record(t_->id, TraceEvent::kStage, TraceEvent::kPacked,
+                          static_cast<std::uint32_t>(builder_.packed()));
     step_ = std::min<std::size_t>(step_ * 2, max_stretch_);
     publish_packed();
   }
@@ -132,7 +144,8 @@ class GatherToDevice::Planning {
   // moves them beside the staged chunks rather than after them; a group of at least kGroup / 4
   // per call.
   void enqueue_directs_so_far(bool all) {
-    if (!p_.preissue || (!all && plan_.direct.size() - directs_out_ < CopyLanes::kGroup / 4)) return;
+    if (!p_.preissue || (!all && plan_.direct.size() - directs_out_ < CopyLanes::kGroup / 4))
+      return;
     p_.lanes.enqueue_direct_copies(*t_, directs_out_, plan_.direct.size());
     directs_out_ = plan_.direct.size();
   }
@@ -168,7 +181,9 @@ TransferPtr GatherToDevice::submit_planning(const Request& r, std::uint64_t byte
   cfg.direction = Direction::kToDevice;
   cfg.trust = r.trust;
   std::optional<PlanBuilder> builder;
-  add_elapsed(plan_ns, [&] { builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true, bytes); });
+  add_elapsed(plan_ns, [&] {
+    builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true, bytes);
+  });
   ctx.tracer.record(t->id, TraceEvent::kStage, TraceEvent::kPlanStorage, 0);
   // Every block is checked before any DMA is enqueued (a bad block throws from here, naming it,
   // and nothing reaches the device). With preissue the first chunks are published before the

@@ -5,16 +5,17 @@
 #include <optional>
 #include <thread>
 
-#include "pipeline/engine_context.hpp"
 #include "gfd/error.hpp"
+#include "pipeline/engine_context.hpp"
 
 namespace gfd::detail {
 
 GatherToHost::GatherToHost(StagingPipeline& pipe) : p_(pipe) {
   // A packing launch never takes more than half the ring, so the slot a submitter waits for is
   // never one of a launch still to be made.
-  const std::size_t limit = std::min<std::size_t>(
-      {static_cast<std::size_t>(std::max(p_.ctx->tuning.placement_chunks, 1)), p_.ring.size() / 2, kMaxPlaceChunks});
+  const std::size_t limit =
+      std::min<std::size_t>({static_cast<std::size_t>(std::max(p_.ctx->tuning.placement_chunks, 1)),
+                             p_.ring.size() / 2, kMaxPlaceChunks});
   pack_limit_ = static_cast<std::uint32_t>(std::max<std::size_t>(limit, 1));
   pending_.reserve(pack_limit_);
 }
@@ -24,7 +25,8 @@ void GatherToHost::placed_all(TransferState& t) {
   t.host_left.notify_all();
 }
 
-void GatherToHost::enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vector<Item*>* held, bool valid) {
+void GatherToHost::enqueue_chunk(const TransferPtr& t, std::uint32_t k, std::vector<Item*>* held,
+                                 bool valid) {
   const PlannedChunk& c = t->plan.chunks[k];
   // Batched packing: a chunk whose device blocks are scattered waits in pending_ for one packing
   // launch with the next ones; pending chunks go out before any other chunk (the lane's order).
@@ -132,7 +134,9 @@ bool GatherToHost::poll_head_dma(Item& item) {
   if (item.dma_ready.load(std::memory_order_acquire)) return true;
   // The transfer is still being planned: its bytes may be placed only once it is found valid.
   // Or its DMA waits for a packing launch with the next chunks: its `done` is not recorded yet.
-  if (item.held.load(std::memory_order_acquire) || item.awaiting_dma.load(std::memory_order_acquire)) return false;
+  if (item.held.load(std::memory_order_acquire) ||
+      item.awaiting_dma.load(std::memory_order_acquire))
+    return false;
   if (dma_poller_.exchange(true, std::memory_order_acq_rel)) return false;
   // Only a poller sets dma_ready: checked again while holding the poller's flag, the chunk
   // cannot have been placed and issued (and `item.t` reset) under us.
@@ -147,7 +151,8 @@ bool GatherToHost::poll_head_dma(Item& item) {
     if (s.dma_flag != nullptr) {
       // The flag stream writes the slot's DMA flag once the DMA is done: no driver call here (see
       // FaultWatch).
-      ready = std::atomic_ref<std::uint64_t>(*s.dma_flag).load(std::memory_order_acquire) >= s.dma_value;
+      ready = std::atomic_ref<std::uint64_t>(*s.dma_flag).load(std::memory_order_acquire) >=
+              s.dma_value;
       if (!ready) check_fault(item, s);
     } else {
       ready = p_.ctx->device->event_done(s.done);
@@ -182,7 +187,8 @@ void GatherToHost::run_piece(Item& item, std::uint32_t piece) {
   // A rejected or failed transfer places nothing: its slot holds nothing worth placing.
   if (t.plan_state.load(std::memory_order_acquire) == TransferState::kValid &&
       !t.failed.load(std::memory_order_acquire))
-    scatter_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, p_.ring[item.slot].host, p_.store);
+    scatter_ops(p.ops.data() + pc.op_begin, pc.op_end - pc.op_begin, p_.ring[item.slot].host,
+                p_.store);
   Counters::add(p_.ctx->counters.gather_ns, ns_since(t0));
 }
 

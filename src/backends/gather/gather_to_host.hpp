@@ -25,7 +25,8 @@ class GatherToHost final : public ItemHandler {
   // planned here while its first chunks move. Throws gfd::Error for a bad block (nothing
   // reaches host memory).
   // `bytes`: the blocks' sizes summed (total_bytes), where the caller has them.
-  TransferPtr submit(const Request& r, TransferPtr planned, std::optional<std::uint64_t> bytes = std::nullopt);
+  TransferPtr submit(const Request& r, TransferPtr planned,
+                     std::optional<std::uint64_t> bytes = std::nullopt);
 
   Claim claimable(Item& item, bool may_poll) override;
   void run_piece(Item& item, std::uint32_t piece) override;
@@ -64,8 +65,8 @@ class GatherToHost final : public ItemHandler {
     std::uint32_t slot;
   };
   StagingPipeline& p_;
-  std::vector<PendingPack> pending_;  // under the submission lock; empty between submissions
-  std::uint32_t pack_limit_ = 1;      // chunks one packing launch takes at most
+  std::vector<PendingPack> pending_;     // under the submission lock; empty between submissions
+  std::uint32_t pack_limit_ = 1;         // chunks one packing launch takes at most
   std::atomic<bool> dma_poller_{false};  // a thread is polling the head item's DMA
   // check_fault's wait (the poller's): the item and flag value waited for, the last look, and
   // its requests to the FaultWatch.

@@ -18,7 +18,8 @@ namespace gfd::detail {
 // is done, so never more of them than the ring has slots.
 class GatherToHost::Submission {
  public:
-  Submission(GatherToHost& g, const Request& r, const TransferPtr& t, PlanBuilder* builder, std::uint64_t& plan_ns)
+  Submission(GatherToHost& g, const Request& r, const TransferPtr& t, PlanBuilder* builder,
+             std::uint64_t& plan_ns)
       : g_(g), p_(g.p_), r_(r), t_(t), plan_(t->plan), builder_(builder), plan_ns_(plan_ns) {}
 
   // Enqueues every chunk; returns the rejection of a bad block (nothing reaches host memory),
@@ -101,7 +102,8 @@ class GatherToHost::Submission {
   void enqueue_planned(std::size_t limit) {
     const bool planning_now = planning();
     for (; enqueued_ < std::min(plan_.chunks.size(), limit); ++enqueued_)
-      g_.enqueue_chunk(t_, enqueued_, planning_now ? &held_ : nullptr, !planning_now || r_.trust != nullptr);
+      g_.enqueue_chunk(t_, enqueued_, planning_now ? &held_ : nullptr,
+                       !planning_now || r_.trust != nullptr);
   }
 
   // Publishes the verdict (kValid or kRejected) to the gather threads, then lets them at the
@@ -132,7 +134,8 @@ class GatherToHost::Submission {
   std::size_t step_ = 256;
 };
 
-TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::optional<std::uint64_t> bytes) {
+TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned,
+                                 std::optional<std::uint64_t> bytes) {
   EngineContext& ctx = *p_.ctx;
   const bool plan_here = !planned;
   TransferPtr t = plan_here ? make_transfer(p_.ctx, r.id, Direction::kToHost) : std::move(planned);
@@ -146,8 +149,11 @@ TransferPtr GatherToHost::submit(const Request& r, TransferPtr planned, std::opt
     PlanConfig cfg = ctx.plan_config;
     cfg.direction = Direction::kToHost;
     cfg.trust = r.trust;
-    add_elapsed(plan_ns, [&] { builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true, bytes); });
-    // Without storage reserved up front (absurd sizes) the plan is made whole before anything moves.
+    add_elapsed(plan_ns, [&] {
+      builder.emplace(r.blocks, cfg, classify, t->plan, &ctx.pageable, true, bytes);
+    });
+    // Without storage reserved up front (absurd sizes) the plan is made whole before anything
+    // moves.
     if (!builder->stable()) {
       add_elapsed(plan_ns, [&] { builder->finish(); });
       builder.reset();
