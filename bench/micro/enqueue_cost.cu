@@ -289,8 +289,8 @@ int run_main(int argc, char** argv) {
         }
       }
       const double h = gfd::bench::percentiles(host).p50, g = gfd::bench::percentiles(gpu).p50;
-      if (v == "graph_launch")  // its waits pass at once (the flags hold their value already): no
-                                // gpu time
+      // A graph launch's waits pass at once (the flags hold their value already): no GPU time.
+      if (v == "graph_launch")
         std::printf("%-12s %6zu | %9.1f %9.2f | %9s %8s\n", v.c_str(), n, h, h / n, "-", "-");
       else
         std::printf("%-12s %6zu | %9.1f %9.2f | %9.1f %8.2f\n", v.c_str(), n, h, h / n, g,

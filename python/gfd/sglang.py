@@ -150,9 +150,8 @@ def _load(
     ):
         (t,) = prepared
         pages = _pages(t, plan.page)
-        if (
-            pages is None
-        ):  # not whole pages: the pool's own per-layer copies, as SGLang's loop makes them
+        # Not whole pages: the pool's own per-layer copies, as SGLang's loop makes them.
+        if pages is None:
             for layer in range(transfer_layer_id_max):
                 t.host_pool.load_to_device_per_layer_physical(
                     t.device_pool, t.host_indices, t.device_indices, layer, self.io_backend
