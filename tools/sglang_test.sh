@@ -41,6 +41,10 @@ if ! "$VPY" -c 'import torch' > /dev/null 2>&1; then
   say "installing torch into $VENV (about 3 GB with its CUDA libraries; tools/vllm_test.sh installs it too)"
   "$VPY" -m pip install --progress-bar on torch pytest || die "pip install torch failed"
 fi
+# SGLang is installed without its dependencies: the ones the tested code needs come from this
+# environment, where tools/vllm_test.sh has installed vLLM and its dependencies.
+"$VPY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("vllm") is None)' ||
+  die "$VENV has no vLLM, whose dependencies SGLang's modules import here: run tools/vllm_test.sh first (tools/quickstart.sh test runs both, in that order)"
 base_site=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 if [ ! -x "$SVENV/bin/python" ]; then
