@@ -7,6 +7,9 @@
 #            sweep both ways, one run (about 2.5 minutes)
 #   load     the runtime's call at every block size with every peer, idle and beside
 #            back-to-back bf16 matmuls, both ways, one run; Python under the same load (1.5 minutes)
+#   stages   gfd's stages alone beside the same matmuls, against gfd whole and the contiguous DMA:
+#            its gather threads' copies (no GPU work) and its placing / packing kernel (no host
+#            side, no DMA), 4K, 32K, 64K and 2M blocks, both ways, $RUNS runs
 #   pool     one pool of 2048 random 4 KB blocks, every backend; the strided layout against
 #            random blocks; three runs each (under a minute)
 #   vllm     gfd.vllm's offloading worker against vLLM's own copy path, two runs, and one with
@@ -41,7 +44,7 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-ALL="paged load pool vllm sglang latency onegpu serving"
+ALL="paged load stages pool vllm sglang latency onegpu serving"
 CASES=${*:-$ALL}
 for c in $CASES; do
   case " $ALL " in *" $c "*) ;; *) echo "measure: unknown case '$c' (cases: $ALL)" >&2; exit 2 ;; esac
@@ -115,6 +118,12 @@ if has load; then
     done
   done
   step load_py_1 120 "$PY" -m gfd_bench --layout paged --direction both --block-sizes 4K,32K --under-load=decode
+fi
+if has stages; then
+  for r in $(seq "$RUNS"); do
+    step "stages_$r" 180 "$B" --layout paged --direction both --block-sizes 4K,32K,64K,2M \
+      --blocks 64 --under-load=decode --methods gfd,gather_only,place_only
+  done
 fi
 if has pool; then
   for r in $(seq "$RUNS"); do

@@ -5,8 +5,8 @@
 
 DIR holds the CSVs of one bench/measure.sh call, or is its $OUT (default ./bench-out), whose
 measure-<cases>.tgz archives are read together; FILE.tgz is one such archive. CASE names the
-tables to print (paged, load, pool, vllm, sglang, latency, onegpu; default: every case whose CSVs are
-there).
+tables to print (paged, load, stages, pool, vllm, sglang, latency, onegpu; default: every case
+whose CSVs are there).
 Each table is Markdown in the layout of docs/performance.md, so that a new run's figures replace
 the old ones there as they are. Ratios are to the contiguous pinned DMA of the same bytes in the
 same run; where a case ran several times, a cell lists every run ("62.8 / 60.2 / 57.3%") or the
@@ -21,7 +21,7 @@ import sys
 import tarfile
 import tempfile
 
-CASES = ("paged", "load", "pool", "vllm", "sglang", "latency", "onegpu")
+CASES = ("paged", "load", "stages", "pool", "vllm", "sglang", "latency", "onegpu")
 
 
 def read(path):
@@ -299,6 +299,35 @@ def load(d):
                 )
         parts.append(table(["block", "dir", "gfd, Python, idle", "rate kept under the load"], body))
     return parts
+
+
+def stages(d):
+    """gfd's stages alone beside the matmuls (stages_<run>.csv): the matmuls' slowdown beside gfd
+    whole, its gather threads alone, its placing (packing) kernel alone and the contiguous DMA,
+    each as the runs' values; and each method's rate kept under the load."""
+    sweep = runs(d, "stages_*.csv")
+    if not sweep:
+        return []
+    methods = ["gfd", "gather_only", "place_only", "dma_contiguous"]
+    body = []
+    for direction in ("h2d", "d2h"):
+        sizes = sorted(
+            {int(r["block_size"]) for rows in sweep for r in rows if r["direction"] == direction}
+        )
+        for s in sizes:
+            m = dict(direction=direction, block_size=str(s), load="decode")
+            cells = [direction, size_label(s)]
+            for meth in methods:
+                slow = [v for v in col(sweep, "load_slowdown", method=meth, **m) if v is not None]
+                cells.append(" / ".join(f"{100 * v:+.1f}%" for v in slow) if slow else "-")
+            for meth in methods[:3]:
+                kept = [v for v in col(sweep, "rate_kept", method=meth, **m) if v is not None]
+                cells.append(pct(kept) if kept else "-")
+            body.append(cells)
+    header = ["dir", "block"]
+    header += [f"slowdown: {m.replace('_', ' ')}" for m in methods]
+    header += [f"kept: {m.replace('_', ' ')}" for m in methods[:3]]
+    return [table(header, body)]
 
 
 def speed(sweep):

@@ -141,11 +141,18 @@ void open_device(PagedRunner& b, PagedOptions& o) {
   if (testkit::cuda_device_count() == 0) {
     b.host_only = true;
     std::printf(
-        "No CUDA GPU is visible here: host-only. Only gfd runs, on the emulated device (its "
-        "device caches are host memory and its 'DMA' a host memcpy); the CUDA peers are "
-        "skipped and the figures say nothing about PCIe.\n");
+        "No CUDA GPU is visible here: host-only. Only gfd (and gather_only where named) runs, "
+        "on the emulated device (its device caches are host memory and its 'DMA' a host "
+        "memcpy); the CUDA peers are skipped and the figures say nothing about PCIe.\n");
     b.dev = testkit::Device::emulated(0);
+    auto named = [&o](Method m) {
+      return std::find(o.methods.begin(), o.methods.end(), m) != o.methods.end();
+    };
+    if (named(Method::kPlaceOnly))
+      std::printf("place_only: gfd's placing kernel needs a GPU: skipped\n");
+    const bool gather_only = named(Method::kGatherOnly);
     o.methods = {Method::kGfd};
+    if (gather_only) o.methods.push_back(Method::kGatherOnly);
     if (o.under_load) std::printf("--under-load needs a GPU (cuBLAS matmuls): skipped.\n");
   } else {
     b.dev = testkit::Device::cuda(o.device);
@@ -176,8 +183,11 @@ void allocate(PagedRunner& b, const Plan& p) {
 std::vector<Method> make_engines(PagedRunner& b, const std::vector<Method>& methods) {
   std::vector<Method> run;
   for (Method m : methods) {
+    // A stage alone takes its settings from the gfd engine, made for it where gfd itself is
+    // not measured.
+    if (is_stage(m) && !b.gfd) b.gfd.emplace(b.dev.make_engine(EngineOptions::from_env()));
     if (m == Method::kGfd) {
-      b.gfd.emplace(b.dev.make_engine(EngineOptions::from_env()));
+      if (!b.gfd) b.gfd.emplace(b.dev.make_engine(EngineOptions::from_env()));
     } else if (m == Method::kGfdZeroCopy) {
       EngineOptions o = EngineOptions::from_env();
       o.backend = Backend::kZeroCopyKernel;

@@ -23,7 +23,11 @@ const std::map<std::string, std::string> kFlags = {
     {"direction", "=D       h2d (loads), d2h (stores) or both (default both)"},
     {"methods",
      "=M[,M...]  gfd, gfd_zero_copy, batch, per_block, uva2, uva12 (default all; the\n"
-     "                   contiguous DMA is always measured)"},
+     "                   contiguous DMA is always measured); gfd's stages alone, named\n"
+     "                   only: gather_only (its gather threads' copies into a buffer the\n"
+     "                   ring's size, placing to the host for d2h; no GPU work) and\n"
+     "                   place_only (its placing kernel from device staging, packing for\n"
+     "                   d2h, on a highest-priority stream as its lanes; a GPU only)"},
     {"iters", "=N           timed repetitions per configuration (default 20, at least 20)"},
     {"warmup", "=N          untimed repetitions first (default 3)"},
     {"warm", "              reuse the same block ids every repetition (default: fresh ids)"},
@@ -42,7 +46,7 @@ std::vector<Method> methods_flag(const Flags& flags) {
   std::vector<Method> out;
   if (!flags.has("methods")) {
     for (const MethodName& m : kMethods)
-      if (m.method != Method::kDma) out.push_back(m.method);
+      if (m.method != Method::kDma && !is_stage(m.method)) out.push_back(m.method);
     return out;
   }
   for (const std::string& name : flags.get_list("methods")) {
@@ -52,7 +56,7 @@ std::vector<Method> methods_flag(const Flags& flags) {
     if (hit == nullptr)
       throw std::invalid_argument("--methods: '" + name +
                                   "' is not a method (gfd, gfd_zero_copy, "
-                                  "batch, per_block, uva2, uva12)");
+                                  "batch, per_block, uva2, uva12, gather_only, place_only)");
     if (std::find(out.begin(), out.end(), hit->method) == out.end()) out.push_back(hit->method);
   }
   return out;

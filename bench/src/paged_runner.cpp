@@ -14,6 +14,7 @@ namespace gfd::bench::paged {
 using Clock = std::chrono::steady_clock;
 
 PagedRunner::~PagedRunner() {
+  stages_.reset();
   load.reset();
   gfd_set = CacheSet();
   zero_copy_set = CacheSet();
@@ -74,6 +75,9 @@ Ops PagedRunner::make_ops(Method m, const Config& c, bool to_host) {
     case Method::kUva2:
     case Method::kUva12:
       return uva_ops(m, c, to_host);
+    case Method::kGatherOnly:
+    case Method::kPlaceOnly:
+      return stage_ops(m, c, to_host);
   }
   throw std::logic_error("no such method");
 }
@@ -173,6 +177,34 @@ Ops PagedRunner::uva_ops(Method m, const Config& c, bool to_host) {
   return ops;
 }
 
+Ops PagedRunner::stage_ops(Method m, const Config& c, bool to_host) {
+  if (!stages_) stages_ = std::make_unique<Stages>(dev, *gfd);
+  Ops ops;
+  if (m == Method::kGatherOnly) {
+    ops.prepare = [this, &c, to_host](const Ids& ids) {
+      build_lists(c, to_host, ids);
+      stage_blocks_.clear();
+      for (std::size_t i = 0; i < lists_.dsts.size(); ++i)
+        stage_blocks_.push_back({lists_.srcs[i], lists_.dsts[i], lists_.sizes[i]});
+    };
+    ops.submit = [this, to_host] { stages_->gather(stage_blocks_, to_host); };
+    ops.finish = [] {};
+    return ops;
+  }
+  // The device side of each block: the destinations to the device, the sources to the host.
+  ops.prepare = [this, &c, to_host](const Ids& ids) {
+    build_lists(c, to_host, ids);
+    if (to_host)
+      device_blocks_.assign(lists_.srcs.begin(), lists_.srcs.end());
+    else
+      device_blocks_.assign(lists_.dsts.begin(), lists_.dsts.end());
+    stages_->prepare_place(device_blocks_, lists_.sizes);
+  };
+  ops.submit = [this, to_host] { stages_->place(to_host); };
+  ops.finish = [this] { stages_->finish_place(); };
+  return ops;
+}
+
 Row PagedRunner::measure(Method m, const Config& c, bool to_host, DecodeLoad* load, double min_ms,
                          double alone_ms) {
   Ops ops = make_ops(m, c, to_host);
@@ -195,7 +227,15 @@ Row PagedRunner::measure(Method m, const Config& c, bool to_host, DecodeLoad* lo
   r.us = percentiles(us);
   r.submit_us = percentiles(submit_us).p50;
   if (load && loaded_ms > 0 && alone_ms > 0) r.slowdown = loaded_ms / alone_ms - 1;
-  if (m != Method::kDma) {
+  // A stage alone moves scratch bytes: gather_only checks its copies, place_only nothing.
+  if (is_stage(m)) {
+    r.verified = m == Method::kGatherOnly ? (stages_->gathered_right(to_host) ? 1 : 0) : -1;
+    if (r.verified == 0) {
+      ++failures;
+      std::fprintf(stderr, "VERIFY FAILED: %s gather_only: the copies differ\n",
+                   r.direction.c_str());
+    }
+  } else if (m != Method::kDma) {
     r.verified = verify(c, to_host, ops, ids) ? 1 : 0;
     if (!r.verified) {
       ++failures;

@@ -13,6 +13,7 @@
 #include "decode_load.hpp"
 #include "gfd/gfd.hpp"
 #include "paged_caches.hpp"
+#include "paged_stages.hpp"
 #include "paged_types.hpp"
 #include "testkit/testkit.hpp"
 
@@ -72,6 +73,8 @@ class PagedRunner {
   Ops batch_ops(const Config& c, bool to_host);
   Ops per_block_ops(const Config& c, bool to_host);
   Ops uva_ops(Method m, const Config& c, bool to_host);
+  // gather_only and place_only (paged_stages.hpp), over the gfd engine's settings.
+  Ops stage_ops(Method m, const Config& c, bool to_host);
 
   // The timed repetitions (after the warm-up ones): the call-to-done and the submit times; the
   // matmuls' mean time inside the window when under a load (-1 otherwise).
@@ -107,6 +110,9 @@ class PagedRunner {
   std::size_t scratch_bytes_ = 0;
   unsigned long long* mismatches_host_ = nullptr;
   unsigned long long* mismatches_device_ = nullptr;
+  std::unique_ptr<Stages> stages_;  // made at the first stage measured
+  std::vector<BlockCopy> stage_blocks_;
+  std::vector<const void*> device_blocks_;
 };
 
 }  // namespace gfd::bench::paged

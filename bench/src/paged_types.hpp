@@ -11,10 +11,20 @@
 
 namespace gfd::bench::paged {
 
-enum class Method { kDma, kGfd, kGfdZeroCopy, kBatch, kPerBlock, kUva2, kUva12 };
+enum class Method {
+  kDma,
+  kGfd,
+  kGfdZeroCopy,
+  kBatch,
+  kPerBlock,
+  kUva2,
+  kUva12,
+  kGatherOnly,  // a stage of gfd alone: its gather threads' copies (no GPU work)
+  kPlaceOnly,   // a stage of gfd alone: its placing (packing) kernel (no host side, no DMA)
+};
 
 // Each method's name in --methods and in the rows; kMethods[0], the contiguous DMA, is always
-// measured (the reference), the others as --methods says.
+// measured (the reference), the others as --methods says (gfd's stages only when named).
 struct MethodName {
   Method method;
   const char* name;
@@ -25,7 +35,11 @@ inline constexpr MethodName kMethods[] = {{Method::kDma, "dma_contiguous"},
                                           {Method::kBatch, "batch"},
                                           {Method::kPerBlock, "per_block"},
                                           {Method::kUva2, "uva2"},
-                                          {Method::kUva12, "uva12"}};
+                                          {Method::kUva12, "uva12"},
+                                          {Method::kGatherOnly, "gather_only"},
+                                          {Method::kPlaceOnly, "place_only"}};
+
+inline bool is_stage(Method m) { return m == Method::kGatherOnly || m == Method::kPlaceOnly; }
 
 inline const char* method_name(Method m) {
   for (const MethodName& n : kMethods)

@@ -223,23 +223,8 @@ class Run {
 void Run::make_stage_only() {
   if (gather_ == nullptr) return;
   const EngineStats st = gather_->engine.stats();
-  const EngineOptions& o = gather_->engine.options();
-  HostPoolOptions so;
-  so.bytes = st.staging_bytes;
-  so.device = b_.dev.ordinal();
-  so.numa_node =
-      st.numa_node >= 0 ? st.numa_node : -2;  // the engine's node, or unbound as its ring
-  b_.stage_buffer = std::make_unique<HostPool>(testkit::make_host_pool(b_.dev, so));
-  StageOnly::Config c;
-  c.workers = st.gather_threads;
-  c.cpus = st.cpus;
-  c.caller_copies = o.submitter_gathers;
-  c.spin_us = o.spin_us;
-  c.piece_bytes = o.piece_bytes;
-  c.inline_bytes = o.inline_gather_bytes;
-  c.first_chunk_bytes = std::min(o.first_chunk_bytes, o.slot_bytes);
-  c.writes = st.staging_writes;
-  c.to_host = b_.to_host;
+  b_.stage_buffer = std::make_unique<HostPool>(StageOnly::buffer_for(b_.dev, gather_->engine));
+  const StageOnly::Config c = StageOnly::of_engine(gather_->engine, b_.to_host);
   b_.stage = std::make_unique<StageOnly>(c, b_.stage_buffer->data(), st.staging_bytes);
   std::printf(
       "%s-only: %d threads (%d pinned to the engine's gather CPUs %s%s), %s pieces in order (a "

@@ -13,6 +13,32 @@
 #endif
 
 namespace gfd::bench {
+
+StageOnly::Config StageOnly::of_engine(const Engine& engine, bool to_host) {
+  const EngineStats st = engine.stats();
+  const EngineOptions& o = engine.options();
+  Config c;
+  c.workers = st.gather_threads;
+  c.cpus = st.cpus;
+  c.caller_copies = o.submitter_gathers;
+  c.spin_us = o.spin_us;
+  c.piece_bytes = o.piece_bytes;
+  c.inline_bytes = o.inline_gather_bytes;
+  c.first_chunk_bytes = std::min(o.first_chunk_bytes, o.slot_bytes);
+  c.writes = st.staging_writes;
+  c.to_host = to_host;
+  return c;
+}
+
+HostPool StageOnly::buffer_for(const testkit::Device& device, const Engine& engine) {
+  const EngineStats st = engine.stats();
+  HostPoolOptions so;
+  so.bytes = st.staging_bytes;
+  so.device = device.ordinal();
+  so.numa_node =
+      st.numa_node >= 0 ? st.numa_node : -2;  // the engine's node, or unbound as its ring
+  return testkit::make_host_pool(device, so);
+}
 namespace {
 
 using Clock = std::chrono::steady_clock;

@@ -31,6 +31,14 @@ class StageOnly {
     StagingWrites writes = StagingWrites::kStreaming;  // resolved as the engine resolves it
     bool to_host = false;  // place (staging -> host dst) instead of gather
   };
+  // The settings of `engine`'s gather threads: as many threads as copy in the engine
+  // (gather_threads, plus the submitting thread when submitter_gathers), pinned to its gather
+  // CPUs, with its spin, pieces and staging writes.
+  static Config of_engine(const Engine& engine, bool to_host);
+  // A buffer the size of `engine`'s ring, allocated as the ring is (HostPool: huge pages, the
+  // engine's NUMA node, registered with `device`).
+  static HostPool buffer_for(const testkit::Device& device, const Engine& engine);
+
   // `staging` (`staging_bytes`, a multiple of piece_bytes is best) is the buffer written (gather)
   // or read (place); the caller owns it.
   StageOnly(const Config& config, std::byte* staging, std::size_t staging_bytes);

@@ -11,7 +11,8 @@
 //  - the staging write loop itself, for host-memory load probes and gather-only rates, and the
 //    engine's piece loops (gather into staging, place from it) over a caller's block list;
 //  - gfd::HostPool over this device (on the emulated device too);
-//  - the SM copy kernel the benchmarks measure as a peer (a GPU only).
+//  - the SM copy kernel the benchmarks measure as a peer, and gfd's placing and packing kernels
+//    alone for stage-by-stage measurements (a GPU only).
 // Everything here is for testing and measurement; none of it is a stable API.
 #pragma once
 
@@ -154,6 +155,33 @@ inline constexpr int kMaxUvaCtas = 1024;
 /// outside [1, kMaxUvaCtas], for a null array, and when the launch fails.
 void uva_copy(const Device& device, void* const* dsts, const void* const* srcs,
               const std::uint64_t* sizes, std::size_t count, int ctas, cudaStream_t stream);
+/// gfd's SM stages alone, for a benchmark that measures the pipeline stage by stage: the placing
+/// kernel (host to device: staged bytes to their device blocks) or the packing kernel (device to
+/// host: device blocks into staging) launched as the copy lanes launch them, without the host
+/// side or a DMA. The blocks lie in staging in order, cut into chunks of at most `chunk_bytes`
+/// (a slot; a larger block is a chunk of its own), several chunks a launch. A GPU only: the
+/// constructor throws gfd::Error on the emulated device.
+class StageKernels {
+ public:
+  explicit StageKernels(const Device& device);
+  ~StageKernels();
+  StageKernels(const StageKernels&) = delete;
+  StageKernels& operator=(const StageKernels&) = delete;
+
+  /// Lays out `count` device blocks (`blocks[i]`, `sizes[i]` bytes) in chunks and copies their
+  /// entries to device memory (synchronously: outside any timing). Returns the staged bytes.
+  std::size_t prepare(const void* const* blocks, const std::size_t* sizes, std::size_t count,
+                      std::size_t chunk_bytes);
+  /// Every chunk of the last prepare() on `stream`, `chunks_per_launch` chunks (1..32) a launch of
+  /// at most `max_ctas` thread blocks (1..32): placed from device memory `staging` into the
+  /// blocks, or, with `pack`, packed from the blocks into `staging` (at least the staged bytes).
+  void launch(bool pack, void* staging, cudaStream_t stream, int chunks_per_launch, int max_ctas);
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
 /// Loads the UVA kernel's module now: a lazy module load at its first launch synchronises the
 /// context, which would deadlock while an engine's stream waits on a host flag. A GPU only.
 void preload_uva_copy(const Device& device);

@@ -309,3 +309,35 @@ def test_runtime_benches_say_what_is_missing(module):
         env=bench_env(),
     )
     assert h.returncode == 0 and "usage: python -m " + module in h.stdout, h.stdout + h.stderr
+
+
+def test_summarize_stages_table_gives_each_stages_slowdown_per_run(tmp_path):
+    # gfd_benchmark --methods gfd,gather_only,place_only under the decode load (stages_<run>.csv):
+    # one row per direction and block size, each stage's slowdown as every run's value, the DMA's
+    # too, and each gfd method's rate kept; idle rows are not read.
+    script = os.path.join(ROOT, "bench", "summarize.py")
+    head = "mode,direction,load,block_size,method,load_slowdown,rate_kept\n"
+    for run, place in ((1, "0.051"), (2, "0.062")):
+        (tmp_path / f"stages_{run}.csv").write_text(
+            head + "gpu,h2d,none,32768,gfd,,\n"
+            "gpu,h2d,decode,32768,dma_contiguous,0.02,\n"
+            "gpu,h2d,decode,32768,gfd,0.11,0.8\n"
+            "gpu,h2d,decode,32768,gather_only,0.01,0.97\n"
+            f"gpu,h2d,decode,32768,place_only,{place},0.9\n"
+        )
+    r = subprocess.run(
+        [sys.executable, script, str(tmp_path), "stages"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    header = next(line for line in r.stdout.splitlines() if line.startswith("| dir"))
+    names = [c.strip() for c in header.split("|")[1:-1]]
+    (row,) = [line for line in r.stdout.splitlines() if line.startswith("| h2d")]
+    cells = dict(zip(names, [c.strip() for c in row.split("|")[1:-1]]))
+    assert cells["block"] == "32 KB", r.stdout
+    assert cells["slowdown: place only"] == "+5.1% / +6.2%", r.stdout
+    assert cells["slowdown: gfd"] == "+11.0% / +11.0%", r.stdout
+    assert cells["slowdown: dma contiguous"] == "+2.0% / +2.0%", r.stdout
+    assert cells["kept: gather only"] == "97.0 / 97.0%", r.stdout
