@@ -171,20 +171,24 @@ def test_paged_bench_without_torch_on_a_gpu():
     assert r.returncode == 2 and "torch is not installed" in r.stderr, r.stdout + r.stderr
 
 
+def summarize(d, *cases):
+    """bench/summarize.py over the CSVs in ``d`` (the tables of ``cases``, default all)."""
+    script = os.path.join(ROOT, "bench", "summarize.py")
+    return subprocess.run(
+        [sys.executable, script, str(d), *cases], capture_output=True, text=True, timeout=60
+    )
+
+
 def test_summarize_reads_the_hosts_driver_call_speed(tmp_path):
     # bench/summarize.py's host line: the median idle submit of the contiguous DMA's rows, "SLOW"
     # past 7.5 us; other methods, loaded rows, copies over 256 MiB and host-only rows are not read.
-    script = os.path.join(ROOT, "bench", "summarize.py")
     head = "mode,method,load,transfer_bytes,submit_p50_us\n"
 
     def host_line(name, body):
         d = tmp_path / name
         d.mkdir()
         (d / "run.csv").write_text(head + body)
-        r = subprocess.run(
-            [sys.executable, script, str(d)], capture_output=True, text=True, timeout=60
-        )
-        return r.stdout
+        return summarize(d).stdout
 
     out = host_line(
         "usual",
@@ -206,7 +210,6 @@ def test_summarize_reads_the_hosts_driver_call_speed(tmp_path):
 def test_summarize_sglang_table_gives_layer_0_on_the_link_where_measured(tmp_path):
     # gfd_bench.sglang writes NaN where a figure is not measured (a write-back's layer 0 on the
     # link): the table says "-" there, and the runs' range where they measured it.
-    script = os.path.join(ROOT, "bench", "summarize.py")
     head = (
         "model,layout,direction,method,ratio_p50,gbps_p50,layer0_us_p50,layer0_link_us_p50,"
         "layer0_enqueued_us_p50,call_us_p50,matmul_slowdown\n"
@@ -216,12 +219,7 @@ def test_summarize_sglang_table_gives_layer_0_on_the_link_where_measured(tmp_pat
             head + f"llama3-8b,layer_first,load,gfd,0.97,53.1,405,{link},148,2270,nan\n"
             "llama3-8b,layer_first,write_back,gfd,0.92,50.6,10800,nan,1890,1950,nan\n"
         )
-    r = subprocess.run(
-        [sys.executable, script, str(tmp_path), "sglang"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = summarize(tmp_path, "sglang")
     assert r.returncode == 0, r.stderr
     rows = {
         line.split("|")[3].strip(): [c.strip() for c in line.split("|")[1:-1]]
@@ -237,7 +235,6 @@ def test_summarize_sglang_table_gives_layer_0_on_the_link_where_measured(tmp_pat
 def test_summarize_onegpu_table_gives_each_engine_counts_call_and_the_ratios(tmp_path):
     # gfd_multi_gpu_benchmark --one-gpu CSVs (onegpu_<run>.csv): a column per engine count, the
     # caller's CPU time with one engine and with the most, the most engines' ratios as ranges.
-    script = os.path.join(ROOT, "bench", "summarize.py")
     head = (
         "mode,sources,engines,backend,blocks,block_size,call_p50_us,call_p90_us,call_ratio,cpu_p50_us,"
         "cpu_p90_us,cpu_ratio,e2e_p50_us,e2e_p90_us,e2e_ratio,p50_gbps,ref_gbps,threads,caller_cpus,"
@@ -250,12 +247,7 @@ def test_summarize_onegpu_table_gives_each_engine_counts_call_and_the_ratios(tmp
             f"gpu,cold,8,gather,2048,4096,{call8},14,{float(call8) / 10},9.5,12,1.05,1900,2000,7.6,35,52,"
             "1,0 2 4 6 8 10 12 14,1|3|5|7|9|11|13|15,1\n"
         )
-    r = subprocess.run(
-        [sys.executable, script, str(tmp_path), "onegpu"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = summarize(tmp_path, "onegpu")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     header = [
@@ -315,7 +307,6 @@ def test_summarize_stages_table_gives_each_stages_slowdown_per_run(tmp_path):
     # gfd_benchmark --methods gfd,gather_only,place_only under the decode load (stages_<run>.csv):
     # one row per direction and block size, each stage's slowdown as every run's value, the DMA's
     # too, and each gfd method's rate kept; idle rows are not read.
-    script = os.path.join(ROOT, "bench", "summarize.py")
     head = "mode,direction,load,block_size,method,load_slowdown,rate_kept\n"
     for run, place in ((1, "0.051"), (2, "0.062")):
         (tmp_path / f"stages_{run}.csv").write_text(
@@ -325,12 +316,7 @@ def test_summarize_stages_table_gives_each_stages_slowdown_per_run(tmp_path):
             "gpu,h2d,decode,32768,gather_only,0.01,0.97\n"
             f"gpu,h2d,decode,32768,place_only,{place},0.9\n"
         )
-    r = subprocess.run(
-        [sys.executable, script, str(tmp_path), "stages"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = summarize(tmp_path, "stages")
     assert r.returncode == 0, r.stderr
     header = next(line for line in r.stdout.splitlines() if line.startswith("| dir"))
     names = [c.strip() for c in header.split("|")[1:-1]]
