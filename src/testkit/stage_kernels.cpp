@@ -44,7 +44,8 @@ StageKernels::StageKernels(const Device& device) : s_(std::make_unique<State>())
                 "is the emulated one");
   GFD_CUDA_CHECK(detail::preload_kernels());
   GFD_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s_->flags),
-                               detail::kMaxPlaceChunks * sizeof(std::uint64_t), 0));
+                               detail::kMaxPlaceChunks * sizeof(std::uint64_t),
+                               cudaHostAllocMapped));
   GFD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s_->counter), sizeof(std::uint32_t)));
   GFD_CUDA_CHECK(cudaMemset(s_->counter, 0, sizeof(std::uint32_t)));
 }
