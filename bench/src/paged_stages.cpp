@@ -40,6 +40,9 @@ void Stages::prepare_place(const std::vector<const void*>& device_blocks,
     int least = 0, greatest = 0;
     GFD_BENCH_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     GFD_BENCH_CUDA(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    const detail::Tuning t = testkit::tuning_of(engine_);
+    chunks_per_launch_ = t.placement_chunks;
+    ctas_ = t.placement_blocks;
   }
   std::size_t bytes = 0;
   for (std::size_t s : sizes) bytes += s;
@@ -55,8 +58,7 @@ void Stages::prepare_place(const std::vector<const void*>& device_blocks,
 }
 
 void Stages::place(bool to_host) {
-  const detail::Tuning t = testkit::tuning_of(engine_);
-  kernels_->launch(to_host, staging_, stream_, t.placement_chunks, t.placement_blocks);
+  kernels_->launch(to_host, staging_, stream_, chunks_per_launch_, ctas_);
 }
 
 void Stages::finish_place() { GFD_BENCH_CUDA(cudaStreamSynchronize(stream_)); }

@@ -48,6 +48,7 @@ class Stages {
   void* staging_ = nullptr;  // device memory for place_only
   std::size_t staging_bytes_ = 0;
   cudaStream_t stream_ = nullptr;
+  int chunks_per_launch_ = 1, ctas_ = 1;  // the engine's placement_chunks and placement_blocks
   StageOnly& threads(bool to_host);
 };
 
