@@ -304,6 +304,14 @@ class Sweep {
                              DecodeLoad* load, double min_ms, double alone_ms) {
     if (m == Method::kGfdZeroCopy && to_host && !zero_copy_d2h_) return std::nullopt;
     const char* dir = to_host ? "d2h" : "h2d";
+    if (is_stage(m) && !b_.staged(c, to_host)) {
+      if (load == nullptr)
+        std::printf(
+            "%s %s, %s blocks: gfd moves them straight by the copy engine (direct_min_bytes): "
+            "no stage to measure\n",
+            method_name(m), dir, format_size(c.size).c_str());
+      return std::nullopt;
+    }
     try {
       Row r = b_.measure(m, c, to_host, load, min_ms, alone_ms);
       r.ref_gbps = m == Method::kDma ? r.p50_gbps() : ref_gbps;

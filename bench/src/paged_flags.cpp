@@ -27,7 +27,8 @@ const std::map<std::string, std::string> kFlags = {
      "                   only: gather_only (its gather threads' copies into a buffer the\n"
      "                   ring's size, placing to the host for d2h; no GPU work) and\n"
      "                   place_only (its placing kernel from device staging, packing for\n"
-     "                   d2h, on a highest-priority stream as its lanes; a GPU only)"},
+     "                   d2h, on a highest-priority stream as its lanes; a GPU only); both\n"
+     "                   only at sizes gfd stages (below direct_min_bytes)"},
     {"iters", "=N           timed repetitions per configuration (default 20, at least 20)"},
     {"warmup", "=N          untimed repetitions first (default 3)"},
     {"warm", "              reuse the same block ids every repetition (default: fresh ids)"},

@@ -177,6 +177,12 @@ Ops PagedRunner::uva_ops(Method m, const Config& c, bool to_host) {
   return ops;
 }
 
+bool PagedRunner::staged(const Config& c, bool to_host) const {
+  const EngineOptions& o = gfd->options();
+  const std::size_t direct = to_host ? o.direct_min_bytes_to_host : o.direct_min_bytes;
+  return direct == 0 || c.size < direct;
+}
+
 Ops PagedRunner::stage_ops(Method m, const Config& c, bool to_host) {
   if (!stages_) stages_ = std::make_unique<Stages>(dev, *gfd);
   Ops ops;

@@ -62,6 +62,10 @@ class PagedRunner {
   Row measure(Method m, const Config& c, bool to_host, DecodeLoad* load, double min_ms,
               double alone_ms);
 
+  // Whether gfd stages blocks of this point's size this way (below its direct_min_bytes): where
+  // it does not, its stages alone (gather_only, place_only) have nothing to stand for.
+  bool staged(const Config& c, bool to_host) const;
+
   // After a failed measurement: the stream's work finished and a CUDA error that does not
   // stick cleared, so that the next method starts clean.
   void drain() noexcept;
