@@ -100,15 +100,20 @@ void run_case(const std::string& name, Buffers& b, int delay_ms, int watchdog_ms
     drv(cuStreamWriteValue64(reinterpret_cast<CUstream>(l), b.dflag, 1, 0), "cuStreamWriteValue64");
     write_at = ms_since(t0);
   });
-  bool watchdog = false;
-  while (cudaStreamQuery(s) == cudaErrorNotReady) {
-    if (!watchdog && ms_since(t0) > watchdog_ms) {
-      *reinterpret_cast<volatile std::uint64_t*>(b.flag) = 2;  // the CPU releases the wait
+  // The watchdog makes no CUDA call: it works while the driver is held by another thread too.
+  std::atomic<bool> done{false}, watchdog{false};
+  std::thread dog([&] {
+    while (!done.load() && ms_since(t0) < watchdog_ms)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (!done.load()) {
       watchdog = true;
+      *reinterpret_cast<volatile std::uint64_t*>(b.flag) = 2;  // the CPU releases the wait
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
+  });
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize(S)");
+  done = true;
   const double s_done = ms_since(t0);
+  dog.join();
   issuer.join();
   if (freer.joinable()) freer.join();
   check(cudaStreamSynchronize(l), "cudaStreamSynchronize(L)");
