@@ -31,11 +31,13 @@
 
 #include "bench_common.hpp"
 #include "micro_cuda.hpp"
+#include "micro_driver.hpp"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using gfd::micro::check;
+using gfd::micro::drv;
 
 const std::map<std::string, std::string> kFlags = {
     {"chunk", "=S           bytes per chunk (default 2M)"},
@@ -45,14 +47,6 @@ const std::map<std::string, std::string> kFlags = {
     {"iters", "=N           timed repetitions (default 30)"},
     {"help", "              this text"},
 };
-
-void drv(CUresult r, const char* what) {
-  if (r != CUDA_SUCCESS) {
-    const char* s = nullptr;
-    cuGetErrorString(r, &s);
-    throw std::runtime_error(std::string(what) + ": " + (s != nullptr ? s : "?"));
-  }
-}
 
 // Stands for the scatter kernel: its launch, not its work, is what is timed.
 __global__ void touch_kernel(const unsigned char* staging, unsigned char* out, unsigned count) {

@@ -25,11 +25,13 @@
 
 #include "bench_common.hpp"
 #include "micro_cuda.hpp"
+#include "micro_driver.hpp"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using gfd::micro::check;
+using gfd::micro::drv;
 
 const std::map<std::string, std::string> kFlags = {
     {"cases", "=LIST       plain, free (default both)"},
@@ -38,14 +40,6 @@ const std::map<std::string, std::string> kFlags = {
     {"bytes", "=S          bytes of each copy (default 16M)"},
     {"help", "              this text"},
 };
-
-void drv(CUresult r, const char* what) {
-  if (r != CUDA_SUCCESS) {
-    const char* s = nullptr;
-    cuGetErrorString(r, &s);
-    throw std::runtime_error(std::string(what) + ": " + (s != nullptr ? s : "?"));
-  }
-}
 
 struct Buffers {
   std::size_t bytes;
