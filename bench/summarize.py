@@ -22,6 +22,9 @@ import tarfile
 import tempfile
 
 CASES = ("paged", "load", "stages", "pool", "vllm", "sglang", "latency", "onegpu")
+# gfd and its peers in gfd_benchmark --layout paged's CSVs, and their columns in the tables.
+PAGED_METHODS = ["gfd", "batch", "per_block", "gfd_zero_copy", "uva2", "uva12"]
+PAGED_HEADERS = ["gfd", "batch (vLLM)", "per block", "gfd zero-copy", "UVA 2 CTAs", "UVA 12 CTAs"]
 
 
 def read(path):
@@ -183,7 +186,6 @@ def paged(d):
     ids = runs(d, "ids_*.csv")
     if ids:
         body = []
-        methods = ["gfd", "batch", "per_block", "gfd_zero_copy", "uva2", "uva12"]
         for rows in sorted(ids, key=lambda rs: bool(rs) and rs[0]["direction"] != "h2d"):
             points = sorted(
                 {
@@ -202,7 +204,7 @@ def paged(d):
                     blocks=str(blocks),
                 )
                 cells = [r["direction"], r["blocks"]]
-                for m in methods:
+                for m in PAGED_METHODS:
                     x = one(
                         rows,
                         method=m,
@@ -217,21 +219,7 @@ def paged(d):
                         else "-"
                     )
                 body.append(cells)
-        parts.append(
-            table(
-                [
-                    "dir",
-                    "ids x caches",
-                    "gfd",
-                    "batch (vLLM)",
-                    "per block",
-                    "gfd zero-copy",
-                    "UVA 2 CTAs",
-                    "UVA 12 CTAs",
-                ],
-                body,
-            )
-        )
+        parts.append(table(["dir", "ids x caches", *PAGED_HEADERS], body))
     return parts
 
 
@@ -239,7 +227,6 @@ def load(d):
     parts = []
     sweep = runs(d, "load_sweep_*.csv")
     if sweep:
-        methods = ["gfd", "batch", "per_block", "gfd_zero_copy", "uva2", "uva12"]
         body = []
         for direction in ("h2d", "d2h"):
             for rows in sweep:
@@ -247,7 +234,7 @@ def load(d):
                 for s in sizes:
                     m = dict(direction=direction, block_size=str(s))
                     cells = [direction, size_label(s)]
-                    for meth in methods:
+                    for meth in PAGED_METHODS:
                         idle = one(rows, method=meth, load="none", **m)
                         busy = one(rows, method=meth, load="decode", **m)
                         if not idle:
@@ -264,22 +251,7 @@ def load(d):
                         else "-"
                     )
                     body.append(cells)
-        parts.append(
-            table(
-                [
-                    "dir",
-                    "block",
-                    "gfd",
-                    "batch (vLLM)",
-                    "per block",
-                    "gfd zero-copy",
-                    "UVA 2 CTAs",
-                    "UVA 12 CTAs",
-                    "contiguous DMA's slowdown",
-                ],
-                body,
-            )
-        )
+        parts.append(table(["dir", "block", *PAGED_HEADERS, "contiguous DMA's slowdown"], body))
     if sweep:
         parts.append(speed(sweep))
     py = runs(d, "load_py_*.csv")
