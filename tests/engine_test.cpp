@@ -278,6 +278,40 @@ TEST_P(EngineTest, HandleCanBePolledAndDefaultHandleIsDone) {
   EXPECT_TRUE(engine.copy_to_device({}, td_->cuda_stream()).done());
 }
 
+// The default streams (the legacy one as a null handle or cudaStreamLegacy, and the per-thread
+// one), which the batch copy calls reject: every backend moves staged and direct blocks there,
+// both ways.
+TEST_P(EngineTest, DefaultStreamsBothWays) {
+  if (kind() != DeviceKind::kCuda)
+    GTEST_SKIP() << "CUDA-only: the emulated device has no default stream";
+  Engine engine = td_->make_engine(options());
+  HostBuffer pool(dev(), 4 << 20, pinned_sources());
+  HostBuffer out(dev(), pool.size(), pinned_sources());
+  DeviceBuffer dst(dev(), 2 << 20);
+  const cudaStream_t streams[] = {nullptr, cudaStreamLegacy, cudaStreamPerThread};
+  std::uint64_t seed = 43;
+  for (const cudaStream_t s : streams) {
+    for (const std::size_t size : {std::size_t{4096}, std::size_t{256} << 10}) {
+      SCOPED_TRACE("stream " + std::to_string(reinterpret_cast<std::uintptr_t>(s)) + ", " +
+                   std::to_string(size) + "-byte blocks");
+      fill_random(pool.data(), pool.size(), seed++);
+      std::memset(out.data(), 0, out.size());
+      const auto in = make_blocks(pool, dst, dst.size() / size, size, true, seed++);
+      engine.copy_to_device(in, s).wait();
+      expect_landed(in, dst);
+      std::vector<BlockCopy> back(in.size());
+      for (std::size_t i = 0; i < in.size(); ++i)
+        back[i] = {in[i].dst, out.data() + (static_cast<const std::byte*>(in[i].src) - pool.data()),
+                   size};
+      engine.copy_to_host(back, s).wait();
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < back.size(); ++i)
+        if (std::memcmp(back[i].dst, in[i].src, size) != 0 && bad++ < 5)
+          ADD_FAILURE() << "block " << i << " came back different";
+    }
+  }
+}
+
 TEST_P(EngineTest, ConcurrentSubmittersWithTinyRing) {
   EngineOptions o = options();
   o.staging_bytes = 128 << 10;  // two slots: constant back-pressure

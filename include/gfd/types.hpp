@@ -27,6 +27,7 @@ enum class Direction : std::uint8_t {
 enum class Backend {
   kGather,          ///< gfd's pipeline: CPU gather into a pinned staging ring, large DMAs (default)
   kBatchAsync,      ///< cudaMemcpyBatchAsync over the blocks, one call per slot_bytes of blocks
+                    ///< (on a default stream, which that call rejects, one cudaMemcpyAsync each)
   kPerBlock,        ///< one cudaMemcpyAsync per block
   kZeroCopyKernel,  ///< an SM kernel reading pinned host memory directly (sources must be pinned)
 };

@@ -280,6 +280,16 @@ class CudaDevice final : public Device {
   void copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
                   std::size_t count, bool to_host, StreamHandle s) override {
     if (count == 0) return;
+    if (default_stream(s)) {
+      // The batch calls reject the default streams (cudaErrorInvalidValue): one copy at a time.
+      for (std::size_t i = 0; i < count; ++i) {
+        if (to_host)
+          copy_d2h(dsts[i], srcs[i], sizes[i], s);
+        else
+          copy_h2d(dsts[i], srcs[i], sizes[i], s);
+      }
+      return;
+    }
     // One attribute per copy (all alike): sources are read in stream order, as a KV pool that
     // earlier work on the stream may still write requires.
     cudaMemcpyAttributes attr{};
@@ -344,10 +354,16 @@ class CudaDevice final : public Device {
   int prio_low_ = 0, prio_high_ = 0;
   bool host_pointers_usable_ = false;
   bool wait_value_ = false;
+  // The legacy and per-thread default streams, which the batch copy calls do not take.
+  static bool default_stream(StreamHandle s) {
+    const auto c = static_cast<cudaStream_t>(s);
+    return c == nullptr || c == cudaStreamLegacy || c == cudaStreamPerThread;
+  }
   // `count` 2D copies in one cudaMemcpy3DBatchAsync; false (nothing enqueued) where the driver
-  // lacks it, which then stays off.
+  // lacks it (which then stays off) or on a default stream.
   bool batch_2d(const Copy2D* copies, std::size_t count, bool src_host, bool dst_host,
                 StreamHandle s) {
+    if (default_stream(s)) return false;  // rejected there, as cudaMemcpyBatchAsync
     // One op per copy: pointer operands, rows of `width` bytes at the operand's pitch (its row
     // length: one byte per element), one layer. Sources in stream order, as copy_batch.
     thread_local std::vector<cudaMemcpy3DBatchOp> ops;

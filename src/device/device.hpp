@@ -149,7 +149,8 @@ class Device {
   virtual void pack(PackChunk* chunks, std::uint32_t n, std::uint64_t bytes,
                     std::uint32_t max_blocks, StreamHandle s) = 0;
   // Copies `count` blocks with one cudaMemcpyBatchAsync (sources read in stream order), host to
-  // device or, with `to_host`, device to host. The arrays are read during the call only.
+  // device or, with `to_host`, device to host (on a default stream, which that call rejects, one
+  // copy at a time). The arrays are read during the call only.
   virtual void copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
                           std::size_t count, bool to_host, StreamHandle s) = 0;
   // One 2D copy of `rows` rows of `width` bytes: row r from src + r * spitch to dst + r * dpitch
