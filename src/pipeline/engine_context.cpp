@@ -111,7 +111,7 @@ void Counters::fill(TuningStats& st) const {
 }
 
 namespace {
-PlanConfig staged_config(const EngineOptions& o, const Tuning& t, int device) {
+PlanConfig staged_config(const EngineOptions& o, int device) {
   PlanConfig c;
   c.device = device;
   c.slot_bytes = o.slot_bytes;
@@ -132,7 +132,7 @@ EngineContext::EngineContext(const EngineOptions& resolved, const Tuning& t,
     : device(std::move(d)),
       options(resolved),
       tuning(t),
-      plan_config(staged_config(resolved, t, device->ordinal())),
+      plan_config(staged_config(resolved, device->ordinal())),
       events(*device),
       tracer(*device),
       pageable(static_cast<std::uint32_t>(resolved.pageable_cache_ms)),
