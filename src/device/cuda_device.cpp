@@ -6,51 +6,16 @@
 #include <atomic>
 #include <cctype>
 #include <filesystem>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "device/cuda_check.hpp"
+#include "device/cuda_driver.hpp"
 #include "device/device.hpp"
 #include "device/kernels.cuh"
 
 namespace gfd::detail {
 namespace {
-
-// Driver entry points reached through the runtime (cudaGetDriverEntryPointByVersion), so that
-// libgfd never links libcuda directly and programs still start on machines without a driver.
-struct DriverApi {
-  using PointerGetAttributes = CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
-  using WaitValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-  using WriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-  using DeviceGetAttribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
-  PointerGetAttributes pointer_get_attributes = nullptr;
-  WaitValue64 wait_value64 = nullptr;
-  WriteValue64 write_value64 = nullptr;
-  DeviceGetAttribute device_get_attribute = nullptr;
-};
-
-template <class F>
-void load(const char* name, F& fn) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  GFD_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q));
-  if (q != cudaDriverEntryPointSuccess || p == nullptr)
-    throw Error(ErrorCode::kCuda, std::string("CUDA driver entry point ") + name + " is missing");
-  fn = reinterpret_cast<F>(p);
-}
-
-const DriverApi& driver() {
-  static std::once_flag once;
-  static DriverApi api;
-  std::call_once(once, [] {
-    load("cuPointerGetAttributes", api.pointer_get_attributes);
-    load("cuStreamWaitValue64", api.wait_value64);
-    load("cuStreamWriteValue64", api.write_value64);
-    load("cuDeviceGetAttribute", api.device_get_attribute);
-  });
-  return api;
-}
 
 // Errors of the first runtime call that mean "there is no GPU to use here" rather than a fault:
 // no driver (the runtime reports an insufficient driver when libcuda is absent), a driver older
