@@ -183,11 +183,10 @@ void allocate(PagedRunner& b, const Plan& p) {
 std::vector<Method> make_engines(PagedRunner& b, const std::vector<Method>& methods) {
   std::vector<Method> run;
   for (Method m : methods) {
-    // A stage alone takes its settings from the gfd engine, made for it where gfd itself is
+    // gfd's engine; a stage alone takes its settings from it, made for it where gfd itself is
     // not measured.
-    if (is_stage(m) && !b.gfd) b.gfd.emplace(b.dev.make_engine(EngineOptions::from_env()));
-    if (m == Method::kGfd) {
-      if (!b.gfd) b.gfd.emplace(b.dev.make_engine(EngineOptions::from_env()));
+    if ((m == Method::kGfd || is_stage(m)) && !b.gfd) {
+      b.gfd.emplace(b.dev.make_engine(EngineOptions::from_env()));
     } else if (m == Method::kGfdZeroCopy) {
       EngineOptions o = EngineOptions::from_env();
       o.backend = Backend::kZeroCopyKernel;
