@@ -1,6 +1,5 @@
 #include "decode_load.hpp"
 
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -78,9 +77,12 @@ void DecodeLoad::start() {
   thread_ = std::thread([this] { loop(); });
 }
 
-double DecodeLoad::stop(cudaEvent_t from, cudaEvent_t to) {
+void DecodeLoad::stop() {
   stop_thread();
   if (error_) std::rethrow_exception(error_);
+}
+
+double DecodeLoad::mean_ms(cudaEvent_t from, cudaEvent_t to) {
   GFD_BENCH_CUDA(cudaEventSynchronize(from));
   GFD_BENCH_CUDA(cudaEventSynchronize(to));
   const double t0 = elapsed(origin_, from), t1 = elapsed(origin_, to);
@@ -89,15 +91,6 @@ double DecodeLoad::stop(cudaEvent_t from, cudaEvent_t to) {
   for (auto [a, z] : batches_)
     if (a >= t0 && z <= t1) sum += z - a, ++count;
   return count ? sum / (count * kPerBatch) : -1;
-}
-
-double DecodeLoad::alone(cudaStream_t marker, cudaEvent_t from, cudaEvent_t to, double window_ms) {
-  start();
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the first batch
-  GFD_BENCH_CUDA(cudaEventRecord(from, marker));
-  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(window_ms));
-  GFD_BENCH_CUDA(cudaEventRecord(to, marker));
-  return stop(from, to);
 }
 
 void DecodeLoad::gemm() {

@@ -29,15 +29,15 @@ class DecodeLoad {
   // Starts enqueuing matmuls back to back.
   void start();
 
-  // Stops the load; the mean milliseconds of one matmul over the batches that ran wholly between
-  // the events `from` and `to` (recorded on any stream of the device), or -1 for none.
-  double stop(cudaEvent_t from, cudaEvent_t to);
+  // Stops the load (rethrowing an error of its thread); its windows are read after.
+  void stop();
 
   // Stops the load without reading it (on an error).
   void halt() noexcept { stop_thread(); }
 
-  // The mean matmul time with nothing else running, over `window_ms` (events on `marker`).
-  double alone(cudaStream_t marker, cudaEvent_t from, cudaEvent_t to, double window_ms);
+  // After stop(): the mean milliseconds of one matmul over the batches that ran wholly between
+  // the events `from` and `to` (recorded on any stream of the device), or -1 for none.
+  double mean_ms(cudaEvent_t from, cudaEvent_t to);
 
  private:
   void make_operands();

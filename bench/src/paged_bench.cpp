@@ -259,12 +259,12 @@ class Sweep {
   void idle(const Config& c, bool to_host) {
     b_.register_caches(c);
     ++done_;
-    Row ref = *run_one(Method::kDma, c, to_host, 0, nullptr, 0, -1);
+    Row ref = *run_one(Method::kDma, c, to_host, 0, nullptr, 0);
     note(ref);
     rows.push_back(ref);
     for (Method m : methods_) {
       ++done_;
-      if (std::optional<Row> r = run_one(m, c, to_host, ref.p50_gbps(), nullptr, 0, -1)) {
+      if (std::optional<Row> r = run_one(m, c, to_host, ref.p50_gbps(), nullptr, 0)) {
         note(*r);
         rows.push_back(*r);
       }
@@ -275,16 +275,17 @@ class Sweep {
   // idle.
   void loaded(const Config& c, bool to_host) {
     b_.register_caches(c);
-    const double alone = b_.load->alone(b_.stream, b_.window_from, b_.window_to, kWindowMs);
     std::printf(
-        "under load (decode, %s): %dx%dx%d bf16 matmuls back to back, %.3f ms each "
-        "alone, on a stream of the transfers' priority\n",
-        to_host ? "d2h" : "h2d", DecodeLoad::kDim, DecodeLoad::kDim, DecodeLoad::kDim, alone);
+        "under load (decode, %s): %dx%dx%d bf16 matmuls back to back on a stream of the "
+        "transfers' priority; each row's slowdown against the same matmuls alone %.0f ms before "
+        "and after its transfers\n",
+        to_host ? "d2h" : "h2d", DecodeLoad::kDim, DecodeLoad::kDim, DecodeLoad::kDim,
+        PagedRunner::kAloneMs);
     std::vector<Method> all{Method::kDma};
     all.insert(all.end(), methods_.begin(), methods_.end());
     double ref_loaded = 0;
     for (Method m : all) {
-      std::optional<Row> r = run_one(m, c, to_host, ref_loaded, b_.load.get(), kWindowMs, alone);
+      std::optional<Row> r = run_one(m, c, to_host, ref_loaded, b_.load.get(), kWindowMs);
       if (!r) continue;
       if (m == Method::kDma) ref_loaded = r->p50_gbps();
       for (const Row& idle : rows)
@@ -296,11 +297,11 @@ class Sweep {
     }
   }
 
-  // One method on one point, idle (alone_ms < 0) or under the load; gfd_zero_copy is skipped
+  // One method on one point, idle (no load) or under the load; gfd_zero_copy is skipped
   // where its engine refuses the direction. A peer's failed call (a batch too large, say) is
   // reported and the rest of the grid still runs; the contiguous DMA's ends the run.
   std::optional<Row> run_one(Method m, const Config& c, bool to_host, double ref_gbps,
-                             DecodeLoad* load, double min_ms, double alone_ms) {
+                             DecodeLoad* load, double min_ms) {
     if (m == Method::kGfdZeroCopy && to_host && !zero_copy_d2h_) return std::nullopt;
     const char* dir = to_host ? "d2h" : "h2d";
     if (is_stage(m) && !b_.staged(c, to_host)) {
@@ -312,7 +313,7 @@ class Sweep {
       return std::nullopt;
     }
     try {
-      Row r = b_.measure(m, c, to_host, load, min_ms, alone_ms);
+      Row r = b_.measure(m, c, to_host, load, min_ms);
       r.ref_gbps = m == Method::kDma ? r.p50_gbps() : ref_gbps;
       return r;
     } catch (const gfd::Error& e) {
@@ -384,7 +385,7 @@ int run(PagedOptions& o) {
   print_table(sweep.rows,
               label + (b.load ? "; under load, ratio is to the DMA under the same load; kept = "
                                 "P50 under load / idle P50, slowdown = the matmuls' mean time "
-                                "during the transfers / alone - 1"
+                                "during the transfers / alone just before and after - 1"
                               : ""));
   if (!o.csv.empty()) write_csv(o.csv, sweep.rows, label, b.warm, o.layers, b.tensors);
   if (b.failures != 0) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "bench_cuda.hpp"
 #include "peer_kernels.cuh"
@@ -25,8 +26,8 @@ PagedRunner::~PagedRunner() {
     (void)cudaFree(scratch_device_);
     (void)cudaFreeHost(mismatches_host_);
     (void)cudaFree(mismatches_device_);
-    if (window_from != nullptr) (void)cudaEventDestroy(window_from);
-    if (window_to != nullptr) (void)cudaEventDestroy(window_to);
+    for (cudaEvent_t e : window)
+      if (e != nullptr) (void)cudaEventDestroy(e);
   }
   if (stream != nullptr) {
     if (host_only)
@@ -47,8 +48,7 @@ void PagedRunner::make_scratch(std::size_t entries) {
   GFD_BENCH_CUDA(cudaMalloc(&scratch_device_, scratch_bytes_));
   GFD_BENCH_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&mismatches_host_), 8, 0));
   GFD_BENCH_CUDA(cudaMalloc(reinterpret_cast<void**>(&mismatches_device_), 8));
-  GFD_BENCH_CUDA(cudaEventCreate(&window_from));
-  GFD_BENCH_CUDA(cudaEventCreate(&window_to));
+  for (cudaEvent_t& e : window) GFD_BENCH_CUDA(cudaEventCreate(&e));
 }
 
 void PagedRunner::register_caches(const Config& c) {
@@ -211,15 +211,14 @@ Ops PagedRunner::stage_ops(Method m, const Config& c, bool to_host) {
   return ops;
 }
 
-Row PagedRunner::measure(Method m, const Config& c, bool to_host, DecodeLoad* load, double min_ms,
-                         double alone_ms) {
+Row PagedRunner::measure(Method m, const Config& c, bool to_host, DecodeLoad* load, double min_ms) {
   Ops ops = make_ops(m, c, to_host);
   IdStream ids(c, warm);
   if (m != Method::kDma)
     evict_llc(static_cast<std::size_t>(warmup + iters + 1) * c.n * tensors * c.size);
   std::vector<double> us, submit_us;
-  double loaded_ms = -1;
-  timed(m, c, to_host, ops, ids, load, min_ms, us, submit_us, loaded_ms);
+  double loaded_ms = -1, alone_ms = -1;
+  timed(m, c, to_host, ops, ids, load, min_ms, us, submit_us, loaded_ms, alone_ms);
   Row r;
   r.direction = to_host ? "d2h" : "h2d";
   r.method = method_name(m);
@@ -255,15 +254,26 @@ Row PagedRunner::measure(Method m, const Config& c, bool to_host, DecodeLoad* lo
 
 void PagedRunner::timed(Method m, const Config& c, bool to_host, Ops& ops, IdStream& ids,
                         DecodeLoad* load, double min_ms, std::vector<double>& us,
-                        std::vector<double>& submit_us, double& loaded_ms) {
-  if (load) load->start();
+                        std::vector<double>& submit_us, double& loaded_ms, double& alone_ms) {
+  // Under the load: the matmuls alone for kAloneMs (after their first batches), then with the
+  // transfers, then alone again, all in one run of the load.
+  const auto alone_window = [&](cudaEvent_t from, cudaEvent_t to) {
+    GFD_BENCH_CUDA(cudaEventRecord(from, stream));
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(kAloneMs));
+    GFD_BENCH_CUDA(cudaEventRecord(to, stream));
+  };
+  if (load) {
+    load->start();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   try {
+    if (load) alone_window(window[0], window[1]);
     for (int i = 0; i < warmup; ++i) {
       ops.prepare(ids.next());
       ops.submit();
       ops.finish();
     }
-    if (load) GFD_BENCH_CUDA(cudaEventRecord(window_from, stream));
+    if (load) GFD_BENCH_CUDA(cudaEventRecord(window[2], stream));
     const bool traced = trace && m == Method::kGfd && !load;
     if (traced) testkit::start_trace(*gfd, 1 << 20);
     const auto start = Clock::now();
@@ -278,8 +288,13 @@ void PagedRunner::timed(Method m, const Config& c, bool to_host, Ops& ops, IdStr
       submit_us.push_back(sub);
     }
     if (load) {
-      GFD_BENCH_CUDA(cudaEventRecord(window_to, stream));
-      loaded_ms = load->stop(window_from, window_to);
+      GFD_BENCH_CUDA(cudaEventRecord(window[3], stream));
+      alone_window(window[4], window[5]);
+      load->stop();
+      loaded_ms = load->mean_ms(window[2], window[3]);
+      const double before = load->mean_ms(window[0], window[1]);
+      const double after = load->mean_ms(window[4], window[5]);
+      if (before > 0 && after > 0) alone_ms = (before + after) / 2;
     }
     if (traced) {
       std::printf("trace of gfd, %s %zu ids x %zu tensors x %zu bytes:\n", to_host ? "d2h" : "h2d",

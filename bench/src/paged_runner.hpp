@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -40,7 +41,8 @@ class PagedRunner {
   bool trace = false;  // --trace: the engine's timeline of gfd's median transfer (idle runs)
   CacheSet gfd_set, zero_copy_set;
   std::unique_ptr<DecodeLoad> load;
-  cudaEvent_t window_from = nullptr, window_to = nullptr;
+  // Under the load: the matmuls alone before the transfers, during them, and alone after.
+  std::array<cudaEvent_t, 6> window{};
   int failures = 0;
 
   ~PagedRunner();
@@ -56,11 +58,13 @@ class PagedRunner {
 
   // One method on one grid point: `warmup` untimed repetitions, then timed ones until at least
   // `iters` and `min_ms` (under load: the window the matmuls are measured over); then one more
-  // transfer with fresh ids, verified. With a `load`, its matmuls run from before the first
-  // warm-up repetition to the last timed one, and the row gets their slowdown against
-  // `alone_ms`, their mean time alone.
-  Row measure(Method m, const Config& c, bool to_host, DecodeLoad* load, double min_ms,
-              double alone_ms);
+  // transfer with fresh ids, verified. With a `load`, its matmuls run without a break from
+  // `kAloneMs` before the first warm-up repetition to `kAloneMs` after the last timed one, and
+  // the row gets their slowdown during the timed ones against their mean time in those two
+  // windows alone: the same run of matmuls at the same clocks, a drift between the windows
+  // averaged out (a baseline taken in a run of its own moved by up to 10% with the clocks).
+  Row measure(Method m, const Config& c, bool to_host, DecodeLoad* load, double min_ms);
+  static constexpr double kAloneMs = 150;
 
   // Whether gfd stages blocks of this point's size this way (below its direct_min_bytes): where
   // it does not, its stages alone (gather_only, place_only) have nothing to stand for.
@@ -81,10 +85,10 @@ class PagedRunner {
   Ops stage_ops(Method m, const Config& c, bool to_host);
 
   // The timed repetitions (after the warm-up ones): the call-to-done and the submit times; the
-  // matmuls' mean time inside the window when under a load (-1 otherwise).
+  // matmuls' mean time during them and alone when under a load (-1 otherwise).
   void timed(Method m, const Config& c, bool to_host, Ops& ops, IdStream& ids, DecodeLoad* load,
              double min_ms, std::vector<double>& us, std::vector<double>& submit_us,
-             double& loaded_ms);
+             double& loaded_ms, double& alone_ms);
   // One more transfer with fresh ids, its destinations poisoned first; whether it is exact.
   bool verify(const Config& c, bool to_host, Ops& ops, IdStream& ids);
 
