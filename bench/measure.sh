@@ -9,9 +9,11 @@
 #            back-to-back bf16 matmuls, both ways, one run; Python under the same load (1.5 minutes)
 #   stages   gfd's stages alone beside the same matmuls, against gfd whole and the contiguous DMA:
 #            its gather threads' copies (no GPU work) and its placing / packing kernel (no host
-#            side, no DMA), 4K, 32K, 64K and 2M blocks, both ways, $RUNS runs; and the staged
-#            path's host-side ceiling: 4, 16 and 32 KB gather-only rates and the host memory's
-#            copy rate as threads are added beside the contiguous DMA (--host-load-probe), once
+#            side, no DMA), 4K, 32K, 64K and 2M blocks, both ways, $RUNS runs; gfd beside them
+#            as calls and blocks grow (4 and 32 KB blocks, 8, 64 and 512 ids a call), $RUNS runs;
+#            and the staged path's host-side ceiling: 4, 16 and 32 KB gather-only rates and the
+#            host memory's copy rate as threads are added beside the contiguous DMA
+#            (--host-load-probe), once
 #   pool     one pool of 2048 random 4 KB blocks, every backend; the strided layout against
 #            random blocks; three runs each (under a minute)
 #   vllm     gfd.vllm's offloading worker against vLLM's own copy path, two runs, and one with
@@ -125,6 +127,10 @@ if has stages; then
   for r in $(seq "$RUNS"); do
     step "stages_$r" 180 "$B" --layout paged --direction both --block-sizes 4K,32K,64K,2M \
       --blocks 64 --under-load=decode --methods gfd,gather_only,place_only
+  done
+  for r in $(seq "$RUNS"); do
+    step "calls_$r" 180 "$B" --layout paged --direction both --block-sizes 4K,32K --blocks 8,64,512 \
+      --under-load=decode --methods gfd
   done
   step ceiling_1 120 "$B" --layout pool --backends gather --block-sizes 4K,16K,32K --blocks 2048 \
     --dst scattered --host-load-probe

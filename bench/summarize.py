@@ -276,10 +276,11 @@ def load(d):
 def stages(d):
     """gfd's stages alone beside the matmuls (stages_<run>.csv): the matmuls' slowdown beside gfd
     whole, its gather threads alone, its placing (packing) kernel alone and the contiguous DMA,
-    each as the runs' values; and each method's rate kept under the load."""
+    each as the runs' values; and each method's rate kept under the load. Then the call-size table
+    (calls)."""
     sweep = runs(d, "stages_*.csv")
     if not sweep:
-        return []
+        return calls(d)
     methods = ["gfd", "gather_only", "place_only", "dma_contiguous"]
     body = []
     for direction in ("h2d", "d2h"):
@@ -299,6 +300,38 @@ def stages(d):
     header = ["dir", "block"]
     header += [f"slowdown: {m.replace('_', ' ')}" for m in methods]
     header += [f"kept: {m.replace('_', ' ')}" for m in methods[:3]]
+    return [table(header, body)] + calls(d)
+
+
+def calls(d):
+    """gfd beside the matmuls as the call's size and its blocks' size vary (calls_<run>.csv): per
+    block size and ids a call, the bytes a call, the matmuls' slowdown beside gfd and beside the
+    contiguous DMA, and gfd's rate under the load, each as the runs' values."""
+    sweep = runs(d, "calls_*.csv")
+    if not sweep:
+        return []
+    body = []
+    for direction in ("h2d", "d2h"):
+        points = sorted(
+            {
+                (int(r["block_size"]), int(r["blocks"]))
+                for rows in sweep
+                for r in rows
+                if r["direction"] == direction and r["load"] == "decode"
+            }
+        )
+        for size, ids in points:
+            m = dict(direction=direction, block_size=str(size), blocks=str(ids), load="decode")
+            first = next((one(rows, method="gfd", **m) for rows in sweep if one(rows, **m)), None)
+            cells = [direction, size_label(size), str(ids)]
+            cells.append(size_label(int(first["transfer_bytes"])) if first else "-")
+            for meth in ("gfd", "dma_contiguous"):
+                slow = [v for v in col(sweep, "load_slowdown", method=meth, **m) if v is not None]
+                cells.append(" / ".join(f"{100 * v:+.1f}%" for v in slow) if slow else "-")
+            cells.append(pct(col(sweep, "ratio_p50", method="gfd", **m)))
+            body.append(cells)
+    header = ["dir", "block", "ids", "bytes a call", "slowdown: gfd", "slowdown: dma contiguous"]
+    header.append("gfd under the load")
     return [table(header, body)]
 
 

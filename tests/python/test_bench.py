@@ -327,3 +327,31 @@ def test_summarize_stages_table_gives_each_stages_slowdown_per_run(tmp_path):
     assert cells["slowdown: gfd"] == "+11.0% / +11.0%", r.stdout
     assert cells["slowdown: dma contiguous"] == "+2.0% / +2.0%", r.stdout
     assert cells["kept: gather only"] == "97.0 / 97.0%", r.stdout
+
+
+def test_summarize_calls_table_gives_each_call_size_per_run(tmp_path):
+    # gfd_benchmark --blocks 8,64,512 --methods gfd under the decode load (calls_<run>.csv): one row
+    # per direction, block size and ids a call, with the bytes a call, gfd's and the DMA's slowdown
+    # and gfd's rate under the load as every run's value; idle rows are not read.
+    head = "mode,direction,load,blocks,block_size,transfer_bytes,method,load_slowdown,ratio_p50\n"
+    for run, slow in ((1, "0.175"), (2, "0.203")):
+        (tmp_path / f"calls_{run}.csv").write_text(
+            head + "gpu,h2d,none,8,32768,16777216,gfd,,0.66\n"
+            "gpu,h2d,decode,8,32768,16777216,dma_contiguous,0.03,1\n"
+            f"gpu,h2d,decode,8,32768,16777216,gfd,{slow},0.47\n"
+            "gpu,h2d,decode,64,32768,134217728,dma_contiguous,0.01,1\n"
+            "gpu,h2d,decode,64,32768,134217728,gfd,0.02,0.55\n"
+        )
+    r = summarize(tmp_path, "stages")
+    assert r.returncode == 0, r.stderr
+    header = next(line for line in r.stdout.splitlines() if line.startswith("| dir | block | ids"))
+    names = [c.strip() for c in header.split("|")[1:-1]]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| h2d")]
+    assert len(rows) == 2, r.stdout
+    cells = dict(zip(names, [c.strip() for c in rows[0].split("|")[1:-1]]))
+    assert cells["ids"] == "8" and cells["bytes a call"] == "16 MB", r.stdout
+    assert cells["slowdown: gfd"] == "+17.5% / +20.3%", r.stdout
+    assert cells["slowdown: dma contiguous"] == "+3.0% / +3.0%", r.stdout
+    assert cells["gfd under the load"] == "47.0 / 47.0%", r.stdout
+    cells = dict(zip(names, [c.strip() for c in rows[1].split("|")[1:-1]]))
+    assert cells["ids"] == "64" and cells["bytes a call"] == "128 MB", r.stdout
