@@ -303,55 +303,63 @@ def test_runtime_benches_say_what_is_missing(module):
     assert h.returncode == 0 and "usage: python -m " + module in h.stdout, h.stdout + h.stderr
 
 
+def summarized_rows(tmp_path, name, head, runs, header_start):
+    """Writes each run's CSV rows as <name>_<run>.csv under ``head``, runs summarize.py's stages
+    case, and returns the rows (dicts by column name) of the table whose header starts with
+    ``header_start``."""
+    for run, body in enumerate(runs, 1):
+        (tmp_path / f"{name}_{run}.csv").write_text(head + body)
+    r = summarize(tmp_path, "stages")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    names = [c.strip() for c in lines[at].split("|")[1:-1]]
+    rows = []
+    for line in lines[at + 2 :]:
+        if not line.startswith("| "):
+            break
+        rows.append(dict(zip(names, [c.strip() for c in line.split("|")[1:-1]])))
+    return rows, r.stdout
+
+
 def test_summarize_stages_table_gives_each_stages_slowdown_per_run(tmp_path):
     # gfd_benchmark --methods gfd,gather_only,place_only under the decode load (stages_<run>.csv):
     # one row per direction and block size, each stage's slowdown as every run's value, the DMA's
     # too, and each gfd method's rate kept; idle rows are not read.
+    runs = [
+        "gpu,h2d,none,32768,gfd,,\n"
+        "gpu,h2d,decode,32768,dma_contiguous,0.02,\n"
+        "gpu,h2d,decode,32768,gfd,0.11,0.8\n"
+        "gpu,h2d,decode,32768,gather_only,0.01,0.97\n"
+        f"gpu,h2d,decode,32768,place_only,{place},0.9\n"
+        for place in ("0.051", "0.062")
+    ]
     head = "mode,direction,load,block_size,method,load_slowdown,rate_kept\n"
-    for run, place in ((1, "0.051"), (2, "0.062")):
-        (tmp_path / f"stages_{run}.csv").write_text(
-            head + "gpu,h2d,none,32768,gfd,,\n"
-            "gpu,h2d,decode,32768,dma_contiguous,0.02,\n"
-            "gpu,h2d,decode,32768,gfd,0.11,0.8\n"
-            "gpu,h2d,decode,32768,gather_only,0.01,0.97\n"
-            f"gpu,h2d,decode,32768,place_only,{place},0.9\n"
-        )
-    r = summarize(tmp_path, "stages")
-    assert r.returncode == 0, r.stderr
-    header = next(line for line in r.stdout.splitlines() if line.startswith("| dir"))
-    names = [c.strip() for c in header.split("|")[1:-1]]
-    (row,) = [line for line in r.stdout.splitlines() if line.startswith("| h2d")]
-    cells = dict(zip(names, [c.strip() for c in row.split("|")[1:-1]]))
-    assert cells["block"] == "32 KB", r.stdout
-    assert cells["slowdown: place only"] == "+5.1% / +6.2%", r.stdout
-    assert cells["slowdown: gfd"] == "+11.0% / +11.0%", r.stdout
-    assert cells["slowdown: dma contiguous"] == "+2.0% / +2.0%", r.stdout
-    assert cells["kept: gather only"] == "97.0 / 97.0%", r.stdout
+    (cells,), out = summarized_rows(tmp_path, "stages", head, runs, "| dir | block | slowdown")
+    assert cells["block"] == "32 KB", out
+    assert cells["slowdown: place only"] == "+5.1% / +6.2%", out
+    assert cells["slowdown: gfd"] == "+11.0% / +11.0%", out
+    assert cells["slowdown: dma contiguous"] == "+2.0% / +2.0%", out
+    assert cells["kept: gather only"] == "97.0 / 97.0%", out
 
 
 def test_summarize_calls_table_gives_each_call_size_per_run(tmp_path):
     # gfd_benchmark --blocks 8,64,512 --methods gfd under the decode load (calls_<run>.csv): one row
     # per direction, block size and ids a call, with the bytes a call, gfd's and the DMA's slowdown
     # and gfd's rate under the load as every run's value; idle rows are not read.
+    runs = [
+        "gpu,h2d,none,8,32768,16777216,gfd,,0.66\n"
+        "gpu,h2d,decode,8,32768,16777216,dma_contiguous,0.03,1\n"
+        f"gpu,h2d,decode,8,32768,16777216,gfd,{slow},0.47\n"
+        "gpu,h2d,decode,64,32768,134217728,dma_contiguous,0.01,1\n"
+        "gpu,h2d,decode,64,32768,134217728,gfd,0.02,0.55\n"
+        for slow in ("0.175", "0.203")
+    ]
     head = "mode,direction,load,blocks,block_size,transfer_bytes,method,load_slowdown,ratio_p50\n"
-    for run, slow in ((1, "0.175"), (2, "0.203")):
-        (tmp_path / f"calls_{run}.csv").write_text(
-            head + "gpu,h2d,none,8,32768,16777216,gfd,,0.66\n"
-            "gpu,h2d,decode,8,32768,16777216,dma_contiguous,0.03,1\n"
-            f"gpu,h2d,decode,8,32768,16777216,gfd,{slow},0.47\n"
-            "gpu,h2d,decode,64,32768,134217728,dma_contiguous,0.01,1\n"
-            "gpu,h2d,decode,64,32768,134217728,gfd,0.02,0.55\n"
-        )
-    r = summarize(tmp_path, "stages")
-    assert r.returncode == 0, r.stderr
-    header = next(line for line in r.stdout.splitlines() if line.startswith("| dir | block | ids"))
-    names = [c.strip() for c in header.split("|")[1:-1]]
-    rows = [line for line in r.stdout.splitlines() if line.startswith("| h2d")]
-    assert len(rows) == 2, r.stdout
-    cells = dict(zip(names, [c.strip() for c in rows[0].split("|")[1:-1]]))
-    assert cells["ids"] == "8" and cells["bytes a call"] == "16 MB", r.stdout
-    assert cells["slowdown: gfd"] == "+17.5% / +20.3%", r.stdout
-    assert cells["slowdown: dma contiguous"] == "+3.0% / +3.0%", r.stdout
-    assert cells["gfd under the load"] == "47.0 / 47.0%", r.stdout
-    cells = dict(zip(names, [c.strip() for c in rows[1].split("|")[1:-1]]))
-    assert cells["ids"] == "64" and cells["bytes a call"] == "128 MB", r.stdout
+    rows, out = summarized_rows(tmp_path, "calls", head, runs, "| dir | block | ids")
+    assert len(rows) == 2, out
+    assert rows[0]["ids"] == "8" and rows[0]["bytes a call"] == "16 MB", out
+    assert rows[0]["slowdown: gfd"] == "+17.5% / +20.3%", out
+    assert rows[0]["slowdown: dma contiguous"] == "+3.0% / +3.0%", out
+    assert rows[0]["gfd under the load"] == "47.0 / 47.0%", out
+    assert rows[1]["ids"] == "64" and rows[1]["bytes a call"] == "128 MB", out
