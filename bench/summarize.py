@@ -59,6 +59,12 @@ def pct(values, sep=" / "):
     return sep.join(f"{100 * v:.1f}" for v in values) + "%" if values else "-"
 
 
+def signed_pcts(values, sep=" / "):
+    """Changes as signed percentages, one per run ("+5.1% / +6.2%")."""
+    values = [v for v in values if v is not None]
+    return sep.join(f"{100 * v:+.1f}%" for v in values) if values else "-"
+
+
 def pct_range(values):
     values = [v for v in values if v is not None]
     if not values:
@@ -291,8 +297,7 @@ def stages(d):
             m = dict(direction=direction, block_size=str(s), load="decode")
             cells = [direction, size_label(s)]
             for meth in methods:
-                slow = [v for v in col(sweep, "load_slowdown", method=meth, **m) if v is not None]
-                cells.append(" / ".join(f"{100 * v:+.1f}%" for v in slow) if slow else "-")
+                cells.append(signed_pcts(col(sweep, "load_slowdown", method=meth, **m)))
             for meth in methods[:3]:
                 kept = [v for v in col(sweep, "rate_kept", method=meth, **m) if v is not None]
                 cells.append(pct(kept) if kept else "-")
@@ -322,17 +327,19 @@ def calls(d):
         )
         for size, ids in points:
             m = dict(direction=direction, block_size=str(size), blocks=str(ids), load="decode")
-            first = next((one(rows, method="gfd", **m) for rows in sweep if one(rows, **m)), None)
-            cells = [direction, size_label(size), str(ids)]
-            cells.append(size_label(int(first["transfer_bytes"])) if first else "-")
+            first = next(r for rows in sweep for r in pick(rows, **m))  # every method's bytes alike
+            cells = [
+                direction,
+                size_label(size),
+                str(ids),
+                size_label(int(first["transfer_bytes"])),
+            ]
             for meth in ("gfd", "dma_contiguous"):
-                slow = [v for v in col(sweep, "load_slowdown", method=meth, **m) if v is not None]
-                cells.append(" / ".join(f"{100 * v:+.1f}%" for v in slow) if slow else "-")
+                cells.append(signed_pcts(col(sweep, "load_slowdown", method=meth, **m)))
             cells.append(pct(col(sweep, "ratio_p50", method="gfd", **m)))
             body.append(cells)
     header = ["dir", "block", "ids", "bytes a call", "slowdown: gfd", "slowdown: dma contiguous"]
-    header.append("gfd under the load")
-    return [table(header, body)]
+    return [table(header + ["gfd under the load"], body)]
 
 
 def speed(sweep):
