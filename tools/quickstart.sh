@@ -23,8 +23,8 @@ usage: tools/quickstart.sh bench [gfd_benchmark args...]
            2. the Python package, built for the project's virtual environment build/venv, and
               its pytest suite (tools/python_test.sh)
            3. gfd.vllm's tests against the real vLLM package, installed into the same
-              environment when missing (tools/vllm_test.sh; the first time about 9 GB and
-              7 minutes on 2 cores with a fast link, with pip's progress shown)
+              environment when missing (tools/vllm_test.sh; the first time about 7 GB and
+              3 minutes on 2 cores with a fast link, with pip's progress shown)
            4. gfd.sglang's tests against the real SGLang package, installed into an environment
               of its own on top of that one (tools/sglang_test.sh; the first time about 300 MB)
          On a 2-core machine without a GPU: bench about 2 minutes, test about 15 the first time.

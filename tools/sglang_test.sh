@@ -39,7 +39,7 @@ VENV=$(PYTHON=$BASE_PY "$ROOT/tools/python_test.sh" --venv) || exit 1
 VPY="$VENV/bin/python"
 if ! "$VPY" -c 'import torch' > /dev/null 2>&1; then
   say "installing torch into $VENV (about 3 GB with its CUDA libraries; tools/vllm_test.sh installs it too)"
-  "$VPY" -m pip install --progress-bar on torch pytest || die "pip install torch failed"
+  "$VPY" -m pip install --no-cache-dir --progress-bar on torch pytest || die "pip install torch failed"
 fi
 # SGLang is installed without its dependencies: the ones the tested code needs come from this
 # environment, where tools/vllm_test.sh has installed vLLM and its dependencies.
