@@ -150,11 +150,14 @@ IntArray int_array(py::handle obj, const std::string& name, bool allow_scalar, b
     }
     PyErr_Clear();
   }
+  // Lists and tuples are not looked at as tensors or arrays below, where each failed attribute
+  // lookup would cost an AttributeError.
+  const bool plain_sequence = PyList_CheckExact(obj.ptr()) || PyTuple_CheckExact(obj.ptr());
   // A torch CPU tensor (a block mapping, say) as its numpy view, read as a buffer: a DLPack
   // export costs several microseconds of Python (torch's __dlpack__), the view about one. What
   // torch will not view so (CUDA tensors, tensors that need grad, bfloat16) takes the DLPack path
   // below, with its messages.
-  if (is_torch_tensor(obj)) {
+  if (!plain_sequence && is_torch_tensor(obj)) {
     static PyObject* const numpy_name = PyUnicode_InternFromString("numpy");
     if (PyObject* view = PyObject_CallMethodNoArgs(obj.ptr(), numpy_name)) {
       const py::object keep = py::reinterpret_steal<py::object>(view);
@@ -168,8 +171,9 @@ IntArray int_array(py::handle obj, const std::string& name, bool allow_scalar, b
     }
   }
   // DLPack (torch CPU tensors) and the array interface.
-  if ((py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__")) ||
-      py::hasattr(obj, "__array_interface__") || py::hasattr(obj, "__cuda_array_interface__")) {
+  if (!plain_sequence &&
+      ((py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__")) ||
+       py::hasattr(obj, "__array_interface__") || py::hasattr(obj, "__cuda_array_interface__"))) {
     TensorView v = tensor_view(obj, name, std::nullopt, {});
     if (!v.host())
       bad_argument(name + ": must be in host memory (a CPU array or tensor), not on " +
@@ -196,6 +200,16 @@ IntArray int_array(py::handle obj, const std::string& name, bool allow_scalar, b
   int cols = 0;  // 0: 1-D
   a.storage.reserve(n);
   auto take = [&](py::handle x, std::size_t i, std::size_t j) {
+    // A plain int in range, the common case, without the element's name (made only for a
+    // message): a list of thousands of ids otherwise costs a string per id.
+    if (PyLong_CheckExact(x.ptr())) {
+      int overflow = 0;
+      const long long s = PyLong_AsLongLongAndOverflow(x.ptr(), &overflow);
+      if (overflow == 0 && (s >= 0 || signed_values)) {
+        a.storage.push_back(static_cast<std::uint64_t>(s));  // two's complement where negative
+        return;
+      }
+    }
     const std::string at =
         name + "[" + std::to_string(i) + "]" + (cols ? "[" + std::to_string(j) + "]" : "");
     const IntValue v = int_value(x, at);

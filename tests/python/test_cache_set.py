@@ -70,6 +70,37 @@ def test_torch_cpu_tensors_as_ids(engine):
         engine.copy_blocks(cs, "to_device", [0, 1], torch.tensor([True, False]))
 
 
+def test_ids_as_lists_and_tuples(engine):
+    # A list or tuple mixing plain ints with numpy integer scalars and an int subclass moves the
+    # same blocks as an array; ids beyond 64-bit signed integers are refused naming the element.
+    hs, ds, hv, dv = layers(engine, 2)
+    cs = engine.register_caches(hs, ds)
+
+    class BlockId(int):
+        pass
+
+    expect = [d.copy() for d in dv]
+    for e, h in zip(expect, hv):
+        e[[0, 7, 15]] = h[[3, 20, 9]]
+    engine.copy_blocks(cs, "to_device", [3, np.int64(20), BlockId(9)], (0, np.uint16(7), 15)).wait()
+    assert all((d == e).all() for d, e in zip(dv, expect))
+    beyond = {
+        2**63: "9223372036854775808",
+        -(2**63) - 1: "a negative integer beyond 64 bits",
+        2**64: "an integer beyond 64 bits",
+    }
+    for big, text in beyond.items():
+        expect_error(
+            rf"copy_blocks: dst_ids\[1\]: {text} is out of range \(ids are 64-bit signed integers\)",
+            engine.copy_blocks,
+            cs,
+            "to_device",
+            [0, 1],
+            [0, big],
+        )
+    assert all((d == e).all() for d, e in zip(dv, expect)), "a rejected transfer moved bytes"
+
+
 def test_copy_blocks_errors(engine):
     hs, ds, hv, dv = layers(engine, 2)
     cs = engine.register_caches(hs, ds)
