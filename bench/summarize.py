@@ -299,8 +299,7 @@ def stages(d):
             for meth in methods:
                 cells.append(signed_pcts(col(sweep, "load_slowdown", method=meth, **m)))
             for meth in methods[:3]:
-                kept = [v for v in col(sweep, "rate_kept", method=meth, **m) if v is not None]
-                cells.append(pct(kept) if kept else "-")
+                cells.append(pct(col(sweep, "rate_kept", method=meth, **m)))
             body.append(cells)
     header = ["dir", "block"]
     header += [f"slowdown: {m.replace('_', ' ')}" for m in methods]
